@@ -1,0 +1,154 @@
+"""Checkpoints: periodic training state, best models by validation accuracy, resume, and safe loading.
+
+Files (in the run folder):
+- ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
+- ``best_model_<epoch>_test_accuracy=<acc>.pt``: keys model, meta.
+``meta`` records the config, library versions and world size. Files are written to a temporary name and
+renamed (Ignite's DiskSaver with atomic=True), and always loaded with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import ignite
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
+
+from cifar10_dist.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+TRAINING_PREFIX = "training"
+TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
+BEST_PATTERN = re.compile(r"^best_model_(\d+)_test_accuracy=([0-9.]+)\.pt$")
+
+
+class RunMetadata:
+    """What produced a checkpoint: config, library versions, world size (stored under the key ``meta``)."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.state: dict[str, Any] = {
+            "config": dict(config or {}),
+            "world_size": idist.get_world_size(),
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "pytorch-ignite": ignite.__version__,
+            },
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.state = dict(state)
+
+
+def attach_training_checkpoints(
+    trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, every_iterations: int
+) -> Checkpoint:
+    """Save ``to_save`` every N iterations and when training completes, keeping the newest 2 files."""
+    handler = Checkpoint(
+        to_save,
+        DiskSaver(run_dir, require_empty=False, atomic=True),
+        filename_prefix=TRAINING_PREFIX,
+        n_saved=2,
+        global_step_transform=lambda engine, _: engine.state.iteration,
+    )
+    handler.load_state_dict({"_saved": _existing(run_dir, TRAINING_PATTERN, lambda m: int(m.group(1)))})
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, handler)
+    return handler
+
+
+def attach_best_model_checkpoints(
+    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path
+) -> Checkpoint:
+    """After each test evaluation keep the 2 models with the highest test accuracy."""
+    handler = Checkpoint(
+        to_save,
+        DiskSaver(run_dir, require_empty=False, atomic=True),
+        filename_pattern="best_model_{global_step}_{score_name}={score}.{ext}",
+        n_saved=2,
+        score_function=Checkpoint.get_default_score_fn("accuracy"),
+        score_name="test_accuracy",
+        global_step_transform=global_step_from_engine(trainer),
+    )
+    handler.load_state_dict({"_saved": _existing(run_dir, BEST_PATTERN, lambda m: float(m.group(2)))})
+    evaluator.add_event_handler(Events.COMPLETED, handler)
+    return handler
+
+
+def _existing(run_dir: Path, pattern: re.Pattern, priority: Any) -> list[tuple[Any, str]]:
+    """Checkpoints already in a resumed run's folder, so that n_saved also counts (and prunes) them."""
+    found = []
+    for path in sorted(run_dir.glob("*.pt")):
+        match = pattern.match(path.name)
+        if match:
+            found.append((priority(match), path.name))
+    return sorted(found)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint file without executing code; a clear UserError for missing or unreadable files."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"checkpoint '{path}' cannot be loaded safely: {reason[:300]}") from None
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict")
+    return checkpoint
+
+
+def resume(to_load: Mapping[str, Any], path: str | Path) -> None:
+    """Restore every object in ``to_load`` from a training checkpoint; name any missing or mismatching key."""
+    checkpoint = load_checkpoint(path)
+    required = [key for key in to_load if key != "meta"]
+    missing = [key for key in required if key not in checkpoint]
+    if missing:
+        raise UserError(
+            f"checkpoint '{path}' is not a training checkpoint: missing {', '.join(missing)} "
+            f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
+        )
+    loadable = {key: obj for key, obj in to_load.items() if key in checkpoint}
+    try:
+        Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
+    except (RuntimeError, KeyError, ValueError, TypeError) as error:
+        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)}") from None
+    logger.info("Resumed from %s at iteration %d", path, checkpoint["trainer"].get("iteration", 0))
+
+
+def model_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
+    """The model's state dict from a training checkpoint, a best-model file, or a bare state dict."""
+    weights = checkpoint.get("model", checkpoint)
+    if not isinstance(weights, Mapping) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise UserError("checkpoint holds no model weights (expected a 'model' entry or a state dict)")
+    return weights
+
+
+def checkpoint_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The config recorded in a checkpoint's meta (empty when the file has none)."""
+    meta = checkpoint.get("meta")
+    return dict(meta.get("config", {})) if isinstance(meta, Mapping) else {}
+
+
+def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], source: str) -> None:
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:400] if text else type(error).__name__

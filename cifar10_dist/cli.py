@@ -1,0 +1,157 @@
+"""The command line: ``cifar10-dist run | evaluate | prepare-data``, a thin fire layer over the Python API.
+
+User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json as json_module
+import sys
+from pathlib import Path
+from typing import Any
+
+import fire
+
+from cifar10_dist.config import describe_options
+from cifar10_dist.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+RUN_HELP = """\
+Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
+
+Train a CIFAR-10 classifier; prints the final metrics and the run folder.
+Values come from the defaults below, then the YAML file, then the command line.
+
+  --config=None              YAML file with any of the keys below (see configs/)
+  --debug                    show tracebacks for errors
+{options}
+"""
+
+EVALUATE_HELP = """\
+Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--KEY=VALUE ...] [--debug]
+
+Test-set accuracy and loss of a saved model (training_checkpoint_*.pt or best_model_*.pt).
+The model name is read from the checkpoint unless --model is given. Data, batch and launch keys as for run.
+
+  --checkpoint=PATH          checkpoint file to evaluate (required)
+  --json                     print {{"accuracy", "loss", "num_samples"}} as JSON on the last line
+  --config=None              YAML file with any of the keys below
+  --debug                    show tracebacks for errors
+{options}
+"""
+
+PREPARE_HELP = """\
+Usage: cifar10-dist prepare-data [--data_path=DIR] [--synthetic=N] [--synthetic_test=M] [--seed=S] [--debug]
+
+Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py, or write a synthetic dataset
+in the same on-disk format.
+
+  --data_path=cifar10        folder that gets cifar-10-batches-py
+  --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
+  --synthetic_test=None      synthetic test images (default: N // 5)
+  --seed=0                   seed of the synthetic images
+  --debug                    show tracebacks for errors
+"""
+
+MAIN_HELP = """\
+Usage: cifar10-dist COMMAND [--KEY=VALUE ...]
+
+Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs or TPUs.
+
+Commands:
+  run            train (cifar10-dist run --help lists every option)
+  evaluate       test-set accuracy and loss of a saved checkpoint
+  prepare-data   download and verify CIFAR-10, or write a synthetic copy
+"""
+
+
+def run(config: str | None = None, **overrides: Any) -> None:
+    """Train; print the final metrics and the run folder."""
+    from cifar10_dist.training import train
+
+    result = train(config, **overrides)
+    if not result:
+        return  # a non-zero rank under torchrun: rank 0 reports
+    for split, name in (("test", "test"), ("train", "train subset")):
+        metrics = result.get(split)
+        if metrics:
+            print(f"final {name}: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
+                  f"({metrics['num_samples']} images)")
+    print(f"run folder: {result['run_dir']}")
+
+
+def evaluate(checkpoint: str | None = None, config: str | None = None, json: bool = False, **overrides: Any) -> None:
+    """Evaluate a checkpoint on the test set."""
+    from cifar10_dist.training import evaluate as evaluate_checkpoint
+
+    if checkpoint is None:
+        raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
+    metrics = evaluate_checkpoint(checkpoint, config, **overrides)
+    if not metrics:
+        return
+    if json:
+        print(json_module.dumps(metrics))
+    else:
+        print(f"test: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} ({metrics['num_samples']} images)")
+
+
+def prepare_data(
+    data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+) -> None:
+    """Download and verify CIFAR-10, or write a synthetic dataset in the same format."""
+    from cifar10_dist import data
+
+    folder = Path(str(data_path)) / data.FOLDER
+    if synthetic is not None:
+        num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
+        if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
+            raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")
+        train_set, test_set = data.make_synthetic(synthetic, num_test, seed)
+        data.write_cifar10(folder, train_set, test_set)
+        print(f"wrote {len(train_set)} synthetic training and {len(test_set)} test images to {folder}")
+        return
+    folder = data.ensure_cifar10(Path(str(data_path)))
+    train_set, test_set = data.read_cifar10(folder)
+    official = "match" if data.matches_official_release(folder) else "do not match"
+    print(f"{folder}: {len(train_set)} training and {len(test_set)} test images, valid structure; "
+          f"files {official} the official release's md5 sums")
+
+
+COMMANDS = {"run": run, "evaluate": evaluate, "prepare-data": prepare_data}
+HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "prepare-data": PREPARE_HELP}
+
+
+def _help_text(argv: list[str]) -> str | None:
+    """Our own help (fire's cannot list options passed through **overrides)."""
+    asks_help = any(arg in ("-h", "--help") for arg in argv)
+    if not argv or (asks_help and argv[0] not in COMMANDS):
+        return MAIN_HELP
+    if asks_help:
+        return HELP[argv[0]].format(options=describe_options())
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``cifar10-dist`` and ``python -m cifar10_dist``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [arg for arg in argv if arg != "--debug"]
+    help_text = _help_text(argv)
+    if help_text is not None:
+        print(help_text)
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command '{argv[0]}': choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        fire.Fire(COMMANDS, command=argv, name="cifar10-dist")
+    except UserError as error:
+        if debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except fire.core.FireExit as exit_request:
+        return int(exit_request.code or 0)
+    return 0

@@ -1,0 +1,242 @@
+"""The run configuration: one typed dataclass, the single source of defaults, help texts and validation.
+
+Precedence: dataclass defaults < YAML file (``--config``) < keyword overrides (command line or Python).
+This module is plain data: it imports nothing heavier than PyYAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from cifar10_dist.errors import UserError
+
+BACKENDS = ("gloo", "nccl", "xla-tpu", "horovod")
+DATASETS = ("cifar10", "synthetic")
+
+
+def option(default: Any, help: str) -> Any:
+    """A config field with its one-line help text."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a training or evaluation run needs. Defaults follow the Ignite CIFAR-10 tutorial."""
+
+    # data
+    dataset: str = option("cifar10", "cifar10 (files in data_path) or synthetic (generated in memory)")
+    data_path: str = option("cifar10", "folder holding cifar-10-batches-py (downloaded there when missing)")
+    synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)")
+    num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)")
+    train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics")
+    # model and optimisation
+    model: str = option("resnet18", "torchvision classification model or cifar_resnet18/34/50, simple_cnn")
+    seed: int = option(543, "random seed (each rank uses seed + rank for augmentation)")
+    batch_size: int = option(512, "global batch size, split evenly over all processes")
+    learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
+    momentum: float = option(0.9, "SGD momentum")
+    nesterov: bool = option(True, "use Nesterov momentum")
+    weight_decay: float = option(1e-4, "SGD weight decay")
+    num_epochs: int = option(5, "number of training epochs")
+    num_warmup_epochs: int = option(1, "epochs of linear warmup from 0 to learning_rate (then linear decay to 0)")
+    epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)")
+    with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA; ignored on CPU (slower there)")
+    # evaluation, checkpoints, logging
+    validate_every: int = option(3, "validate every N epochs (and always once at the end)")
+    checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)")
+    log_every_iters: int = option(15, "log the training loss every N iterations")
+    output_path: str = option("output-cifar10/", "parent folder of run folders")
+    run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
+    resume_from: Optional[str] = option(None, "training checkpoint to resume from")
+    # launch
+    backend: Optional[str] = option(None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)")
+    nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)")
+    nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)")
+    node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
+    master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
+    master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning over several nodes")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def load_config(config_file: str | Path | None = None, **overrides: Any) -> Config:
+    """Build and validate a Config: defaults, then the YAML file, then ``overrides``."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_read_yaml(Path(config_file)))
+    values.update(overrides)
+    for key in values:
+        _check_known(key, source=f"in {config_file}" if key not in overrides else "")
+    typed = {key: _coerce(key, value) for key, value in values.items()}
+    config = Config(**typed)
+    validate(config)
+    return config
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"config file '{path}' does not exist (choose one in configs/ or give a path to a YAML file)")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"config file '{path}' is not valid YAML: {first_line}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
+    return loaded
+
+
+def _check_known(key: str, source: str = "") -> None:
+    if key in FIELDS:
+        return
+    where = f" {source}" if source else ""
+    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else "run with --help to list the valid keys"
+    raise UserError(f"unknown config key '{key}'{where}: {hint}")
+
+
+def _field_type(name: str) -> tuple[type, bool]:
+    """(base type, accepts None) of a field, from its annotation."""
+    annotation = typing.get_type_hints(Config)[name]
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        (base,) = [arg for arg in args if arg is not type(None)]
+        return base, True
+    return annotation, False
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert a YAML/command-line value to the field's type, or raise a UserError naming both."""
+    base, optional = _field_type(name)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise UserError(f"{name}=None is not accepted: expected {base.__name__}")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)  # fire turns --run_name=7 into the int 7
+    type_name = f"{base.__name__} or None" if optional else base.__name__
+    raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+def validate(config: Config) -> None:
+    """Reject impossible values before anything starts; each message names the value and what is accepted."""
+    c = config
+    _require(c.dataset in DATASETS, f"dataset='{c.dataset}' is unknown: choose one of {', '.join(DATASETS)}")
+    _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
+    _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
+    _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
+    _require(c.batch_size >= 1, f"batch_size={c.batch_size} must be at least 1")
+    _require(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be greater than 0")
+    _require(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
+    _require(c.weight_decay >= 0, f"weight_decay={c.weight_decay} must be 0 or more")
+    _require(c.num_epochs >= 1, f"num_epochs={c.num_epochs} must be at least 1")
+    _require(
+        0 <= c.num_warmup_epochs < c.num_epochs,
+        f"num_warmup_epochs={c.num_warmup_epochs} must be at least 0 and less than num_epochs={c.num_epochs}",
+    )
+    _require(c.epoch_length is None or c.epoch_length >= 1, f"epoch_length={c.epoch_length} must be at least 1")
+    _require(c.validate_every >= 1, f"validate_every={c.validate_every} must be at least 1")
+    _require(c.checkpoint_every >= 1, f"checkpoint_every={c.checkpoint_every} must be at least 1")
+    _require(c.log_every_iters >= 1, f"log_every_iters={c.log_every_iters} must be at least 1")
+    _require(c.run_name is None or _is_plain_name(c.run_name), f"run_name='{c.run_name}' must be a plain folder name")
+    _validate_launch(c)
+    planned = planned_world_size(c)
+    if planned is not None:
+        _require(
+            c.batch_size >= planned,
+            f"batch_size={c.batch_size} is smaller than the world size {planned}: every process needs a sample",
+        )
+
+
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+def _validate_launch(c: Config) -> None:
+    _require(
+        c.backend is None or c.backend in BACKENDS,
+        f"backend='{c.backend}' is unknown: choose one of {', '.join(BACKENDS)} (or leave it unset for 1 process)",
+    )
+    spawn_keys = {"nproc_per_node": c.nproc_per_node, "nnodes": c.nnodes, "node_rank": c.node_rank}
+    spawn_keys.update(master_addr=c.master_addr, master_port=c.master_port)
+    if c.backend is None:
+        for key, value in spawn_keys.items():
+            _require(value is None, f"{key}={value} needs a distributed backend: add --backend=gloo (CPU) or nccl (GPU)")
+        return
+    _require(c.nproc_per_node is None or c.nproc_per_node >= 1, f"nproc_per_node={c.nproc_per_node} must be >= 1")
+    _require(c.nnodes is None or c.nnodes >= 1, f"nnodes={c.nnodes} must be at least 1")
+    _require(
+        c.master_port is None or 1 <= c.master_port <= 65535, f"master_port={c.master_port} must be in 1..65535"
+    )
+    nnodes = c.nnodes or 1
+    if nnodes > 1 or c.node_rank is not None:
+        _require(c.nproc_per_node is not None, "nnodes and node_rank are for spawning: give nproc_per_node too")
+    if nnodes > 1:
+        _require(
+            c.node_rank is not None and 0 <= c.node_rank < nnodes,
+            f"node_rank={c.node_rank} must be given and in 0..{nnodes - 1} when nnodes={nnodes}",
+        )
+        _require(
+            c.master_addr is not None and c.master_port is not None,
+            f"nnodes={nnodes} needs master_addr and master_port (the address and a free port of node 0)",
+        )
+
+
+def planned_world_size(config: Config) -> int | None:
+    """World size known from the config alone (internal spawning or one process), else None (torchrun decides)."""
+    if config.backend is None:
+        return 1
+    if config.nproc_per_node is not None:
+        return config.nproc_per_node * (config.nnodes or 1)
+    return None
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+def describe_options() -> str:
+    """One line per config key: name, default and meaning (for --help)."""
+    width = max(len(name) + len(repr(f.default)) for name, f in FIELDS.items()) + 4
+    lines = []
+    for name, f in FIELDS.items():
+        flag = f"--{name}={_format_default(f.default)}"
+        lines.append(f"  {flag:<{width}} {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def _format_default(value: Any) -> str:
+    return "None" if value is None else str(value)

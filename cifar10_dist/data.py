@@ -1,0 +1,336 @@
+"""CIFAR-10 on disk and in memory: read and validate the batch files, download, synthetic data, loaders, augmentation.
+
+Images stay uint8 tensors (N, 3, 32, 32) from disk to the training step: batches are sliced out of one
+tensor, and augmentation (pad 4, random 32x32 crop, horizontal flip) and normalisation run on whole
+batches, on the training device. Nothing here knows about models or the command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from cifar10_dist.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+FOLDER = "cifar-10-batches-py"
+ARCHIVE = "cifar-10-python.tar.gz"
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+NUM_CLASSES = 10
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# md5 sums of the official release (as listed by torchvision.datasets.CIFAR10)
+OFFICIAL_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2023, 0.1994, 0.2010)
+PAD = 4
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Images as uint8 (N, 3, 32, 32) and labels as int64 (N,)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+# ---------------------------------------------------------------- reading and writing the on-disk format
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles plain containers and numpy arrays only: a batch file can never run code."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("copyreg", "_reconstructor"),
+        ("builtins", "object"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_batch(path: Path) -> ImageSet:
+    try:
+        with path.open("rb") as file:
+            entry = _ArrayUnpickler(file, encoding="latin1").load()
+    except Exception as error:  # truncated, corrupt or hostile: all the same to the user
+        raise UserError(f"{path} is not a readable CIFAR-10 batch file ({type(error).__name__}: {error})") from None
+    if not isinstance(entry, dict):
+        raise UserError(f"{path} is not a CIFAR-10 batch file: expected a dict, found {type(entry).__name__}")
+    entry = {key.decode() if isinstance(key, bytes) else key: value for key, value in entry.items()}
+    if "data" not in entry or "labels" not in entry:
+        raise UserError(f"{path} is not a CIFAR-10 batch file: keys 'data' and 'labels' missing")
+    data = np.asarray(entry["data"])
+    labels = np.asarray(entry["labels"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise UserError(f"{path}: data must be uint8 rows of 3072 values (3x32x32), found {data.dtype} {data.shape}")
+    if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
+        raise UserError(f"{path}: expected {len(data)} integer labels, found {labels.dtype} {labels.shape}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        bad = labels[(labels < 0) | (labels >= NUM_CLASSES)][0]
+        raise UserError(f"{path}: label {bad} is out of range: labels must be 0..{NUM_CLASSES - 1}")
+    images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    return ImageSet(images, torch.from_numpy(labels.astype(np.int64)))
+
+
+def _concat(parts: list[ImageSet]) -> ImageSet:
+    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]))
+
+
+def read_cifar10(folder: Path) -> tuple[ImageSet, ImageSet]:
+    """Read and validate (train, test) from a cifar-10-batches-py folder."""
+    missing = [name for name in (*TRAIN_FILES, TEST_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise UserError(f"{folder} is missing {', '.join(missing)}: expected {', '.join((*TRAIN_FILES, TEST_FILE))}")
+    train = _concat([_read_batch(folder / name) for name in TRAIN_FILES])
+    test = _read_batch(folder / TEST_FILE)
+    if len(train) == 0 or len(test) == 0:
+        raise UserError(f"{folder} holds {len(train)} training and {len(test)} test images: both must be non-empty")
+    return train, test
+
+
+def _write_batch(path: Path, images: ImageSet, label: str) -> None:
+    entry = {
+        "batch_label": label,
+        "labels": images.labels.tolist(),
+        "data": images.images.reshape(len(images), -1).numpy(),
+        "filenames": [f"image_{i:06d}.png" for i in range(len(images))],
+    }
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("wb") as file:
+        pickle.dump(entry, file, protocol=4)
+    temporary.replace(path)
+
+
+def write_cifar10(folder: Path, train: ImageSet, test: ImageSet) -> None:
+    """Write (train, test) in the standard cifar-10-batches-py layout (5 training files, 1 test file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    per_file = -(-len(train) // len(TRAIN_FILES))
+    for index, name in enumerate(TRAIN_FILES):
+        part = slice(index * per_file, (index + 1) * per_file)
+        chunk = ImageSet(train.images[part], train.labels[part])
+        _write_batch(folder / name, chunk, f"training batch {index + 1} of 5")
+    _write_batch(folder / TEST_FILE, test, "testing batch 1 of 1")
+    meta = {"label_names": list(CLASSES), "num_cases_per_batch": per_file, "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=4))
+
+
+def matches_official_release(folder: Path) -> bool:
+    """Whether every batch file has the md5 sum of the official CIFAR-10 release (copies made elsewhere differ)."""
+    for name, expected in OFFICIAL_MD5.items():
+        digest = hashlib.md5((folder / name).read_bytes(), usedforsecurity=False).hexdigest()
+        if digest != expected:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- finding, extracting, downloading
+
+
+def ensure_cifar10(data_path: Path, download: bool = True) -> Path:
+    """Return the cifar-10-batches-py folder under data_path, extracting or downloading it when missing."""
+    folder = data_path / FOLDER
+    if (folder / TEST_FILE).is_file():
+        return folder
+    archive = data_path / ARCHIVE
+    if not archive.is_file() and download:
+        _download(archive)
+    if archive.is_file():
+        _extract(archive, data_path)
+    if not folder.is_dir():
+        raise UserError(
+            f"CIFAR-10 not found: put {ARCHIVE} (from {URL}) or its extracted {FOLDER}/ folder in '{data_path}'"
+        )
+    return folder
+
+
+def _download(archive: Path) -> None:
+    from torchvision.datasets.utils import download_url
+
+    logger.info("Downloading CIFAR-10 from %s to %s", URL, archive.parent)
+    try:
+        download_url(URL, str(archive.parent), filename=ARCHIVE)
+    except Exception as error:  # offline, proxy, disk full ...
+        archive.unlink(missing_ok=True)
+        raise UserError(
+            f"CIFAR-10 is not in '{archive.parent}' and downloading {URL} failed ({type(error).__name__}): "
+            f"put {ARCHIVE} or its extracted {FOLDER}/ folder there by hand"
+        ) from None
+
+
+def _extract(archive: Path, destination: Path) -> None:
+    logger.info("Extracting %s", archive)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(destination, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise UserError(f"{archive} could not be extracted ({error}): delete it and download it again") from None
+
+
+# ---------------------------------------------------------------- synthetic data
+
+
+def make_synthetic(num_train: int, num_test: int, seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    """A learnable CIFAR-shaped dataset: each class has its own colour and stripe pattern, plus noise.
+
+    The class signal survives crops and flips; the heavy noise keeps it from being trivial: simple_cnn
+    reaches about 50% test accuracy after one epoch of 5,000 images and about 94% after three.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    colours = torch.rand(NUM_CLASSES, 3, 1, 1, generator=generator) * 40 + 108
+    frequencies = torch.arange(NUM_CLASSES).float() % 5 + 1
+    horizontal = torch.arange(NUM_CLASSES) >= 5
+    coordinate = torch.arange(32).float()
+    stripes = torch.sin(coordinate[None, :] * frequencies[:, None] * torch.pi / 16)  # (classes, 32)
+    patterns = torch.where(horizontal[:, None, None], stripes[:, :, None], stripes[:, None, :])  # (classes, 32, 32)
+    templates = colours + 10 * patterns[:, None]
+
+    def sample(count: int) -> ImageSet:
+        labels = torch.randint(0, NUM_CLASSES, (count,), generator=generator)
+        noise = torch.randn(count, 3, 32, 32, generator=generator) * 100
+        images = (templates[labels] + noise).clamp(0, 255).to(torch.uint8)
+        return ImageSet(images, labels)
+
+    return sample(num_train), sample(num_test)
+
+
+# ---------------------------------------------------------------- datasets, samplers, loaders
+
+
+class BatchTensorDataset(Dataset):
+    """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work."""
+
+    def __init__(self, images: ImageSet) -> None:
+        self.images = images.images
+        self.labels = images.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.labels[index]
+
+    def __repr__(self) -> str:
+        return f"BatchTensorDataset({len(self)} images)"
+
+
+def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate function for BatchTensorDataset: the batch is already assembled."""
+    return batch
+
+
+class ShardSampler(DistributedSampler):
+    """Every index exactly once over all ranks (rank r gets r, r + W, ...): no padding, for exact evaluation."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    train_eval: DataLoader | None
+    test: DataLoader
+
+
+def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
+    """The same ``size`` images on every rank and every run with this seed."""
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size]
+    return ImageSet(images.images[order], images.labels[order])
+
+
+def make_loaders(
+    train: ImageSet, test: ImageSet, *, batch_size: int, num_workers: int, train_eval_size: int, seed: int
+) -> Loaders:
+    """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders."""
+    import ignite.distributed as idist
+
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    if len(train) < batch_size:
+        raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
+    common = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
+    train_dataset = BatchTensorDataset(train)
+    train_sampler = DistributedSampler(
+        train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+    train_loader = idist.auto_dataloader(
+        train_dataset, batch_size=batch_size, sampler=train_sampler, drop_last=True, **common
+    )
+    train_eval_loader = None
+    if train_eval_size > 0:
+        subset = fixed_subset(train, min(train_eval_size, len(train)), seed)
+        train_eval_loader = _eval_loader(subset, 2 * batch_size, common, world_size, rank)
+    test_loader = _eval_loader(test, 2 * batch_size, common, world_size, rank)
+    return Loaders(train_loader, train_eval_loader, test_loader)
+
+
+def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> DataLoader:
+    import ignite.distributed as idist
+
+    dataset = BatchTensorDataset(images)
+    sampler = ShardSampler(dataset, num_replicas=world_size, rank=rank)
+    return idist.auto_dataloader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **common)
+
+
+# ---------------------------------------------------------------- batch transforms (run on the training device)
+
+
+def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Pad by 4 with zeros, take a random 32x32 crop and flip half the images, per image, on a uint8 batch.
+
+    Random numbers come from ``generator`` (a CPU generator), so results do not depend on the device.
+    """
+    count, size = images.shape[0], images.shape[-1]
+    padded = torch.nn.functional.pad(images, (PAD, PAD, PAD, PAD))
+    offsets = torch.randint(0, 2 * PAD + 1, (2, count), generator=generator).to(images.device)
+    flips = (torch.rand(count, generator=generator) < 0.5).to(images.device)
+    steps = torch.arange(size, device=images.device)
+    rows = (offsets[0, :, None] + steps)[:, None, :, None]  # (N, 1, 32, 1)
+    columns = offsets[1, :, None] + steps  # (N, 32)
+    columns = torch.where(flips[:, None], columns.flip(1), columns)[:, None, None, :]  # (N, 1, 1, 32)
+    batch_index = torch.arange(count, device=images.device)[:, None, None, None]
+    channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
+    return padded[batch_index, channel_index, rows, columns]
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 3, H, W) to float32 normalised with the CIFAR-10 channel mean and std."""
+    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255
+    return (images.float() - mean) / std

@@ -1,0 +1,253 @@
+"""The run itself: ``train`` and ``evaluate`` (Python API), and the per-process functions they launch.
+
+Read ``training`` top-down: it builds data, model, optimizer, engines and handlers, one call each, then runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from ignite.utils import manual_seed
+from torch import nn
+
+from cifar10_dist import checkpointing, data, engines, launch, models, tracking
+from cifar10_dist.config import Config, load_config, save_config
+from cifar10_dist.errors import UserError
+
+logger = logging.getLogger("cifar10_dist")
+
+SYNTHETIC_SEED = 20240601  # the synthetic dataset is the same whatever the training seed
+
+
+# ---------------------------------------------------------------- Python API
+
+
+def train(config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+    """Train with the given YAML config file and overrides; return final metrics and the run folder.
+
+    Returns ``{"run_dir": str, "test": {"accuracy", "loss", "num_samples"}, "train": {...} or None,
+    "iterations": int, "epochs": int}`` (from rank 0; other torchrun ranks get ``{}``).
+    """
+    resolved = load_config(config, **overrides)
+    models.check_model_name(resolved.model)
+    if resolved.resume_from is not None and not Path(resolved.resume_from).is_file():
+        raise UserError(f"resume_from='{resolved.resume_from}' does not exist: give a training_checkpoint_*.pt file")
+    return launch.run(training, resolved)
+
+
+def evaluate(checkpoint: str | Path, config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+    """Test-set accuracy, loss and num_samples of a saved model (training checkpoint or best-model file)."""
+    saved = checkpointing.load_checkpoint(checkpoint)
+    recorded = checkpointing.checkpoint_config(saved)
+    model_name = overrides.pop("model", None) or recorded.get("model")
+    if model_name is not None:
+        overrides["model"] = model_name
+    resolved = load_config(config, **overrides)
+    models.check_model_name(resolved.model)
+    del saved
+    return launch.run(_EvaluationWorker(str(checkpoint)), resolved)
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
+    """(train, test) images: synthetic, or CIFAR-10 from data_path (downloaded by one process per node)."""
+    if config.dataset == "synthetic":
+        return data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1), SYNTHETIC_SEED)
+    with idist.one_rank_first(local=True):
+        folder = data.ensure_cifar10(Path(config.data_path))
+    train_set, test_set = data.read_cifar10(folder)
+    official = "match" if data.matches_official_release(folder) else "differ from"
+    logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
+                folder, len(train_set), len(test_set), official)
+    return train_set, test_set
+
+
+def create_model(name: str) -> nn.Module:
+    model = models.build_model(name)
+    logger.info("model %s: %.2fM parameters", name, models.count_parameters(model) / 1e6)
+    return idist.auto_model(model)
+
+
+def create_optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=config.learning_rate,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        nesterov=config.nesterov and config.momentum > 0,
+    )
+    return idist.auto_optim(optimizer)
+
+
+def augmentation_seed(seed: int, rank: int, iteration: int) -> int:
+    """A distinct, reproducible seed for each (run seed, rank, iteration): resume repeats the same crops."""
+    return (seed * 1_000_003 + rank) * 1_000_000_007 + iteration
+
+
+def train_batch_preparer(device: torch.device, seed: int) -> engines.PrepareBatch:
+    rank = idist.get_rank()
+
+    def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
+        images, labels = batch
+        images = images.to(device, non_blocking=True)
+        generator = torch.Generator().manual_seed(augmentation_seed(seed, rank, iteration))
+        return data.normalize(data.augment(images, generator)), labels.to(device, non_blocking=True)
+
+    return prepare
+
+
+def eval_batch_preparer(device: torch.device) -> engines.PrepareBatch:
+    def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
+        images, labels = batch
+        return data.normalize(images.to(device, non_blocking=True)), labels.to(device, non_blocking=True)
+
+    return prepare
+
+
+def set_sampler_epoch(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
+    """A new shuffle each epoch, the same on every rank and on resume."""
+    sampler = loader.sampler
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def set_epoch(engine: Engine) -> None:
+        sampler.set_epoch(engine.state.epoch - 1)
+
+
+@dataclass
+class Validation:
+    """Evaluates on the train subset (if any) and the test set, logs and records the metrics, keeps the latest."""
+
+    train_evaluator: Engine
+    test_evaluator: Engine
+    loaders: data.Loaders
+    tensorboard: tracking.TensorBoard
+    latest: dict[str, Any] | None = None
+
+    def __call__(self, trainer: Engine) -> None:
+        if not math.isfinite(trainer.state.output or 0.0):
+            return  # training stopped on NaN: nothing worth measuring
+        epoch = trainer.state.epoch
+        results: dict[str, Any] = {"epoch": epoch, "train": None}
+        if self.loaders.train_eval is not None:
+            results["train"] = self._measure("train_subset", self.train_evaluator, self.loaders.train_eval, epoch)
+        results["test"] = self._measure("test", self.test_evaluator, self.loaders.test, epoch)
+        self.latest = results
+
+    def _measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = dict(evaluator.run(loader).metrics)
+        tracking.log_metrics(epoch, split, metrics, time.perf_counter() - start)
+        self.tensorboard.write_metrics(split, metrics, epoch)
+        return metrics
+
+
+# ---------------------------------------------------------------- per-process functions
+
+
+def training(config: Config) -> dict[str, Any]:
+    """Train in this process (one of world_size); returns the final metrics and the run folder."""
+    tracking.setup_logging()
+    device = idist.device()
+    tracking.log_environment(config.to_dict(), device)
+    manual_seed(config.seed)
+
+    train_set, test_set = load_datasets(config)
+    loaders = data.make_loaders(
+        train_set,
+        test_set,
+        batch_size=config.batch_size,
+        num_workers=config.num_workers,
+        train_eval_size=config.train_eval_size,
+        seed=config.seed,
+    )
+    model = create_model(config.model)
+    optimizer = create_optimizer(model, config)
+    loss_fn = nn.CrossEntropyLoss().to(device)
+    precision = engines.choose_precision(device, config.with_amp)
+    scaler = engines.make_grad_scaler(precision)
+    iterations_per_epoch = config.epoch_length or len(loaders.train)
+    lr_scheduler = engines.create_lr_scheduler(
+        optimizer,
+        config.learning_rate,
+        warmup_iterations=config.num_warmup_epochs * iterations_per_epoch,
+        total_iterations=config.num_epochs * iterations_per_epoch,
+    )
+    trainer = engines.create_trainer(
+        model, optimizer, loss_fn, train_batch_preparer(device, config.seed), precision, scaler
+    )
+    trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
+    set_sampler_epoch(trainer, loaders.train)
+    train_evaluator, test_evaluator = (
+        engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device) for _ in range(2)
+    )
+
+    run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
+    if tracking.is_main_process():
+        save_config(config, run_dir / "config.yaml")
+    meta = checkpointing.RunMetadata(config.to_dict())
+    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+    if scaler is not None:
+        to_save["scaler"] = scaler
+    checkpointing.attach_training_checkpoints(trainer, {**to_save, "meta": meta}, run_dir, config.checkpoint_every)
+    checkpointing.attach_best_model_checkpoints(test_evaluator, trainer, {"model": model, "meta": meta}, run_dir)
+    tensorboard = tracking.TensorBoard(run_dir)
+    tensorboard.attach_training(trainer, optimizer, config.log_every_iters)
+    tracking.attach_progress_logging(trainer, optimizer, config.log_every_iters, config.batch_size, config.num_epochs)
+    validation = Validation(train_evaluator, test_evaluator, loaders, tensorboard)
+    engines.attach_validation(trainer, config.validate_every, validation)
+
+    if config.resume_from is not None:
+        checkpointing.resume(to_save, config.resume_from)
+    logger.info("run folder: %s", run_dir)
+    trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+    tensorboard.close()
+
+    if not math.isfinite(trainer.state.output if trainer.state.output is not None else 0.0):
+        raise UserError(
+            f"training stopped at iteration {trainer.state.iteration}: the loss became {trainer.state.output} "
+            f"(try a lower learning_rate; last good checkpoint in {run_dir})"
+        )
+    result = {
+        "run_dir": str(run_dir),
+        "epochs": trainer.state.epoch,
+        "iterations": trainer.state.iteration,
+        "test": validation.latest["test"] if validation.latest else None,
+        "train": validation.latest["train"] if validation.latest else None,
+    }
+    if tracking.is_main_process():
+        tracking.write_json(run_dir / "metrics.json", result)
+    return result
+
+
+class _EvaluationWorker:
+    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.checkpoint = checkpoint
+
+    def __call__(self, config: Config) -> dict[str, Any]:
+        tracking.setup_logging()
+        device = idist.device()
+        train_set, test_set = load_datasets(config)
+        loaders = data.make_loaders(
+            train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
+            train_eval_size=0, seed=config.seed,
+        )
+        model = models.build_model(config.model)
+        weights = checkpointing.model_weights(checkpointing.load_checkpoint(self.checkpoint))
+        checkpointing.load_model_weights(model, weights, self.checkpoint)
+        model = idist.auto_model(model)
+        precision = engines.choose_precision(device, config.with_amp)
+        evaluator = engines.create_evaluator(model, nn.CrossEntropyLoss(), eval_batch_preparer(device), precision, device)
+        metrics = evaluator.run(loaders.test).metrics
+        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"]}
