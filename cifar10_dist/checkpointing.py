@@ -39,7 +39,7 @@ class RunMetadata:
             "world_size": idist.get_world_size(),
             "versions": {
                 "python": platform.python_version(),
-                "torch": torch.__version__,
+                "torch": str(torch.__version__),
                 "pytorch-ignite": ignite.__version__,
             },
         }
@@ -103,8 +103,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"checkpoint '{path}' cannot be loaded safely: {reason[:300]}") from None
+        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from None
     if not isinstance(checkpoint, dict):
         raise UserError(f"checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict")
     return checkpoint
@@ -147,6 +146,17 @@ def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
         model.load_state_dict(weights)
     except RuntimeError as error:
         raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)}") from None
+
+
+def _load_failure(error: BaseException) -> str:
+    """A one-line reason for a failed torch.load: a refused global (code on unpickling) or a damaged file."""
+    text = str(error)
+    refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+    if refused:
+        return f"it asks to import {refused.group(1)}, refused (only tensors and plain data are loaded)"
+    if "weights_only" in text and "WeightsUnpickler error:" in text:
+        return "refused by the safe loader: " + text.split("WeightsUnpickler error:")[1].strip().splitlines()[0][:200]
+    return f"the file is truncated or not a PyTorch checkpoint ({_first_line(error)[:200]})"
 
 
 def _first_line(error: BaseException) -> str:

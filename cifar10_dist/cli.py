@@ -33,7 +33,8 @@ EVALUATE_HELP = """\
 Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--KEY=VALUE ...] [--debug]
 
 Test-set accuracy and loss of a saved model (training_checkpoint_*.pt or best_model_*.pt).
-The model name is read from the checkpoint unless --model is given. Data, batch and launch keys as for run.
+The checkpoint's recorded model, dataset, data_path and synthetic_size are used unless given here.
+Batch and launch keys as for run.
 
   --checkpoint=PATH          checkpoint file to evaluate (required)
   --json                     print {{"accuracy", "loss", "num_samples"}} as JSON on the last line

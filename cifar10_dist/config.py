@@ -39,14 +39,14 @@ class Config:
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics")
     # model and optimisation
     model: str = option("resnet18", "torchvision classification model or cifar_resnet18/34/50, simple_cnn")
-    seed: int = option(543, "random seed (each rank uses seed + rank for augmentation)")
+    seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     batch_size: int = option(512, "global batch size, split evenly over all processes")
     learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(True, "use Nesterov momentum")
     weight_decay: float = option(1e-4, "SGD weight decay")
     num_epochs: int = option(5, "number of training epochs")
-    num_warmup_epochs: int = option(1, "epochs of linear warmup from 0 to learning_rate (then linear decay to 0)")
+    num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup 0 -> learning_rate, then decay to 0")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)")
     with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA; ignored on CPU (slower there)")
     # evaluation, checkpoints, logging

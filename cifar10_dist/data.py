@@ -68,6 +68,7 @@ class _ArrayUnpickler(pickle.Unpickler):
         ("numpy", "dtype"),
         ("copyreg", "_reconstructor"),
         ("builtins", "object"),
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles
     }
 
     def find_class(self, module: str, name: str) -> Any:
@@ -175,10 +176,13 @@ def _download(archive: Path) -> None:
     from torchvision.datasets.utils import download_url
 
     logger.info("Downloading CIFAR-10 from %s to %s", URL, archive.parent)
+    created = not archive.parent.exists()
     try:
         download_url(URL, str(archive.parent), filename=ARCHIVE)
     except Exception as error:  # offline, proxy, disk full ...
         archive.unlink(missing_ok=True)
+        if created and not any(archive.parent.iterdir()):
+            archive.parent.rmdir()  # leave no empty folder behind
         raise UserError(
             f"CIFAR-10 is not in '{archive.parent}' and downloading {URL} failed ({type(error).__name__}): "
             f"put {ARCHIVE} or its extracted {FOLDER}/ folder there by hand"

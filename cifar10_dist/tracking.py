@@ -86,18 +86,21 @@ def default_run_name(model: str, backend: str | None, world_size: int) -> str:
 
 
 def create_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None) -> Path:
-    """Rank 0 chooses and creates the run folder; every rank gets the same path back."""
-    name = run_name
+    """Rank 0 chooses and creates the run folder; every rank gets the same path back (or the same error)."""
+    outcome = ""
     if is_main_process():
         name = run_name or default_run_name(model, backend, idist.get_world_size())
-        run_dir = Path(output_path) / name
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            (Path(output_path) / name).mkdir(parents=True, exist_ok=True)
+            outcome = "ok:" + name
         except OSError as error:
-            raise UserError(f"output_path='{output_path}' is not writable: {error.strerror}") from None
+            outcome = f"error:output_path='{output_path}' is not writable ({error.strerror})"
     if idist.get_world_size() > 1:
-        name = idist.broadcast(name, src=0)
-    return Path(output_path) / str(name)
+        outcome = idist.broadcast(outcome, src=0, safe_mode=True)
+    status, _, detail = outcome.partition(":")
+    if status == "error":
+        raise UserError(detail)
+    return Path(output_path) / detail
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:

@@ -43,16 +43,18 @@ def train(config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     return launch.run(training, resolved)
 
 
+INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size")
+
+
 def evaluate(checkpoint: str | Path, config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
-    """Test-set accuracy, loss and num_samples of a saved model (training checkpoint or best-model file)."""
-    saved = checkpointing.load_checkpoint(checkpoint)
-    recorded = checkpointing.checkpoint_config(saved)
-    model_name = overrides.pop("model", None) or recorded.get("model")
-    if model_name is not None:
-        overrides["model"] = model_name
-    resolved = load_config(config, **overrides)
+    """Test-set accuracy, loss and num_samples of a saved model (training checkpoint or best-model file).
+
+    The model and data keys recorded in the checkpoint are used unless given in ``overrides``.
+    """
+    recorded = checkpointing.checkpoint_config(checkpointing.load_checkpoint(checkpoint))
+    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
+    resolved = load_config(config, **{**inherited, **overrides})
     models.check_model_name(resolved.model)
-    del saved
     return launch.run(_EvaluationWorker(str(checkpoint)), resolved)
 
 
@@ -179,7 +181,7 @@ def training(config: Config) -> dict[str, Any]:
     lr_scheduler = engines.create_lr_scheduler(
         optimizer,
         config.learning_rate,
-        warmup_iterations=config.num_warmup_epochs * iterations_per_epoch,
+        warmup_iterations=round(config.num_warmup_epochs * iterations_per_epoch),
         total_iterations=config.num_epochs * iterations_per_epoch,
     )
     trainer = engines.create_trainer(

@@ -1,0 +1,115 @@
+"""The config: precedence, type coercion, and a clear error for every impossible value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from cifar10_dist.config import Config, describe_options, load_config
+from cifar10_dist.errors import UserError
+
+
+def test_defaults_are_the_ignite_tutorials():
+    config = load_config()
+    assert (config.seed, config.data_path, config.output_path, config.model) == (543, "cifar10", "output-cifar10/", "resnet18")
+    assert (config.batch_size, config.momentum, config.nesterov, config.weight_decay) == (512, 0.9, True, 1e-4)
+    assert (config.learning_rate, config.num_epochs, config.num_warmup_epochs, config.validate_every) == (0.4, 5, 1, 3)
+    assert (config.checkpoint_every, config.num_workers, config.log_every_iters) == (200, 2, 15)
+    assert (config.with_amp, config.backend, config.resume_from, config.epoch_length) == (False, None, None, None)
+
+
+def test_command_line_overrides_yaml_which_overrides_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"batch_size": 64, "num_epochs": 7}))
+    config = load_config(path, num_epochs=9)
+    assert config.batch_size == 64  # from the file
+    assert config.num_epochs == 9  # the override wins
+    assert config.learning_rate == 0.4  # default
+
+
+def test_values_are_coerced_to_the_field_type():
+    config = load_config(learning_rate=1, run_name=7, nesterov="false", epoch_length="None")
+    assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
+    assert config.run_name == "7"
+    assert config.nesterov is False
+    assert config.epoch_length is None
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert configs, "configs/ is empty"
+    for path in configs:
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"bacth_size": 4}, "unknown config key 'bacth_size': did you mean 'batch_size'?"),
+        ({"zzz": 1}, "unknown config key 'zzz': run with --help"),
+        ({"batch_size": "big"}, "batch_size='big' has the wrong type: expected int"),
+        ({"batch_size": 2.5}, "batch_size=2.5 has the wrong type: expected int"),
+        ({"nesterov": "maybe"}, "nesterov='maybe' has the wrong type: expected bool"),
+        ({"learning_rate": None}, "learning_rate=None is not accepted: expected float"),
+        ({"batch_size": 0}, "batch_size=0 must be at least 1"),
+        ({"learning_rate": -0.1}, "learning_rate=-0.1 must be greater than 0"),
+        ({"momentum": 1.5}, "momentum=1.5 must be in [0, 1)"),
+        ({"weight_decay": -1}, "weight_decay=-1.0 must be 0 or more"),
+        ({"num_epochs": 0}, "num_epochs=0 must be at least 1"),
+        ({"num_warmup_epochs": 5}, "num_warmup_epochs=5.0 must be at least 0 and less than num_epochs=5"),
+        ({"num_warmup_epochs": -1}, "num_warmup_epochs=-1.0 must be at least 0"),
+        ({"epoch_length": 0}, "epoch_length=0 must be at least 1"),
+        ({"validate_every": 0}, "validate_every=0 must be at least 1"),
+        ({"checkpoint_every": 0}, "checkpoint_every=0 must be at least 1"),
+        ({"num_workers": -1}, "num_workers=-1 must be 0 or more"),
+        ({"dataset": "mnist"}, "dataset='mnist' is unknown: choose one of cifar10, synthetic"),
+        ({"backend": "mpi"}, "backend='mpi' is unknown: choose one of gloo, nccl, xla-tpu, horovod"),
+        ({"nproc_per_node": 2}, "nproc_per_node=2 needs a distributed backend: add --backend=gloo"),
+        ({"backend": "gloo", "nproc_per_node": 0}, "nproc_per_node=0 must be >= 1"),
+        ({"backend": "gloo", "nproc_per_node": 4, "batch_size": 3}, "batch_size=3 is smaller than the world size 4"),
+        ({"backend": "gloo", "nproc_per_node": 1, "nnodes": 2}, "node_rank=None must be given and in 0..1"),
+        ({"backend": "gloo", "nproc_per_node": 1, "nnodes": 2, "node_rank": 1}, "nnodes=2 needs master_addr"),
+        ({"backend": "gloo", "master_port": 70000}, "master_port=70000 must be in 1..65535"),
+        ({"run_name": "a/b"}, "run_name='a/b' must be a plain folder name"),
+    ],
+)
+def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
+    with pytest.raises(UserError) as error:
+        load_config(**overrides)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("learning_rat: 0.1\n")
+    with pytest.raises(UserError, match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean 'learning_rate'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("- a\n- b\n", "must hold a mapping"), ("a: [1\n", "is not valid YAML")],
+)
+def test_malformed_yaml_is_rejected(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(UserError, match=message):
+        load_config(path)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(UserError, match="config file '.*nope.yaml' does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_help_lists_every_key_with_default_and_meaning():
+    text = describe_options()
+    for field in dataclasses.fields(Config):
+        line = next(line for line in text.splitlines() if line.strip().startswith(f"--{field.name}="))
+        assert str(field.default) in line
+        assert field.metadata["help"] in line

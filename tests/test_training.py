@@ -1,0 +1,116 @@
+"""One-process training through the real CLI: outputs on disk, learning, validation schedule, resume, evaluate."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import TINY, run_cli
+
+
+def final_test_accuracy(stdout: str) -> float:
+    match = re.search(r"final test: accuracy ([0-9.]+), loss ([0-9.]+) \((\d+) images\)", stdout)
+    assert match, stdout
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def trained_run(small_dataset, tmp_path_factory):
+    """One 3-epoch run shared by the tests that only read its outputs."""
+    output = tmp_path_factory.mktemp("out")
+    result = run_cli(
+        "run", *TINY, "--num_epochs=3", "--validate_every=2", "--checkpoint_every=10",
+        f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=first",
+    )
+    return result, output / "first"
+
+
+def test_training_exits_zero_and_prints_final_metrics_and_run_folder(trained_run):
+    result, run_dir = trained_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"run folder: {run_dir}" in result.stdout
+    assert "(1001 images)" in result.stdout  # the whole test set, once
+    assert "final train subset: accuracy" in result.stdout
+
+
+def test_validation_accuracy_rises_well_above_chance(trained_run):
+    result, _ = trained_run
+    assert final_test_accuracy(result.stdout) > 0.4  # chance is 0.1
+
+
+def test_run_folder_holds_config_checkpoints_best_models_and_tensorboard(trained_run):
+    result, run_dir = trained_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"] == "simple_cnn" and config["batch_size"] == 32 and config["num_epochs"] == 3
+    # 600 images / 32 = 18 iterations per epoch (drop_last); every 10 iterations and at the end, keep 2
+    assert sorted(p.name for p in run_dir.glob("training_checkpoint_*.pt")) == [
+        "training_checkpoint_50.pt",
+        "training_checkpoint_54.pt",
+    ]
+    checkpoint = torch.load(run_dir / "training_checkpoint_54.pt", weights_only=True)
+    assert {"trainer", "model", "optimizer", "lr_scheduler", "meta"} <= checkpoint.keys()
+    assert checkpoint["trainer"]["iteration"] == 54
+    assert checkpoint["meta"]["world_size"] == 1 and checkpoint["meta"]["config"]["model"] == "simple_cnn"
+    best = sorted(p.name for p in run_dir.glob("best_model_*.pt"))
+    assert len(best) == 2 and best[0].startswith("best_model_2_test_accuracy=")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["iterations"] == 54 and metrics["test"]["num_samples"] == 1001
+
+
+def test_tensorboard_has_loss_lr_and_validation_scalars(trained_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir = trained_run
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"training/batch_loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
+    assert [event.step for event in events.Scalars("test/accuracy")] == [2, 3]
+
+
+def test_validation_runs_every_n_epochs_and_once_at_the_end(trained_run):
+    result, _ = trained_run
+    validated = re.findall(r"epoch (\d+) test: accuracy", result.stderr)
+    assert validated == ["2", "3"]
+
+
+def test_lr_warms_up_then_decays_to_zero(trained_run):
+    _, run_dir = trained_run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    lrs = {event.step: event.value for event in events.Scalars("training/lr")}
+    assert lrs[5] == pytest.approx(0.1 * 4 / 18, rel=1e-4)  # set at iteration start: (5 - 1) / 18 of warmup
+    assert max(lrs.values()) <= 0.1
+    assert lrs[50] == pytest.approx(0.1 * (54 - 49) / 36, rel=1e-4)
+
+
+def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp_path):
+    _, first_dir = trained_run
+    result = run_cli(
+        "run", *TINY, "--num_epochs=3", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+        "--run_name=resumed", f"--resume_from={first_dir / 'training_checkpoint_50.pt'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "at iteration 50" in result.stderr
+    assert "epoch 3 done" in result.stderr
+    assert "epoch 1/3" not in result.stderr and "epoch 2 done" not in result.stderr  # nothing trained twice
+    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["iterations"] == 54
+
+
+def test_evaluate_json_counts_every_test_image(trained_run, small_dataset):
+    _, run_dir = trained_run
+    best = sorted(run_dir.glob("best_model_*.pt"))[-1]
+    for checkpoint in (best, run_dir / "training_checkpoint_54.pt"):
+        result = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
+                         "--num_workers=0")
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics = json.loads(result.stdout.strip().splitlines()[-1])
+        assert set(metrics) == {"accuracy", "loss", "num_samples"}
+        assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0
