@@ -26,6 +26,7 @@ from cifar10_dist.errors import UserError
 logger = logging.getLogger(__name__)
 
 TRAINING_PREFIX = "training"
+TRAINING_KEYS = ("trainer", "model", "optimizer", "lr_scheduler")
 TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
 BEST_PATTERN = re.compile(r"^best_model_(\d+)_test_accuracy=([0-9.]+)\.pt$")
 
@@ -51,10 +52,11 @@ class RunMetadata:
         self.state = dict(state)
 
 
-def attach_training_checkpoints(
-    trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, every_iterations: int
-) -> Checkpoint:
-    """Save ``to_save`` every N iterations and when training completes, keeping the newest 2 files."""
+def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path) -> Checkpoint:
+    """A handler saving ``to_save`` as training_checkpoint_<iteration>.pt, keeping the newest 2 in run_dir.
+
+    Checkpoints already in run_dir (from before a resume) count towards the 2 and get pruned too.
+    """
     handler = Checkpoint(
         to_save,
         DiskSaver(run_dir, require_empty=False, atomic=True),
@@ -63,8 +65,12 @@ def attach_training_checkpoints(
         global_step_transform=lambda engine, _: engine.state.iteration,
     )
     handler.load_state_dict({"_saved": _existing(run_dir, TRAINING_PATTERN, lambda m: int(m.group(1)))})
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, handler)
     return handler
+
+
+def attach_training_checkpoints(trainer: Engine, handler: Checkpoint, every_iterations: int) -> None:
+    """Save every N iterations and when training completes."""
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, handler)
 
 
 def attach_best_model_checkpoints(
@@ -93,6 +99,29 @@ def _existing(run_dir: Path, pattern: re.Pattern, priority: Any) -> list[tuple[A
         if match:
             found.append((priority(match), path.name))
     return sorted(found)
+
+
+def training_checkpoints(run_dir: Path) -> list[Path]:
+    """training_checkpoint_<N>.pt files in run_dir, newest (highest N) first."""
+    found = [(int(m.group(1)), path) for path in run_dir.glob("training_checkpoint_*.pt")
+             if (m := TRAINING_PATTERN.match(path.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def newest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """The newest training checkpoint in run_dir that loads and has every key; damaged ones are skipped."""
+    for path in training_checkpoints(run_dir):
+        try:
+            checkpoint = load_checkpoint(path)
+        except UserError as error:
+            logger.warning("skipping %s: %s", path.name, error)
+            continue
+        missing = [key for key in TRAINING_KEYS if key not in checkpoint]
+        if missing:
+            logger.warning("skipping %s: missing %s", path.name, ", ".join(missing))
+            continue
+        return path
+    return None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

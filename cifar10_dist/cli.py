@@ -1,6 +1,7 @@
 """The command line: ``cifar10-dist run | evaluate | prepare-data``, a thin fire layer over the Python API.
 
-User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2;
+User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
+a diverged run (NaN loss) with 3, a preempted run (SIGTERM/SIGUSR1, checkpoint written) with 75;
 ``--debug`` shows the traceback instead.
 """
 
@@ -14,9 +15,7 @@ from typing import Any
 import fire
 
 from cifar10_dist.config import describe_options
-from cifar10_dist.errors import UserError
-
-EXIT_USER_ERROR = 2
+from cifar10_dist.errors import EXIT_USER_ERROR, UserError
 
 RUN_HELP = """\
 Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return error.exit_code
     except fire.core.FireExit as exit_request:
         return int(exit_request.code or 0)
     return 0

@@ -55,14 +55,15 @@ class Config:
     log_every_iters: int = option(15, "log the training loss every N iterations")
     output_path: str = option("output-cifar10/", "parent folder of run folders")
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
-    resume_from: Optional[str] = option(None, "training checkpoint to resume from")
+    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
     # launch
     backend: Optional[str] = option(None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)")
     nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)")
     nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)")
     node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
     master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
-    master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning over several nodes")
+    master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)")
+    dist_timeout: int = option(1800, "seconds a process waits for the others in a collective before giving up")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -172,6 +173,11 @@ def validate(config: Config) -> None:
     _require(c.checkpoint_every >= 1, f"checkpoint_every={c.checkpoint_every} must be at least 1")
     _require(c.log_every_iters >= 1, f"log_every_iters={c.log_every_iters} must be at least 1")
     _require(c.run_name is None or _is_plain_name(c.run_name), f"run_name='{c.run_name}' must be a plain folder name")
+    _require(
+        c.resume_from != "auto" or c.run_name is not None,
+        "resume_from=auto needs run_name: the run folder (output_path/run_name) to continue",
+    )
+    _require(c.dist_timeout >= 1, f"dist_timeout={c.dist_timeout} must be at least 1 second")
     _validate_launch(c)
     planned = planned_world_size(c)
     if planned is not None:

@@ -254,6 +254,23 @@ def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, 
     return batch
 
 
+class ResumableSampler(DistributedSampler):
+    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-epoch exactly."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def start_next_pass_at(self, position: int) -> None:
+        """Skip the first ``position`` indices of the next pass only."""
+        self.start = position
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0
+        return iter(indices)
+
+
 class ShardSampler(DistributedSampler):
     """Every index exactly once over all ranks (rank r gets r, r + W, ...): no padding, for exact evaluation."""
 
@@ -288,11 +305,11 @@ def make_loaders(
     world_size, rank = idist.get_world_size(), idist.get_rank()
     if len(train) < batch_size:
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
+    if batch_size < world_size:
+        raise UserError(f"batch_size={batch_size} is smaller than the world size {world_size}: give each process a sample")
     common = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
     train_dataset = BatchTensorDataset(train)
-    train_sampler = DistributedSampler(
-        train_dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
-    )
+    train_sampler = ResumableSampler(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
     train_loader = idist.auto_dataloader(
         train_dataset, batch_size=batch_size, sampler=train_sampler, drop_last=True, **common
     )

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 from ignite.engine import Engine, Events
-from ignite.handlers import PiecewiseLinear, TerminateOnNan
+from ignite.handlers import PiecewiseLinear
 from ignite.metrics import Accuracy, Loss, Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
@@ -62,7 +62,11 @@ def create_trainer(
     precision: Precision,
     scaler: torch.amp.GradScaler | None,
 ) -> Engine:
-    """An Engine whose step trains on one batch and returns the batch loss (a float); stops on NaN/inf loss."""
+    """An Engine whose step trains on one batch and returns the batch loss (a float).
+
+    NaN/inf losses are caught by ``faults.attach_stop_checks`` (not Ignite's TerminateOnNan, whose
+    COMPLETED event would checkpoint the broken state).
+    """
 
     def train_step(engine: Engine, batch: Batch) -> float:
         model.train()
@@ -82,7 +86,6 @@ def create_trainer(
     trainer = Engine(train_step)
     trainer.logger = logging.getLogger("cifar10_dist.trainer")
     trainer.logger.setLevel(logging.WARNING)  # progress is logged by tracking, once per epoch
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, TerminateOnNan())
     return trainer
 
 

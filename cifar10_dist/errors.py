@@ -1,5 +1,30 @@
-"""The one exception type for mistakes a user can fix (bad flags, missing data, ...)."""
+"""The exceptions that end a run with a one-line message instead of a traceback, and their exit codes."""
+
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+EXIT_WORKER_LOST = 4
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; rerun the same command to continue
 
 
 class UserError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
+
+    exit_code = EXIT_USER_ERROR
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN or infinite; the checkpoints on disk are from before it happened."""
+
+    exit_code = EXIT_DIVERGED
+
+
+class Preempted(UserError):
+    """SIGTERM/SIGUSR1 arrived; every process agreed, a checkpoint was written and the run stopped."""
+
+    exit_code = EXIT_PREEMPTED
+
+
+class WorkerLost(UserError):
+    """A spawned worker process died (killed, out of memory); the others were stopped."""
+
+    exit_code = EXIT_WORKER_LOST

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from cifar10_dist import tracking
+from cifar10_dist import faults, tracking
 from cifar10_dist.config import Config
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import Preempted, TrainingDiverged, UserError, WorkerLost
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
@@ -52,22 +55,60 @@ def check_launch(config: Config) -> None:
 
 
 def run(worker: Worker, config: Config) -> dict[str, Any]:
-    """Run ``worker(config)`` in every process; return rank 0's result (in the calling process)."""
+    """Run ``worker(config)`` in every process; return rank 0's result (in the calling process).
+
+    Spawning and no-backend runs go through ``idist.Parallel``; a process started by torchrun/srun
+    joins the process group with ``idist.initialize`` itself, because Parallel passes no timeout there.
+    """
     check_launch(config)
     tracking.quiet_ignite_loggers()
+    timeout = timedelta(seconds=config.dist_timeout)
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as exchange:
-        spawning = config.backend is not None and config.nproc_per_node is not None
-        parallel = idist.Parallel(backend=config.backend, **_spawn_options(config) if spawning else {})
-        try:
-            with parallel:
-                parallel.run(_process_entry, worker, config, exchange, spawning)
-        except Exception as error:
-            message = _error_from_workers(Path(exchange))
-            if message is None:
-                raise
-            raise UserError(message) from error
+        if config.backend is not None and config.nproc_per_node is not None:
+            _spawn(worker, config, exchange, timeout)
+        elif config.backend is not None:
+            idist.initialize(config.backend, timeout=timeout)
+            try:
+                _process_entry(idist.get_local_rank(), worker, config, exchange, False)
+            finally:
+                idist.finalize()
+        else:
+            with idist.Parallel(backend=None) as parallel:
+                parallel.run(_process_entry, worker, config, exchange, False)
         result_path = Path(exchange) / RESULT_FILE
         return json.loads(result_path.read_text()) if result_path.is_file() else {}
+
+
+def _spawn(worker: Worker, config: Config, exchange: str, timeout: timedelta) -> None:
+    """Spawn nproc_per_node processes; turn their failures into one-line errors with the right exit code."""
+    stop_request = faults.StopRequest(forward_to_children=True)  # SIGTERM to this process reaches the workers
+    stop_request.install()
+    options = _spawn_options(config)
+    try:
+        with idist.Parallel(backend=config.backend, timeout=timeout, **options) as parallel:
+            parallel.run(_process_entry, worker, config, exchange, True)
+    except ProcessExitedException as error:
+        reported = _error_from_workers(Path(exchange))
+        if reported is not None:
+            raise reported from None
+        raise WorkerLost(
+            f"worker process {error.error_index} (local rank) {_describe_exit(error)}; the others were stopped: "
+            "rerun with --resume_from=auto and the same run_name to continue from the last checkpoint"
+        ) from None
+    except ProcessRaisedException:
+        reported = _error_from_workers(Path(exchange))
+        if reported is None:
+            raise
+        raise reported from None
+    finally:
+        for stop_signal in faults.STOP_SIGNALS:
+            signal.signal(stop_signal, signal.SIG_DFL)
+
+
+def _describe_exit(error: ProcessExitedException) -> str:
+    if error.signal_name:
+        return f"was killed by {error.signal_name}"
+    return f"exited with code {error.exit_code}"
 
 
 def _spawn_options(config: Config) -> dict[str, Any]:
@@ -78,9 +119,14 @@ def _spawn_options(config: Config) -> dict[str, Any]:
         "master_addr": config.master_addr,
         "master_port": config.master_port,
     }
-    single_node = (config.nnodes or 1) == 1
-    if single_node and config.master_port is None and "MASTER_PORT" not in os.environ:
+    first_node = (config.node_rank or 0) == 0
+    if config.master_port is None and (config.nnodes or 1) == 1 and "MASTER_PORT" not in os.environ:
         options["master_port"] = free_port()  # Ignite's fixed default (2222) collides between concurrent runs
+    elif config.master_port is not None and first_node and not port_is_free(config.master_port):
+        raise UserError(
+            f"master_port={config.master_port} is already in use on this machine: "
+            "choose another port, or leave master_port unset on a single node (a free one is picked)"
+        )
     return options
 
 
@@ -90,24 +136,37 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: str, spawned: bool) -> None:
     """Runs in every process: set CPU threads, call the worker, hand rank 0's result or any user error back."""
     configure_cpu_threads()
     try:
         result = worker(config)
     except UserError as error:
-        if not spawned:
-            raise
-        (Path(exchange) / f"error-rank{idist.get_rank()}.txt").write_text(str(error))
+        if spawned:
+            report = {"kind": type(error).__name__, "message": str(error)}
+            (Path(exchange) / f"error-rank{idist.get_rank()}.json").write_text(json.dumps(report))
         raise
     if idist.get_rank() == 0:
         (Path(exchange) / RESULT_FILE).write_text(json.dumps(result))
 
 
-def _error_from_workers(exchange: Path) -> str | None:
-    """The first user error a spawned worker reported (lowest rank), if any."""
-    reports = sorted(exchange.glob("error-rank*.txt"), key=lambda path: int(path.stem.removeprefix("error-rank")))
-    return reports[0].read_text() if reports else None
+def _error_from_workers(exchange: Path) -> UserError | None:
+    """The user error a spawned worker reported (the lowest rank's), rebuilt with its class and exit code."""
+    reports = sorted(exchange.glob("error-rank*.json"), key=lambda path: int(path.stem.removeprefix("error-rank")))
+    if not reports:
+        return None
+    report = json.loads(reports[0].read_text())
+    kinds = {kind.__name__: kind for kind in (UserError, TrainingDiverged, Preempted, WorkerLost)}
+    return kinds.get(report["kind"], UserError)(report["message"])
 
 
 def configure_cpu_threads() -> None:

@@ -18,7 +18,7 @@ from ignite.engine import Engine, Events
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, launch, models, tracking
+from cifar10_dist import checkpointing, data, engines, faults, launch, models, tracking
 from cifar10_dist.config import Config, load_config, save_config
 from cifar10_dist.errors import UserError
 
@@ -38,7 +38,7 @@ def train(config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     """
     resolved = load_config(config, **overrides)
     models.check_model_name(resolved.model)
-    if resolved.resume_from is not None and not Path(resolved.resume_from).is_file():
+    if resolved.resume_from not in (None, "auto") and not Path(resolved.resume_from).is_file():
         raise UserError(f"resume_from='{resolved.resume_from}' does not exist: give a training_checkpoint_*.pt file")
     return launch.run(training, resolved)
 
@@ -91,18 +91,23 @@ def create_optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
     return idist.auto_optim(optimizer)
 
 
-def augmentation_seed(seed: int, rank: int, iteration: int) -> int:
-    """A distinct, reproducible seed for each (run seed, rank, iteration): resume repeats the same crops."""
-    return (seed * 1_000_003 + rank) * 1_000_000_007 + iteration
+def iteration_seed(seed: int, rank: int, iteration: int) -> int:
+    """A distinct, reproducible seed for each (run seed, rank, iteration): a resumed run draws the same numbers."""
+    return ((seed * 1_000_003 + rank) * 1_000_000_007 + iteration) % 2**63
 
 
 def train_batch_preparer(device: torch.device, seed: int) -> engines.PrepareBatch:
+    """Moves a uint8 batch to the device, augments and normalises it there.
+
+    The global RNG is reseeded each iteration, so augmentation and any dropout depend only on
+    (seed, rank, iteration), not on what ran before: the basis of exact resume.
+    """
     rank = idist.get_rank()
 
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
         images = images.to(device, non_blocking=True)
-        generator = torch.Generator().manual_seed(augmentation_seed(seed, rank, iteration))
+        generator = torch.manual_seed(iteration_seed(seed, rank, iteration))
         return data.normalize(data.augment(images, generator)), labels.to(device, non_blocking=True)
 
     return prepare
@@ -116,13 +121,34 @@ def eval_batch_preparer(device: torch.device) -> engines.PrepareBatch:
     return prepare
 
 
-def set_sampler_epoch(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
-    """A new shuffle each epoch, the same on every rank and on resume."""
+def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader, exact_resume: bool) -> None:
+    """A new shuffle each epoch (same on every rank); after a mid-epoch resume, skip the batches already seen.
+
+    Skipping is exact when an epoch is one pass over the loader (epoch_length unset).
+    """
     sampler = loader.sampler
+    batch_size = loader.batch_size
 
     @trainer.on(Events.EPOCH_STARTED)
     def set_epoch(engine: Engine) -> None:
         sampler.set_epoch(engine.state.epoch - 1)
+        done_in_epoch = engine.state.iteration % (engine.state.epoch_length or 1)
+        if exact_resume and done_in_epoch:
+            sampler.start_next_pass_at(done_in_epoch * batch_size)
+
+
+def resume_path(config: Config, run_dir: Path) -> str | None:
+    """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
+    if config.resume_from != "auto":
+        return config.resume_from
+    found = ""
+    if tracking.is_main_process():
+        newest = checkpointing.newest_valid_checkpoint(run_dir)
+        found = str(newest) if newest else ""
+        logger.info("resume_from=auto: %s", f"continuing from {newest}" if newest else "no checkpoint, starting fresh")
+    if idist.get_world_size() > 1:
+        found = idist.broadcast(found, src=0, safe_mode=True)
+    return found or None
 
 
 @dataclass
@@ -159,6 +185,8 @@ class Validation:
 def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder."""
     tracking.setup_logging()
+    stop_request = faults.StopRequest()
+    stop_request.install()
     device = idist.device()
     tracking.log_environment(config.to_dict(), device)
     manual_seed(config.seed)
@@ -178,17 +206,18 @@ def training(config: Config) -> dict[str, Any]:
     precision = engines.choose_precision(device, config.with_amp)
     scaler = engines.make_grad_scaler(precision)
     iterations_per_epoch = config.epoch_length or len(loaders.train)
+    total_iterations = config.num_epochs * iterations_per_epoch
     lr_scheduler = engines.create_lr_scheduler(
         optimizer,
         config.learning_rate,
         warmup_iterations=round(config.num_warmup_epochs * iterations_per_epoch),
-        total_iterations=config.num_epochs * iterations_per_epoch,
+        total_iterations=total_iterations,
     )
     trainer = engines.create_trainer(
         model, optimizer, loss_fn, train_batch_preparer(device, config.seed), precision, scaler
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
-    set_sampler_epoch(trainer, loaders.train)
+    position_sampler_each_epoch(trainer, loaders.train, exact_resume=config.epoch_length is None)
     train_evaluator, test_evaluator = (
         engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device) for _ in range(2)
     )
@@ -200,7 +229,9 @@ def training(config: Config) -> dict[str, Any]:
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
     if scaler is not None:
         to_save["scaler"] = scaler
-    checkpointing.attach_training_checkpoints(trainer, {**to_save, "meta": meta}, run_dir, config.checkpoint_every)
+    training_checkpoint = checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir)
+    faults.attach_stop_checks(trainer, stop_request, save_checkpoint=training_checkpoint)
+    checkpointing.attach_training_checkpoints(trainer, training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(test_evaluator, trainer, {"model": model, "meta": meta}, run_dir)
     tensorboard = tracking.TensorBoard(run_dir)
     tensorboard.attach_training(trainer, optimizer, config.log_every_iters)
@@ -208,17 +239,19 @@ def training(config: Config) -> dict[str, Any]:
     validation = Validation(train_evaluator, test_evaluator, loaders, tensorboard)
     engines.attach_validation(trainer, config.validate_every, validation)
 
-    if config.resume_from is not None:
-        checkpointing.resume(to_save, config.resume_from)
+    checkpoint_path = resume_path(config, run_dir)
+    if checkpoint_path is not None:
+        checkpointing.resume(to_save, checkpoint_path)
     logger.info("run folder: %s", run_dir)
-    trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
-    tensorboard.close()
+    try:
+        if trainer.state.iteration >= total_iterations:
+            logger.info("the checkpoint is from the end of training: evaluating only")
+            validation(trainer)  # Ignite would restart a finished run from iteration 0
+        else:
+            trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+    finally:
+        tensorboard.close()
 
-    if not math.isfinite(trainer.state.output if trainer.state.output is not None else 0.0):
-        raise UserError(
-            f"training stopped at iteration {trainer.state.iteration}: the loss became {trainer.state.output} "
-            f"(try a lower learning_rate; last good checkpoint in {run_dir})"
-        )
     result = {
         "run_dir": str(run_dir),
         "epochs": trainer.state.epoch,
