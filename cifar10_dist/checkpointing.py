@@ -13,7 +13,7 @@ import logging
 import platform
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import ignite
 import ignite.distributed as idist
@@ -68,7 +68,7 @@ def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path) -> Che
     return handler
 
 
-def attach_training_checkpoints(trainer: Engine, handler: Checkpoint, every_iterations: int) -> None:
+def attach_training_checkpoints(trainer: Engine, handler: Callable[[Engine], None], every_iterations: int) -> None:
     """Save every N iterations and when training completes."""
     trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, handler)
 

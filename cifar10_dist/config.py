@@ -34,6 +34,7 @@ class Config:
     # data
     dataset: str = option("cifar10", "cifar10 (files in data_path) or synthetic (generated in memory)")
     data_path: str = option("cifar10", "folder holding cifar-10-batches-py (downloaded there when missing)")
+    download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)")
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)")
     num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)")
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics")

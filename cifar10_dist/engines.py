@@ -85,7 +85,7 @@ def create_trainer(
 
     trainer = Engine(train_step)
     trainer.logger = logging.getLogger("cifar10_dist.trainer")
-    trainer.logger.setLevel(logging.WARNING)  # progress is logged by tracking, once per epoch
+    trainer.logger.setLevel(logging.CRITICAL)  # progress is logged by tracking; errors end the run with a message
     return trainer
 
 
@@ -124,7 +124,7 @@ def create_evaluator(
 
     evaluator = Engine(eval_step)
     evaluator.logger = logging.getLogger("cifar10_dist.evaluator")
-    evaluator.logger.setLevel(logging.WARNING)
+    evaluator.logger.setLevel(logging.CRITICAL)
     Accuracy(device=device).attach(evaluator, "accuracy")
     Loss(loss_fn, device=device).attach(evaluator, "loss")
     NumSamples(device=device).attach(evaluator, "num_samples")

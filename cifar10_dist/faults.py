@@ -87,3 +87,17 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
                 f"stopped at iteration {iteration} on {stop.signal_name or 'a signal to another process'}: "
                 "checkpoint written; run the same command with --resume_from=auto to continue"
             )
+
+
+def finite_weights_only(save: Callable[[Engine], None], model: torch.nn.Module) -> Callable[[Engine], None]:
+    """Wrap a checkpoint handler so that it never writes NaN/inf parameters (keeps the last good file)."""
+
+    def save_if_finite(engine: Engine) -> None:
+        if not all(bool(torch.isfinite(parameter).all()) for parameter in model.parameters()):
+            raise TrainingDiverged(
+                f"training stopped at iteration {engine.state.iteration} (epoch {engine.state.epoch}): the weights "
+                "became NaN/inf; the checkpoints on disk are from before it (try a lower learning_rate)"
+            )
+        save(engine)
+
+    return save_if_finite

@@ -66,7 +66,7 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
     if config.dataset == "synthetic":
         return data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1), SYNTHETIC_SEED)
     with idist.one_rank_first(local=True):
-        folder = data.ensure_cifar10(Path(config.data_path))
+        folder = data.ensure_cifar10(Path(config.data_path), download=config.download)
     train_set, test_set = data.read_cifar10(folder)
     official = "match" if data.matches_official_release(folder) else "differ from"
     logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
@@ -229,7 +229,9 @@ def training(config: Config) -> dict[str, Any]:
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
     if scaler is not None:
         to_save["scaler"] = scaler
-    training_checkpoint = checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir)
+    training_checkpoint = faults.finite_weights_only(
+        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir), model
+    )
     faults.attach_stop_checks(trainer, stop_request, save_checkpoint=training_checkpoint)
     checkpointing.attach_training_checkpoints(trainer, training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(test_evaluator, trainer, {"model": model, "meta": meta}, run_dir)

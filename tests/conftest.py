@@ -64,3 +64,48 @@ def write_dataset(root: Path, num_train: int, num_test: int, seed: int = 0) -> P
 def small_dataset(tmp_path_factory) -> Path:
     """600 training and 1,001 test images on disk (1,001: not divisible by 2 or 3)."""
     return write_dataset(tmp_path_factory.mktemp("cifar"), 600, 1001)
+
+
+def start_cli(*args: str, torchrun: list[str] | None = None) -> subprocess.Popen:
+    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
+    return subprocess.Popen(
+        [*launcher, "-m", "cifar10_dist", *args],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_file(pattern_dir: Path, glob: str, process: subprocess.Popen, timeout: float = 120) -> Path:
+    """Wait until a file matching glob appears in pattern_dir (fails if the process ends first)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(pattern_dir.glob(glob)) if pattern_dir.is_dir() else []
+        if found:
+            return found[0]
+        if process.poll() is not None:
+            raise AssertionError(f"process ended ({process.returncode}) before {glob} appeared: {process.stderr.read()}")
+        time.sleep(0.02)
+    raise AssertionError(f"{glob} did not appear in {pattern_dir} within {timeout} s")
+
+
+def assert_same_training_state(path_a: Path, path_b: Path) -> None:
+    """Every tensor of model and optimizer state equal (torch.equal), and the same trainer position."""
+    import torch
+
+    a = torch.load(path_a, weights_only=True)
+    b = torch.load(path_b, weights_only=True)
+    assert a["trainer"] == b["trainer"]
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"model {key} differs"
+    state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys()
+    for index in state_a:
+        for name, value in state_a[index].items():
+            assert torch.equal(value, state_b[index][name]), f"optimizer state {index}.{name} differs"
+    assert a["lr_scheduler"] == b["lr_scheduler"]

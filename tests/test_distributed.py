@@ -68,8 +68,8 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
 
 def test_a_user_error_inside_spawned_workers_is_one_line(tmp_path):
     result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", f"--data_path={tmp_path / 'empty'}",
-                     f"--output_path={tmp_path / 'out'}", "--dataset=cifar10")
+                     f"--output_path={tmp_path / 'out'}", "--download=False")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "error: CIFAR-10 is not in" in result.stderr
+    assert "error: CIFAR-10 not found: put cifar-10-python.tar.gz" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -1,0 +1,94 @@
+"""Checkpoints you can trust: atomic writes, safe loading, clear errors for damaged or foreign files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pytest
+import torch
+from ignite.engine import Engine
+
+from cifar10_dist import checkpointing
+from cifar10_dist.errors import UserError
+from tests.conftest import TINY, run_cli
+
+
+@pytest.fixture(scope="module")
+def finished_run(small_dataset, tmp_path_factory):
+    output = tmp_path_factory.mktemp("run")
+    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=r")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output / "r"
+
+
+def test_a_save_interrupted_midway_leaves_no_file_under_the_final_name(tmp_path, monkeypatch):
+    model = torch.nn.Linear(200, 200)
+    handler = checkpointing.create_training_checkpoint({"model": model, "other": torch.nn.Linear(2, 2)}, tmp_path)
+    engine = Engine(lambda engine, batch: None)
+    engine.state.iteration = 7
+    real_save = torch.save
+
+    def dying_save(obj, file, **kwargs):
+        real_save(obj, file, **kwargs)
+        file.flush()
+        file.truncate(100)  # half-written, as if killed while writing
+        raise KeyboardInterrupt("killed while saving")
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        handler(engine)
+    assert not (tmp_path / "training_checkpoint_7.pt").exists()
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_checkpoints_record_config_versions_and_world_size(finished_run):
+    checkpoint = checkpointing.load_checkpoint(finished_run / "training_checkpoint_36.pt")
+    meta = checkpoint["meta"]
+    assert meta["config"]["model"] == "simple_cnn" and meta["world_size"] == 1
+    assert meta["versions"]["torch"] == str(torch.__version__) and "pytorch-ignite" in meta["versions"]
+
+
+def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, small_dataset, tmp_path):
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes((finished_run / "training_checkpoint_36.pt").read_bytes()[:5000])
+    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
+                     f"--resume_from={broken}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or not a PyTorch checkpoint")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    hostile = tmp_path / "hostile.pt"
+    torch.save({"model": Exploit()}, hostile, pickle_module=pickle)
+    for command in (["evaluate", f"--checkpoint={hostile}"], ["run", *TINY, f"--resume_from={hostile}"]):
+        result = run_cli(*command, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}"
+                         if command[0] == "run" else "--json")
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "it asks to import posix.system, refused" in result.stderr
+        assert not marker.exists()
+    with pytest.raises(UserError, match="refused"):
+        checkpointing.load_checkpoint(hostile)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_model_names_what_does_not_match(finished_run, small_dataset):
+    result = run_cli("evaluate", f"--checkpoint={finished_run / 'training_checkpoint_36.pt'}",
+                     f"--data_path={small_dataset}", "--model=cifar_resnet18")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert "does not fit the model" in last and "Missing key(s)" in last and "conv1.weight" in last
+
+
+def test_resuming_from_a_model_only_file_names_the_missing_keys(finished_run, small_dataset, tmp_path):
+    best = sorted(finished_run.glob("best_model_*.pt"))[-1]
+    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
+                     f"--resume_from={best}")
+    assert result.returncode == 2
+    assert "is not a training checkpoint: missing trainer, optimizer, lr_scheduler" in result.stderr

@@ -1,0 +1,71 @@
+"""Killed workers, elastic restarts, dead peers and NaN losses, with real processes and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import torch
+
+from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, wait_for_file
+
+# 600 images, global batch 32: 18 iterations per epoch; 4 epochs = 72 iterations
+LONG = [*TINY, "--num_epochs=4", "--validate_every=4", "--checkpoint_every=4"]
+
+
+def worker_pids(launcher_pid: int) -> list[int]:
+    """Training processes below a launcher (torchrun agent or our spawning parent), deepest first."""
+    children = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
+    pids = [int(pid) for pid in children]
+    grandchildren = [pid for child in pids for pid in worker_pids(child)]
+    return grandchildren or pids
+
+
+def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path):
+    common = [*LONG, "--backend=gloo", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    reference = run_cli("run", *common, "--nproc_per_node=2", "--run_name=reference")  # same world size, spawned
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    job = start_cli("run", *common, "--run_name=job", "--resume_from=auto",
+                    torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=3"])
+    wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
+    victim = worker_pids(job.pid)[-1]
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr[-3000:]
+    assert "continuing from" in stderr  # the restarted workers resumed instead of starting over
+    assert_same_training_state(tmp_path / "reference" / "training_checkpoint_72.pt",
+                               tmp_path / "job" / "training_checkpoint_72.pt")
+
+
+def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_dataset, tmp_path):
+    timeout = 20
+    job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
+                    f"--dist_timeout={timeout}", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                    "--run_name=job")
+    wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
+    killed_at = time.monotonic()
+    os.kill(worker_pids(job.pid)[-1], signal.SIGKILL)
+    _, stderr = job.communicate(timeout=timeout + 30)
+    assert time.monotonic() - killed_at < timeout + 30
+    assert job.returncode == 4
+    assert "error: worker process 1 (local rank) was killed by SIGKILL; the others were stopped" in stderr
+    assert not worker_pids(job.pid)
+
+
+def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(small_dataset, tmp_path):
+    result = run_cli("run", *TINY, "--learning_rate=1e30", "--checkpoint_every=1", f"--data_path={small_dataset}",
+                     f"--output_path={tmp_path}", "--run_name=nan")
+    assert result.returncode == 3, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: training stopped at iteration ")
+    assert "the checkpoints on disk are from before it" in last_line
+    stopped_at = int(last_line.split("iteration ")[1].split()[0])
+    checkpoints = sorted((tmp_path / "nan").glob("training_checkpoint_*.pt"))
+    assert checkpoints, "the last good checkpoint must be kept"
+    for path in checkpoints:
+        assert int(path.stem.rsplit("_", 1)[1]) < stopped_at
+        weights = torch.load(path, weights_only=True)["model"]
+        assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point())
