@@ -66,12 +66,16 @@ def small_dataset(tmp_path_factory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("cifar"), 600, 1001)
 
 
-def start_cli(*args: str, torchrun: list[str] | None = None) -> subprocess.Popen:
-    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background."""
+def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background.
+
+    It gets a session of its own, so that ``stop_all`` can end it with every process below it.
+    """
     launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
     return subprocess.Popen(
         [*launcher, "-m", "cifar10_dist", *args],
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
+        start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,3 +113,14 @@ def assert_same_training_state(path_a: Path, path_b: Path) -> None:
         for name, value in state_a[index].items():
             assert torch.equal(value, state_b[index][name]), f"optimizer state {index}.{name} differs"
     assert a["lr_scheduler"] == b["lr_scheduler"]
+
+
+def stop_all(process: subprocess.Popen) -> None:
+    """Kill a process started by start_cli and everything it started (after a failed or timed-out test)."""
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, wait_for_file
+from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all, wait_for_file
 
 LAUNCH = {1: [], 2: ["--backend=gloo", "--nproc_per_node=2"]}
 # 600 images, global batch 32: 18 iterations per epoch, 54 in all; checkpoints every 25: 25, 50 and 54 (end)
@@ -40,16 +40,24 @@ def test_resume_mid_epoch_ends_with_identical_state_and_metrics(reference, tmp_p
 
 
 def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference, tmp_path):
-    """SIGTERM at whatever iteration the run has reached, then the identical command with resume_from=auto."""
+    """A stop signal at whatever iteration the run has reached, then the identical command with resume_from=auto.
+
+    One process gets SIGUSR1 (Slurm's usual warning signal); the 2-process run gets SIGTERM on the spawning
+    parent only, which passes it on to its workers.
+    """
     world_size, data_path, ref_dir = reference
     command = ["run", *RUN, *LAUNCH[world_size], f"--data_path={data_path}", f"--output_path={tmp_path}",
                "--run_name=job", "--resume_from=auto", "--checkpoint_every=3"]
     process = start_cli(*command)
-    wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", process)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", process)
+        stop_signal = signal.SIGUSR1 if world_size == 1 else signal.SIGTERM
+        process.send_signal(stop_signal)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        stop_all(process)
     assert process.returncode == 75, stderr[-3000:]
-    assert "checkpoint written; run the same command with --resume_from=auto to continue" in stderr
+    assert f"on {stop_signal.name}: checkpoint written; run the same command with --resume_from=auto" in stderr
     stopped_at = int(stderr.split("stopped at iteration ")[1].split()[0])
     assert (tmp_path / "job" / f"training_checkpoint_{stopped_at}.pt").is_file()
     assert stopped_at < 54
