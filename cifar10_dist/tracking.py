@@ -155,6 +155,13 @@ def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: f
     )
 
 
+def log_peak_memory() -> None:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    logger.info("peak resident memory %.0f MiB (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 class TensorBoard:
     """TensorBoard event files in the run folder (rank 0 only; a no-op elsewhere)."""
 

@@ -253,6 +253,7 @@ def training(config: Config) -> dict[str, Any]:
             trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
     finally:
         tensorboard.close()
+    tracking.log_peak_memory()
 
     result = {
         "run_dir": str(run_dir),

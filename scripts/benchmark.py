@@ -1,0 +1,199 @@
+"""Throughput benchmark, run by hand: prints a table (and writes JSON with --json PATH).
+
+Measures, in one run on this machine, images per second of:
+  1. a bare PyTorch training loop on pre-made tensors;
+  2. our Ignite trainer with its default handlers on the same tensors;
+  3. our full training epoch end to end (CLI, real data), 1 process;
+  4. the same with 2 gloo processes (1 thread each);
+  5. a conventional pipeline: torchvision CIFAR10 + PIL transforms, DataLoader with 2 workers, same step;
+  6. evaluation (train subset + test set), from run 3.
+Usage: python scripts/benchmark.py --data_path=DIR [--model=resnet18] [--batch_size=512] [--steps=10] [--json=PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from ignite.engine import Events
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cifar10_dist import data, engines, faults, models, tracking  # noqa: E402
+
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module):
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        model.train()
+        loss = loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def setup(model_name: str):
+    torch.manual_seed(0)
+    model = models.build_model(model_name)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    return model, optimizer, nn.CrossEntropyLoss()
+
+
+def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> float:
+    step = make_step(*setup(model_name))
+    for _ in range(warmup):
+        step(*batch)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step(*batch)
+    return steps * len(batch[1]) / (time.perf_counter() - start)
+
+
+def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> float:
+    """Our trainer and its per-iteration handlers (LR schedule, stop checks, progress, TensorBoard)."""
+    model, optimizer, loss_fn = setup(model_name)
+    precision = engines.choose_precision(torch.device("cpu"), False)
+    trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision, None)
+    total = (steps + warmup) * 10
+    trainer.add_event_handler(Events.ITERATION_STARTED, engines.create_lr_scheduler(optimizer, 0.01, 5, total))
+    faults.attach_stop_checks(trainer, faults.StopRequest(), save_checkpoint=lambda engine: None)
+    tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
+    with tempfile.TemporaryDirectory() as folder:
+        board = tracking.TensorBoard(Path(folder))
+        board.attach_training(trainer, optimizer, 15)
+        trainer.run([batch] * warmup, max_epochs=1)
+        start = time.perf_counter()
+        trainer.run([batch] * steps, max_epochs=1)
+        seconds = time.perf_counter() - start
+        board.close()
+    return steps * len(batch[1]) / seconds
+
+
+def conventional_pipeline(model_name: str, data_path: str, batch_size: int, steps: int, warmup: int) -> float:
+    """torchvision CIFAR10 with PIL transforms per image in a 2-worker DataLoader, then the same step."""
+    import torchvision
+    from torchvision import transforms as T
+
+    class UncheckedCIFAR10(torchvision.datasets.CIFAR10):
+        def _check_integrity(self) -> bool:  # our copy is JPEG re-encoded: md5s differ by design
+            return True
+
+    transform = T.Compose([T.Pad(4), T.RandomCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize(data.MEAN, data.STD)])
+    dataset = UncheckedCIFAR10(data_path, train=True, transform=transform)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, drop_last=True)
+    step = make_step(*setup(model_name))
+    batches = iter(loader)
+    for _ in range(warmup):
+        step(*next(batches))
+    start = time.perf_counter()
+    for _ in range(steps):
+        step(*next(batches))
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def full_epoch(data_path: str, model_name: str, batch_size: int, launch: list[str]) -> dict[str, float]:
+    """One real epoch through the CLI; epoch and evaluation times parsed from its log."""
+    with tempfile.TemporaryDirectory() as output:
+        command = [sys.executable, "-m", "cifar10_dist", "run", f"--data_path={data_path}", f"--model={model_name}",
+                   f"--batch_size={batch_size}", "--num_epochs=1", "--num_warmup_epochs=0.2",
+                   f"--output_path={output}", "--run_name=bench", *launch]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    log = result.stderr
+    epoch_seconds = float(re.search(r"epoch 1 done in ([0-9.]+) s", log).group(1))
+    train_eval = float(re.search(r"train_subset: .* on \d+ images \(([0-9.]+) s\)", log).group(1))
+    test_eval = float(re.search(r"epoch 1 test: .* on (\d+) images \(([0-9.]+) s\)", log).group(2))
+    test_count = int(re.search(r"epoch 1 test: .* on (\d+) images", log).group(1))
+    iterations = int(re.search(r"iter \d+/(\d+)", log).group(1))
+    memory = re.search(r"peak resident memory ([0-9.]+) MiB", log)
+    return {
+        "epoch_seconds": epoch_seconds,
+        "images_per_second": iterations * batch_size / epoch_seconds,
+        "eval_seconds": train_eval + test_eval,
+        "eval_images_per_second": test_count / test_eval,
+        "peak_rss_mib": float(memory.group(1)) if memory else float("nan"),
+    }
+
+
+def flops_per_image(model_name: str) -> float:
+    """FLOPs of one training step (forward + backward) per image, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, _, loss_fn = setup(model_name)
+    inputs, targets = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(inputs), targets).backward()
+    return counter.get_total_flops() / 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_path", required=True)
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--batch_size", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
+    results: dict[str, float] = {}
+    results["bare_loop"] = bare_loop(args.model, batch, args.steps, args.warmup)
+    results["engine"] = engine_loop(args.model, batch, args.steps, args.warmup)
+    one = full_epoch(args.data_path, args.model, args.batch_size, [])
+    two = full_epoch(args.data_path, args.model, args.batch_size, ["--backend=gloo", "--nproc_per_node=2"])
+    results["epoch_1_process"] = one["images_per_second"]
+    results["epoch_2_gloo_processes"] = two["images_per_second"]
+    results["conventional_pipeline"] = conventional_pipeline(
+        args.model, args.data_path, args.batch_size, args.steps, args.warmup
+    )
+    results["evaluation"] = one["eval_images_per_second"]
+    flops = flops_per_image(args.model)
+    ratios = {
+        "engine_over_bare": results["engine"] / results["bare_loop"],
+        "epoch_over_engine": results["epoch_1_process"] / results["engine"],
+        "two_procs_over_one": results["epoch_2_gloo_processes"] / results["epoch_1_process"],
+        "eval_fraction": one["eval_seconds"] / one["epoch_seconds"],
+    }
+    labels = {
+        "bare_loop": "1. bare PyTorch loop, pre-made tensors",
+        "engine": "2. our trainer + handlers, same tensors",
+        "epoch_1_process": "3. full epoch, 1 process",
+        "epoch_2_gloo_processes": "4. full epoch, 2 gloo processes",
+        "conventional_pipeline": "5. torchvision CIFAR10 + PIL, 2 workers",
+        "evaluation": "6. evaluation (test set)",
+    }
+    print(f"{args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{'measurement':<44}{'img/s':>10}")
+    for key, label in labels.items():
+        print(f"{label:<44}{results[key]:>10.1f}")
+    for key, value in ratios.items():
+        print(f"{key:<44}{value:>10.3f}")
+    print(f"{'training FLOPs per image (GFLOP)':<44}{flops / 1e9:>10.3f}")
+    print(f"{'achieved GFLOP/s, bare loop':<44}{flops * results['bare_loop'] / 1e9:>10.1f}")
+    print(f"{'peak RSS, 1 process (MiB)':<44}{one['peak_rss_mib']:>10.0f}")
+    print(f"{'peak RSS, rank 0 of 2 (MiB)':<44}{two['peak_rss_mib']:>10.0f}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({
+            "images_per_second": results, **ratios, "flops_per_image": flops,
+            "peak_rss_mib": {"1_process": one["peak_rss_mib"], "2_processes_rank0": two["peak_rss_mib"]},
+            "eval_seconds": one["eval_seconds"], "epoch_seconds": one["epoch_seconds"],
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
