@@ -90,6 +90,9 @@ def conventional_pipeline(model_name: str, data_path: str, batch_size: int, step
         def _check_integrity(self) -> bool:  # our copy is JPEG re-encoded: md5s differ by design
             return True
 
+        def _load_meta(self) -> None:
+            self.classes = list(data.CLASSES)
+
     transform = T.Compose([T.Pad(4), T.RandomCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
                            T.Normalize(data.MEAN, data.STD)])
     dataset = UncheckedCIFAR10(data_path, train=True, transform=transform)
