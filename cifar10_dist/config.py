@@ -64,7 +64,7 @@ class Config:
     node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
     master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
     master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)")
-    dist_timeout: int = option(1800, "seconds a process waits for the others in a collective before giving up")
+    dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

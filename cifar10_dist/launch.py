@@ -26,6 +26,7 @@ from cifar10_dist.errors import Preempted, TrainingDiverged, UserError, WorkerLo
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
+NATIVE_BACKENDS = ("gloo", "nccl")
 
 
 def started_by_torchrun() -> bool:
@@ -49,7 +50,7 @@ def check_launch(config: Config) -> None:
     if config.backend == "nccl" and not torch.cuda.is_available():
         raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
     if config.backend == "xla-tpu" and not idist.has_xla_support:
-        raise UserError("backend='xla-tpu' needs torch_xla, which is not installed: see README, 'Colab TPU'")
+        raise UserError("backend='xla-tpu' needs torch_xla, which is not installed (TPU runtimes provide it)")
     if config.backend == "horovod" and not idist.has_hvd_support:
         raise UserError("backend='horovod' needs horovod, which is not installed: pip install horovod")
 
@@ -62,12 +63,13 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
     """
     check_launch(config)
     tracking.quiet_ignite_loggers()
-    timeout = timedelta(seconds=config.dist_timeout)
+    # torch.distributed takes a timeout; Ignite's XLA and Horovod models accept no such argument
+    timeout_option = {"timeout": timedelta(seconds=config.dist_timeout)} if config.backend in NATIVE_BACKENDS else {}
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as exchange:
         if config.backend is not None and config.nproc_per_node is not None:
-            _spawn(worker, config, exchange, timeout)
+            _spawn(worker, config, exchange, timeout_option)
         elif config.backend is not None:
-            idist.initialize(config.backend, timeout=timeout)
+            idist.initialize(config.backend, **timeout_option)
             try:
                 _process_entry(idist.get_local_rank(), worker, config, exchange, False)
             finally:
@@ -79,13 +81,13 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
         return json.loads(result_path.read_text()) if result_path.is_file() else {}
 
 
-def _spawn(worker: Worker, config: Config, exchange: str, timeout: timedelta) -> None:
+def _spawn(worker: Worker, config: Config, exchange: str, timeout_option: dict[str, timedelta]) -> None:
     """Spawn nproc_per_node processes; turn their failures into one-line errors with the right exit code."""
     stop_request = faults.StopRequest(forward_to_children=True)  # SIGTERM to this process reaches the workers
     stop_request.install()
     options = _spawn_options(config)
     try:
-        with idist.Parallel(backend=config.backend, timeout=timeout, **options) as parallel:
+        with idist.Parallel(backend=config.backend, **timeout_option, **options) as parallel:
             parallel.run(_process_entry, worker, config, exchange, True)
     except ProcessExitedException as error:
         reported = _error_from_workers(Path(exchange))
