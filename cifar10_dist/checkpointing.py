@@ -103,9 +103,8 @@ def _existing(run_dir: Path, pattern: re.Pattern, priority: Any) -> list[tuple[A
 
 def training_checkpoints(run_dir: Path) -> list[Path]:
     """training_checkpoint_<N>.pt files in run_dir, newest (highest N) first."""
-    found = [(int(m.group(1)), path) for path in run_dir.glob("training_checkpoint_*.pt")
-             if (m := TRAINING_PATTERN.match(path.name))]
-    return [path for _, path in sorted(found, reverse=True)]
+    found = _existing(run_dir, TRAINING_PATTERN, lambda m: int(m.group(1)))
+    return [run_dir / name for _, name in reversed(found)]
 
 
 def newest_valid_checkpoint(run_dir: Path) -> Path | None:

@@ -68,9 +68,10 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
     with idist.one_rank_first(local=True):
         folder = data.ensure_cifar10(Path(config.data_path), download=config.download)
     train_set, test_set = data.read_cifar10(folder)
-    official = "match" if data.matches_official_release(folder) else "differ from"
-    logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
-                folder, len(train_set), len(test_set), official)
+    if tracking.is_main_process():  # hashing 180 MB only matters where it is logged
+        official = "match" if data.matches_official_release(folder) else "differ from"
+        logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
+                    folder, len(train_set), len(test_set), official)
     return train_set, test_set
 
 
