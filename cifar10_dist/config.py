@@ -64,6 +64,7 @@ class Config:
     node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
     master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
     master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)")
+    init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file")
     dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing")
 
     def to_dict(self) -> dict[str, Any]:
@@ -202,12 +203,14 @@ def _validate_launch(c: Config) -> None:
     if c.backend is None:
         for key, value in spawn_keys.items():
             _require(value is None, f"{key}={value} needs a distributed backend: add --backend=gloo (CPU) or nccl (GPU)")
+        _require(c.init_method == "env://", f"init_method='{c.init_method}' needs backend gloo or nccl")
         return
     _require(c.nproc_per_node is None or c.nproc_per_node >= 1, f"nproc_per_node={c.nproc_per_node} must be >= 1")
     _require(c.nnodes is None or c.nnodes >= 1, f"nnodes={c.nnodes} must be at least 1")
     _require(
         c.master_port is None or 1 <= c.master_port <= 65535, f"master_port={c.master_port} must be in 1..65535"
     )
+    _validate_init_method(c)
     nnodes = c.nnodes or 1
     if nnodes > 1 or c.node_rank is not None:
         _require(c.nproc_per_node is not None, "nnodes and node_rank are for spawning: give nproc_per_node too")
@@ -217,9 +220,27 @@ def _validate_launch(c: Config) -> None:
             f"node_rank={c.node_rank} must be given and in 0..{nnodes - 1} when nnodes={nnodes}",
         )
         _require(
-            c.master_addr is not None and c.master_port is not None,
+            c.init_method != "env://" or (c.master_addr is not None and c.master_port is not None),
             f"nnodes={nnodes} needs master_addr and master_port (the address and a free port of node 0)",
         )
+
+
+def _validate_init_method(c: Config) -> None:
+    """env:// (MASTER_ADDR/PORT) or file:// (a shared file system); Ignite refuses tcp:// because it hangs."""
+    accepted = "env:// or file:///path/on/a/shared/filesystem"
+    if c.init_method == "env://":
+        return
+    _require(c.init_method.startswith("file:///"), f"init_method='{c.init_method}' is not accepted: use {accepted}")
+    _require(
+        c.backend in ("gloo", "nccl"),
+        f"init_method='{c.init_method}' works with backend gloo or nccl only, not '{c.backend}'",
+    )
+    _require(
+        c.master_addr is None and c.master_port is None,
+        f"init_method='{c.init_method}' replaces master_addr/master_port: drop them",
+    )
+    parent = Path(c.init_method.removeprefix("file://")).parent
+    _require(parent.is_dir(), f"init_method='{c.init_method}': the folder {parent} does not exist")
 
 
 def planned_world_size(config: Config) -> int | None:

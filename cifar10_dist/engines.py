@@ -125,9 +125,10 @@ def create_evaluator(
     evaluator = Engine(eval_step)
     evaluator.logger = logging.getLogger("cifar10_dist.evaluator")
     evaluator.logger.setLevel(logging.CRITICAL)
-    Accuracy(device=device).attach(evaluator, "accuracy")
-    Loss(loss_fn, device=device).attach(evaluator, "loss")
-    NumSamples(device=device).attach(evaluator, "num_samples")
+    metric_device = torch.device("cpu") if device.type == "xla" else device  # Ignite keeps XLA metrics on CPU
+    Accuracy(device=metric_device).attach(evaluator, "accuracy")
+    Loss(loss_fn, device=metric_device).attach(evaluator, "loss")
+    NumSamples(device=metric_device).attach(evaluator, "num_samples")
     return evaluator
 
 

@@ -1,4 +1,4 @@
-"""Start a worker function in every process with ``ignite.distributed.Parallel`` and bring its result back.
+"""Start a worker function in every process with ``ignite.distributed`` and bring its result back.
 
 Three ways in: one plain process (backend None), internal spawning (backend + nproc_per_node), or a process
 already started by torchrun/srun (backend set, nproc_per_node unset). Rank 0's worker result (a JSON-able
@@ -7,6 +7,7 @@ dict) travels back to the caller through a file, so spawned and in-process runs 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,13 +15,13 @@ import socket
 import tempfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import ignite.distributed as idist
 import torch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from cifar10_dist import faults, tracking
+from cifar10_dist import faults, tracking, xla_compat
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Preempted, TrainingDiverged, UserError, WorkerLost
 
@@ -47,6 +48,13 @@ def check_launch(config: Config) -> None:
             raise UserError(
                 f"torchrun started {world_size} processes but backend is None: add --backend=gloo (CPU) or nccl (GPU)"
             )
+    init_file = Path(config.init_method.removeprefix("file://"))
+    single_node_spawn = config.nproc_per_node is not None and (config.nnodes or 1) == 1
+    if config.init_method.startswith("file://") and single_node_spawn and init_file.exists():
+        raise UserError(
+            f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
+            "torch needs a new, empty file for every run: delete it or choose another name"
+        )
     if config.backend == "nccl" and not torch.cuda.is_available():
         raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
     if config.backend == "xla-tpu" and not idist.has_xla_support:
@@ -58,18 +66,19 @@ def check_launch(config: Config) -> None:
 def run(worker: Worker, config: Config) -> dict[str, Any]:
     """Run ``worker(config)`` in every process; return rank 0's result (in the calling process).
 
-    Spawning and no-backend runs go through ``idist.Parallel``; a process started by torchrun/srun
-    joins the process group with ``idist.initialize`` itself, because Parallel passes no timeout there.
+    Spawning goes through ``idist.spawn``, no-backend runs through ``idist.Parallel``; a process started by
+    torchrun/srun joins the process group with ``idist.initialize`` itself, because Parallel passes no timeout there.
     """
+    xla_compat.apply()  # no-op without torch_xla
     check_launch(config)
     tracking.quiet_ignite_loggers()
-    # torch.distributed takes a timeout; Ignite's XLA and Horovod models accept no such argument
-    timeout_option = {"timeout": timedelta(seconds=config.dist_timeout)} if config.backend in NATIVE_BACKENDS else {}
+    native_options = _native_options(config)
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as exchange:
         if config.backend is not None and config.nproc_per_node is not None:
-            _spawn(worker, config, exchange, timeout_option)
+            _spawn(worker, config, exchange, native_options)
         elif config.backend is not None:
-            idist.initialize(config.backend, **timeout_option)
+            with _torchrun_over_slurm():
+                idist.initialize(config.backend, **native_options)
             try:
                 _process_entry(idist.get_local_rank(), worker, config, exchange, False)
             finally:
@@ -81,14 +90,33 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
         return json.loads(result_path.read_text()) if result_path.is_file() else {}
 
 
-def _spawn(worker: Worker, config: Config, exchange: str, timeout_option: dict[str, timedelta]) -> None:
+@contextlib.contextmanager
+def _torchrun_over_slurm() -> Iterator[None]:
+    """Under torchrun inside a Slurm job, torchrun's RANK/WORLD_SIZE are the truth: Ignite would instead
+    insist they equal SLURM_PROCID/SLURM_NTASKS (one srun task per node runs torchrun) and refuse to start."""
+    hidden = os.environ.pop("SLURM_JOB_ID", None) if started_by_torchrun() else None
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            os.environ["SLURM_JOB_ID"] = hidden
+
+
+def _native_options(config: Config) -> dict[str, Any]:
+    """Collective timeout and init_method: torch.distributed takes them, Ignite's XLA and Horovod models do not."""
+    if config.backend not in NATIVE_BACKENDS:
+        return {}
+    return {"timeout": timedelta(seconds=config.dist_timeout), "init_method": config.init_method}
+
+
+def _spawn(worker: Worker, config: Config, exchange: str, native_options: dict[str, Any]) -> None:
     """Spawn nproc_per_node processes; turn their failures into one-line errors with the right exit code."""
     stop_request = faults.StopRequest(forward_to_children=True)  # SIGTERM to this process reaches the workers
     stop_request.install()
-    options = _spawn_options(config)
+    options = {key: value for key, value in {**_spawn_options(config), **native_options}.items() if value is not None}
     try:
-        with idist.Parallel(backend=config.backend, **timeout_option, **options) as parallel:
-            parallel.run(_process_entry, worker, config, exchange, True)
+        # idist.spawn rather than Parallel: Parallel's logger setup would start the XLA runtime in this process
+        idist.spawn(config.backend, _process_entry, args=(worker, config, exchange, True), **options)
     except ProcessExitedException as error:
         reported = _error_from_workers(Path(exchange))
         if reported is not None:
@@ -122,6 +150,8 @@ def _spawn_options(config: Config) -> dict[str, Any]:
         "master_port": config.master_port,
     }
     first_node = (config.node_rank or 0) == 0
+    if config.init_method != "env://":
+        return options  # file://: Ignite refuses master_addr/master_port next to it
     if config.master_port is None and (config.nnodes or 1) == 1 and "MASTER_PORT" not in os.environ:
         options["master_port"] = free_port()  # Ignite's fixed default (2222) collides between concurrent runs
     elif config.master_port is not None and first_node and not port_is_free(config.master_port):
@@ -149,7 +179,7 @@ def port_is_free(port: int) -> bool:
 
 def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: str, spawned: bool) -> None:
     """Runs in every process: set CPU threads, call the worker, hand rank 0's result or any user error back."""
-    configure_cpu_threads()
+    configure_cpu_threads(spawned)
     try:
         result = worker(config)
     except UserError as error:
@@ -171,9 +201,22 @@ def _error_from_workers(exchange: Path) -> UserError | None:
     return kinds.get(report["kind"], UserError)(report["message"])
 
 
-def configure_cpu_threads() -> None:
-    """On CPU, share the cores among the processes of this node unless OMP_NUM_THREADS says otherwise."""
+def configure_cpu_threads(spawned: bool) -> None:
+    """On CPU, share this launch's cores among its processes unless OMP_NUM_THREADS says otherwise."""
     if "OMP_NUM_THREADS" in os.environ or idist.device().type != "cpu":
         return
+    torch.set_num_threads(cpu_threads_per_process(spawned))
+
+
+def cpu_threads_per_process(spawned: bool) -> int:
+    """Cores per process: a Slurm task's SLURM_CPUS_PER_TASK shared by the processes started inside that task
+    (spawned or by torchrun; an srun task is one process), else this machine's cores over the local processes."""
+    slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if slurm_cpus and slurm_cpus.isdigit() and "SLURM_PROCID" in os.environ:
+        if spawned:
+            sharing = idist.get_nproc_per_node()
+        else:
+            sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun sets it; srun starts one per task
+        return max(1, int(slurm_cpus) // sharing)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // max(1, idist.get_nproc_per_node())))
+    return max(1, cores // max(1, idist.get_nproc_per_node()))

@@ -66,6 +66,15 @@ def small_dataset(tmp_path_factory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("cifar"), 600, 1001)
 
 
+@pytest.fixture(scope="session")
+def spawned_run(small_dataset, tmp_path_factory):
+    """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node."""
+    output = tmp_path_factory.mktemp("spawn")
+    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
+                     f"--data_path={small_dataset}", f"--output_path={output}")
+    return result, output
+
+
 def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background.
 

@@ -17,14 +17,6 @@ def final_metrics(stdout: str) -> tuple[float, float, int]:
     return float(match.group(1)), float(match.group(2)), int(match.group(3))
 
 
-@pytest.fixture(scope="module")
-def spawned_run(small_dataset, tmp_path_factory):
-    output = tmp_path_factory.mktemp("spawn")
-    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
-                     f"--data_path={small_dataset}", f"--output_path={output}")
-    return result, output
-
-
 def test_two_spawned_gloo_processes_train_together(spawned_run):
     result, output = spawned_run
     assert result.returncode == 0, result.stderr[-3000:]

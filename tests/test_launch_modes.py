@@ -1,0 +1,132 @@
+"""Every way of starting the same 2-process training gives the same final weights as 2 spawned processes:
+two torchrun "nodes" (static and c10d rendezvous), internal spawning over two nodes, file:// init,
+and the environment that srun gives its tasks. The "nodes" are two launchers on this machine over loopback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all
+
+FINAL = "training_checkpoint_36.pt"  # 600 images, global batch 32, 2 epochs
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # as each of the 2 spawned reference processes has on 2 cores
+
+
+def reference_checkpoint(spawned_run) -> Path:
+    result, output = spawned_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = output.iterdir()
+    return run_dir / FINAL
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_together(*processes: subprocess.Popen, timeout: float = 300) -> list[tuple[int, str, str]]:
+    """Wait for processes started together; kill all of them if any hangs."""
+    results = []
+    try:
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=timeout)
+            results.append((process.returncode, stdout, stderr))
+    finally:
+        for process in processes:
+            stop_all(process)
+    for code, _, stderr in results:
+        assert code == 0, stderr[-3000:]
+    return results
+
+
+def training_args(data: Path, output: Path) -> list[str]:
+    return ["run", *TINY, "--backend=gloo", f"--data_path={data}", f"--output_path={output}", "--run_name=same"]
+
+
+def test_two_torchrun_nodes_with_static_master_match_one_node(spawned_run, small_dataset, tmp_path):
+    port = free_port()
+    nodes = [
+        start_cli(*training_args(small_dataset, tmp_path), env=ONE_THREAD, torchrun=[
+            "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1",
+            "--master_addr=127.0.0.1", f"--master_port={port}"])
+        for rank in (0, 1)
+    ]
+    (_, stdout, _), _ = run_together(*nodes)
+    assert "final test:" in stdout
+    assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
+
+
+def srun_environment(task: int, tasks: int, nodes: int, job_id: str, local_task: int) -> dict[str, str]:
+    """The SLURM_* variables srun gives task number `task` (what Ignite and our launcher read)."""
+    return {
+        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local_task), "SLURM_NODEID": str(task if nodes > 1 else 0),
+        "SLURM_NTASKS": str(tasks), "SLURM_NPROCS": str(tasks), "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NNODES": str(nodes), "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_CPUS_PER_TASK": "1", "SLURM_SUBMIT_DIR": str(Path.cwd()),
+    }
+
+
+def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawned_run, small_dataset, tmp_path):
+    """scripts/slurm/multi_node.sbatch: one srun task per node runs torchrun with a c10d rendezvous.
+    Ignite alone would refuse (RANK from torchrun differs from SLURM_PROCID in a multi-node job)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        start_cli(*training_args(small_dataset, tmp_path),
+                  env={**srun_environment(node, tasks=2, nodes=2, job_id="4242", local_task=0)},
+                  torchrun=["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                            f"--rdzv_endpoint={endpoint}", "--rdzv_id=4242"])
+        for node in (0, 1)
+    ]
+    results = run_together(*nodes)
+    assert sum("final test:" in stdout for _, stdout, _ in results) == 1
+    assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
+
+
+def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_dataset, tmp_path):
+    port = free_port()
+    nodes = [
+        start_cli(*training_args(small_dataset, tmp_path), "--nnodes=2", f"--node_rank={rank}",
+                  "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", env=ONE_THREAD)
+        for rank in (0, 1)
+    ]
+    run_together(*nodes)
+    assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
+
+
+def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path):
+    init_file = tmp_path / "rendezvous"
+    result = run_cli(*training_args(small_dataset, tmp_path), "--nproc_per_node=2",
+                     f"--init_method=file://{init_file}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
+
+
+def free_slurm_job_id() -> str:
+    """A job id whose Ignite-derived master port (15000 + last 4 digits) is free right now."""
+    for port in range(15000 + 4000, 15000 + 10000):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"77{port - 15000:04d}"
+    pytest.fail("no free port in 15000..24999 for a Slurm-derived master port")
+
+
+def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small_dataset, tmp_path):
+    """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
+    job_id = free_slurm_job_id()
+    tasks = [
+        start_cli(*training_args(small_dataset, tmp_path),
+                  env=srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task))
+        for task in (0, 1)
+    ]
+    results = run_together(*tasks)
+    assert "distributed: backend gloo, world size 2" in results[0][2]
+    assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
