@@ -55,6 +55,13 @@ def check_launch(config: Config) -> None:
             f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
             "torch needs a new, empty file for every run: delete it or choose another name"
         )
+    if config.backend is not None and config.nproc_per_node is not None and torch.cuda.is_available():
+        if config.nproc_per_node > torch.cuda.device_count():
+            raise UserError(
+                f"nproc_per_node={config.nproc_per_node} is more than the {torch.cuda.device_count()} visible GPUs: "
+                "to run several replicas per GPU, start them with srun or torchrun and --backend=gloo "
+                "(see scripts/slurm/shared_gpu.sbatch)"
+            )
     if config.backend == "nccl" and not torch.cuda.is_available():
         raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
     if config.backend == "xla-tpu" and not idist.has_xla_support:
@@ -77,7 +84,7 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
         if config.backend is not None and config.nproc_per_node is not None:
             _spawn(worker, config, exchange, native_options)
         elif config.backend is not None:
-            with _torchrun_over_slurm():
+            with _torchrun_over_slurm(), _gpus_shared_by_local_ranks():
                 idist.initialize(config.backend, **native_options)
             try:
                 _process_entry(idist.get_local_rank(), worker, config, exchange, False)
@@ -100,6 +107,26 @@ def _torchrun_over_slurm() -> Iterator[None]:
     finally:
         if hidden is not None:
             os.environ["SLURM_JOB_ID"] = hidden
+
+
+@contextlib.contextmanager
+def _gpus_shared_by_local_ranks() -> Iterator[None]:
+    """Several replicas per GPU (srun/torchrun with more local processes than visible GPUs, backend gloo):
+    Ignite calls torch.cuda.set_device(local_rank), which fails past the last GPU; use local_rank % GPUs."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    set_device = torch.cuda.set_device
+    torch.cuda.set_device = lambda index: set_device(shared_gpu_index(index, torch.cuda.device_count()))
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = set_device
+
+
+def shared_gpu_index(local_rank: int | torch.device, gpus: int) -> int | torch.device:
+    """The GPU of a local rank when local ranks outnumber GPUs: round robin."""
+    return local_rank % gpus if isinstance(local_rank, int) else local_rank
 
 
 def _native_options(config: Config) -> dict[str, Any]:

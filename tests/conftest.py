@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,18 @@ def run_torchrun(nproc: int, *args: str, cwd: Path | None = None, timeout: float
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--standalone", "-m", "cifar10_dist", *args]
     return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def free_slurm_job_id() -> str:
+    """A job id whose Ignite-derived master port (15000 + last 4 digits) is free right now."""
+    for port in range(15000 + 4000, 15000 + 10000):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"77{port - 15000:04d}"
+    pytest.fail("no free port in 15000..24999 for a Slurm-derived master port")
 
 
 def write_dataset(root: Path, num_train: int, num_test: int, seed: int = 0) -> Path:

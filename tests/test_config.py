@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -113,3 +114,8 @@ def test_help_lists_every_key_with_default_and_meaning():
         line = next(line for line in text.splitlines() if line.strip().startswith(f"--{field.name}="))
         assert str(field.default) in line
         assert field.metadata["help"] in line
+
+
+def test_readme_lists_the_options_exactly_as_help_does():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert describe_options() in readme, "regenerate README's option block from config.describe_options()"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all
+from tests.conftest import TINY, assert_same_training_state, free_slurm_job_id, run_cli, start_cli, stop_all
 
 FINAL = "training_checkpoint_36.pt"  # 600 images, global batch 32, 2 epochs
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # as each of the 2 spawned reference processes has on 2 cores
@@ -107,18 +107,6 @@ def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path)
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
 
 
-def free_slurm_job_id() -> str:
-    """A job id whose Ignite-derived master port (15000 + last 4 digits) is free right now."""
-    for port in range(15000 + 4000, 15000 + 10000):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return f"77{port - 15000:04d}"
-    pytest.fail("no free port in 15000..24999 for a Slurm-derived master port")
-
-
 def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small_dataset, tmp_path):
     """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
     job_id = free_slurm_job_id()
@@ -130,3 +118,20 @@ def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small
     results = run_together(*tasks)
     assert "distributed: backend gloo, world size 2" in results[0][2]
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
+
+
+def test_local_ranks_beyond_the_gpu_count_share_gpus_round_robin(monkeypatch):
+    """scripts/slurm/shared_gpu.sbatch: 4 tasks, 1 GPU; Ignite calls torch.cuda.set_device(local_rank)."""
+    import torch
+
+    from cifar10_dist import launch
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    with launch._gpus_shared_by_local_ranks():
+        for local_rank in range(5):
+            torch.cuda.set_device(local_rank)
+    torch.cuda.set_device(7)  # outside: untouched
+    assert chosen == [0, 1, 0, 1, 0, 7]

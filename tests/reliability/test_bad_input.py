@@ -66,6 +66,11 @@ CATALOGUE = [
     ("missing resume checkpoint", ["--resume_from={tmp}/nope.pt"], {}, "nope.pt' does not exist"),
     ("auto resume without run name", ["--resume_from=auto"], {}, "resume_from=auto needs run_name"),
     ("missing config file", ["--config={tmp}/nope.yaml"], {}, "nope.yaml' does not exist"),
+    ("tcp init method", ["--backend=gloo", "--nproc_per_node=2", "--init_method=tcp://127.0.0.1:29500"], {},
+     "init_method='tcp://127.0.0.1:29500' is not accepted: use env:// or file:///path/on/a/shared/filesystem"),
+    ("stale init file", ["--backend=gloo", "--nproc_per_node=2", "--init_method=file://{tmp}/a_file"], {},
+     "the file already exists (left by an earlier run?)"),
+    ("file init without backend", ["--init_method=file://{tmp}/init"], {}, "needs backend gloo or nccl"),
 ]
 
 

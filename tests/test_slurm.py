@@ -1,0 +1,100 @@
+"""The Slurm job scripts: shellcheck, the config keys they pass, and cpu_gloo.sbatch run for real with a
+stand-in srun/scontrol (tests/fake_slurm): 2 tasks train, USR1 before the time limit -> checkpoint and
+requeue, the requeued job resumes and finishes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from cifar10_dist.config import FIELDS
+from tests.conftest import REPO, cli_env, free_slurm_job_id, stop_all, wait_for_file
+
+SLURM_DIR = REPO / "scripts" / "slurm"
+JOB_SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
+SHELL_FILES = [*JOB_SCRIPTS, SLURM_DIR / "common.sh", *sorted((REPO / "scripts").glob("*.sh")), REPO / ".ci" / "run",
+               REPO / "tests" / "fake_slurm" / "scontrol"]
+
+
+def test_shellcheck_passes_on_every_shell_script():
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing: .ci/run installs it (apt-get install shellcheck)")
+        pytest.skip("shellcheck is not installed")
+    result = subprocess.run(["shellcheck", "-x", *map(str, SHELL_FILES)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def run_command_of(script: Path) -> str:
+    """The `cifar10_dist run ...` command of a job script, continuation lines joined."""
+    text = script.read_text().replace("\\\n", " ")
+    (command,) = [line for line in text.splitlines() if "cifar10_dist run" in line]
+    return command[command.index("cifar10_dist run"):]
+
+
+@pytest.mark.parametrize("script", JOB_SCRIPTS, ids=lambda path: path.name)
+def test_job_script_passes_known_keys_and_supports_requeue(script):
+    keys = re.findall(r"--(\w+)=", run_command_of(script))
+    assert keys and set(keys) <= {*FIELDS, "config"}, set(keys) - FIELDS.keys()
+    text = script.read_text()
+    assert "--resume_from=auto" in text and '--run_name="job-$SLURM_JOB_ID"' in text
+    assert "#SBATCH --requeue" in text and re.search(r"#SBATCH --signal=B:USR1@\d+", text)
+    assert "stage_dataset" in text and "run_step srun" in text
+
+
+def test_job_scripts_cover_every_documented_mode():
+    assert {path.name for path in JOB_SCRIPTS} == {
+        "one_gpu.sbatch", "one_node_gpus.sbatch", "multi_node.sbatch", "cpu_gloo.sbatch", "shared_gpu.sbatch"}
+    assert "--gres-flags=allow-task-sharing" in (SLURM_DIR / "shared_gpu.sbatch").read_text()
+
+
+def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
+    tiny = {"model": "simple_cnn", "batch_size": 32, "num_epochs": 10, "num_warmup_epochs": 1,
+            "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5, "log_every_iters": 50}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
+    fake_bin = REPO / "tests" / "fake_slurm"
+    return {
+        **cli_env(),
+        "PATH": os.pathsep.join([str(fake_bin), str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "SLURM_JOB_ID": job_id, "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+        "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "1", "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(data), "CONFIG": str(tmp_path / "tiny.yaml"),
+        "OUTPUT_PATH": str(tmp_path / "out"), "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"),
+    }
+
+
+def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes(small_dataset, tmp_path):
+    job_id = free_slurm_job_id()
+    env = job_environment(tmp_path, small_dataset, job_id)
+    run_dir = tmp_path / "out" / f"job-{job_id}"
+    job = subprocess.Popen(["bash", str(SLURM_DIR / "cpu_gloo.sbatch")], cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_file(run_dir, "training_checkpoint_*.pt", job)
+        job.send_signal(signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@300` sends before the time limit
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        stop_all(job)
+    assert job.returncode == 0, stderr[-3000:]
+    assert (tmp_path / "slurm.log").read_text() == f"requeue {job_id}\n"
+    assert (tmp_path / "node-local" / "cifar10" / "cifar-10-batches-py" / "data_batch_1").is_file()  # staged
+    stopped_at = max(int(p.stem.rsplit("_", 1)[1]) for p in run_dir.glob("training_checkpoint_*.pt"))
+    assert 5 <= stopped_at < 180, stopped_at  # 600 images, batch 32: 18 iterations x 10 epochs
+    assert "stopping at a checkpoint" in stderr
+
+    requeued = subprocess.run(["bash", str(SLURM_DIR / "cpu_gloo.sbatch")], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert f"at iteration {stopped_at}" in requeued.stderr
+    assert "distributed: backend gloo, world size 2" in requeued.stderr
+    final = torch.load(run_dir / "training_checkpoint_180.pt", weights_only=True)
+    assert final["trainer"]["iteration"] == 180 and final["meta"]["world_size"] == 2
