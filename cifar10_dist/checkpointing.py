@@ -28,15 +28,16 @@ logger = logging.getLogger(__name__)
 TRAINING_PREFIX = "training"
 TRAINING_KEYS = ("trainer", "model", "optimizer", "lr_scheduler")
 TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
-BEST_PATTERN = re.compile(r"^best_model_(\d+)_test_accuracy=([0-9.]+)\.pt$")
+BEST_PATTERN = re.compile(r"^best_model_(\d+)_(?:test|val)_accuracy=([0-9.]+)\.pt$")
 
 
 class RunMetadata:
-    """What produced a checkpoint: config, library versions, world size (stored under the key ``meta``)."""
+    """What produced a checkpoint: config, provenance, library versions, world size (stored under ``meta``)."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
         self.state: dict[str, Any] = {
             "config": dict(config or {}),
+            "provenance": dict(provenance or {}),
             "world_size": idist.get_world_size(),
             "versions": {
                 "python": platform.python_version(),
@@ -74,21 +75,27 @@ def attach_training_checkpoints(trainer: Engine, handler: Callable[[Engine], Non
 
 
 def attach_best_model_checkpoints(
-    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path
+    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, split: str
 ) -> Checkpoint:
-    """After each test evaluation keep the 2 models with the highest test accuracy."""
+    """After each evaluation on ``split`` (val or test) keep the 2 models with the highest accuracy there."""
     handler = Checkpoint(
         to_save,
         DiskSaver(run_dir, require_empty=False, atomic=True),
         filename_pattern="best_model_{global_step}_{score_name}={score}.{ext}",
         n_saved=2,
         score_function=Checkpoint.get_default_score_fn("accuracy"),
-        score_name="test_accuracy",
+        score_name=f"{split}_accuracy",
         global_step_transform=global_step_from_engine(trainer),
     )
     handler.load_state_dict({"_saved": _existing(run_dir, BEST_PATTERN, lambda m: float(m.group(2)))})
     evaluator.add_event_handler(Events.COMPLETED, handler)
     return handler
+
+
+def best_model_file(run_dir: Path) -> Path | None:
+    """The best-model file with the highest score in run_dir (None when there is none)."""
+    found = _existing(run_dir, BEST_PATTERN, lambda m: float(m.group(2)))
+    return run_dir / found[-1][1] if found else None
 
 
 def _existing(run_dir: Path, pattern: re.Pattern, priority: Any) -> list[tuple[Any, str]]:
@@ -167,6 +174,12 @@ def checkpoint_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """The config recorded in a checkpoint's meta (empty when the file has none)."""
     meta = checkpoint.get("meta")
     return dict(meta.get("config", {})) if isinstance(meta, Mapping) else {}
+
+
+def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance recorded in a checkpoint's meta (empty for older files or bare state dicts)."""
+    meta = checkpoint.get("meta")
+    return dict(meta.get("provenance", {})) if isinstance(meta, Mapping) else {}
 
 
 def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], source: str) -> None:

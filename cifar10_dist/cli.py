@@ -74,12 +74,27 @@ def run(config: str | None = None, **overrides: Any) -> None:
     result = train(config, **overrides)
     if not result:
         return  # a non-zero rank under torchrun: rank 0 reports
-    for split, name in (("test", "test"), ("train", "train subset")):
+    if "summary" in result:
+        print_seed_summary(result)
+        return
+    for split, name in (("val", "val"), ("test", "test"), ("train", "train subset")):
         metrics = result.get(split)
         if metrics:
+            chosen = f", {metrics['model']}" if "model" in metrics else ""
             print(f"final {name}: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
-                  f"({metrics['num_samples']} images)")
+                  f"({metrics['num_samples']} images{chosen})")
     print(f"run folder: {result['run_dir']}")
+
+
+def print_seed_summary(result: dict[str, Any]) -> None:
+    seeds = [run["seed"] for run in result["runs"]]
+    print(f"{len(seeds)} runs, seeds {', '.join(map(str, seeds))}")
+    print(f"{'metric':<16}{'mean':>9}{'std':>9}{'min':>9}{'max':>9}")
+    for name, stats in result["summary"].items():
+        print(f"{name:<16}" + "".join(f"{stats[key]:>9.4f}" for key in ("mean", "std", "min", "max")))
+    for run in result["runs"]:
+        print(f"run folder (seed {run['seed']}): {run['run_dir']}")
+    print(f"summary: {result['summary_file']}")
 
 
 def evaluate(checkpoint: str | None = None, config: str | None = None, json: bool = False, **overrides: Any) -> None:

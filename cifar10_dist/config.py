@@ -38,9 +38,14 @@ class Config:
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)")
     num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)")
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics")
+    val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "
+                              "test set then used once at the end (0: validate on the test set)")
+    val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)")
     # model and optimisation
     model: str = option("resnet18", "torchvision classification model or cifar_resnet18/34/50, simple_cnn")
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
+    seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max")
+    deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
     batch_size: int = option(512, "global batch size, split evenly over all processes")
     learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
     momentum: float = option(0.9, "SGD momentum")
@@ -161,6 +166,12 @@ def validate(config: Config) -> None:
     _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
+    _require(c.seeds >= 1, f"seeds={c.seeds} must be at least 1")
+    _require(
+        c.seeds == 1 or c.resume_from in (None, "auto"),
+        f"seeds={c.seeds} with resume_from='{c.resume_from}': one checkpoint cannot continue several runs; use auto",
+    )
+    _require(0 <= c.val_split < 1, f"val_split={c.val_split} must be in [0, 1), e.g. 0.1")
     _require(c.batch_size >= 1, f"batch_size={c.batch_size} must be at least 1")
     _require(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be greater than 0")
     _require(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")

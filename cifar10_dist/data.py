@@ -288,6 +288,27 @@ class Loaders:
     train: DataLoader
     train_eval: DataLoader | None
     test: DataLoader
+    val: DataLoader | None = None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The training images left to train on, the held-out validation images, and their original indices."""
+
+    train: ImageSet
+    val: ImageSet | None
+    indices: torch.Tensor  # sorted indices into the full training set; empty when nothing is held out
+
+
+def hold_out(train: ImageSet, fraction: float, seed: int) -> HeldOut:
+    """Hold out round(fraction * N) training images, chosen by ``seed`` alone: the same images on every rank,
+    at every world size and in every run with that seed, whatever the training seed."""
+    count = round(fraction * len(train))
+    if count == 0:
+        return HeldOut(train, None, torch.empty(0, dtype=torch.long))
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+    held, kept = order[:count].sort().values, order[count:].sort().values
+    return HeldOut(ImageSet(train.images[kept], train.labels[kept]), ImageSet(train.images[held], train.labels[held]), held)
 
 
 def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
@@ -297,7 +318,14 @@ def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
 
 
 def make_loaders(
-    train: ImageSet, test: ImageSet, *, batch_size: int, num_workers: int, train_eval_size: int, seed: int
+    train: ImageSet,
+    test: ImageSet,
+    *,
+    batch_size: int,
+    num_workers: int,
+    train_eval_size: int,
+    seed: int,
+    val: ImageSet | None = None,
 ) -> Loaders:
     """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders."""
     import ignite.distributed as idist
@@ -318,7 +346,8 @@ def make_loaders(
         subset = fixed_subset(train, min(train_eval_size, len(train)), seed)
         train_eval_loader = _eval_loader(subset, 2 * batch_size, common, world_size, rank)
     test_loader = _eval_loader(test, 2 * batch_size, common, world_size, rank)
-    return Loaders(train_loader, train_eval_loader, test_loader)
+    val_loader = _eval_loader(val, 2 * batch_size, common, world_size, rank) if val is not None else None
+    return Loaders(train_loader, train_eval_loader, test_loader, val_loader)
 
 
 def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> DataLoader:

@@ -78,6 +78,8 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
     """
     xla_compat.apply()  # no-op without torch_xla
     check_launch(config)
+    if config.deterministic:  # read when cuBLAS starts: before any process touches CUDA
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     tracking.quiet_ignite_loggers()
     native_options = _native_options(config)
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as exchange:

@@ -5,10 +5,14 @@ Read ``training`` top-down: it builds data, model, optimizer, engines and handle
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
+import statistics
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ from ignite.engine import Engine, Events
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, launch, models, tracking
+from cifar10_dist import checkpointing, data, engines, faults, launch, models, provenance, tracking
 from cifar10_dist.config import Config, load_config, save_config
 from cifar10_dist.errors import UserError
 
@@ -40,7 +44,45 @@ def train(config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     models.check_model_name(resolved.model)
     if resolved.resume_from not in (None, "auto") and not Path(resolved.resume_from).is_file():
         raise UserError(f"resume_from='{resolved.resume_from}' does not exist: give a training_checkpoint_*.pt file")
+    if resolved.seeds > 1:
+        return train_seeds(resolved)
     return launch.run(training, resolved)
+
+
+def train_seeds(config: Config) -> dict[str, Any]:
+    """Train ``config.seeds`` times (seed, seed+1, ...) one after another; summarise the final metrics.
+
+    Returns ``{"runs": [{"seed", "run_dir", "test", ...}], "summary": {"test_accuracy": {"mean", "std", "min",
+    "max"}, ...}, "summary_file": str}``; the same is written to output_path/seeds_<run_name or time>.json.
+    """
+    runs = []
+    for seed in range(config.seed, config.seed + config.seeds):
+        run_name = f"{config.run_name}-seed{seed}" if config.run_name else None
+        result = launch.run(training, dataclasses.replace(config, seed=seed, seeds=1, run_name=run_name))
+        runs.append({"seed": seed, **result})
+    if not all(run.get("run_dir") for run in runs):
+        return {}  # a non-zero rank under torchrun: rank 0 reports
+    summary = summarize_runs(runs)
+    name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(config.output_path) / f"seeds_{name}.json"
+    tracking.write_json(path, {"config": config.to_dict(), "runs": runs, "summary": summary})
+    return {"runs": runs, "summary": summary, "summary_file": str(path)}
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, sample standard deviation, min and max of each final metric over the runs."""
+    summary = {}
+    for split in ("test", "val", "train"):
+        for metric in ("accuracy", "loss"):
+            values = [run[split][metric] for run in runs if run.get(split)]
+            if len(values) == len(runs):
+                summary[f"{split}_{metric}"] = {
+                    "mean": statistics.fmean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "min": min(values),
+                    "max": max(values),
+                }
+    return summary
 
 
 INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size")
@@ -75,6 +117,16 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
     return train_set, test_set
 
 
+def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device) -> dict[str, Any]:
+    """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
+    checksum = provenance.dataset_sha256(train, test) if tracking.is_main_process() else None
+    record = provenance.collect(config.dataset, checksum, device)
+    package = record["package"]
+    git = f"git {package['git_commit'][:10]}{' (dirty)' if package['git_dirty'] else ''}" if package["git_commit"] else "no git"
+    logger.info("provenance: %s %s, %s, data sha256 %s", package["name"], package["version"], git, checksum)
+    return record
+
+
 def create_model(name: str) -> nn.Module:
     model = models.build_model(name)
     logger.info("model %s: %.2fM parameters", name, models.count_parameters(model) / 1e6)
@@ -90,6 +142,14 @@ def create_optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
         nesterov=config.nesterov and config.momentum > 0,
     )
     return idist.auto_optim(optimizer)
+
+
+def use_deterministic_algorithms() -> None:
+    """Bit-reproducible runs (same seed, world size and hardware): deterministic kernels only."""
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    logger.info("deterministic algorithms: on (CUBLAS_WORKSPACE_CONFIG=%s)", os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
 def iteration_seed(seed: int, rank: int, iteration: int) -> int:
@@ -154,10 +214,12 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
 
 @dataclass
 class Validation:
-    """Evaluates on the train subset (if any) and the test set, logs and records the metrics, keeps the latest."""
+    """Evaluates on the train subset (if any) and the selection split (held-out val, else test); logs and
+    records the metrics and keeps the latest."""
 
     train_evaluator: Engine
-    test_evaluator: Engine
+    selection_evaluator: Engine
+    split: str  # "val" or "test"
     loaders: data.Loaders
     tensorboard: tracking.TensorBoard
     latest: dict[str, Any] | None = None
@@ -168,16 +230,35 @@ class Validation:
         epoch = trainer.state.epoch
         results: dict[str, Any] = {"epoch": epoch, "train": None}
         if self.loaders.train_eval is not None:
-            results["train"] = self._measure("train_subset", self.train_evaluator, self.loaders.train_eval, epoch)
-        results["test"] = self._measure("test", self.test_evaluator, self.loaders.test, epoch)
+            results["train"] = self.measure("train_subset", self.train_evaluator, self.loaders.train_eval, epoch)
+        loader = self.loaders.val if self.split == "val" else self.loaders.test
+        results[self.split] = self.measure(self.split, self.selection_evaluator, loader, epoch)
         self.latest = results
 
-    def _measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, float]:
+    def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, float]:
         start = time.perf_counter()
         metrics = dict(evaluator.run(loader).metrics)
         tracking.log_metrics(epoch, split, metrics, time.perf_counter() - start)
         self.tensorboard.write_metrics(split, metrics, epoch)
         return metrics
+
+
+def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validation, evaluator: Engine) -> dict:
+    """The one test-set evaluation of a run with a held-out split: the model chosen on val (rank 0 reads the
+    best-model file and sends the weights to the others, so no shared filesystem is needed)."""
+    best = checkpointing.best_model_file(run_dir) if tracking.is_main_process() else None
+    name = best.name if best is not None else "final"
+    network = models.unwrap(model)
+    if best is not None:
+        weights = checkpointing.model_weights(checkpointing.load_checkpoint(best))
+        checkpointing.load_model_weights(network, weights, str(best))
+    if idist.get_world_size() > 1:
+        name = idist.broadcast(name, src=0, safe_mode=True)
+        for tensor in network.state_dict().values():
+            tensor.copy_(idist.broadcast(tensor, src=0))
+    logger.info("test set, used once: %s", "the final model (no best model saved)" if name == "final" else name)
+    epoch = validation.latest["epoch"] if validation.latest else 0
+    return {**validation.measure("test", evaluator, validation.loaders.test, epoch), "model": name}
 
 
 # ---------------------------------------------------------------- per-process functions
@@ -191,11 +272,17 @@ def training(config: Config) -> dict[str, Any]:
     device = idist.device()
     tracking.log_environment(config.to_dict(), device)
     manual_seed(config.seed)
+    if config.deterministic:
+        use_deterministic_algorithms()
 
     train_set, test_set = load_datasets(config)
+    record = describe_run(config, train_set, test_set, device)
+    held_out = data.hold_out(train_set, config.val_split, config.val_seed)
+    split = "val" if held_out.val is not None else "test"
     loaders = data.make_loaders(
-        train_set,
+        held_out.train,
         test_set,
+        val=held_out.val,
         batch_size=config.batch_size,
         num_workers=config.num_workers,
         train_eval_size=config.train_eval_size,
@@ -219,14 +306,17 @@ def training(config: Config) -> dict[str, Any]:
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
     position_sampler_each_epoch(trainer, loaders.train, exact_resume=config.epoch_length is None)
-    train_evaluator, test_evaluator = (
-        engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device) for _ in range(2)
+    train_evaluator, selection_evaluator, test_evaluator = (
+        engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device) for _ in range(3)
     )
 
     run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
     if tracking.is_main_process():
         save_config(config, run_dir / "config.yaml")
-    meta = checkpointing.RunMetadata(config.to_dict())
+        tracking.write_json(run_dir / "provenance.json", record)
+        if held_out.val is not None:
+            tracking.write_json(run_dir / "held_out_indices.json", held_out.indices.tolist())
+    meta = checkpointing.RunMetadata(config.to_dict(), record)
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
     if scaler is not None:
         to_save["scaler"] = scaler
@@ -235,11 +325,13 @@ def training(config: Config) -> dict[str, Any]:
     )
     faults.attach_stop_checks(trainer, stop_request, save_checkpoint=training_checkpoint)
     checkpointing.attach_training_checkpoints(trainer, training_checkpoint, config.checkpoint_every)
-    checkpointing.attach_best_model_checkpoints(test_evaluator, trainer, {"model": model, "meta": meta}, run_dir)
+    checkpointing.attach_best_model_checkpoints(
+        selection_evaluator, trainer, {"model": model, "meta": meta}, run_dir, split
+    )
     tensorboard = tracking.TensorBoard(run_dir)
     tensorboard.attach_training(trainer, optimizer, config.log_every_iters)
     tracking.attach_progress_logging(trainer, optimizer, config.log_every_iters, config.batch_size, config.num_epochs)
-    validation = Validation(train_evaluator, test_evaluator, loaders, tensorboard)
+    validation = Validation(train_evaluator, selection_evaluator, split, loaders, tensorboard)
     engines.attach_validation(trainer, config.validate_every, validation)
 
     checkpoint_path = resume_path(config, run_dir)
@@ -252,6 +344,8 @@ def training(config: Config) -> dict[str, Any]:
             validation(trainer)  # Ignite would restart a finished run from iteration 0
         else:
             trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+        if split == "val" and validation.latest is not None:
+            validation.latest["test"] = evaluate_best_on_test(model, run_dir, validation, test_evaluator)
     finally:
         tensorboard.close()
     tracking.log_peak_memory()
@@ -261,6 +355,7 @@ def training(config: Config) -> dict[str, Any]:
         "epochs": trainer.state.epoch,
         "iterations": trainer.state.iteration,
         "test": validation.latest["test"] if validation.latest else None,
+        "val": validation.latest.get("val") if validation.latest else None,
         "train": validation.latest["train"] if validation.latest else None,
     }
     if tracking.is_main_process():
@@ -283,8 +378,12 @@ class _EvaluationWorker:
             train_eval_size=0, seed=config.seed,
         )
         model = models.build_model(config.model)
-        weights = checkpointing.model_weights(checkpointing.load_checkpoint(self.checkpoint))
-        checkpointing.load_model_weights(model, weights, self.checkpoint)
+        checkpoint = checkpointing.load_checkpoint(self.checkpoint)
+        checkpointing.load_model_weights(model, checkpointing.model_weights(checkpoint), self.checkpoint)
+        present = describe_run(config, train_set, test_set, device)
+        for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
+            if tracking.is_main_process():
+                logger.warning("checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference)
         model = idist.auto_model(model)
         precision = engines.choose_precision(device, config.with_amp)
         evaluator = engines.create_evaluator(model, nn.CrossEntropyLoss(), eval_batch_preparer(device), precision, device)

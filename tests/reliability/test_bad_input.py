@@ -71,6 +71,10 @@ CATALOGUE = [
     ("stale init file", ["--backend=gloo", "--nproc_per_node=2", "--init_method=file://{tmp}/a_file"], {},
      "the file already exists (left by an earlier run?)"),
     ("file init without backend", ["--init_method=file://{tmp}/init"], {}, "needs backend gloo or nccl"),
+    ("val split out of range", ["--val_split=1.5"], {}, "val_split=1.5 must be in [0, 1), e.g. 0.1"),
+    ("no seeds", ["--seeds=0"], {}, "seeds=0 must be at least 1"),
+    ("seeds with one checkpoint", ["--seeds=2", "--resume_from={tmp}/a_file"], {},
+     "one checkpoint cannot continue several runs; use auto"),
 ]
 
 
