@@ -53,14 +53,15 @@ class RunMetadata:
         self.state = dict(state)
 
 
-def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path) -> Checkpoint:
+def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None) -> Checkpoint:
     """A handler saving ``to_save`` as training_checkpoint_<iteration>.pt, keeping the newest 2 in run_dir.
 
     Checkpoints already in run_dir (from before a resume) count towards the 2 and get pruned too.
+    ``saver`` (default: an atomic DiskSaver on run_dir) may be a ClearMLSaver on the same folder.
     """
     handler = Checkpoint(
         to_save,
-        DiskSaver(run_dir, require_empty=False, atomic=True),
+        saver or DiskSaver(run_dir, require_empty=False, atomic=True),
         filename_prefix=TRAINING_PREFIX,
         n_saved=2,
         global_step_transform=lambda engine, _: engine.state.iteration,
@@ -75,12 +76,13 @@ def attach_training_checkpoints(trainer: Engine, handler: Callable[[Engine], Non
 
 
 def attach_best_model_checkpoints(
-    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, split: str
+    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, split: str,
+    saver: DiskSaver | None = None,
 ) -> Checkpoint:
     """After each evaluation on ``split`` (val or test) keep the 2 models with the highest accuracy there."""
     handler = Checkpoint(
         to_save,
-        DiskSaver(run_dir, require_empty=False, atomic=True),
+        saver or DiskSaver(run_dir, require_empty=False, atomic=True),
         filename_pattern="best_model_{global_step}_{score_name}={score}.{ext}",
         n_saved=2,
         score_function=Checkpoint.get_default_score_fn("accuracy"),

@@ -1,4 +1,4 @@
-"""The command line: ``cifar10-dist run | evaluate | prepare-data``, a thin fire layer over the Python API.
+"""The command line: ``cifar10-dist run | evaluate | prepare-data | report``, a thin fire layer over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
 a diverged run (NaN loss) with 3, a preempted run (SIGTERM/SIGUSR1, checkpoint written) with 75;
@@ -29,14 +29,16 @@ Values come from the defaults below, then the YAML file, then the command line.
 """
 
 EVALUATE_HELP = """\
-Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--KEY=VALUE ...] [--debug]
+Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
 
-Test-set accuracy and loss of a saved model (training_checkpoint_*.pt or best_model_*.pt).
+Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
+writes the confusion matrix as confusion_<checkpoint name>.json and .png into output_dir.
 The checkpoint's recorded model, dataset, data_path and synthetic_size are used unless given here.
 Batch and launch keys as for run.
 
   --checkpoint=PATH          checkpoint file to evaluate (required)
-  --json                     print {{"accuracy", "loss", "num_samples"}} as JSON on the last line
+  --json                     print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line
+  --output_dir=None          folder for the confusion matrix files (default: the checkpoint's folder)
   --config=None              YAML file with any of the keys below
   --debug                    show tracebacks for errors
 {options}
@@ -55,6 +57,16 @@ in the same on-disk format.
   --debug                    show tracebacks for errors
 """
 
+REPORT_HELP = """\
+Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--debug]
+
+Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
+each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
+
+  --output=report.png        where the comparison plot goes
+  --debug                    show tracebacks for errors
+"""
+
 MAIN_HELP = """\
 Usage: cifar10-dist COMMAND [--KEY=VALUE ...]
 
@@ -64,6 +76,7 @@ Commands:
   run            train (cifar10-dist run --help lists every option)
   evaluate       test-set accuracy and loss of a saved checkpoint
   prepare-data   download and verify CIFAR-10, or write a synthetic copy
+  report         compare run folders: a table and a plot
 """
 
 
@@ -97,8 +110,12 @@ def print_seed_summary(result: dict[str, Any]) -> None:
     print(f"summary: {result['summary_file']}")
 
 
-def evaluate(checkpoint: str | None = None, config: str | None = None, json: bool = False, **overrides: Any) -> None:
-    """Evaluate a checkpoint on the test set."""
+def evaluate(
+    checkpoint: str | None = None, config: str | None = None, json: bool = False, output_dir: str | None = None,
+    **overrides: Any,
+) -> None:
+    """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
+    from cifar10_dist import reports
     from cifar10_dist.training import evaluate as evaluate_checkpoint
 
     if checkpoint is None:
@@ -106,10 +123,40 @@ def evaluate(checkpoint: str | None = None, config: str | None = None, json: boo
     metrics = evaluate_checkpoint(checkpoint, config, **overrides)
     if not metrics:
         return
+    folder = Path(output_dir) if output_dir is not None else Path(checkpoint).parent
+    stem = f"confusion_{Path(checkpoint).stem}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.json").write_text(json_module.dumps(
+            {"checkpoint": str(checkpoint), "classes": reports.CLASSES, "rows": "true class", "columns": "predicted",
+             "confusion_matrix": metrics["confusion_matrix"], "per_class_accuracy": metrics["per_class_accuracy"]},
+            indent=2) + "\n")
+        reports.render_confusion(metrics["confusion_matrix"], folder / f"{stem}.png", Path(checkpoint).name)
+    except OSError as error:
+        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from None
     if json:
         print(json_module.dumps(metrics))
-    else:
-        print(f"test: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} ({metrics['num_samples']} images)")
+        return
+    print("class        accuracy")
+    for name, accuracy in zip(reports.CLASSES, metrics["per_class_accuracy"]):
+        print(f"{name:<12} {accuracy:8.4f}")
+    print(f"confusion matrix: {folder / stem}.json, .png")
+    print(f"test: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} ({metrics['num_samples']} images)")
+
+
+def report(*run_dirs: str, output: str = "report.png") -> None:
+    """Compare run folders: a table on stdout and one plot overlaying their curves."""
+    from cifar10_dist import reports
+
+    if not run_dirs:
+        raise UserError("report needs at least one run folder: cifar10-dist report RUN_DIR [RUN_DIR ...]")
+    folders = [Path(str(run_dir)) for run_dir in run_dirs]
+    for folder in folders:
+        if not folder.is_dir():
+            raise UserError(f"run folder '{folder}' does not exist")
+    print(reports.format_table(reports.compare(folders)))
+    reports.render_comparison(folders, Path(output))
+    print(f"plot: {output}")
 
 
 def prepare_data(
@@ -134,8 +181,8 @@ def prepare_data(
           f"files {official} the official release's md5 sums")
 
 
-COMMANDS = {"run": run, "evaluate": evaluate, "prepare-data": prepare_data}
-HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "prepare-data": PREPARE_HELP}
+COMMANDS = {"run": run, "evaluate": evaluate, "prepare-data": prepare_data, "report": report}
+HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
 
 
 def _help_text(argv: list[str]) -> str | None:

@@ -62,6 +62,9 @@ class Config:
     output_path: str = option("output-cifar10/", "parent folder of run folders")
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
     resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
+    with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")
+    clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)")
+    clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import")
     # launch
     backend: Optional[str] = option(None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)")
     nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)")

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import PiecewiseLinear
-from ignite.metrics import Accuracy, Loss, Metric
+from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
@@ -111,8 +111,10 @@ def create_evaluator(
     prepare_batch: PrepareBatch,
     precision: Precision,
     device: torch.device,
+    num_classes: int | None = None,
 ) -> Engine:
-    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes."""
+    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes
+    (and the confusion matrix when ``num_classes`` is given)."""
 
     @torch.no_grad()
     def eval_step(engine: Engine, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +131,8 @@ def create_evaluator(
     Accuracy(device=metric_device).attach(evaluator, "accuracy")
     Loss(loss_fn, device=metric_device).attach(evaluator, "loss")
     NumSamples(device=metric_device).attach(evaluator, "num_samples")
+    if num_classes is not None:
+        ConfusionMatrix(num_classes, device=metric_device).attach(evaluator, "confusion_matrix")
     return evaluator
 
 

@@ -22,7 +22,7 @@ from ignite.engine import Engine, Events
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, launch, models, provenance, tracking
+from cifar10_dist import checkpointing, data, engines, faults, launch, models, provenance, reports, tracking
 from cifar10_dist.config import Config, load_config, save_config
 from cifar10_dist.errors import UserError
 
@@ -221,13 +221,14 @@ class Validation:
     selection_evaluator: Engine
     split: str  # "val" or "test"
     loaders: data.Loaders
-    tensorboard: tracking.TensorBoard
+    recorder: tracking.Recorder
     latest: dict[str, Any] | None = None
+    iteration: int = 0
 
     def __call__(self, trainer: Engine) -> None:
         if not math.isfinite(trainer.state.output or 0.0):
             return  # training stopped on NaN: nothing worth measuring
-        epoch = trainer.state.epoch
+        epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
         results: dict[str, Any] = {"epoch": epoch, "train": None}
         if self.loaders.train_eval is not None:
             results["train"] = self.measure("train_subset", self.train_evaluator, self.loaders.train_eval, epoch)
@@ -238,8 +239,9 @@ class Validation:
     def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, float]:
         start = time.perf_counter()
         metrics = dict(evaluator.run(loader).metrics)
-        tracking.log_metrics(epoch, split, metrics, time.perf_counter() - start)
-        self.tensorboard.write_metrics(split, metrics, epoch)
+        seconds = time.perf_counter() - start
+        tracking.log_metrics(epoch, split, metrics, seconds)
+        self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
         return metrics
 
 
@@ -266,6 +268,7 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
 
 def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder."""
+    started = time.perf_counter()
     tracking.setup_logging()
     stop_request = faults.StopRequest()
     stop_request.install()
@@ -320,18 +323,22 @@ def training(config: Config) -> dict[str, Any]:
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
     if scaler is not None:
         to_save["scaler"] = scaler
+    clearml = tracking.ClearML(config.to_dict(), run_dir)
+    saver = clearml.saver(run_dir) if clearml.enabled else None
     training_checkpoint = faults.finite_weights_only(
-        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir), model
+        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), model
     )
     faults.attach_stop_checks(trainer, stop_request, save_checkpoint=training_checkpoint)
     checkpointing.attach_training_checkpoints(trainer, training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(
-        selection_evaluator, trainer, {"model": model, "meta": meta}, run_dir, split
+        selection_evaluator, trainer, {"model": model, "meta": meta}, run_dir, split, saver
     )
-    tensorboard = tracking.TensorBoard(run_dir)
-    tensorboard.attach_training(trainer, optimizer, config.log_every_iters)
+    recorder = tracking.Recorder(run_dir)
+    recorder.attach_training(trainer, optimizer, config.log_every_iters, config.batch_size)
+    evaluators = {"train_subset": train_evaluator, split: selection_evaluator, "test": test_evaluator}
+    clearml.attach(trainer, optimizer, evaluators, config.log_every_iters)
     tracking.attach_progress_logging(trainer, optimizer, config.log_every_iters, config.batch_size, config.num_epochs)
-    validation = Validation(train_evaluator, selection_evaluator, split, loaders, tensorboard)
+    validation = Validation(train_evaluator, selection_evaluator, split, loaders, recorder)
     engines.attach_validation(trainer, config.validate_every, validation)
 
     checkpoint_path = resume_path(config, run_dir)
@@ -347,7 +354,7 @@ def training(config: Config) -> dict[str, Any]:
         if split == "val" and validation.latest is not None:
             validation.latest["test"] = evaluate_best_on_test(model, run_dir, validation, test_evaluator)
     finally:
-        tensorboard.close()
+        recorder.close()
     tracking.log_peak_memory()
 
     result = {
@@ -360,6 +367,11 @@ def training(config: Config) -> dict[str, Any]:
     }
     if tracking.is_main_process():
         tracking.write_json(run_dir / "metrics.json", result)
+        summary = reports.summarize(run_dir, result, record, time.perf_counter() - started)
+        summary["clearml_offline_folder"] = clearml.offline_folder()
+        tracking.write_json(run_dir / "summary.json", summary)
+        reports.render_curves(run_dir, run_dir / "curves.png")
+    clearml.close()
     return result
 
 
@@ -386,6 +398,11 @@ class _EvaluationWorker:
                 logger.warning("checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference)
         model = idist.auto_model(model)
         precision = engines.choose_precision(device, config.with_amp)
-        evaluator = engines.create_evaluator(model, nn.CrossEntropyLoss(), eval_batch_preparer(device), precision, device)
+        evaluator = engines.create_evaluator(
+            model, nn.CrossEntropyLoss(), eval_batch_preparer(device), precision, device, num_classes=models.NUM_CLASSES
+        )
         metrics = evaluator.run(loaders.test).metrics
-        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"]}
+        matrix = metrics["confusion_matrix"].long()
+        per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
+        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
+                "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist()}

@@ -54,6 +54,12 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
         results[world_size] = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["num_samples"] for r in results.values()] == [1001, 1001, 1001]
     assert results[1]["accuracy"] == results[2]["accuracy"] == results[3]["accuracy"]
+    matrix = results[1]["confusion_matrix"]
+    assert matrix == results[2]["confusion_matrix"] == results[3]["confusion_matrix"]
+    assert sum(map(sum, matrix)) == 1001 and sum(matrix[i][i] for i in range(10)) == round(results[1]["accuracy"] * 1001)
+    assert results[1]["per_class_accuracy"] == results[2]["per_class_accuracy"] == results[3]["per_class_accuracy"]
+    saved = json.loads((run_dir / "confusion_training_checkpoint_36.json").read_text())
+    assert saved["confusion_matrix"] == matrix and (run_dir / "confusion_training_checkpoint_36.png").stat().st_size > 10_000
     assert results[2]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     assert results[3]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
 

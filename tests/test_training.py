@@ -69,7 +69,7 @@ def test_tensorboard_has_loss_lr_and_validation_scalars(trained_run):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"training/batch_loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
+    assert {"training/loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
     assert [event.step for event in events.Scalars("test/accuracy")] == [2, 3]
 
 
@@ -112,5 +112,5 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset):
                          "--num_workers=0")
         assert result.returncode == 0, result.stderr[-3000:]
         metrics = json.loads(result.stdout.strip().splitlines()[-1])
-        assert set(metrics) == {"accuracy", "loss", "num_samples"}
+        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix"}
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0

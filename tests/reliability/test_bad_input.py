@@ -118,7 +118,9 @@ def test_bad_input_gives_one_line_exit_2_and_no_output(inputs, tmp_path, case, a
     [
         (["evaluate"], "error: evaluate needs --checkpoint=PATH"),
         (["evaluate", "--checkpoint=nope.pt"], "error: checkpoint 'nope.pt' does not exist"),
-        (["fly"], "error: unknown command 'fly': choose one of run, evaluate, prepare-data"),
+        (["fly"], "error: unknown command 'fly': choose one of run, evaluate, prepare-data, report"),
+        (["report"], "error: report needs at least one run folder"),
+        (["report", "nowhere"], "error: run folder 'nowhere' does not exist"),
         (["prepare-data", "--synthetic=-5"], "error: synthetic=-5, synthetic_test=1: both must be whole numbers >= 1"),
     ],
 )

@@ -1,0 +1,179 @@
+"""Reading a run folder back: metrics.jsonl -> curves, summary.json, comparison tables and plots,
+and the confusion-matrix picture of ``evaluate``. Plots are drawn with matplotlib's Agg backend (no display)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cifar10_dist.errors import UserError
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(epoch lines, evaluation lines) of metrics.jsonl, a later line superseding an earlier one for the same
+    epoch (and split), as after a resume."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"'{run_dir}' is not a run folder: it has no metrics.jsonl")
+    epochs: dict[int, dict[str, Any]] = {}
+    evaluations: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if record["event"] == "epoch":
+            epochs[record["epoch"]] = record
+        else:
+            evaluations[(record["split"], record["epoch"])] = record
+    return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
+
+
+def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    """summary.json: best and final accuracy, times, world size, backend, devices, versions, checkpoint paths."""
+    epochs, evaluations = read_metrics(run_dir)
+    selection = "val" if any(e["split"] == "val" for e in evaluations) else "test"
+    chosen = [e for e in evaluations if e["split"] == selection]
+    best = max(chosen, key=lambda e: e["accuracy"], default=None)
+    return {
+        "run_dir": str(run_dir),
+        "best": {"split": selection, "accuracy": best["accuracy"], "epoch": best["epoch"]} if best else None,
+        "final": {split: result.get(split) for split in ("train", "val", "test") if result.get(split)},
+        "epochs": result.get("epochs"),
+        "iterations": result.get("iterations"),
+        "total_time": seconds,
+        "training_time": sum(e["epoch_time"] for e in epochs),
+        "world_size": record.get("world_size"),
+        "backend": record.get("backend"),
+        "devices": record.get("devices"),
+        "versions": {**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
+        "checkpoints": sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
+        "best_models": sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
+    }
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+SPLIT_COLOURS = {"training": "tab:gray", "train_subset": "tab:blue", "val": "tab:orange", "test": "tab:red"}
+
+
+def render_curves(run_dir: Path, path: Path) -> None:
+    """Loss and accuracy against epoch: the epoch's mean training loss, and each evaluated split."""
+    epochs, evaluations = read_metrics(run_dir)
+    plt = _pyplot()
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_axes.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], "o--",
+                   color=SPLIT_COLOURS["training"], label="training batches (augmented)")
+    splits = {e["split"] for e in evaluations}
+    for split in sorted(splits):
+        points = [e for e in evaluations if e["split"] == split]
+        x = [e["epoch"] for e in points]
+        label = "test (model chosen on val)" if split == "test" and "val" in splits else split
+        style = {"color": SPLIT_COLOURS.get(split), "label": label}
+        loss_axes.plot(x, [e["loss"] for e in points], "o-", **style)
+        accuracy_axes.plot(x, [e["accuracy"] for e in points], "o-", **style)
+    for axes, name in ((loss_axes, "loss"), (accuracy_axes, "accuracy")):
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.set_xlabel("epoch")
+        axes.set_ylabel(name)
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle(run_dir.name, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def compare(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """One row per run from its summary.json (or metrics.jsonl alone for a run that has not finished)."""
+    rows = []
+    for run_dir in run_dirs:
+        _, evaluations = read_metrics(run_dir)
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        last = {e["split"]: e for e in evaluations}
+        selection = "val" if "val" in last else "test"
+        best = max((e for e in evaluations if e["split"] == selection), key=lambda e: e["accuracy"], default=None)
+        final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))
+        rows.append({
+            "run": run_dir.name,
+            "finished": bool(summary),
+            "world_size": summary.get("world_size"),
+            "epochs": summary.get("epochs", max((e["epoch"] for e in evaluations), default=0)),
+            "best_split": selection,
+            "best_accuracy": best["accuracy"] if best else None,
+            "final_test_accuracy": final_test,
+            "training_time": summary.get("training_time"),
+        })
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    def cell(value: Any, digits: int = 4) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    width = max(len("run"), *(len(row["run"]) for row in rows))
+    lines = [f"{'run':<{width}}  {'procs':>5}  {'epochs':>6}  {'best (split)':>15}  {'final test':>10}  {'train s':>8}"]
+    for row in rows:
+        best = f"{cell(row['best_accuracy'])} ({row['best_split']})"
+        name = row["run"] + ("" if row["finished"] else " *")
+        lines.append(f"{name:<{width}}  {cell(row['world_size']):>5}  {cell(row['epochs']):>6}  {best:>15}  "
+                     f"{cell(row['final_test_accuracy']):>10}  {cell(row['training_time'], 1):>8}")
+    if not all(row["finished"] for row in rows):
+        lines.append("* not finished (no summary.json): numbers so far")
+    return "\n".join(lines)
+
+
+def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
+    """Accuracy on the selection split and running train loss of several runs, overlaid."""
+    plt = _pyplot()
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    for run_dir in run_dirs:
+        epochs, evaluations = read_metrics(run_dir)
+        selection = "val" if any(e["split"] == "val" for e in evaluations) else "test"
+        points = [e for e in evaluations if e["split"] == selection]
+        loss_axes.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], "o-", label=run_dir.name)
+        accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
+                           label=f"{run_dir.name} ({selection})")
+    for axes, name in ((loss_axes, "training loss (epoch mean)"), (accuracy_axes, "accuracy")):
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.set_xlabel("epoch")
+        axes.set_ylabel(name)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str) -> None:
+    """The confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 6))
+    image = axes.imshow(matrix, cmap="Blues")
+    figure.colorbar(image, ax=axes)
+    names = CLASSES if len(matrix) == len(CLASSES) else [str(i) for i in range(len(matrix))]
+    axes.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    axes.set_yticks(range(len(names)), names)
+    axes.set_xlabel("predicted")
+    axes.set_ylabel("true")
+    peak = max(max(row) for row in matrix) or 1
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            axes.text(j, i, str(count), ha="center", va="center", fontsize=7,
+                      color="white" if count > peak / 2 else "black")
+    axes.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,152 @@
+"""What a run leaves behind for the user: TensorBoard scalars, metrics.jsonl, summary.json, curves.png,
+ClearML's offline session, `report`, and the console (progress bar on a terminal, lines otherwise)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, cli_env, run_cli
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])
+
+
+@pytest.fixture(scope="module")
+def tracked_run(small_dataset, tmp_path_factory):
+    """2 gloo processes, validation every epoch, ClearML in offline mode (session kept under tmp)."""
+    output = tmp_path_factory.mktemp("tracked")
+    env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache")}
+    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--validate_every=1",
+                     "--with_clearml=True", "--clearml_offline=True", "--clearml_project=tests",
+                     f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=tracked", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, output / "tracked"
+
+
+def jsonl(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_holds_the_training_and_evaluation_scalars(tracked_run):
+    from ignite.handlers import PiecewiseLinear
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir = tracked_run
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"training/loss", "training/lr", "training/epoch_time", "training/images_per_second", "test/accuracy",
+            "test/loss", "test/duration", "train_subset/accuracy", "train_subset/loss"} <= tags
+    # lr logged every 5 iterations equals the schedule's value at that iteration (warmup 18, decay to 36)
+    schedule = PiecewiseLinear.simulate_values(36, param_name="lr", milestones_values=[(0, 0.0), (18, 0.1), (36, 0.0)])
+    logged = {event.step: event.value for event in events.Scalars("training/lr")}
+    assert sorted(logged) == [5, 10, 15, 20, 25, 30, 35]
+    for step, value in logged.items():
+        assert value == pytest.approx(schedule[step - 1][1], abs=1e-6)
+    accuracies = {event.step: event.value for event in events.Scalars("test/accuracy")}
+    from_jsonl = {line["epoch"]: line["accuracy"] for line in jsonl(run_dir) if line.get("split") == "test"}
+    assert accuracies.keys() == from_jsonl.keys() == {1, 2}
+    for epoch in accuracies:
+        assert accuracies[epoch] == pytest.approx(from_jsonl[epoch], abs=1e-6)
+
+
+def test_metrics_jsonl_has_a_line_per_epoch_and_per_evaluation(tracked_run):
+    _, run_dir = tracked_run
+    lines = jsonl(run_dir)
+    assert [(line["event"], line["epoch"], line.get("split")) for line in lines] == [
+        ("epoch", 1, None), ("evaluation", 1, "train_subset"), ("evaluation", 1, "test"),
+        ("epoch", 2, None), ("evaluation", 2, "train_subset"), ("evaluation", 2, "test")]
+    for line in lines:
+        if line["event"] == "epoch":
+            assert line["iteration"] == 18 * line["epoch"] and line["epoch_time"] > 0 and line["images_per_second"] > 0
+            assert line["train_loss"] > 0 and 0 <= line["lr"] <= 0.1
+        else:
+            assert line["duration"] > 0 and line["num_samples"] == (1001 if line["split"] == "test" else 100)
+    final = json.loads((run_dir / "metrics.json").read_text())
+    assert lines[-1]["accuracy"] == final["test"]["accuracy"]
+
+
+def test_summary_json_tells_the_whole_story(tracked_run):
+    _, run_dir = tracked_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tests = [line for line in jsonl(run_dir) if line.get("split") == "test"]
+    best = max(tests, key=lambda line: line["accuracy"])
+    assert summary["best"] == {"split": "test", "accuracy": best["accuracy"], "epoch": best["epoch"]}
+    assert summary["final"]["test"] == json.loads((run_dir / "metrics.json").read_text())["test"]
+    assert (summary["world_size"], summary["backend"], summary["epochs"], summary["iterations"]) == (2, "gloo", 2, 36)
+    assert summary["training_time"] == pytest.approx(sum(line["epoch_time"] for line in jsonl(run_dir) if line["event"] == "epoch"))
+    assert 0 < summary["training_time"] < summary["total_time"]
+    assert sum(summary["devices"].values()) == 2 and summary["versions"]["torch"]
+    assert summary["checkpoints"] and all(Path(path).is_file() for path in summary["checkpoints"] + summary["best_models"])
+
+
+def test_curves_png_is_rendered(tracked_run):
+    _, run_dir = tracked_run
+    assert png_size(run_dir / "curves.png") == (1000, 400)
+    assert (run_dir / "curves.png").stat().st_size > 20_000
+
+
+def test_clearml_offline_session_holds_config_and_scalars(tracked_run):
+    result, run_dir = tracked_run
+    folder = Path(json.loads((run_dir / "summary.json").read_text())["clearml_offline_folder"])
+    assert folder.is_dir() and folder.with_suffix(".zip").is_file()  # the zip is what a server imports
+    task = (folder / "task.json").read_text()
+    assert '"learning_rate"' in task and "tracked" in task  # the connected config; named after the run folder
+    scalars = (folder / "metrics.jsonl").read_text()
+    for name in ("batch_loss", "accuracy", '"lr"'):
+        assert name in scalars, name
+    assert "[rank 1] INFO" not in result.stderr  # other ranks only warn
+
+
+def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tmp_path):
+    _, run_dir = tracked_run
+    _, spawn_output = spawned_run
+    (other,) = spawn_output.iterdir()
+    result = run_cli("report", str(run_dir), str(other), f"--output={tmp_path / 'cmp.png'}")
+    assert result.returncode == 0, result.stderr
+    for folder in (run_dir, other):
+        summary = json.loads((folder / "summary.json").read_text())
+        row = next(line for line in result.stdout.splitlines() if line.startswith(folder.name))
+        assert f"{summary['best']['accuracy']:.4f} (test)" in row
+        assert f"{summary['final']['test']['accuracy']:.4f}" in row and f"{summary['training_time']:.1f}" in row
+    assert png_size(tmp_path / "cmp.png") == (1000, 400)
+
+
+def test_progress_is_lines_with_eta_in_a_log_and_a_bar_on_a_terminal(small_dataset, tmp_path):
+    args = [sys.executable, "-m", "cifar10_dist", "run", *TINY, "--num_epochs=2", f"--data_path={small_dataset}",
+            f"--output_path={tmp_path}"]
+    piped = subprocess.run(args, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0
+    assert re.search(r"epoch 1/2 iter 5/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:00:\d\d", piped.stderr)
+
+    main, secondary = os.openpty()  # stderr on a terminal, as in an interactive shell
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 x 0
+    with subprocess.Popen(args, env=cli_env(), stdout=subprocess.PIPE, stderr=secondary) as process:
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        process.wait(timeout=300)
+    os.close(main)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert process.returncode == 0
+    assert re.search(r"Epoch \[1/2\].*\d+/18", terminal) and "ETA" not in terminal
