@@ -14,7 +14,7 @@ from typing import Any
 
 import fire
 
-from cifar10_dist.config import describe_options
+from cifar10_dist.config import describe_options, load_config
 from cifar10_dist.errors import EXIT_USER_ERROR, UserError
 
 RUN_HELP = """\
@@ -82,6 +82,7 @@ Commands:
 
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
+    load_config(config, **overrides)  # bad values fail here, before torch is imported (seconds)
     from cifar10_dist.training import train
 
     result = train(config, **overrides)
@@ -115,11 +116,13 @@ def evaluate(
     **overrides: Any,
 ) -> None:
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
+    if checkpoint is None:
+        raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
+    if not Path(str(checkpoint)).is_file():
+        raise UserError(f"checkpoint '{checkpoint}' does not exist")
     from cifar10_dist import reports
     from cifar10_dist.training import evaluate as evaluate_checkpoint
 
-    if checkpoint is None:
-        raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     metrics = evaluate_checkpoint(checkpoint, config, **overrides)
     if not metrics:
         return

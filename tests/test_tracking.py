@@ -126,11 +126,11 @@ def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tm
 
 
 def test_progress_is_lines_with_eta_in_a_log_and_a_bar_on_a_terminal(small_dataset, tmp_path):
-    args = [sys.executable, "-m", "cifar10_dist", "run", *TINY, "--num_epochs=2", f"--data_path={small_dataset}",
-            f"--output_path={tmp_path}"]
+    args = [sys.executable, "-m", "cifar10_dist", "run", *TINY, "--epoch_length=6", "--train_eval_size=0",
+            f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
     piped = subprocess.run(args, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert piped.returncode == 0
-    assert re.search(r"epoch 1/2 iter 5/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:00:\d\d", piped.stderr)
+    assert re.search(r"epoch 1/2 iter 5/6: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:00:\d\d", piped.stderr)
 
     main, secondary = os.openpty()  # stderr on a terminal, as in an interactive shell
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 x 0
@@ -149,4 +149,4 @@ def test_progress_is_lines_with_eta_in_a_log_and_a_bar_on_a_terminal(small_datas
     os.close(main)
     terminal = b"".join(chunks).decode(errors="replace")
     assert process.returncode == 0
-    assert re.search(r"Epoch \[1/2\].*\d+/18", terminal) and "ETA" not in terminal
+    assert re.search(r"Epoch \[1/2\].*\d+/6", terminal) and "ETA" not in terminal
