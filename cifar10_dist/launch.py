@@ -126,9 +126,9 @@ def _gpus_shared_by_local_ranks() -> Iterator[None]:
         torch.cuda.set_device = set_device
 
 
-def shared_gpu_index(local_rank: int | torch.device, gpus: int) -> int | torch.device:
-    """The GPU of a local rank when local ranks outnumber GPUs: round robin."""
-    return local_rank % gpus if isinstance(local_rank, int) else local_rank
+def shared_gpu_index(local_rank: int, gpus: int) -> int:
+    """The GPU of a local rank when local ranks outnumber GPUs: round robin (Ignite passes the int local rank)."""
+    return local_rank % gpus
 
 
 def _native_options(config: Config) -> dict[str, Any]:

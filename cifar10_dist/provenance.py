@@ -40,6 +40,15 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device) -> d
     }
 
 
+def describe(record: Mapping[str, Any]) -> str:
+    """One log line: package version, git state and data checksum."""
+    package = record["package"]
+    git = "no git"
+    if package["git_commit"]:
+        git = f"git {package['git_commit'][:10]}" + (" (dirty)" if package["git_dirty"] else "")
+    return f"{package['name']} {package['version']}, {git}, data sha256 {record['dataset']['sha256']}"
+
+
 def package_version() -> str:
     try:
         return importlib.metadata.version(PACKAGE)

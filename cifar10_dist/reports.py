@@ -4,6 +4,7 @@ and the confusion-matrix picture of ``evaluate``. Plots are drawn with matplotli
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,12 +32,33 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
 
 
+def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
+    """(split that chose the best model: val if the run held one out, else test; its evaluations; the best one)."""
+    split = "val" if any(e["split"] == "val" for e in evaluations) else "test"
+    chosen = [e for e in evaluations if e["split"] == split]
+    return split, chosen, max(chosen, key=lambda e: e["accuracy"], default=None)
+
+
+def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, sample standard deviation, min and max of each final metric over repeated runs."""
+    summary = {}
+    for split in ("test", "val", "train"):
+        for metric in ("accuracy", "loss"):
+            values = [run[split][metric] for run in runs if run.get(split)]
+            if len(values) == len(runs):
+                summary[f"{split}_{metric}"] = {
+                    "mean": statistics.fmean(values),
+                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                    "min": min(values),
+                    "max": max(values),
+                }
+    return summary
+
+
 def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any], seconds: float) -> dict[str, Any]:
     """summary.json: best and final accuracy, times, world size, backend, devices, versions, checkpoint paths."""
     epochs, evaluations = read_metrics(run_dir)
-    selection = "val" if any(e["split"] == "val" for e in evaluations) else "test"
-    chosen = [e for e in evaluations if e["split"] == selection]
-    best = max(chosen, key=lambda e: e["accuracy"], default=None)
+    selection, _, best = selection_split(evaluations)
     return {
         "run_dir": str(run_dir),
         "best": {"split": selection, "accuracy": best["accuracy"], "epoch": best["epoch"]} if best else None,
@@ -101,8 +123,7 @@ def compare(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         last = {e["split"]: e for e in evaluations}
-        selection = "val" if "val" in last else "test"
-        best = max((e for e in evaluations if e["split"] == selection), key=lambda e: e["accuracy"], default=None)
+        selection, _, best = selection_split(evaluations)
         final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))
         rows.append({
             "run": run_dir.name,
@@ -141,8 +162,7 @@ def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
     for run_dir in run_dirs:
         epochs, evaluations = read_metrics(run_dir)
-        selection = "val" if any(e["split"] == "val" for e in evaluations) else "test"
-        points = [e for e in evaluations if e["split"] == selection]
+        selection, points, _ = selection_split(evaluations)
         loss_axes.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], "o-", label=run_dir.name)
         accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
                            label=f"{run_dir.name} ({selection})")

@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -62,27 +61,11 @@ def train_seeds(config: Config) -> dict[str, Any]:
         runs.append({"seed": seed, **result})
     if not all(run.get("run_dir") for run in runs):
         return {}  # a non-zero rank under torchrun: rank 0 reports
-    summary = summarize_runs(runs)
+    summary = reports.summarize_seeds(runs)
     name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(config.output_path) / f"seeds_{name}.json"
     tracking.write_json(path, {"config": config.to_dict(), "runs": runs, "summary": summary})
     return {"runs": runs, "summary": summary, "summary_file": str(path)}
-
-
-def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, sample standard deviation, min and max of each final metric over the runs."""
-    summary = {}
-    for split in ("test", "val", "train"):
-        for metric in ("accuracy", "loss"):
-            values = [run[split][metric] for run in runs if run.get(split)]
-            if len(values) == len(runs):
-                summary[f"{split}_{metric}"] = {
-                    "mean": statistics.fmean(values),
-                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                    "min": min(values),
-                    "max": max(values),
-                }
-    return summary
 
 
 INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size")
@@ -121,9 +104,7 @@ def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, devi
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
     checksum = provenance.dataset_sha256(train, test) if tracking.is_main_process() else None
     record = provenance.collect(config.dataset, checksum, device)
-    package = record["package"]
-    git = f"git {package['git_commit'][:10]}{' (dirty)' if package['git_dirty'] else ''}" if package["git_commit"] else "no git"
-    logger.info("provenance: %s %s, %s, data sha256 %s", package["name"], package["version"], git, checksum)
+    logger.info("provenance: %s", provenance.describe(record))
     return record
 
 
@@ -309,9 +290,11 @@ def training(config: Config) -> dict[str, Any]:
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
     position_sampler_each_epoch(trainer, loaders.train, exact_resume=config.epoch_length is None)
-    train_evaluator, selection_evaluator, test_evaluator = (
-        engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device) for _ in range(3)
-    )
+    def new_evaluator() -> Engine:
+        return engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device)
+
+    train_evaluator, selection_evaluator = new_evaluator(), new_evaluator()
+    test_evaluator = new_evaluator() if split == "val" else selection_evaluator  # with val: the one final test
 
     run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
     if tracking.is_main_process():
@@ -335,6 +318,7 @@ def training(config: Config) -> dict[str, Any]:
     )
     recorder = tracking.Recorder(run_dir)
     recorder.attach_training(trainer, optimizer, config.log_every_iters, config.batch_size)
+    # without a held-out split, "test" is the selection evaluator itself
     evaluators = {"train_subset": train_evaluator, split: selection_evaluator, "test": test_evaluator}
     clearml.attach(trainer, optimizer, evaluators, config.log_every_iters)
     tracking.attach_progress_logging(trainer, optimizer, config.log_every_iters, config.batch_size, config.num_epochs)

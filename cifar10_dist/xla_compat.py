@@ -17,7 +17,7 @@ when the thing it replaces is missing or broken:
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 import ignite.distributed as idist
 
@@ -84,7 +84,7 @@ def patch_xla_spawn(xla_dist_model: type) -> bool:
     return True
 
 
-def xla_spawn_nprocs(nproc_per_node: int, environ: os._Environ | dict[str, str]) -> int | None:
+def xla_spawn_nprocs(nproc_per_node: int, environ: MutableMapping[str, str]) -> int | None:
     """xmp.spawn's nprocs for nproc_per_node: 1 stays 1; N > 1 is None plus <DEVICE>_NUM_DEVICES=N."""
     if nproc_per_node == 1:
         return 1
