@@ -20,6 +20,8 @@ from cifar10_dist.errors import UserError
 
 BACKENDS = ("gloo", "nccl", "xla-tpu", "horovod")
 DATASETS = ("cifar10", "synthetic")
+FLIPS = ("random", "alternating", "none")
+PAD_MODES = ("zeros", "reflect")
 
 
 def option(default: Any, help: str) -> Any:
@@ -41,8 +43,15 @@ class Config:
     val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "
                               "test set then used once at the end (0: validate on the test set)")
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)")
+    data_on_device: bool = option(False, "keep all images on the training device as uint8 and slice batches there "
+                                  "(GPU: no host copies; num_workers unused)")
+    # augmentation
+    crop_padding: int = option(4, "pixels of padding before the random 32x32 crop (0: no crop)")
+    crop_pad_mode: str = option("zeros", "padding for the crop: zeros or reflect")
+    flip: str = option("random", "horizontal flip: random (per image), alternating (half the images pre-flipped, "
+                       "all flipped every other epoch) or none")
     # model and optimisation
-    model: str = option("resnet18", "torchvision classification model or cifar_resnet18/34/50, simple_cnn")
+    model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench or simple_cnn")
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max")
     deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
@@ -51,12 +60,28 @@ class Config:
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(True, "use Nesterov momentum")
     weight_decay: float = option(1e-4, "SGD weight decay")
+    label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)")
+    bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
+                                  "divided by it, so the decay per step stays)")
     num_epochs: int = option(5, "number of training epochs")
-    num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup 0 -> learning_rate, then decay to 0")
+    num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup to learning_rate, then "
+                                      "linear decay")
+    lr_start: float = option(0.0, "learning rate at iteration 0, as a fraction of learning_rate")
+    lr_end: float = option(0.0, "learning rate at the last iteration, as a fraction of learning_rate")
+    lookahead: bool = option(False, "airbench's lookahead: from 30% of training, every 5 steps move the weights "
+                             "to an EMA of them whose decay grows to 0.77")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)")
-    with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA; ignored on CPU (slower there)")
+    # speed
+    with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU and XLA (on CPU faster "
+                            "only for wide convolutions with channels_last)")
+    channels_last: bool = option(False, "channels-last memory format for model and inputs")
+    compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
+    tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
+    cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
     # evaluation, checkpoints, logging
     validate_every: int = option(3, "validate every N epochs (and always once at the end)")
+    tta: int = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
+                      "shifts (6 views)")
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)")
     log_every_iters: int = option(15, "log the training loss every N iterations")
     output_path: str = option("output-cifar10/", "parent folder of run folders")
@@ -176,6 +201,17 @@ def validate(config: Config) -> None:
     )
     _require(0 <= c.val_split < 1, f"val_split={c.val_split} must be in [0, 1), e.g. 0.1")
     _require(c.batch_size >= 1, f"batch_size={c.batch_size} must be at least 1")
+    _require(0 <= c.crop_padding <= 16, f"crop_padding={c.crop_padding} must be in 0..16 pixels")
+    _require(c.crop_pad_mode in PAD_MODES, f"crop_pad_mode='{c.crop_pad_mode}' is unknown: choose {' or '.join(PAD_MODES)}")
+    _require(c.flip in FLIPS, f"flip='{c.flip}' is unknown: choose one of {', '.join(FLIPS)}")
+    _require(0 <= c.label_smoothing < 1, f"label_smoothing={c.label_smoothing} must be in [0, 1)")
+    _require(c.bias_lr_scale > 0, f"bias_lr_scale={c.bias_lr_scale} must be greater than 0")
+    _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
+    _require(c.tta in (0, 1, 2), f"tta={c.tta} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
+    _require(
+        not (c.compile and c.backend == "xla-tpu"),
+        "compile=True is not supported with backend xla-tpu (XLA compiles the graph itself): leave compile off",
+    )
     _require(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be greater than 0")
     _require(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
     _require(c.weight_decay >= 0, f"weight_decay={c.weight_decay} must be 0 or more")

@@ -1,8 +1,9 @@
 """CIFAR-10 on disk and in memory: read and validate the batch files, download, synthetic data, loaders, augmentation.
 
 Images stay uint8 tensors (N, 3, 32, 32) from disk to the training step: batches are sliced out of one
-tensor, and augmentation (pad 4, random 32x32 crop, horizontal flip) and normalisation run on whole
-batches, on the training device. Nothing here knows about models or the command line.
+tensor (kept on the training device with ``data_on_device``), and augmentation (pad, random 32x32 crop,
+horizontal flip) and normalisation run on whole batches, on the training device. Nothing here knows about
+models or the command line.
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class BatchTensorDataset(Dataset):
         return self.images[index], self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices)
+        index = torch.as_tensor(indices, device=self.images.device)
         return self.images[index], self.labels[index]
 
     def __repr__(self) -> str:
@@ -326,8 +327,12 @@ def make_loaders(
     train_eval_size: int,
     seed: int,
     val: ImageSet | None = None,
+    device: torch.device | None = None,
 ) -> Loaders:
-    """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders."""
+    """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders.
+
+    With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
+    """
     import ignite.distributed as idist
 
     world_size, rank = idist.get_world_size(), idist.get_rank()
@@ -335,7 +340,11 @@ def make_loaders(
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
     if batch_size < world_size:
         raise UserError(f"batch_size={batch_size} is smaller than the world size {world_size}: give each process a sample")
-    common = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
+    common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
+    if device is not None:
+        train, test = to_device(train, device), to_device(test, device)
+        val = to_device(val, device) if val is not None else None
+        common.update(num_workers=0, persistent_workers=False, pin_memory=False)
     train_dataset = BatchTensorDataset(train)
     train_sampler = ResumableSampler(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
     train_loader = idist.auto_dataloader(
@@ -350,6 +359,18 @@ def make_loaders(
     return Loaders(train_loader, train_eval_loader, test_loader, val_loader)
 
 
+def to_device(images: ImageSet, device: torch.device) -> ImageSet:
+    return ImageSet(images.images.to(device), images.labels.to(device))
+
+
+def pre_flip(images: ImageSet, seed: int) -> ImageSet:
+    """A copy with a seeded random half of the images mirrored: the start of alternating flip, where every
+    other epoch then mirrors whole batches, so each image is seen both ways in any two consecutive epochs."""
+    flips = torch.rand(len(images), generator=torch.Generator().manual_seed(seed)) < 0.5
+    mirrored = torch.where(flips[:, None, None, None], images.images.flip(-1), images.images)
+    return ImageSet(mirrored, images.labels)
+
+
 def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> DataLoader:
     import ignite.distributed as idist
 
@@ -361,15 +382,26 @@ def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: in
 # ---------------------------------------------------------------- batch transforms (run on the training device)
 
 
-def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Pad by 4 with zeros, take a random 32x32 crop and flip half the images, per image, on a uint8 batch.
+def augment(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = PAD,
+    pad_mode: str = "zeros",
+    flip: str = "random",
+) -> torch.Tensor:
+    """Pad (zeros or reflect), take a random 32x32 crop per image and flip (``random``: each image with
+    probability 1/2, ``all`` or ``none``), on a uint8 batch.
 
     Random numbers come from ``generator`` (a CPU generator), so results do not depend on the device.
     """
     count, size = images.shape[0], images.shape[-1]
-    padded = torch.nn.functional.pad(images, (PAD, PAD, PAD, PAD))
-    offsets = torch.randint(0, 2 * PAD + 1, (2, count), generator=generator).to(images.device)
-    flips = (torch.rand(count, generator=generator) < 0.5).to(images.device)
+    mode = "constant" if pad_mode == "zeros" else "reflect"
+    padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
+    offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator).to(images.device)
+    if flip == "random":
+        flips = (torch.rand(count, generator=generator) < 0.5).to(images.device)
+    else:
+        flips = torch.full((count,), flip == "all", device=images.device)
     steps = torch.arange(size, device=images.device)
     rows = (offsets[0, :, None] + steps)[:, None, :, None]  # (N, 1, 32, 1)
     columns = offsets[1, :, None] + steps  # (N, 32)

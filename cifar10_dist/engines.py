@@ -1,14 +1,17 @@
-"""Ignite engines: the supervised trainer, evaluators with Accuracy/Loss, mixed precision per device, LR schedule."""
+"""Ignite engines: the supervised trainer, evaluators with Accuracy/Loss (and test-time augmentation), mixed
+precision per device, the LR schedule per parameter group, and airbench's lookahead."""
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from ignite.engine import Engine, Events
-from ignite.handlers import PiecewiseLinear
+from ignite.handlers import ParamGroupScheduler, PiecewiseLinear
 from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
@@ -39,15 +42,13 @@ class Precision:
 
 
 def choose_precision(device: torch.device, with_amp: bool) -> Precision:
-    """fp16 autocast + GradScaler on CUDA, bf16 on XLA; fp32 on CPU, where bf16 autocast measured ~7x slower."""
+    """fp16 autocast + GradScaler on CUDA, bf16 elsewhere (on CPU: AMX/AVX512-BF16 kernels, which pay off for
+    wide convolutions in channels_last; ResNet-18 at 32x32 trains slower with it)."""
     if not with_amp:
         return Precision(device.type, None)
     if device.type == "cuda":
         return Precision("cuda", torch.float16)
-    if device.type == "xla":
-        return Precision("xla", torch.bfloat16)
-    logger.warning("with_amp=True ignored on %s: bf16 autocast trains ResNet-18 ~7x slower than fp32 on CPU", device)
-    return Precision(device.type, None)
+    return Precision(device.type, torch.bfloat16)
 
 
 def make_grad_scaler(precision: Precision) -> torch.amp.GradScaler | None:
@@ -105,6 +106,21 @@ class NumSamples(Metric):
         return int(self._count.item())
 
 
+def predict(model: nn.Module, inputs: torch.Tensor, tta: int = 0) -> torch.Tensor:
+    """Logits, averaged over test-time views: 0 the image only, 1 also its mirror, 2 also both of them shifted by
+    one pixel up-left and down-right (reflect padding), weighted as in airbench (half unshifted, half shifted)."""
+    if tta == 0:
+        return model(inputs)
+    mirrored = 0.5 * model(inputs) + 0.5 * model(inputs.flip(-1))
+    if tta == 1:
+        return mirrored
+    size = inputs.shape[-1]
+    padded = nn.functional.pad(inputs, (1, 1, 1, 1), mode="reflect")
+    shifted = [padded[..., :size, :size], padded[..., 2:, 2:]]
+    shifted_logits = [0.5 * model(view) + 0.5 * model(view.flip(-1)) for view in shifted]
+    return 0.5 * mirrored + 0.25 * (shifted_logits[0] + shifted_logits[1])
+
+
 def create_evaluator(
     model: nn.Module,
     loss_fn: nn.Module,
@@ -112,16 +128,17 @@ def create_evaluator(
     precision: Precision,
     device: torch.device,
     num_classes: int | None = None,
+    tta: int = 0,
 ) -> Engine:
     """An Engine computing accuracy, loss and num_samples over a loader, exact across processes
-    (and the confusion matrix when ``num_classes`` is given)."""
+    (and the confusion matrix when ``num_classes`` is given), with test-time augmentation level ``tta``."""
 
     @torch.no_grad()
     def eval_step(engine: Engine, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         model.eval()
         inputs, targets = prepare_batch(batch, engine.state.iteration)
         with precision.autocast():
-            outputs = model(inputs)
+            outputs = predict(model, inputs, tta)
         return outputs.float(), targets
 
     evaluator = Engine(eval_step)
@@ -136,16 +153,90 @@ def create_evaluator(
     return evaluator
 
 
-def create_lr_scheduler(
-    optimizer: torch.optim.Optimizer, learning_rate: float, warmup_iterations: int, total_iterations: int
-) -> PiecewiseLinear:
-    """Linear warmup 0 -> learning_rate, then linear decay to 0 at the last iteration (set per iteration)."""
-    milestones = [(0, 0.0), (total_iterations, 0.0)]
+def lr_milestones(
+    learning_rate: float, warmup_iterations: int, total_iterations: int, start: float = 0.0, end: float = 0.0
+) -> list[tuple[int, float]]:
+    """(iteration, lr) corners: start*lr, linear warmup to lr, linear decay to end*lr at the last iteration."""
     if warmup_iterations > 0:
-        milestones.insert(1, (warmup_iterations, learning_rate))
-    else:
-        milestones[0] = (0, learning_rate)
-    return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
+        return [(0, start * learning_rate), (warmup_iterations, learning_rate), (total_iterations, end * learning_rate)]
+    return [(0, learning_rate), (total_iterations, end * learning_rate)]
+
+
+def _scaled(milestones: list[tuple[int, float]], scale: float, until: int | None) -> list[tuple[int, float]]:
+    """The milestones times ``scale``, and 0 after iteration ``until`` (a parameter frozen part-way)."""
+    scaled = [(iteration, value * scale) for iteration, value in milestones]
+    if until is None or until >= milestones[-1][0]:
+        return scaled
+    kept = [(iteration, value) for iteration, value in scaled if iteration < until]
+    value_at_until = float(np.interp(until, [i for i, _ in scaled], [v for _, v in scaled]))
+    return [*kept, (until, value_at_until), (until + 1, 0.0), (milestones[-1][0], 0.0)]
+
+
+def create_lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    learning_rate: float,
+    warmup_iterations: int,
+    total_iterations: int,
+    start: float = 0.0,
+    end: float = 0.0,
+) -> PiecewiseLinear | ParamGroupScheduler:
+    """The piecewise-linear schedule of ``lr_milestones``, set per iteration. A param group may carry
+    ``lr_scale`` (its lr relative to the others) and ``train_until`` (iteration after which its lr is 0)."""
+    milestones = lr_milestones(learning_rate, warmup_iterations, total_iterations, start, end)
+    groups = optimizer.param_groups
+    if len(groups) == 1 and groups[0].get("lr_scale", 1.0) == 1.0 and groups[0].get("train_until") is None:
+        return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
+    schedulers = [
+        PiecewiseLinear(
+            optimizer, "lr", _scaled(milestones, group.get("lr_scale", 1.0), group.get("train_until")),
+            param_group_index=index,
+        )
+        for index, group in enumerate(groups)
+    ]
+    return ParamGroupScheduler(schedulers, names=[f"lr_group_{index}" for index in range(len(groups))])
+
+
+class Lookahead:
+    """airbench's lookahead (from hlb-cifar10): from ``start_fraction`` of training, every ``every`` steps the
+    weights and BatchNorm statistics move to an exponential average of themselves, whose decay grows as
+    ``decay**every * progress**power``; at each epoch end the weights are set to the average."""
+
+    def __init__(self, model: nn.Module, total_iterations: int, start_fraction: float = 0.3, every: int = 5,
+                 decay: float = 0.95, power: float = 3.0) -> None:
+        self.model, self.total, self.every, self.decay, self.power = model, total_iterations, every, decay, power
+        self.start = math.ceil(start_fraction * total_iterations)
+        self.average: dict[str, torch.Tensor] | None = None
+
+    def attach(self, trainer: Engine) -> None:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, self.step)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: self.update(1.0))
+
+    def step(self, engine: Engine) -> None:
+        iteration = engine.state.iteration
+        if iteration < self.start or iteration % self.every:
+            return
+        if self.average is None:
+            self.average = {name: tensor.detach().clone() for name, tensor in self._averaged().items()}
+        else:
+            self.update(self.decay**self.every * (iteration / self.total) ** self.power)
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        if self.average is None:
+            return
+        for name, tensor in self._averaged().items():
+            self.average[name].lerp_(tensor, 1 - decay)
+            tensor.copy_(self.average[name])
+
+    def _averaged(self) -> dict[str, torch.Tensor]:
+        return {name: tensor for name, tensor in self.model.state_dict().items() if tensor.is_floating_point()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        average, current = state["average"], self._averaged()
+        self.average = None if average is None else {name: average[name].to(current[name].device) for name in current}
 
 
 def attach_validation(

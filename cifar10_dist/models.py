@@ -1,4 +1,5 @@
-"""Models by name: any torchvision classification model, CIFAR-adapted ResNets, and a small CNN for smoke runs.
+"""Models by name: any torchvision classification model, CIFAR-adapted ResNets, the airbench network (fast recipe)
+and a small CNN for smoke runs.
 
 Every model outputs 10 logits for a (N, 3, 32, 32) float batch. Nothing here knows about data or launching.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 
+import torch
 from torch import nn
 
 from cifar10_dist.errors import UserError
@@ -22,7 +24,7 @@ def torchvision_models() -> list[str]:
 
 
 def available_models() -> list[str]:
-    return ["simple_cnn", *CIFAR_RESNETS, *torchvision_models()]
+    return ["simple_cnn", "airbench", *CIFAR_RESNETS, *torchvision_models()]
 
 
 def check_model_name(name: str) -> None:
@@ -40,6 +42,8 @@ def build_model(name: str) -> nn.Module:
     check_model_name(name)
     if name == "simple_cnn":
         return simple_cnn()
+    if name == "airbench":
+        return AirbenchNet()
     if name in CIFAR_RESNETS:
         return cifar_resnet(CIFAR_RESNETS[name])
     import torchvision
@@ -76,6 +80,72 @@ def simple_cnn(width: int = 32) -> nn.Module:
         nn.Flatten(),
         nn.Linear(2 * width, NUM_CLASSES),
     )
+
+
+class _FastNorm(nn.BatchNorm2d):
+    """BatchNorm with fast running statistics (momentum 0.4), tiny eps and a fixed scale of 1 (bias trained)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels, eps=1e-12, momentum=0.4)
+        self.weight.requires_grad = False
+
+
+class _IdentityInitConv(nn.Conv2d):
+    """3x3 'same' convolution without bias, initialised with identity (dirac) filters on its first channels."""
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(channels_in, channels_out, kernel_size=3, padding="same", bias=False)
+        nn.init.dirac_(self.weight.data[:channels_in])
+
+
+def _conv_group(channels_in: int, channels_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        _IdentityInitConv(channels_in, channels_out),
+        nn.MaxPool2d(2),
+        _FastNorm(channels_out),
+        nn.GELU(),
+        _IdentityInitConv(channels_out, channels_out),
+        _FastNorm(channels_out),
+        nn.GELU(),
+    )
+
+
+class AirbenchNet(nn.Module):
+    """The network of Keller Jordan's airbench94 (arXiv 2404.00498): a frozen 2x2 whitening convolution
+    (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
+    64/256/256 channels, max-pool, a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image."""
+
+    def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2) -> None:
+        super().__init__()
+        whitened = 2 * 3 * whitening_kernel**2
+        self.whiten = nn.Conv2d(3, whitened, kernel_size=whitening_kernel, padding=0, bias=True)
+        self.whiten.weight.requires_grad = False
+        nn.init.zeros_(self.whiten.bias)
+        self.layers = nn.Sequential(
+            nn.GELU(),
+            _conv_group(whitened, widths[0]),
+            _conv_group(widths[0], widths[1]),
+            _conv_group(widths[1], widths[2]),
+            nn.MaxPool2d(3),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(widths[2], NUM_CLASSES, bias=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.whiten(images))) / 9
+
+    @torch.no_grad()
+    def init_whitening(self, images: torch.Tensor, eps: float = 5e-4) -> None:
+        """Set the whitening filters from normalised float images (N, 3, 32, 32): the eigenvectors of the
+        patch covariance scaled by 1/sqrt(eigenvalue + eps), each with its negative."""
+        kernel = self.whiten.kernel_size[0]
+        patches = images.float().unfold(2, kernel, 1).unfold(3, kernel, 1)  # (N, C, H', W', k, k)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * kernel * kernel).double()
+        covariance = patches.T @ patches / len(patches)
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+        filters = (eigenvectors.T / torch.sqrt(eigenvalues.clamp(min=0) + eps)[:, None]).flip(0)
+        filters = filters.reshape(-1, 3, kernel, kernel).to(self.whiten.weight.dtype)
+        self.whiten.weight.copy_(torch.cat([filters, -filters]))
 
 
 def count_parameters(model: nn.Module) -> int:

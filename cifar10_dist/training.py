@@ -68,7 +68,7 @@ def train_seeds(config: Config) -> dict[str, Any]:
     return {"runs": runs, "summary": summary, "summary_file": str(path)}
 
 
-INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size")
+INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size", "tta")
 
 
 def evaluate(checkpoint: str | Path, config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
@@ -108,21 +108,61 @@ def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, devi
     return record
 
 
-def create_model(name: str) -> nn.Module:
-    model = models.build_model(name)
-    logger.info("model %s: %.2fM parameters", name, models.count_parameters(model) / 1e6)
+WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
+FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
+
+
+def create_model(config: Config, train_set: data.ImageSet, device: torch.device) -> nn.Module:
+    """The model, whitening-initialised from training images if it has a whitening layer, in the configured
+    memory format, wrapped for the backend (DDP, ...)."""
+    model = models.build_model(config.model)
+    if isinstance(model, models.AirbenchNet):
+        model.init_whitening(data.normalize(train_set.images[:WHITENING_IMAGES].cpu()))
+    logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     return idist.auto_model(model)
 
 
-def create_optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
+def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[dict[str, Any]]:
+    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
+    whitening bias (trained for the first FROZEN_AFTER of the iterations), and everything else."""
+    network = models.unwrap(model)
+    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
+    frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
+    if config.bias_lr_scale == 1.0 and not frozen_later:
+        return [{"params": list(model.parameters())}]
+    lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
+    trained = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in trained if id(p) not in norm_biases | frozen_later], "lr": lr, "weight_decay": decay},
+        {"params": [p for p in trained if id(p) in norm_biases], "lr": lr * scale, "weight_decay": decay / scale,
+         "lr_scale": scale},
+        {"params": [p for p in trained if id(p) in frozen_later], "lr": lr, "weight_decay": decay,
+         "train_until": round(FROZEN_AFTER * total_iterations)},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def create_optimizer(model: nn.Module, config: Config, total_iterations: int) -> torch.optim.Optimizer:
     optimizer = torch.optim.SGD(
-        model.parameters(),
+        parameter_groups(model, config, total_iterations),
         lr=config.learning_rate,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         nesterov=config.nesterov and config.momentum > 0,
     )
     return idist.auto_optim(optimizer)
+
+
+def configure_device_speed(config: Config, device: torch.device) -> None:
+    """TF32 and cuDNN autotuning on CUDA (no effect elsewhere); deterministic mode overrides autotuning."""
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = config.tf32
+    torch.backends.cudnn.allow_tf32 = config.tf32
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark and not config.deterministic
 
 
 def use_deterministic_algorithms() -> None:
@@ -138,27 +178,39 @@ def iteration_seed(seed: int, rank: int, iteration: int) -> int:
     return ((seed * 1_000_003 + rank) * 1_000_000_007 + iteration) % 2**63
 
 
-def train_batch_preparer(device: torch.device, seed: int) -> engines.PrepareBatch:
+def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int) -> engines.PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The global RNG is reseeded each iteration, so augmentation and any dropout depend only on
-    (seed, rank, iteration), not on what ran before: the basis of exact resume.
+    (seed, rank, iteration), not on what ran before: the basis of exact resume. With alternating flip the
+    training set is pre-flipped (``data.pre_flip``) and whole batches are mirrored in every second epoch.
     """
     rank = idist.get_rank()
+    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+
+    def flip_mode(iteration: int) -> str:
+        if config.flip != "alternating":
+            return config.flip
+        return "all" if ((iteration - 1) // iterations_per_epoch) % 2 else "none"
 
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
         images = images.to(device, non_blocking=True)
-        generator = torch.manual_seed(iteration_seed(seed, rank, iteration))
-        return data.normalize(data.augment(images, generator)), labels.to(device, non_blocking=True)
+        generator = torch.manual_seed(iteration_seed(config.seed, rank, iteration))
+        images = data.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
+        inputs = data.normalize(images).contiguous(memory_format=memory_format)
+        return inputs, labels.to(device, non_blocking=True)
 
     return prepare
 
 
-def eval_batch_preparer(device: torch.device) -> engines.PrepareBatch:
+def eval_batch_preparer(device: torch.device, channels_last: bool = False) -> engines.PrepareBatch:
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
-        return data.normalize(images.to(device, non_blocking=True)), labels.to(device, non_blocking=True)
+        inputs = data.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
+        return inputs, labels.to(device, non_blocking=True)
 
     return prepare
 
@@ -258,43 +310,56 @@ def training(config: Config) -> dict[str, Any]:
     manual_seed(config.seed)
     if config.deterministic:
         use_deterministic_algorithms()
+    configure_device_speed(config, device)
 
     train_set, test_set = load_datasets(config)
     record = describe_run(config, train_set, test_set, device)
     held_out = data.hold_out(train_set, config.val_split, config.val_seed)
     split = "val" if held_out.val is not None else "test"
+    train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
     loaders = data.make_loaders(
-        held_out.train,
+        train_images,
         test_set,
         val=held_out.val,
         batch_size=config.batch_size,
         num_workers=config.num_workers,
         train_eval_size=config.train_eval_size,
         seed=config.seed,
+        device=device if config.data_on_device else None,
     )
-    model = create_model(config.model)
-    optimizer = create_optimizer(model, config)
-    loss_fn = nn.CrossEntropyLoss().to(device)
-    precision = engines.choose_precision(device, config.with_amp)
-    scaler = engines.make_grad_scaler(precision)
     iterations_per_epoch = config.epoch_length or len(loaders.train)
     total_iterations = config.num_epochs * iterations_per_epoch
+    model = create_model(config, held_out.train, device)
+    forward_model = torch.compile(model) if config.compile else model  # checkpoints save the plain model
+    optimizer = create_optimizer(model, config, total_iterations)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
+    eval_loss_fn = nn.CrossEntropyLoss().to(device)
+    precision = engines.choose_precision(device, config.with_amp)
+    scaler = engines.make_grad_scaler(precision)
     lr_scheduler = engines.create_lr_scheduler(
         optimizer,
         config.learning_rate,
         warmup_iterations=round(config.num_warmup_epochs * iterations_per_epoch),
         total_iterations=total_iterations,
+        start=config.lr_start,
+        end=config.lr_end,
     )
     trainer = engines.create_trainer(
-        model, optimizer, loss_fn, train_batch_preparer(device, config.seed), precision, scaler
+        forward_model, optimizer, loss_fn, train_batch_preparer(device, config, iterations_per_epoch), precision,
+        scaler,
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
     position_sampler_each_epoch(trainer, loaders.train, exact_resume=config.epoch_length is None)
-    def new_evaluator() -> Engine:
-        return engines.create_evaluator(model, loss_fn, eval_batch_preparer(device), precision, device)
+    lookahead = engines.Lookahead(models.unwrap(model), total_iterations) if config.lookahead else None
+    if lookahead is not None:
+        lookahead.attach(trainer)
 
-    train_evaluator, selection_evaluator = new_evaluator(), new_evaluator()
-    test_evaluator = new_evaluator() if split == "val" else selection_evaluator  # with val: the one final test
+    def new_evaluator(tta: int) -> Engine:
+        prepare = eval_batch_preparer(device, config.channels_last)
+        return engines.create_evaluator(forward_model, eval_loss_fn, prepare, precision, device, tta=tta)
+
+    train_evaluator, selection_evaluator = new_evaluator(0), new_evaluator(config.tta)
+    test_evaluator = new_evaluator(config.tta) if split == "val" else selection_evaluator  # with val: the one test
 
     run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
     if tracking.is_main_process():
@@ -306,6 +371,8 @@ def training(config: Config) -> dict[str, Any]:
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
     if scaler is not None:
         to_save["scaler"] = scaler
+    if lookahead is not None:
+        to_save["lookahead"] = lookahead
     clearml = tracking.ClearML(config.to_dict(), run_dir)
     saver = clearml.saver(run_dir) if clearml.enabled else None
     training_checkpoint = faults.finite_weights_only(
@@ -371,7 +438,7 @@ class _EvaluationWorker:
         train_set, test_set = load_datasets(config)
         loaders = data.make_loaders(
             train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
-            train_eval_size=0, seed=config.seed,
+            train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
         )
         model = models.build_model(config.model)
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
@@ -380,10 +447,13 @@ class _EvaluationWorker:
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             if tracking.is_main_process():
                 logger.warning("checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         model = idist.auto_model(model)
         precision = engines.choose_precision(device, config.with_amp)
         evaluator = engines.create_evaluator(
-            model, nn.CrossEntropyLoss(), eval_batch_preparer(device), precision, device, num_classes=models.NUM_CLASSES
+            model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
+            num_classes=models.NUM_CLASSES, tta=config.tta,
         )
         metrics = evaluator.run(loaders.test).metrics
         matrix = metrics["confusion_matrix"].long()

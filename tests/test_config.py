@@ -76,6 +76,14 @@ def test_shipped_configs_are_valid():
         ({"backend": "gloo", "nproc_per_node": 1, "nnodes": 2, "node_rank": 1}, "nnodes=2 needs master_addr"),
         ({"backend": "gloo", "master_port": 70000}, "master_port=70000 must be in 1..65535"),
         ({"run_name": "a/b"}, "run_name='a/b' must be a plain folder name"),
+        ({"flip": "sometimes"}, "flip='sometimes' is unknown: choose one of random, alternating, none"),
+        ({"crop_pad_mode": "wrap"}, "crop_pad_mode='wrap' is unknown: choose zeros or reflect"),
+        ({"crop_padding": 20}, "crop_padding=20 must be in 0..16 pixels"),
+        ({"tta": 3}, "tta=3 is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)"),
+        ({"label_smoothing": 1.0}, "label_smoothing=1.0 must be in [0, 1)"),
+        ({"bias_lr_scale": 0}, "bias_lr_scale=0.0 must be greater than 0"),
+        ({"lr_end": -0.1}, "lr_start=0.0 and lr_end=-0.1 must be 0 or more"),
+        ({"compile": True, "backend": "xla-tpu"}, "compile=True is not supported with backend xla-tpu"),
     ],
 )
 def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
