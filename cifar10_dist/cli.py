@@ -147,8 +147,9 @@ def evaluate(
     print(f"test: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} ({metrics['num_samples']} images)")
 
 
-def report(*run_dirs: str, output: str = "report.png") -> None:
-    """Compare run folders: a table on stdout and one plot overlaying their curves."""
+def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:
+    """Compare run folders: a table on stdout and one plot overlaying their curves; with --targets=0.9,0.93,0.94
+    also the time each run took to reach those accuracies (mean and std over the runs)."""
     from cifar10_dist import reports
 
     if not run_dirs:
@@ -157,9 +158,28 @@ def report(*run_dirs: str, output: str = "report.png") -> None:
     for folder in folders:
         if not folder.is_dir():
             raise UserError(f"run folder '{folder}' does not exist")
+    goals = _parse_targets(targets)
     print(reports.format_table(reports.compare(folders)))
+    if goals:
+        print()
+        rows = [reports.time_to_accuracy(folder, goals) for folder in folders]
+        print(reports.format_time_to_accuracy(rows, goals))
     reports.render_comparison(folders, Path(output))
     print(f"plot: {output}")
+
+
+def _parse_targets(targets: Any) -> list[float]:
+    """--targets=0.9,0.93 arrives from fire as a tuple of floats (or one float, or a string)."""
+    if targets is None:
+        return []
+    items = targets if isinstance(targets, (tuple, list)) else str(targets).split(",")
+    try:
+        goals = [float(item) for item in items]
+    except ValueError:
+        goals = []
+    if not goals or not all(0 < goal <= 1 for goal in goals):
+        raise UserError(f"targets={targets!r} must be accuracies in (0, 1], comma-separated: --targets=0.9,0.93,0.94")
+    return goals
 
 
 def prepare_data(

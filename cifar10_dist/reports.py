@@ -76,6 +76,67 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
     }
 
 
+def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
+    """When the selection split first reached each target accuracy at an epoch end: seconds of training
+    (epoch times only, as airbench counts) and of training plus evaluations; None if never reached."""
+    epochs, evaluations = read_metrics(run_dir)
+    split, points, _ = selection_split(evaluations)
+    train_seconds = {e["epoch"]: e["epoch_time"] for e in epochs}
+    eval_seconds: dict[int, float] = {}
+    for e in evaluations:
+        eval_seconds[e["epoch"]] = eval_seconds.get(e["epoch"], 0.0) + e["duration"]
+    reached: dict[float, dict[str, float] | None] = {}
+    for target in targets:
+        first = next((e for e in points if e["accuracy"] >= target), None)
+        if first is None:
+            reached[target] = None
+            continue
+        done = [epoch for epoch in train_seconds if epoch <= first["epoch"]]
+        training = sum(train_seconds[epoch] for epoch in done)
+        reached[target] = {"epoch": first["epoch"], "training_time": training,
+                           "with_evaluation": training + sum(eval_seconds.get(epoch, 0.0) for epoch in done)}
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    final = points[-1]["accuracy"] if points else None
+    return {"run": run_dir.name, "split": split, "final_accuracy": final, "reached": reached,
+            "total_time": summary.get("total_time")}
+
+
+def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
+    """Minutes of training to each target (with evaluations in brackets), final accuracy, whole-run minutes;
+    with several runs, a last line of mean and sample std (time columns: over the runs that got there)."""
+    def minutes(value: float | None) -> str:
+        return "-" if value is None else f"{value / 60:.1f}"
+
+    headers = [f"to {target:.0%}" for target in targets]
+    width = max(len("mean +- std"), *(len(row["run"]) for row in rows))
+    lines = [f"{'run':<{width}}  " + "  ".join(f"{h:>13}" for h in headers) + f"  {'final acc':>15}  {'run min':>7}"]
+    for row in rows:
+        cells = []
+        for target in targets:
+            hit = row["reached"][target]
+            cells.append("never" if hit is None else f"{minutes(hit['training_time'])} ({minutes(hit['with_evaluation'])})")
+        final = "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.4f} ({row['split']})"
+        lines.append(f"{row['run']:<{width}}  " + "  ".join(f"{c:>13}" for c in cells)
+                     + f"  {final:>15}  {minutes(row['total_time']):>7}")
+    if len(rows) > 1:
+        cells = []
+        for target in targets:
+            times = [row["reached"][target]["training_time"] / 60 for row in rows if row["reached"][target]]
+            cells.append(_mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
+        finals = [row["final_accuracy"] for row in rows if row["final_accuracy"] is not None]
+        lines.append(f"{'mean +- std':<{width}}  " + "  ".join(f"{c:>13}" for c in cells) + f"  {_mean_std(finals, 4):>15}")
+        lines.append("times in minutes: training only (with evaluations); std is the sample standard deviation")
+    return "\n".join(lines)
+
+
+def _mean_std(values: Sequence[float], digits: int) -> str:
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.{digits}f}+-{spread:.{digits}f}"
+
+
 def _pyplot() -> Any:
     import matplotlib
 

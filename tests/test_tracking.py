@@ -150,3 +150,39 @@ def test_progress_is_lines_with_eta_in_a_log_and_a_bar_on_a_terminal(small_datas
     terminal = b"".join(chunks).decode(errors="replace")
     assert process.returncode == 0
     assert re.search(r"Epoch \[1/2\].*\d+/6", terminal) and "ETA" not in terminal
+
+
+def write_run(folder: Path, accuracies: list[float], epoch_time: float, eval_time: float) -> Path:
+    """A run folder holding only metrics.jsonl: one epoch line and one test evaluation per accuracy."""
+    folder.mkdir()
+    lines = []
+    for epoch, accuracy in enumerate(accuracies, start=1):
+        lines.append({"event": "epoch", "epoch": epoch, "iteration": epoch * 10, "lr": 0.1, "train_loss": 1.0,
+                      "epoch_time": epoch_time, "images_per_second": 100.0})
+        lines.append({"event": "evaluation", "split": "test", "epoch": epoch, "iteration": epoch * 10,
+                      "accuracy": accuracy, "loss": 1.0, "num_samples": 100, "duration": eval_time})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder
+
+
+def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
+    fast = write_run(tmp_path / "fast", [0.85, 0.91, 0.935, 0.94], epoch_time=60, eval_time=6)
+    slow = write_run(tmp_path / "slow", [0.80, 0.89, 0.92, 0.93], epoch_time=120, eval_time=6)
+    result = run_cli("report", str(fast), str(slow), "--targets=0.9,0.93,0.94", f"--output={tmp_path / 'r.png'}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    fast_row = [line for line in lines if line.startswith("fast ")][-1]  # the second table's row
+    # 90% after epoch 2: 2 min of training, 2.2 with evaluations; 93% after epoch 3; 94% after epoch 4
+    assert fast_row.split()[1:7] == ["2.0", "(2.2)", "3.0", "(3.3)", "4.0", "(4.4)"]
+    slow_row = [line for line in lines if line.startswith("slow ")][-1]
+    assert slow_row.split()[1:5] == ["6.0", "(6.3)", "8.0", "(8.4)"] and "never" in slow_row
+    mean_row = next(line for line in lines if line.startswith("mean +- std"))
+    assert mean_row.split()[3:6] == ["4.0+-2.8", "5.5+-3.5", "4.0+-0.0"]  # 94%: one run of two got there
+    assert "[1/2]" in mean_row and "0.9350+-0.0071" in mean_row
+
+
+def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
+    run = write_run(tmp_path / "run", [0.5], epoch_time=1, eval_time=1)
+    result = run_cli("report", str(run), "--targets=93")
+    assert result.returncode == 2
+    assert "targets=93 must be accuracies in (0, 1]" in result.stderr

@@ -1,0 +1,278 @@
+"""The fast recipe's parts, in process: airbench model and whitening, parameter groups and their schedules,
+lookahead, test-time augmentation, crop/flip variants, and the numbers in configs/fast.yaml."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from ignite.engine import Engine, Events
+from torch import nn
+
+from cifar10_dist import data, engines, models, training
+from cifar10_dist.config import load_config
+from tests.conftest import REPO, TINY, assert_same_training_state, run_cli
+
+
+def test_fast_yaml_holds_airbench94_hyperparameters_converted_to_a_mean_loss():
+    config = load_config(REPO / "configs" / "fast.yaml")
+    # airbench94: lr 11.5 and weight decay 0.0153 per 1024 examples, divided by 1 + 1/(1 - momentum)
+    kilostep_scale = 1024 * (1 + 1 / (1 - config.momentum))
+    per_example_lr = 11.5 / kilostep_scale
+    assert config.batch_size == 1024 and config.momentum == 0.85
+    assert config.learning_rate == pytest.approx(per_example_lr * config.batch_size, rel=1e-3)
+    decay_per_step = 0.0153 * config.batch_size / kilostep_scale
+    assert config.learning_rate * config.weight_decay == pytest.approx(decay_per_step, rel=2e-3)
+    assert config.num_warmup_epochs / config.num_epochs == pytest.approx(0.23)  # the triangle's peak
+    assert (config.lr_start, config.lr_end, config.bias_lr_scale, config.label_smoothing) == (0.2, 0.07, 64, 0.2)
+
+
+def test_whitening_makes_training_patches_uncorrelated_with_unit_variance():
+    torch.manual_seed(0)
+    mixing = torch.tensor([[1.0, 0.8, 0.2], [0.0, 1.0, 0.5], [0.0, 0.0, 0.3]])
+    images = torch.einsum("ij,njhw->nihw", mixing, torch.randn(200, 3, 32, 32))
+    images = images + torch.roll(images, 1, dims=-1)  # neighbouring pixels correlated too
+    model = models.AirbenchNet()
+    model.init_whitening(images)
+    with torch.no_grad():
+        features = model.whiten(images) - model.whiten.bias.view(1, -1, 1, 1)
+    half = features[:, :12].permute(0, 2, 3, 1).reshape(-1, 12).double()
+    covariance = torch.cov(half.T)
+    assert torch.allclose(covariance, torch.eye(12, dtype=torch.double), atol=0.02)
+    assert torch.equal(model.whiten.weight[12:], -model.whiten.weight[:12])
+    assert not model.whiten.weight.requires_grad
+
+
+def test_airbench_convolutions_start_as_identity_and_norm_scales_are_frozen():
+    model = models.build_model("airbench")
+    first = model.layers[1][0]  # first conv of the first group: 24 -> 64 channels
+    expected = torch.zeros(24, 24, 3, 3)
+    nn.init.dirac_(expected)
+    assert torch.equal(first.weight[:24], expected)
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(norms) == 6 and all(not m.weight.requires_grad and m.bias.requires_grad for m in norms)
+    assert all(m.momentum == pytest.approx(0.4) for m in norms)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def lrs_during(optimizer: torch.optim.Optimizer, scheduler, iterations: int) -> list[list[float]]:
+    """The lr of every param group at each iteration of an Engine driven by the scheduler."""
+    seen = []
+    engine = Engine(lambda engine, batch: None)
+    engine.add_event_handler(Events.ITERATION_STARTED, scheduler)
+    engine.add_event_handler(Events.ITERATION_STARTED, lambda _: seen.append([g["lr"] for g in optimizer.param_groups]))
+    engine.run([0] * iterations, max_epochs=1)
+    return seen
+
+
+def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_way():
+    config = dataclasses.replace(load_config(REPO / "configs" / "fast.yaml"), learning_rate=1.0)
+    model = models.build_model("airbench")
+    groups = training.parameter_groups(model, config, total_iterations=100)
+    others, norm_biases, whitening = groups
+    assert [p is model.whiten.bias for p in whitening["params"]] == [True] and whitening["train_until"] == 30
+    assert len(norm_biases["params"]) == 6 and norm_biases["lr"] == 64.0
+    assert norm_biases["weight_decay"] * norm_biases["lr"] == pytest.approx(others["weight_decay"] * others["lr"])
+    trained = {id(p) for g in groups for p in g["params"]}
+    assert id(model.whiten.weight) not in trained  # frozen filters are not optimised
+    assert len(trained) == sum(p.requires_grad for p in model.parameters())
+
+    optimizer = torch.optim.SGD(groups, lr=1.0, momentum=0.85, nesterov=True)
+    scheduler = engines.create_lr_scheduler(optimizer, 1.0, warmup_iterations=23, total_iterations=100,
+                                            start=0.2, end=0.07)
+    lrs = lrs_during(optimizer, scheduler, 100)
+    assert lrs[0] == pytest.approx([0.2, 12.8, 0.2])
+    assert lrs[23] == pytest.approx([1.0, 64.0, 1.0])  # peak (iteration 24 is index 23)
+    assert lrs[30][2] > 0 and lrs[31][2] == 0 and lrs[99][2] == 0  # whitening bias: trained until 30
+    assert lrs[99][:2] == pytest.approx([0.07 + 0.93 * 1 / 77, 64 * (0.07 + 0.93 * 1 / 77)])
+
+
+def test_a_single_group_keeps_the_plain_schedule():
+    model = models.build_model("simple_cnn")
+    config = load_config()
+    groups = training.parameter_groups(model, config, total_iterations=10)
+    assert len(groups) == 1
+    optimizer = torch.optim.SGD(groups, lr=0.4)
+    scheduler = engines.create_lr_scheduler(optimizer, 0.4, 2, 10)
+    assert isinstance(scheduler, engines.PiecewiseLinear)  # checkpoints stay as before
+    lrs = [lr for (lr,) in lrs_during(optimizer, scheduler, 10)]
+    assert lrs == pytest.approx([0, 0.2, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05])
+
+
+def test_lookahead_pulls_weights_to_their_average_and_restores_from_its_state():
+    model = nn.Linear(2, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    lookahead = engines.Lookahead(model, total_iterations=20, start_fraction=0.5, every=5, decay=0.9, power=1.0)
+    trajectory = []
+
+    def step(engine, batch):
+        with torch.no_grad():
+            model.weight.add_(1.0)  # a stand-in for an optimizer step
+        trajectory.append(model.weight.clone())
+
+    engine = Engine(step)
+    lookahead.attach(engine)
+    engine.run([0] * 20, max_epochs=1)
+    # 1..9: plain steps; 10: the average starts as the weights (10); 15: it moves towards the weights (15)
+    # with decay 0.9**5 * 15/20 and the weights jump to it; 20: the same with decay 0.9**5 * 20/20
+    assert torch.equal(trajectory[8], torch.full((1, 2), 9.0))
+    after_15 = 10 + (1 - 0.9**5 * 15 / 20) * 5
+    assert torch.allclose(trajectory[15], torch.full((1, 2), after_15 + 1))  # iteration 16 stepped from it
+    after_20 = after_15 + (1 - 0.9**5) * 5
+    assert torch.allclose(model.weight, torch.full((1, 2), after_20))
+    assert torch.equal(lookahead.average["weight"], model.weight)
+    restored = engines.Lookahead(model, total_iterations=20)
+    restored.load_state_dict(lookahead.state_dict())
+    assert torch.equal(restored.average["weight"], lookahead.average["weight"])
+
+
+class Recorder(nn.Module):
+    """Returns the top-left pixel of channel 0 and of the mirrored corner as logits; records every view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views: list[torch.Tensor] = []
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.views.append(images)
+        return torch.stack([images[:, 0, 0, 0], images[:, 0, 0, -1]], dim=1)
+
+
+def test_test_time_augmentation_averages_mirrors_and_one_pixel_shifts():
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    model = Recorder()
+    assert torch.equal(engines.predict(model, images, 0), model(images)) and len(model.views) == 2
+    model.views.clear()
+    mirrored = engines.predict(model, images, 1)
+    assert len(model.views) == 2
+    assert torch.allclose(mirrored, 0.5 * model(images) + 0.5 * model(images.flip(-1)))
+    model.views.clear()
+    logits = engines.predict(model, images, 2)
+    assert len(model.views) == 6
+    padded = nn.functional.pad(images, (1, 1, 1, 1), mode="reflect")
+    up_left, down_right = padded[..., :4, :4], padded[..., 2:, 2:]
+    assert torch.equal(model.views[2], up_left) and torch.equal(model.views[4], down_right)
+
+    def both(view):
+        return 0.5 * Recorder()(view) + 0.5 * Recorder()(view.flip(-1))
+
+    assert torch.allclose(logits, 0.5 * both(images) + 0.25 * both(up_left) + 0.25 * both(down_right))
+
+
+def test_reflect_crops_are_windows_of_the_reflect_padded_image():
+    images = torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8)
+    out = data.augment(images, torch.Generator().manual_seed(3), padding=2, pad_mode="reflect", flip="none")
+    padded = nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
+    offsets = set()
+    for index in range(32):
+        matches = [(dy, dx) for dy in range(5) for dx in range(5)
+                   if torch.equal(out[index], padded[index, :, dy:dy + 32, dx:dx + 32])]
+        assert matches, index
+        offsets.update(matches)
+    assert len(offsets) > 5  # the shift varies from image to image
+
+
+def test_flip_all_and_none_and_pre_flip():
+    images = torch.randint(0, 256, (200, 3, 32, 32), dtype=torch.uint8)
+    generator = torch.Generator().manual_seed(0)
+    assert torch.equal(data.augment(images, generator, padding=0, flip="none"), images)
+    assert torch.equal(data.augment(images, generator, padding=0, flip="all"), images.flip(-1))
+    labels = torch.zeros(200, dtype=torch.long)
+    first = data.pre_flip(data.ImageSet(images, labels), seed=7).images
+    assert torch.equal(first, data.pre_flip(data.ImageSet(images, labels), seed=7).images)
+    flipped = [torch.equal(first[i], images[i].flip(-1)) for i in range(200)]
+    kept = [torch.equal(first[i], images[i]) for i in range(200)]
+    assert all(f or k for f, k in zip(flipped, kept)) and 70 < sum(flipped) < 130
+
+
+def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
+    config = load_config(flip="alternating", crop_padding=0, channels_last=True)
+    prepare = training.train_batch_preparer(torch.device("cpu"), config, iterations_per_epoch=3)
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.arange(8)
+    epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]
+    epoch_2 = [prepare((images, labels), iteration)[0] for iteration in (4, 6)]
+    epoch_3, _ = prepare((images, labels), 7)
+    plain = data.normalize(images)
+    assert all(torch.equal(x, plain) for x in epoch_1) and torch.equal(epoch_3, plain)
+    assert all(torch.equal(x, plain.flip(-1)) for x in epoch_2)
+    assert epoch_3.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_amp_on_cpu_means_bf16_autocast():
+    precision = engines.choose_precision(torch.device("cpu"), with_amp=True)
+    assert precision.dtype == torch.bfloat16 and not precision.needs_grad_scaler
+    with precision.autocast():
+        assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert engines.choose_precision(torch.device("cpu"), with_amp=False).dtype is None
+
+
+# ---------------------------------------------------------------- whole runs through the CLI
+
+# configs/fast.yaml scaled down to 600 synthetic images: batch 64 (lr scaled with it), 9 iterations per
+# epoch, 27 in all; lookahead from iteration 9, whitening bias trained until 8, checkpoints every 10
+FAST_TINY = ["--config=" + str(REPO / "configs" / "fast.yaml"), "--batch_size=64", "--learning_rate=0.1",
+             "--num_epochs=3", "--num_warmup_epochs=0.69", "--validate_every=3", "--checkpoint_every=10",
+             "--log_every_iters=5"]
+
+
+def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(small_dataset, tmp_path):
+    """Lookahead, per-group schedules, alternating flip, bf16, channels_last and data_on_device, 2 gloo processes:
+    resumed at iteration 20 (epoch 3, an odd epoch of the flip), every tensor ends as in the uninterrupted run."""
+    launch = ["--backend=gloo", "--nproc_per_node=2", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    reference = run_cli("run", *FAST_TINY, *launch, "--run_name=ref")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    metrics = json.loads((tmp_path / "ref" / "metrics.json").read_text())
+    assert metrics["iterations"] == 27 and metrics["test"]["num_samples"] == 1001
+    assert metrics["test"]["accuracy"] > 0.3  # chance is 0.1
+    resumed = run_cli("run", *FAST_TINY, *launch, "--run_name=resumed",
+                      f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_20.pt'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final_a, final_b = tmp_path / "ref" / "training_checkpoint_27.pt", tmp_path / "resumed" / "training_checkpoint_27.pt"
+    assert_same_training_state(final_a, final_b)
+    averages = [torch.load(path, weights_only=True)["lookahead"]["average"] for path in (final_a, final_b)]
+    assert averages[0].keys() == averages[1].keys() and len(averages[0]) > 10
+    assert all(torch.equal(averages[0][key], averages[1][key]) for key in averages[0])
+    assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["test"] == metrics["test"]
+
+
+def test_data_on_device_trains_exactly_as_the_loader_does(small_dataset, tmp_path):
+    common = ["run", *TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    for name, flag in (("loader", "False"), ("device", "True")):
+        result = run_cli(*common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100")
+        assert result.returncode == 0, result.stderr[-3000:]
+    weights = [torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True)["model"]
+               for name in ("loader", "device")]
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+def test_bf16_channels_last_run_is_evaluated_alike_by_evaluate(small_dataset, tmp_path):
+    result = run_cli("run", *TINY, "--with_amp=True", "--channels_last=True", "--tta=1", f"--data_path={small_dataset}",
+                     f"--output_path={tmp_path}", "--run_name=amp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = json.loads((tmp_path / "amp" / "metrics.json").read_text())["test"]
+    checkpoint = tmp_path / "amp" / "training_checkpoint_36.pt"
+    model_keys = torch.load(checkpoint, weights_only=True)["model"].keys()
+    assert not any("_orig_mod" in key for key in model_keys)
+    same = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
+                   "--num_workers=0", "--with_amp=True", "--channels_last=True")  # tta=1 comes from the checkpoint
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert json.loads(same.stdout.strip().splitlines()[-1])["accuracy"] == final["accuracy"]
+    plain = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
+                    "--num_workers=0", "--tta=0")
+    assert abs(json.loads(plain.stdout.strip().splitlines()[-1])["accuracy"] - final["accuracy"]) < 0.05
+
+
+def test_benchmark_script_measures_its_loops_on_a_small_model():
+    """Keeps scripts/benchmark.py (run by hand) working as the code under it changes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    assert benchmark.bare_loop("simple_cnn", batch, steps=2, warmup=1, channels_last=True, amp=True) > 0
+    assert benchmark.engine_loop("simple_cnn", batch, steps=2, warmup=1) > 0
+    assert benchmark.flops_per_image("airbench") == pytest.approx(0.708e9, rel=0.02)
