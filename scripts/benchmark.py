@@ -8,6 +8,9 @@ Measures, in one run on this machine, images per second of:
   5. a conventional pipeline: torchvision CIFAR10 + PIL transforms, DataLoader with 2 workers, same step;
   6. evaluation (train subset + test set), from run 3.
 Usage: python scripts/benchmark.py --data_path=DIR [--model=resnet18] [--batch_size=512] [--steps=10] [--json=PATH]
+
+With --variants, only the bare loop in each speed setting (fp32, channels_last, bf16 autocast with and
+without channels_last, torch.compile, with its warm-up time): the measurement behind the CPU defaults.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ sys.path.insert(0, str(REPO))
 from cifar10_dist import data, engines, faults, models, tracking  # noqa: E402
 
 
-def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module):
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False):
+    precision = engines.choose_precision(torch.device("cpu"), amp)
+
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> float:
         model.train()
-        loss = loss_fn(model(inputs), targets)
+        with precision.autocast():
+            loss = loss_fn(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -51,14 +57,41 @@ def setup(model_name: str):
     return model, optimizer, nn.CrossEntropyLoss()
 
 
-def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> float:
-    step = make_step(*setup(model_name))
+def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
+              channels_last: bool = False, amp: bool = False, compile: bool = False) -> float:
+    model, optimizer, loss_fn = setup(model_name)
+    inputs, targets = batch
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    step = make_step(torch.compile(model) if compile else model, optimizer, loss_fn, amp)
+    started = time.perf_counter()
     for _ in range(warmup):
-        step(*batch)
+        step(inputs, targets)
+    bare_loop.warmup_seconds = time.perf_counter() - started
     start = time.perf_counter()
     for _ in range(steps):
-        step(*batch)
-    return steps * len(batch[1]) / (time.perf_counter() - start)
+        step(inputs, targets)
+    return steps * len(targets) / (time.perf_counter() - start)
+
+
+VARIANTS = {
+    "fp32": {},
+    "channels_last": {"channels_last": True},
+    "bf16 autocast": {"amp": True},
+    "bf16 autocast + channels_last": {"amp": True, "channels_last": True},
+    "torch.compile": {"compile": True},
+}
+
+
+def print_variants(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> None:
+    print(f"{model_name}, batch {len(batch[1])}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{'bare loop setting':<36}{'img/s':>8}{'vs fp32':>9}{'warm-up s':>11}")
+    baseline = None
+    for name, options in VARIANTS.items():
+        speed = bare_loop(model_name, batch, steps, warmup, **options)
+        baseline = baseline or speed
+        print(f"{name:<36}{speed:>8.1f}{speed / baseline:>9.2f}{bare_loop.warmup_seconds:>11.1f}", flush=True)
 
 
 def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> float:
@@ -71,13 +104,13 @@ def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps
     faults.attach_stop_checks(trainer, faults.StopRequest(), save_checkpoint=lambda engine: None)
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:
-        board = tracking.TensorBoard(Path(folder))
-        board.attach_training(trainer, optimizer, 15)
+        recorder = tracking.Recorder(Path(folder))
+        recorder.attach_training(trainer, optimizer, 15, len(batch[1]))
         trainer.run([batch] * warmup, max_epochs=1)
         start = time.perf_counter()
         trainer.run([batch] * steps, max_epochs=1)
         seconds = time.perf_counter() - start
-        board.close()
+        recorder.close()
     return steps * len(batch[1]) / seconds
 
 
@@ -144,7 +177,8 @@ def flops_per_image(model_name: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_path", required=True)
+    parser.add_argument("--data_path")
+    parser.add_argument("--variants", action="store_true", help="only the bare loop in each speed setting")
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch_size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
@@ -154,6 +188,11 @@ def main() -> None:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
+    if args.variants:
+        print_variants(args.model, batch, args.steps, args.warmup)
+        return
+    if not args.data_path:
+        parser.error("--data_path is required (except with --variants)")
     results: dict[str, float] = {}
     results["bare_loop"] = bare_loop(args.model, batch, args.steps, args.warmup)
     results["engine"] = engine_loop(args.model, batch, args.steps, args.warmup)
