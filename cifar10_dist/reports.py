@@ -123,6 +123,9 @@ def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence
         cells = []
         for target in targets:
             times = [row["reached"][target]["training_time"] / 60 for row in rows if row["reached"][target]]
+            if not times:
+                cells.append("never")
+                continue
             cells.append(_mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
         finals = [row["final_accuracy"] for row in rows if row["final_accuracy"] is not None]
         lines.append(f"{'mean +- std':<{width}}  " + "  ".join(f"{c:>13}" for c in cells) + f"  {_mean_std(finals, 4):>15}")

@@ -11,6 +11,7 @@ Usage: python scripts/benchmark.py --data_path=DIR [--model=resnet18] [--batch_s
 
 With --variants, only the bare loop in each speed setting (fp32, channels_last, bf16 autocast with and
 without channels_last, torch.compile, with its warm-up time): the measurement behind the CPU defaults.
+With --profile [--amp] [--channels_last], torch.profiler's top operators of a few bare training steps.
 """
 
 from __future__ import annotations
@@ -175,10 +176,33 @@ def flops_per_image(model_name: str) -> float:
     return counter.get_total_flops() / 8
 
 
+def print_profile(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, channels_last: bool,
+                  amp: bool) -> None:
+    """Where a training step's time goes: operators by self CPU time over ``steps`` steps (after 2 warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, optimizer, loss_fn = setup(model_name)
+    inputs, targets = batch
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    step = make_step(model, optimizer, loss_fn, amp)
+    for _ in range(2):
+        step(inputs, targets)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            step(inputs, targets)
+    print(f"{model_name}, batch {len(targets)}, channels_last={channels_last}, bf16 autocast={amp}, {steps} steps")
+    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path")
     parser.add_argument("--variants", action="store_true", help="only the bare loop in each speed setting")
+    parser.add_argument("--profile", action="store_true", help="only a profile of bare training steps")
+    parser.add_argument("--amp", action="store_true", help="with --profile: bf16 autocast")
+    parser.add_argument("--channels_last", action="store_true", help="with --profile: channels_last")
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch_size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
@@ -190,6 +214,9 @@ def main() -> None:
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
     if args.variants:
         print_variants(args.model, batch, args.steps, args.warmup)
+        return
+    if args.profile:
+        print_profile(args.model, batch, args.steps, args.channels_last, args.amp)
         return
     if not args.data_path:
         parser.error("--data_path is required (except with --variants)")

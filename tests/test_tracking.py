@@ -179,6 +179,10 @@ def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
     mean_row = next(line for line in lines if line.startswith("mean +- std"))
     assert mean_row.split()[3:6] == ["4.0+-2.8", "5.5+-3.5", "4.0+-0.0"]  # 94%: one run of two got there
     assert "[1/2]" in mean_row and "0.9350+-0.0071" in mean_row
+    from cifar10_dist import reports
+
+    rows = [reports.time_to_accuracy(folder, [0.99]) for folder in (fast, slow)]
+    assert reports.format_time_to_accuracy(rows, [0.99]).splitlines()[-2].split()[3] == "never"
 
 
 def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
