@@ -32,6 +32,12 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """summary.json of a finished run, or {} for a run that has not finished."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
     """(split that chose the best model: val if the run held one out, else test; its evaluations; the best one)."""
     split = "val" if any(e["split"] == "val" for e in evaluations) else "test"
@@ -95,8 +101,7 @@ def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
         training = sum(train_seconds[epoch] for epoch in done)
         reached[target] = {"epoch": first["epoch"], "training_time": training,
                            "with_evaluation": training + sum(eval_seconds.get(epoch, 0.0) for epoch in done)}
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_summary(run_dir)
     final = points[-1]["accuracy"] if points else None
     return {"run": run_dir.name, "split": split, "final_accuracy": final, "reached": reached,
             "total_time": summary.get("total_time")}
@@ -184,8 +189,7 @@ def compare(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     rows = []
     for run_dir in run_dirs:
         _, evaluations = read_metrics(run_dir)
-        summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary = read_summary(run_dir)
         last = {e["split"]: e for e in evaluations}
         selection, _, best = selection_split(evaluations)
         final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))

@@ -112,16 +112,14 @@ WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening f
 FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
 
 
-def create_model(config: Config, train_set: data.ImageSet, device: torch.device) -> nn.Module:
+def create_model(config: Config, train_set: data.ImageSet) -> nn.Module:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
     memory format, wrapped for the backend (DDP, ...)."""
     model = models.build_model(config.model)
     if isinstance(model, models.AirbenchNet):
         model.init_whitening(data.normalize(train_set.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return idist.auto_model(model)
+    return idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
 
 
 def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[dict[str, Any]]:
@@ -156,6 +154,10 @@ def create_optimizer(model: nn.Module, config: Config, total_iterations: int) ->
     return idist.auto_optim(optimizer)
 
 
+def memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def configure_device_speed(config: Config, device: torch.device) -> None:
     """TF32 and cuDNN autotuning on CUDA (no effect elsewhere); deterministic mode overrides autotuning."""
     if device.type != "cuda":
@@ -186,7 +188,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     training set is pre-flipped (``data.pre_flip``) and whole batches are mirrored in every second epoch.
     """
     rank = idist.get_rank()
-    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+    layout = memory_format(config.channels_last)
 
     def flip_mode(iteration: int) -> str:
         if config.flip != "alternating":
@@ -198,18 +200,18 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         images = images.to(device, non_blocking=True)
         generator = torch.manual_seed(iteration_seed(config.seed, rank, iteration))
         images = data.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
-        inputs = data.normalize(images).contiguous(memory_format=memory_format)
+        inputs = data.normalize(images).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare
 
 
 def eval_batch_preparer(device: torch.device, channels_last: bool = False) -> engines.PrepareBatch:
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    layout = memory_format(channels_last)
 
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
-        inputs = data.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
+        inputs = data.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare
@@ -329,7 +331,7 @@ def training(config: Config) -> dict[str, Any]:
     )
     iterations_per_epoch = config.epoch_length or len(loaders.train)
     total_iterations = config.num_epochs * iterations_per_epoch
-    model = create_model(config, held_out.train, device)
+    model = create_model(config, held_out.train)
     forward_model = torch.compile(model) if config.compile else model  # checkpoints save the plain model
     optimizer = create_optimizer(model, config, total_iterations)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
@@ -447,9 +449,7 @@ class _EvaluationWorker:
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             if tracking.is_main_process():
                 logger.warning("checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference)
-        if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        model = idist.auto_model(model)
+        model = idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
         precision = engines.choose_precision(device, config.with_amp)
         evaluator = engines.create_evaluator(
             model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
