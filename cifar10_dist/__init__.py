@@ -1,25 +1,15 @@
 """cifar10_dist: data-parallel CIFAR-10 training with PyTorch-Ignite, from one CPU to many GPUs.
 
-Python API: ``train(config=None, **overrides)`` and ``evaluate(checkpoint, config=None, **overrides)``.
+Python API (``cifar10_dist.api``): ``train(config=None, **overrides)``, ``train_seeds(...)`` and
+``evaluate(checkpoint, config=None, **overrides)``; ``config`` is a YAML path or a ``Config``.
+Importing the package does not import torch: that happens when a run starts.
 """
 
-from typing import Any
-
 __version__ = "0.1.0"
-__all__ = ["train", "evaluate", "UserError"]
+__all__ = ["train", "train_seeds", "evaluate", "Config", "load_config", "UserError", "RunResult", "SeedsResult",
+           "EvaluationResult"]
 
+from cifar10_dist.api import evaluate, train, train_seeds
+from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import UserError
-
-
-def train(config: Any = None, **overrides: Any) -> dict:
-    """Train; see :func:`cifar10_dist.training.train` (imported lazily: torch loads only when used)."""
-    from cifar10_dist.training import train as _train
-
-    return _train(config, **overrides)
-
-
-def evaluate(checkpoint: Any, config: Any = None, **overrides: Any) -> dict:
-    """Evaluate a checkpoint; see :func:`cifar10_dist.training.evaluate`."""
-    from cifar10_dist.training import evaluate as _evaluate
-
-    return _evaluate(checkpoint, config, **overrides)
+from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult

@@ -4,7 +4,8 @@ Files (in the run folder):
 - ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
 - ``best_model_<epoch>_test_accuracy=<acc>.pt``: keys model, meta.
 ``meta`` records the config, library versions and world size. Files are written to a temporary name and
-renamed (Ignite's DiskSaver with atomic=True), and always loaded with ``torch.load(weights_only=True)``.
+renamed (Ignite's DiskSaver with atomic=True), an old file is removed only after its successor is complete
+(``KeepUntilSaved``), and files are always loaded with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
+from ignite.handlers.checkpoint import BaseSaveHandler
 
+from cifar10_dist import faults
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +56,31 @@ class RunMetadata:
         self.state = dict(state)
 
 
+class KeepUntilSaved(BaseSaveHandler):
+    """Ignite's Checkpoint removes the oldest file before it writes the new one; this saver removes it only
+    after the new one is complete, so a full disk or a kill mid-write never costs an earlier checkpoint.
+    A write that fails for lack of space or permission ends the run with one line (``faults.writing``)."""
+
+    def __init__(self, saver: BaseSaveHandler, folder: Path) -> None:
+        self.saver, self.folder = saver, folder
+        self.pending_removals: list[str] = []
+
+    def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
+        with faults.writing(self.folder / filename):
+            self.saver(checkpoint, filename, metadata)
+        for old in self.pending_removals:
+            if old != filename:
+                self.saver.remove(old)
+        self.pending_removals.clear()
+
+    def remove(self, filename: str) -> None:
+        self.pending_removals.append(filename)
+
+
+def _saver(run_dir: Path, saver: BaseSaveHandler | None) -> KeepUntilSaved:
+    return KeepUntilSaved(saver or DiskSaver(run_dir, require_empty=False, atomic=True), run_dir)
+
+
 def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None) -> Checkpoint:
     """A handler saving ``to_save`` as training_checkpoint_<iteration>.pt, keeping the newest 2 in run_dir.
 
@@ -61,7 +89,7 @@ def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver:
     """
     handler = Checkpoint(
         to_save,
-        saver or DiskSaver(run_dir, require_empty=False, atomic=True),
+        _saver(run_dir, saver),
         filename_prefix=TRAINING_PREFIX,
         n_saved=2,
         global_step_transform=lambda engine, _: engine.state.iteration,
@@ -82,7 +110,7 @@ def attach_best_model_checkpoints(
     """After each evaluation on ``split`` (val or test) keep the 2 models with the highest accuracy there."""
     handler = Checkpoint(
         to_save,
-        saver or DiskSaver(run_dir, require_empty=False, atomic=True),
+        _saver(run_dir, saver),
         filename_pattern="best_model_{global_step}_{score_name}={score}.{ext}",
         n_saved=2,
         score_function=Checkpoint.get_default_score_fn("accuracy"),
@@ -140,7 +168,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from None
+        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from error
     if not isinstance(checkpoint, dict):
         raise UserError(f"checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict")
     return checkpoint
@@ -160,8 +188,14 @@ def resume(to_load: Mapping[str, Any], path: str | Path) -> None:
     try:
         Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
-        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)}") from None
+        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)}") from error
     logger.info("Resumed from %s at iteration %d", path, checkpoint["trainer"].get("iteration", 0))
+
+
+def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None) -> None:
+    """``resume`` from path, when there is one (a fresh run otherwise)."""
+    if path is not None:
+        resume(to_load, path)
 
 
 def model_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
@@ -188,7 +222,7 @@ def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
-        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)}") from None
+        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)}") from error
 
 
 def _load_failure(error: BaseException) -> str:

@@ -14,8 +14,10 @@ from typing import Any
 
 import fire
 
-from cifar10_dist.config import describe_options, load_config
+from cifar10_dist import api
+from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_USER_ERROR, UserError
+from cifar10_dist.results import RunResult, SeedsResult
 
 RUN_HELP = """\
 Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
@@ -82,33 +84,32 @@ Commands:
 
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
-    load_config(config, **overrides)  # bad values fail here, before torch is imported (seconds)
-    from cifar10_dist.training import train
-
-    result = train(config, **overrides)
-    if not result:
-        return  # a non-zero rank under torchrun: rank 0 reports
-    if "summary" in result:
+    result = api.train(api.resolve(config, **overrides))  # bad values fail here, before torch is imported
+    if isinstance(result, SeedsResult):
         print_seed_summary(result)
-        return
-    for split, name in (("val", "val"), ("test", "test"), ("train", "train subset")):
-        metrics = result.get(split)
-        if metrics:
-            chosen = f", {metrics['model']}" if "model" in metrics else ""
-            print(f"final {name}: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
-                  f"({metrics['num_samples']} images{chosen})")
-    print(f"run folder: {result['run_dir']}")
+    elif isinstance(result, RunResult):
+        print_run_result(result)
+    # None: a non-zero rank under torchrun; rank 0 reports
 
 
-def print_seed_summary(result: dict[str, Any]) -> None:
-    seeds = [run["seed"] for run in result["runs"]]
+def print_run_result(result: RunResult) -> None:
+    for name, metrics in (("val", result.val), ("test", result.test), ("train subset", result.train)):
+        if metrics is not None:
+            chosen = f", {metrics.model}" if metrics.model else ""
+            print(f"final {name}: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} "
+                  f"({metrics.num_samples} images{chosen})")
+    print(f"run folder: {result.run_dir}")
+
+
+def print_seed_summary(result: SeedsResult) -> None:
+    seeds = [run.seed for run in result.runs]
     print(f"{len(seeds)} runs, seeds {', '.join(map(str, seeds))}")
     print(f"{'metric':<16}{'mean':>9}{'std':>9}{'min':>9}{'max':>9}")
-    for name, stats in result["summary"].items():
+    for name, stats in result.summary.items():
         print(f"{name:<16}" + "".join(f"{stats[key]:>9.4f}" for key in ("mean", "std", "min", "max")))
-    for run in result["runs"]:
-        print(f"run folder (seed {run['seed']}): {run['run_dir']}")
-    print(f"summary: {result['summary_file']}")
+    for run in result.runs:
+        print(f"run folder (seed {run.seed}): {run.run_dir}")
+    print(f"summary: {result.summary_file}")
 
 
 def evaluate(
@@ -118,33 +119,30 @@ def evaluate(
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
-    if not Path(str(checkpoint)).is_file():
-        raise UserError(f"checkpoint '{checkpoint}' does not exist")
-    from cifar10_dist import reports
-    from cifar10_dist.training import evaluate as evaluate_checkpoint
+    from cifar10_dist import reports, tracking
 
-    metrics = evaluate_checkpoint(checkpoint, config, **overrides)
-    if not metrics:
+    metrics = api.evaluate(str(checkpoint), config, **overrides)
+    if metrics is None:
         return
     folder = Path(output_dir) if output_dir is not None else Path(checkpoint).parent
     stem = f"confusion_{Path(checkpoint).stem}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{stem}.json").write_text(json_module.dumps(
-            {"checkpoint": str(checkpoint), "classes": reports.CLASSES, "rows": "true class", "columns": "predicted",
-             "confusion_matrix": metrics["confusion_matrix"], "per_class_accuracy": metrics["per_class_accuracy"]},
-            indent=2) + "\n")
-        reports.render_confusion(metrics["confusion_matrix"], folder / f"{stem}.png", Path(checkpoint).name)
     except OSError as error:
-        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from None
+        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
+    tracking.write_json(folder / f"{stem}.json", {
+        "checkpoint": str(checkpoint), "classes": reports.CLASSES, "rows": "true class", "columns": "predicted",
+        "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
+    tracking.write_file(folder / f"{stem}.png",
+                        lambda path: reports.render_confusion(metrics.confusion_matrix, path, Path(checkpoint).name))
     if json:
-        print(json_module.dumps(metrics))
+        print(json_module.dumps(metrics.to_dict()))
         return
     print("class        accuracy")
-    for name, accuracy in zip(reports.CLASSES, metrics["per_class_accuracy"]):
+    for name, accuracy in zip(reports.CLASSES, metrics.per_class_accuracy):
         print(f"{name:<12} {accuracy:8.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
-    print(f"test: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} ({metrics['num_samples']} images)")
+    print(f"test: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 
 
 def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:

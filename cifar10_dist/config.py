@@ -1,7 +1,8 @@
 """The run configuration: one typed dataclass, the single source of defaults, help texts and validation.
 
 Precedence: dataclass defaults < YAML file (``--config``) < keyword overrides (command line or Python).
-This module is plain data: it imports nothing heavier than PyYAML.
+This module is plain data: it imports nothing heavier than PyYAML, and its checks look at the values only;
+checks against the filesystem, the model registry and the launch environment are in ``checks``.
 """
 
 from __future__ import annotations
@@ -122,13 +123,15 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Conf
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise UserError(f"config file '{path}' is a folder: give a YAML file (e.g. configs/default.yaml)")
     if not path.is_file():
         raise UserError(f"config file '{path}' does not exist (choose one in configs/ or give a path to a YAML file)")
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UserError(f"config file '{path}' is not valid YAML: {first_line}") from None
+        raise UserError(f"config file '{path}' is not valid YAML: {first_line}") from error
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -231,12 +234,6 @@ def validate(config: Config) -> None:
     )
     _require(c.dist_timeout >= 1, f"dist_timeout={c.dist_timeout} must be at least 1 second")
     _validate_launch(c)
-    planned = planned_world_size(c)
-    if planned is not None:
-        _require(
-            c.batch_size >= planned,
-            f"batch_size={c.batch_size} is smaller than the world size {planned}: every process needs a sample",
-        )
 
 
 def _is_plain_name(name: str) -> bool:
@@ -289,8 +286,6 @@ def _validate_init_method(c: Config) -> None:
         c.master_addr is None and c.master_port is None,
         f"init_method='{c.init_method}' replaces master_addr/master_port: drop them",
     )
-    parent = Path(c.init_method.removeprefix("file://")).parent
-    _require(parent.is_dir(), f"init_method='{c.init_method}': the folder {parent} does not exist")
 
 
 def planned_world_size(config: Config) -> int | None:
@@ -300,10 +295,6 @@ def planned_world_size(config: Config) -> int | None:
     if config.nproc_per_node is not None:
         return config.nproc_per_node * (config.nnodes or 1)
     return None
-
-
-def save_config(config: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def describe_options() -> str:

@@ -83,7 +83,7 @@ def _read_batch(path: Path) -> ImageSet:
         with path.open("rb") as file:
             entry = _ArrayUnpickler(file, encoding="latin1").load()
     except Exception as error:  # truncated, corrupt or hostile: all the same to the user
-        raise UserError(f"{path} is not a readable CIFAR-10 batch file ({type(error).__name__}: {error})") from None
+        raise UserError(f"{path} is not a readable CIFAR-10 batch file ({type(error).__name__}: {error})") from error
     if not isinstance(entry, dict):
         raise UserError(f"{path} is not a CIFAR-10 batch file: expected a dict, found {type(entry).__name__}")
     entry = {key.decode() if isinstance(key, bytes) else key: value for key, value in entry.items()}
@@ -187,16 +187,29 @@ def _download(archive: Path) -> None:
         raise UserError(
             f"CIFAR-10 is not in '{archive.parent}' and downloading {URL} failed ({type(error).__name__}): "
             f"put {ARCHIVE} or its extracted {FOLDER}/ folder there by hand"
-        ) from None
+        ) from error
 
 
 def _extract(archive: Path, destination: Path) -> None:
     logger.info("Extracting %s", archive)
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            tar.extractall(destination, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python 3.10.12+, 3.11.4+
+                tar.extractall(destination, filter="data")
+            else:
+                tar.extractall(destination, members=_safe_members(tar, destination))
     except (tarfile.TarError, OSError, EOFError) as error:
-        raise UserError(f"{archive} could not be extracted ({error}): delete it and download it again") from None
+        raise UserError(f"{archive} could not be extracted ({error}): delete it and download it again") from error
+
+
+def _safe_members(tar: tarfile.TarFile, destination: Path) -> list[tarfile.TarInfo]:
+    """What the "data" filter allows, for Pythons without it: plain files and folders inside destination."""
+    root = destination.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or (target != root and root not in target.parents):
+            raise tarfile.TarError(f"refusing to extract {member.name!r}: not a plain file or folder inside {root}")
+    return tar.getmembers()
 
 
 # ---------------------------------------------------------------- synthetic data
@@ -338,8 +351,6 @@ def make_loaders(
     world_size, rank = idist.get_world_size(), idist.get_rank()
     if len(train) < batch_size:
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
-    if batch_size < world_size:
-        raise UserError(f"batch_size={batch_size} is smaller than the world size {world_size}: give each process a sample")
     common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
     if device is not None:
         train, test = to_device(train, device), to_device(test, device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -172,6 +172,15 @@ def _scaled(milestones: list[tuple[int, float]], scale: float, until: int | None
     return [*kept, (until, value_at_until), (until + 1, 0.0), (milestones[-1][0], 0.0)]
 
 
+@dataclass(frozen=True)
+class GroupSchedule:
+    """How one parameter group follows the schedule: its lr is ``lr_scale`` times the others', and 0 after
+    iteration ``train_until`` (a parameter frozen part-way; None: trained to the end)."""
+
+    lr_scale: float = 1.0
+    train_until: int | None = None
+
+
 def create_lr_scheduler(
     optimizer: torch.optim.Optimizer,
     learning_rate: float,
@@ -179,21 +188,21 @@ def create_lr_scheduler(
     total_iterations: int,
     start: float = 0.0,
     end: float = 0.0,
+    group_schedules: Sequence[GroupSchedule] = (),
 ) -> PiecewiseLinear | ParamGroupScheduler:
-    """The piecewise-linear schedule of ``lr_milestones``, set per iteration. A param group may carry
-    ``lr_scale`` (its lr relative to the others) and ``train_until`` (iteration after which its lr is 0)."""
+    """The piecewise-linear schedule of ``lr_milestones``, set per iteration; with ``group_schedules`` (one per
+    param group of the optimizer, in order) each group scaled or frozen as it says."""
     milestones = lr_milestones(learning_rate, warmup_iterations, total_iterations, start, end)
-    groups = optimizer.param_groups
-    if len(groups) == 1 and groups[0].get("lr_scale", 1.0) == 1.0 and groups[0].get("train_until") is None:
+    if all(schedule == GroupSchedule() for schedule in group_schedules):
         return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
+    if len(group_schedules) != len(optimizer.param_groups):
+        raise ValueError(f"{len(group_schedules)} group schedules for {len(optimizer.param_groups)} param groups")
     schedulers = [
-        PiecewiseLinear(
-            optimizer, "lr", _scaled(milestones, group.get("lr_scale", 1.0), group.get("train_until")),
-            param_group_index=index,
-        )
-        for index, group in enumerate(groups)
+        PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule.lr_scale, schedule.train_until),
+                        param_group_index=index)
+        for index, schedule in enumerate(group_schedules)
     ]
-    return ParamGroupScheduler(schedulers, names=[f"lr_group_{index}" for index in range(len(groups))])
+    return ParamGroupScheduler(schedulers, names=[f"lr_group_{index}" for index in range(len(group_schedules))])
 
 
 class Lookahead:

@@ -28,3 +28,18 @@ class WorkerLost(UserError):
     """A spawned worker process died (killed, out of memory); the others were stopped."""
 
     exit_code = EXIT_WORKER_LOST
+
+
+class PeerSilent(UserError):
+    """A process stopped answering (hung, stopped, cut off): a collective got no reply within dist_timeout."""
+
+    exit_code = EXIT_WORKER_LOST
+
+
+class OutputNotWritable(UserError):
+    """A file of the run could not be written (disk full, quota exceeded, read-only folder); the files written
+    before it are intact."""
+
+
+KINDS = {kind.__name__: kind for kind in (UserError, TrainingDiverged, Preempted, WorkerLost, PeerSilent,
+                                          OutputNotWritable)}

@@ -8,18 +8,21 @@ before any checkpoint of the broken state is written.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import math
 import os
+import shutil
 import signal
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import Preempted, TrainingDiverged
+from cifar10_dist.errors import OutputNotWritable, PeerSilent, Preempted, TrainingDiverged
 
 logger = logging.getLogger(__name__)
 
@@ -27,39 +30,41 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
-    """Records the first SIGTERM/SIGUSR1; optionally passes it on to this process's children (spawned workers)."""
+    """Records the first SIGTERM/SIGUSR1; optionally passes it on to other processes (spawned workers)."""
 
-    def __init__(self, forward_to_children: bool = False) -> None:
+    def __init__(self, forward_to: Callable[[], list[int]] | None = None) -> None:
         self.signal_name: str | None = None
-        self.forward_to_children = forward_to_children
+        self.forward_to = forward_to
+        self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for stop_signal in STOP_SIGNALS:
-            signal.signal(stop_signal, self._handle)
+        """Handle the stop signals from now on (the handlers they had are kept for ``uninstall``)."""
+        self.previous = {stop_signal: signal.signal(stop_signal, self._handle) for stop_signal in STOP_SIGNALS}
+
+    def uninstall(self) -> None:
+        """Give the stop signals back the handlers they had before ``install``."""
+        for stop_signal, handler in self.previous.items():
+            signal.signal(stop_signal, handler)
+        self.previous = {}
+
+    def __enter__(self) -> StopRequest:
+        self.install()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.uninstall()
 
     def _handle(self, signum: int, frame: object) -> None:
         self.signal_name = self.signal_name or signal.Signals(signum).name
-        if self.forward_to_children:
-            for child in child_pids():
-                try:
-                    os.kill(child, signum)
-                except ProcessLookupError:
-                    pass
+        for pid in self.forward_to() if self.forward_to else []:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
-
-
-def child_pids(pid: int | None = None) -> list[int]:
-    """Direct children of a process (Linux /proc; empty elsewhere)."""
-    pids: list[int] = []
-    for children in Path(f"/proc/{pid or os.getpid()}/task").glob("*/children"):
-        try:
-            pids.extend(int(text) for text in children.read_text().split())
-        except OSError:
-            continue
-    return pids
 
 
 def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None]) -> None:
@@ -101,3 +106,71 @@ def finite_weights_only(save: Callable[[Engine], None], model: torch.nn.Module) 
         save(engine)
 
     return save_if_finite
+
+
+# ---------------------------------------------------------------- outputs that cannot be written
+
+# errno values that mean "this file cannot be written here" rather than a bug
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def unwritable_cause(error: BaseException | None) -> OSError | None:
+    """The OSError (disk full, quota, read-only, ...) behind an exception, following its causes and contexts:
+    torch.save, for one, reports a full disk as a RuntimeError whose context is the OSError."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in UNWRITABLE:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def free_space(folder: Path) -> str:
+    """Free space on the filesystem holding folder (or its nearest existing parent), e.g. '1.2 MiB'."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = float(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown space"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if free < 1024 or unit == "GiB":
+            return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
+        free /= 1024
+    return f"{free:.1f} TiB"
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a failure to write ``path`` (full disk, quota, read-only folder) into OutputNotWritable: one line
+    naming the file, its folder and the space left there."""
+    try:
+        yield
+    except OutputNotWritable:
+        raise
+    except Exception as error:
+        cause = unwritable_cause(error)
+        if cause is None:
+            raise
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        raise OutputNotWritable(
+            f"cannot write {path.name} in {path.parent}: {reason} ({free_space(path.parent)} free there); "
+            "the files written before it are intact"
+        ) from error
+
+
+# ---------------------------------------------------------------- peers that stop answering
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """Whether an exception is a gloo/nccl collective that gave up waiting for another process."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("Timed out" in text or "timed out" in text or "Timeout" in text)
+
+
+def silent_peer_error(error: BaseException, rank: int, timeout: int) -> PeerSilent:
+    return PeerSilent(
+        f"rank {rank} waited {timeout} s (dist_timeout) for another process that stopped answering "
+        f"({' '.join(str(error).split())[:160]})"
+    )

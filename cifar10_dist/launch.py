@@ -1,18 +1,22 @@
 """Start a worker function in every process with ``ignite.distributed`` and bring its result back.
 
-Three ways in: one plain process (backend None), internal spawning (backend + nproc_per_node), or a process
-already started by torchrun/srun (backend set, nproc_per_node unset). Rank 0's worker result (a JSON-able
-dict) travels back to the caller through a file, so spawned and in-process runs return the same way.
+Three ways in: one plain process (backend None), spawning (backend + nproc_per_node), or a process already
+started by torchrun/srun (backend set, nproc_per_node unset). Spawned gloo/nccl workers are supervised here:
+the first that fails ends the others within seconds (a stopped or hung one too), and its one-line error comes
+back with its exit code. Rank 0's result (JSON) and any worker's error travel back to the caller through files,
+so spawned and in-process runs return the same way. An in-process run leaves the caller's process as it found
+it (signal handlers, torch threads and deterministic flags, logging).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
-import signal
 import socket
 import tempfile
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,89 +25,91 @@ import ignite.distributed as idist
 import torch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from cifar10_dist import faults, tracking, xla_compat
+from cifar10_dist import checks, faults, tracking, xla_compat
 from cifar10_dist.config import Config
-from cifar10_dist.errors import Preempted, TrainingDiverged, UserError, WorkerLost
+from cifar10_dist.errors import KINDS, PeerSilent, UserError, WorkerLost
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
 NATIVE_BACKENDS = ("gloo", "nccl")
+STOP_GRACE_SECONDS = 3  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
-def started_by_torchrun() -> bool:
-    """True in a process that torchrun (torch.distributed.run) started."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or {"LOCAL_RANK", "RANK", "WORLD_SIZE"} <= os.environ.keys()
+@dataclass(frozen=True)
+class WorkerReport:
+    """A user error raised in a spawned worker: its class name (a key of ``errors.KINDS``), message and rank."""
 
+    kind: str
+    message: str
+    rank: int
 
-def check_launch(config: Config) -> None:
-    """Refuse launch settings that would crash or hang later, with a message saying what to do instead."""
-    if started_by_torchrun():
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        if config.nproc_per_node is not None:
-            raise UserError(
-                f"nproc_per_node={config.nproc_per_node} cannot be used under torchrun, which already started "
-                f"{world_size} processes: drop --nproc_per_node (torchrun's own --nproc_per_node sets it)"
-            )
-        if config.backend is None and world_size > 1:
-            raise UserError(
-                f"torchrun started {world_size} processes but backend is None: add --backend=gloo (CPU) or nccl (GPU)"
-            )
-    init_file = Path(config.init_method.removeprefix("file://"))
-    single_node_spawn = config.nproc_per_node is not None and (config.nnodes or 1) == 1
-    if config.init_method.startswith("file://") and single_node_spawn and init_file.exists():
-        raise UserError(
-            f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
-            "torch needs a new, empty file for every run: delete it or choose another name"
-        )
-    if config.backend is not None and config.nproc_per_node is not None and torch.cuda.is_available():
-        if config.nproc_per_node > torch.cuda.device_count():
-            raise UserError(
-                f"nproc_per_node={config.nproc_per_node} is more than the {torch.cuda.device_count()} visible GPUs: "
-                "to run several replicas per GPU, start them with srun or torchrun and --backend=gloo "
-                "(see scripts/slurm/shared_gpu.sbatch)"
-            )
-    if config.backend == "nccl" and not torch.cuda.is_available():
-        raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
-    if config.backend == "xla-tpu" and not idist.has_xla_support:
-        raise UserError("backend='xla-tpu' needs torch_xla, which is not installed (TPU runtimes provide it)")
-    if config.backend == "horovod" and not idist.has_hvd_support:
-        raise UserError("backend='horovod' needs horovod, which is not installed: pip install horovod")
+    def error(self) -> UserError:
+        return KINDS.get(self.kind, UserError)(self.message)
+
+    def write(self, exchange: Path) -> None:
+        (exchange / f"error-rank{self.rank}.json").write_text(json.dumps(asdict(self)))
+
+    @staticmethod
+    def read_all(exchange: Path) -> list[WorkerReport]:
+        """Every report, lowest rank first."""
+        reports = [WorkerReport(**json.loads(path.read_text())) for path in exchange.glob("error-rank*.json")]
+        return sorted(reports, key=lambda report: report.rank)
 
 
 def run(worker: Worker, config: Config) -> dict[str, Any]:
-    """Run ``worker(config)`` in every process; return rank 0's result (in the calling process).
+    """Run ``worker(config)`` in every process; return rank 0's result (in the calling process; {} elsewhere).
 
-    Spawning goes through ``idist.spawn``, no-backend runs through ``idist.Parallel``; a process started by
-    torchrun/srun joins the process group with ``idist.initialize`` itself, because Parallel passes no timeout there.
+    The config has been checked (``checks.check_before_launch``) by the caller.
     """
     xla_compat.apply()  # no-op without torch_xla
-    check_launch(config)
     if config.deterministic:  # read when cuBLAS starts: before any process touches CUDA
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     tracking.quiet_ignite_loggers()
-    native_options = _native_options(config)
-    with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as exchange:
-        if config.backend is not None and config.nproc_per_node is not None:
-            _spawn(worker, config, exchange, native_options)
+    with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as folder, caller_state_kept():
+        exchange = Path(folder)
+        if config.backend in NATIVE_BACKENDS and config.nproc_per_node is not None:
+            _spawn(worker, config, exchange)
+        elif config.backend is not None and config.nproc_per_node is not None:
+            idist.spawn(config.backend, _process_entry, args=(worker, config, exchange),
+                        nproc_per_node=config.nproc_per_node)  # xla-tpu, horovod: Ignite's own spawning
         elif config.backend is not None:
-            with _torchrun_over_slurm(), _gpus_shared_by_local_ranks():
-                idist.initialize(config.backend, **native_options)
-            try:
-                _process_entry(idist.get_local_rank(), worker, config, exchange, False)
-            finally:
-                idist.finalize()
+            _join_started_processes(worker, config, exchange)
         else:
             with idist.Parallel(backend=None) as parallel:
-                parallel.run(_process_entry, worker, config, exchange, False)
-        result_path = Path(exchange) / RESULT_FILE
+                parallel.run(_process_entry, worker, config, exchange)
+        result_path = exchange / RESULT_FILE
         return json.loads(result_path.read_text()) if result_path.is_file() else {}
 
 
 @contextlib.contextmanager
+def caller_state_kept() -> Iterator[None]:
+    """Restore what a run changes in its process: torch threads, deterministic algorithms, cuDNN flags."""
+    threads = torch.get_num_threads()
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+def _join_started_processes(worker: Worker, config: Config, exchange: Path) -> None:
+    """A process started by torchrun/srun: join the process group itself (Parallel passes no timeout there)."""
+    with _torchrun_over_slurm(), _gpus_shared_by_local_ranks():
+        idist.initialize(config.backend, **_native_options(config))
+    try:
+        _process_entry(idist.get_local_rank(), worker, config, exchange)
+    finally:
+        idist.finalize()
+
+
+@contextlib.contextmanager
 def _torchrun_over_slurm() -> Iterator[None]:
-    """Under torchrun inside a Slurm job, torchrun's RANK/WORLD_SIZE are the truth: Ignite would instead
-    insist they equal SLURM_PROCID/SLURM_NTASKS (one srun task per node runs torchrun) and refuse to start."""
-    hidden = os.environ.pop("SLURM_JOB_ID", None) if started_by_torchrun() else None
+    """Under torchrun (or our own spawning) inside a Slurm job, RANK/WORLD_SIZE are the truth: Ignite would
+    instead insist they equal SLURM_PROCID/SLURM_NTASKS (one srun task per node runs torchrun) and refuse."""
+    hidden = os.environ.pop("SLURM_JOB_ID", None) if checks.started_by_torchrun() else None
     try:
         yield
     finally:
@@ -138,57 +144,48 @@ def _native_options(config: Config) -> dict[str, Any]:
     return {"timeout": timedelta(seconds=config.dist_timeout), "init_method": config.init_method}
 
 
-def _spawn(worker: Worker, config: Config, exchange: str, native_options: dict[str, Any]) -> None:
-    """Spawn nproc_per_node processes; turn their failures into one-line errors with the right exit code."""
-    stop_request = faults.StopRequest(forward_to_children=True)  # SIGTERM to this process reaches the workers
-    stop_request.install()
-    options = {key: value for key, value in {**_spawn_options(config), **native_options}.items() if value is not None}
-    try:
-        # idist.spawn rather than Parallel: Parallel's logger setup would start the XLA runtime in this process
-        idist.spawn(config.backend, _process_entry, args=(worker, config, exchange, True), **options)
-    except ProcessExitedException as error:
-        reported = _error_from_workers(Path(exchange))
-        if reported is not None:
-            raise reported from None
-        raise WorkerLost(
-            f"worker process {error.error_index} (local rank) {_describe_exit(error)}; the others were stopped: "
-            "rerun with --resume_from=auto and the same run_name to continue from the last checkpoint"
-        ) from None
-    except ProcessRaisedException:
-        reported = _error_from_workers(Path(exchange))
-        if reported is None:
-            raise
-        raise reported from None
-    finally:
-        for stop_signal in faults.STOP_SIGNALS:
-            signal.signal(stop_signal, signal.SIG_DFL)
+# ---------------------------------------------------------------- spawning and supervising gloo/nccl workers
 
 
-def _describe_exit(error: ProcessExitedException) -> str:
-    if error.signal_name:
-        return f"was killed by {error.signal_name}"
-    return f"exited with code {error.exit_code}"
+def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
+    """Start nproc_per_node workers, each joining the group like a torchrun process, and supervise them.
+
+    SIGTERM/SIGUSR1 to this process are passed on to the workers (they agree on a checkpoint and stop).
+    """
+    environment = _spawn_environment(config)
+    start_method = "fork" if "__IPYTHON__" in builtins.__dict__ else "spawn"  # a notebook's functions stay reachable
+    context = torch.multiprocessing.start_processes(
+        _spawned_entry, args=(worker, config, exchange, environment), nprocs=config.nproc_per_node, join=False,
+        start_method=start_method,
+    )
+    with faults.StopRequest(forward_to=context.pids):
+        _supervise(context, config, exchange)
 
 
-def _spawn_options(config: Config) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "nproc_per_node": config.nproc_per_node,
-        "nnodes": config.nnodes,
-        "node_rank": config.node_rank,
-        "master_addr": config.master_addr,
-        "master_port": config.master_port,
-    }
-    first_node = (config.node_rank or 0) == 0
-    if config.init_method != "env://":
-        return options  # file://: Ignite refuses master_addr/master_port next to it
-    if config.master_port is None and (config.nnodes or 1) == 1 and "MASTER_PORT" not in os.environ:
-        options["master_port"] = free_port()  # Ignite's fixed default (2222) collides between concurrent runs
-    elif config.master_port is not None and first_node and not port_is_free(config.master_port):
+def _spawn_environment(config: Config) -> dict[str, str]:
+    """What torchrun would set for the workers (RANK and LOCAL_RANK are added per worker)."""
+    nproc, nnodes = config.nproc_per_node or 1, config.nnodes or 1
+    environment = {"WORLD_SIZE": str(nproc * nnodes), "LOCAL_WORLD_SIZE": str(nproc),
+                   "GROUP_RANK": str(config.node_rank or 0)}
+    if config.init_method == "env://":
+        environment["MASTER_ADDR"] = config.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        environment["MASTER_PORT"] = str(_master_port(config))
+    return environment
+
+
+def _master_port(config: Config) -> int:
+    if config.master_port is None and "MASTER_PORT" in os.environ:
+        return int(os.environ["MASTER_PORT"])
+    if config.master_port is None:
+        if (config.nnodes or 1) > 1:
+            raise UserError("nnodes > 1 needs master_port: a free TCP port on node 0")
+        return free_port()  # a fixed default would collide between concurrent runs
+    if (config.node_rank or 0) == 0 and not port_is_free(config.master_port):
         raise UserError(
             f"master_port={config.master_port} is already in use on this machine: "
             "choose another port, or leave master_port unset on a single node (a free one is picked)"
         )
-    return options
+    return config.master_port
 
 
 def free_port() -> int:
@@ -206,46 +203,72 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: str, spawned: bool) -> None:
+def _spawned_entry(local_rank: int, worker: Worker, config: Config, exchange: Path, environment: dict) -> None:
+    """A spawned worker: the environment torchrun would give it, then the torchrun path."""
+    rank = int(environment["GROUP_RANK"]) * int(environment["LOCAL_WORLD_SIZE"]) + local_rank
+    os.environ.update(environment, RANK=str(rank), LOCAL_RANK=str(local_rank))
+    _join_started_processes(worker, config, exchange)
+
+
+def _supervise(context: Any, config: Config, exchange: Path) -> None:
+    """Wait for the workers; when one fails, stop the others (STOP_GRACE_SECONDS, then SIGTERM, then SIGKILL)
+    and raise the error it reported, or say how it died."""
+    try:
+        while not context.join(timeout=1.0, grace_period=STOP_GRACE_SECONDS):
+            pass
+    except (ProcessExitedException, ProcessRaisedException) as failure:
+        raise _explain_failure(failure, context.pids(), config, exchange) from failure
+
+
+def _explain_failure(failure: Exception, pids: list[int], config: Config, exchange: Path) -> BaseException:
+    reports = WorkerReport.read_all(exchange)
+    rerun = f"rerun with --resume_from=auto --run_name={config.run_name or 'NAME'} to continue from the last checkpoint"
+    first = reports[0] if reports else None
+    if first is not None and first.kind == PeerSilent.__name__:
+        offset = (config.node_rank or 0) * len(pids)
+        silent = [f"rank {offset + index} (pid {pid})" for index, pid in enumerate(pids)
+                  if offset + index not in {report.rank for report in reports}]
+        who = ", ".join(silent) if silent else "a process on another node"
+        return PeerSilent(f"{who} stopped answering: {first.message}; the others were stopped: {rerun}")
+    if first is not None:
+        return first.error()
+    if isinstance(failure, ProcessExitedException):
+        how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
+        return WorkerLost(f"worker process {failure.error_index} (local rank) {how}; the others were stopped: {rerun}")
+    return failure  # a bug in a worker: its traceback is in the message
+
+
+def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Path) -> None:
     """Runs in every process: set CPU threads, call the worker, hand rank 0's result or any user error back."""
-    configure_cpu_threads(spawned)
+    configure_cpu_threads()
     try:
         result = worker(config)
     except UserError as error:
-        if spawned:
-            report = {"kind": type(error).__name__, "message": str(error)}
-            (Path(exchange) / f"error-rank{idist.get_rank()}.json").write_text(json.dumps(report))
+        WorkerReport(type(error).__name__, str(error), idist.get_rank()).write(exchange)
         raise
-    if idist.get_rank() == 0:
-        (Path(exchange) / RESULT_FILE).write_text(json.dumps(result))
+    except Exception as error:
+        if not faults.is_collective_timeout(error):
+            raise
+        silent = faults.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
+        WorkerReport(type(silent).__name__, str(silent), idist.get_rank()).write(exchange)
+        raise silent from error
+    tracking.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
 
 
-def _error_from_workers(exchange: Path) -> UserError | None:
-    """The user error a spawned worker reported (the lowest rank's), rebuilt with its class and exit code."""
-    reports = sorted(exchange.glob("error-rank*.json"), key=lambda path: int(path.stem.removeprefix("error-rank")))
-    if not reports:
-        return None
-    report = json.loads(reports[0].read_text())
-    kinds = {kind.__name__: kind for kind in (UserError, TrainingDiverged, Preempted, WorkerLost)}
-    return kinds.get(report["kind"], UserError)(report["message"])
-
-
-def configure_cpu_threads(spawned: bool) -> None:
+def configure_cpu_threads() -> None:
     """On CPU, share this launch's cores among its processes unless OMP_NUM_THREADS says otherwise."""
     if "OMP_NUM_THREADS" in os.environ or idist.device().type != "cpu":
         return
-    torch.set_num_threads(cpu_threads_per_process(spawned))
+    torch.set_num_threads(cpu_threads_per_process())
 
 
-def cpu_threads_per_process(spawned: bool) -> int:
+def cpu_threads_per_process() -> int:
     """Cores per process: a Slurm task's SLURM_CPUS_PER_TASK shared by the processes started inside that task
-    (spawned or by torchrun; an srun task is one process), else this machine's cores over the local processes."""
+    (spawned or by torchrun, which set LOCAL_WORLD_SIZE; an srun task is one process), else this machine's
+    cores over the local processes."""
     slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm_cpus and slurm_cpus.isdigit() and "SLURM_PROCID" in os.environ:
-        if spawned:
-            sharing = idist.get_nproc_per_node()
-        else:
-            sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun sets it; srun starts one per task
-        return max(1, int(slurm_cpus) // sharing)
+        return max(1, int(slurm_cpus) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // max(1, idist.get_nproc_per_node()))
+

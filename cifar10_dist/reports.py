@@ -1,5 +1,6 @@
 """Reading a run folder back: metrics.jsonl -> curves, summary.json, comparison tables and plots,
-and the confusion-matrix picture of ``evaluate``. Plots are drawn with matplotlib's Agg backend (no display)."""
+and the confusion-matrix picture of ``evaluate``. Plots are drawn on matplotlib Figures directly (no pyplot),
+so the caller's matplotlib backend and open figures are left alone."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
             continue
         record = json.loads(line)
         if record["event"] == "epoch":
+            record.setdefault("epoch_loss", record.get("train_loss"))  # its name in older run folders
             epochs[record["epoch"]] = record
         else:
             evaluations[(record["split"], record["epoch"])] = record
@@ -80,6 +82,18 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
         "checkpoints": sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         "best_models": sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
     }
+
+
+def final_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The headline numbers of a finished run for TensorBoard's HParams tab: final/<split>_accuracy and _loss,
+    best/<split>_accuracy."""
+    scalars = {}
+    for split, metrics in summary.get("final", {}).items():
+        scalars[f"final/{split}_accuracy"] = metrics["accuracy"]
+        scalars[f"final/{split}_loss"] = metrics["loss"]
+    if summary.get("best"):
+        scalars[f"best/{summary['best']['split']}_accuracy"] = summary["best"]["accuracy"]
+    return scalars
 
 
 def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
@@ -145,13 +159,10 @@ def _mean_std(values: Sequence[float], digits: int) -> str:
     return f"{statistics.fmean(values):.{digits}f}+-{spread:.{digits}f}"
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(figsize=(width, height))
 
 
 SPLIT_COLOURS = {"training": "tab:gray", "train_subset": "tab:blue", "val": "tab:orange", "test": "tab:red"}
@@ -160,9 +171,9 @@ SPLIT_COLOURS = {"training": "tab:gray", "train_subset": "tab:blue", "val": "tab
 def render_curves(run_dir: Path, path: Path) -> None:
     """Loss and accuracy against epoch: the epoch's mean training loss, and each evaluated split."""
     epochs, evaluations = read_metrics(run_dir)
-    plt = _pyplot()
-    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_axes.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], "o--",
+    figure = _figure(10, 4)
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o--",
                    color=SPLIT_COLOURS["training"], label="training batches (augmented)")
     splits = {e["split"] for e in evaluations}
     for split in sorted(splits):
@@ -180,8 +191,7 @@ def render_curves(run_dir: Path, path: Path) -> None:
         axes.legend()
     figure.suptitle(run_dir.name, fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    figure.savefig(path, dpi=100, format="png")
 
 
 def compare(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
@@ -226,12 +236,12 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
     """Accuracy on the selection split and running train loss of several runs, overlaid."""
-    plt = _pyplot()
-    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    figure = _figure(10, 4)
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
     for run_dir in run_dirs:
         epochs, evaluations = read_metrics(run_dir)
         selection, points, _ = selection_split(evaluations)
-        loss_axes.plot([e["epoch"] for e in epochs], [e["train_loss"] for e in epochs], "o-", label=run_dir.name)
+        loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o-", label=run_dir.name)
         accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
                            label=f"{run_dir.name} ({selection})")
     for axes, name in ((loss_axes, "training loss (epoch mean)"), (accuracy_axes, "accuracy")):
@@ -241,14 +251,13 @@ def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
         axes.grid(alpha=0.3)
         axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    figure.savefig(path, dpi=100, format="png")
 
 
 def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str) -> None:
     """The confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(7, 6))
+    figure = _figure(7, 6)
+    axes = figure.subplots()
     image = axes.imshow(matrix, cmap="Blues")
     figure.colorbar(image, ax=axes)
     names = CLASSES if len(matrix) == len(CLASSES) else [str(i) for i in range(len(matrix))]
@@ -263,5 +272,4 @@ def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str) ->
                       color="white" if count > peak / 2 else "black")
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    figure.savefig(path, dpi=100, format="png")

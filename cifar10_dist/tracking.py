@@ -1,11 +1,18 @@
-"""Everything rank 0 reports: log lines, the run folder, TensorBoard, metrics.jsonl, ClearML.
-Other ranks only log warnings.
+"""Everything rank 0 reports and writes: log lines, the run folder and its files, TensorBoard, metrics.jsonl,
+ClearML. Other ranks only log warnings.
 
-This module is the one seam for rank-0-only work: callers never test the rank themselves.
+This module is the one seam for rank-0-only work: ``on_rank_zero`` and ``from_rank_zero`` are the only places
+that test the rank; callers elsewhere never do.
+
+One name per quantity, the same in TensorBoard, ClearML (title/series) and metrics.jsonl (event/key):
+``training/batch_loss`` and ``training/lr`` every log_every_iters iterations; ``training/epoch_loss``,
+``training/epoch_time``, ``training/images_per_second`` per epoch (metrics.jsonl: ``"event": "epoch"``);
+``<split>/accuracy``, ``<split>/loss``, ``<split>/duration`` per evaluation (``"event": "evaluation"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,17 +21,19 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import ignite
 import ignite.distributed as idist
 import torch
+import yaml
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import UserError
+from cifar10_dist import faults
+from cifar10_dist.errors import KINDS, UserError
 
 logger = logging.getLogger("cifar10_dist")
-
+T = TypeVar("T")
 
 QUIET_IGNITE_LOGGERS = (
     "ignite.distributed.auto.auto_dataloader",
@@ -32,6 +41,35 @@ QUIET_IGNITE_LOGGERS = (
     "ignite.distributed.launcher.Parallel",
     "ignite.distributed.utils",
 )
+
+
+# ---------------------------------------------------------------- the rank seam
+
+
+def on_rank_zero(action: Callable[..., T], *args: Any) -> T | None:
+    """``action(*args)`` on rank 0 only; None on the other ranks."""
+    return action(*args) if idist.get_rank() == 0 else None
+
+
+def from_rank_zero(compute: Callable[..., Any], *args: Any) -> Any:
+    """``compute(*args)`` on rank 0, its JSON-able result handed to every rank (all ranks must call this).
+    A UserError raised by ``compute`` is raised on every rank, so all of them stop with the same message."""
+    outcome: dict[str, Any] = {}
+    if idist.get_rank() == 0:
+        try:
+            outcome = {"value": compute(*args)}
+        except UserError as error:
+            if idist.get_world_size() == 1:
+                raise
+            outcome = {"error": type(error).__name__, "message": str(error)}
+    if idist.get_world_size() > 1:
+        outcome = json.loads(idist.broadcast(json.dumps(outcome), src=0, safe_mode=True))
+    if "error" in outcome:
+        raise KINDS.get(outcome["error"], UserError)(outcome["message"])
+    return outcome["value"]
+
+
+# ---------------------------------------------------------------- logging
 
 
 def quiet_ignite_loggers() -> None:
@@ -43,42 +81,61 @@ def quiet_ignite_loggers() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def setup_logging() -> None:
-    """INFO on rank 0, WARNING elsewhere, one handler on stderr for the package's loggers."""
+@contextlib.contextmanager
+def package_logging() -> Iterator[None]:
+    """INFO on rank 0, WARNING elsewhere, on stderr, for the package's loggers, while the run lasts.
+
+    A ``cifar10_dist`` logger that the caller configured (it has handlers) is left exactly as it is; otherwise
+    the handler, level and propagation set here are undone at the end, so an in-process run (notebook, Python
+    API) leaves the caller's logging as it found it.
+    """
     quiet_ignite_loggers()
+    if logger.handlers:
+        yield
+        return
     rank = idist.get_rank()
-    logger.handlers.clear()
     handler = logging.StreamHandler(sys.stderr)
     prefix = f"[rank {rank}] " if idist.get_world_size() > 1 and rank > 0 else ""
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
+    level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.propagate = False
-
-
-def is_main_process() -> bool:
-    return idist.get_rank() == 0
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
     """Versions, device, distributed setting and the resolved config."""
     logger.info(
         "python %s, torch %s, pytorch-ignite %s, device %s, %d CPU threads per process",
-        platform.python_version(),
-        torch.__version__,
-        ignite.__version__,
-        device,
-        torch.get_num_threads(),
+        platform.python_version(), torch.__version__, ignite.__version__, device, torch.get_num_threads(),
     )
     if idist.get_world_size() > 1:
         logger.info(
             "distributed: backend %s, world size %d, %d processes per node, %d nodes",
-            idist.backend(),
-            idist.get_world_size(),
-            idist.get_nproc_per_node(),
-            idist.get_nnodes(),
+            idist.backend(), idist.get_world_size(), idist.get_nproc_per_node(), idist.get_nnodes(),
         )
     logger.info("config: %s", ", ".join(f"{key}={value}" for key, value in config.items()))
+
+
+def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float) -> None:
+    logger.info("epoch %d %s: accuracy %.4f, loss %.4f on %d images (%.1f s)",
+                epoch, split, metrics["accuracy"], metrics["loss"], metrics["num_samples"], seconds)
+
+
+def log_peak_memory() -> None:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    logger.info("peak resident memory %.0f MiB (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+# ---------------------------------------------------------------- the run folder and its files
 
 
 def default_run_name(model: str, backend: str | None, world_size: int) -> str:
@@ -88,20 +145,59 @@ def default_run_name(model: str, backend: str | None, world_size: int) -> str:
 
 def create_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None) -> Path:
     """Rank 0 chooses and creates the run folder; every rank gets the same path back (or the same error)."""
-    outcome = ""
-    if is_main_process():
+
+    def create() -> str:
         name = run_name or default_run_name(model, backend, idist.get_world_size())
+        folder = Path(output_path) / name
         try:
-            (Path(output_path) / name).mkdir(parents=True, exist_ok=True)
-            outcome = "ok:" + name
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            outcome = f"error:output_path='{output_path}' is not writable ({error.strerror})"
-    if idist.get_world_size() > 1:
-        outcome = idist.broadcast(outcome, src=0, safe_mode=True)
-    status, _, detail = outcome.partition(":")
-    if status == "error":
-        raise UserError(detail)
-    return Path(output_path) / detail
+            raise UserError(f"output_path='{output_path}' is not writable: {error.strerror} ({error.filename})") from error
+        return name
+
+    return Path(output_path) / from_rank_zero(create)
+
+
+def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:
+    """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
+    or absent. A full disk or a read-only folder ends the run with one line (``faults.OutputNotWritable``) and
+    leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with faults.writing(path):
+        try:
+            if callable(content):
+                content(temporary)
+            elif isinstance(content, bytes):
+                temporary.write_bytes(content)
+            else:
+                temporary.write_text(content)
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, content: Any) -> None:
+    write_file(path, json.dumps(content, indent=2) + "\n")
+
+
+def write_yaml(path: Path, content: Mapping[str, Any]) -> None:
+    write_file(path, yaml.safe_dump(dict(content), sort_keys=False))
+
+
+def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: Mapping[str, Any],
+                    held_out_indices: list[int] | None) -> None:
+    """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
+
+    def write() -> None:
+        write_yaml(run_dir / "config.yaml", config)
+        write_json(run_dir / "provenance.json", provenance)
+        if held_out_indices is not None:
+            write_json(run_dir / "held_out_indices.json", held_out_indices)
+
+    on_rank_zero(write)
+
+
+# ---------------------------------------------------------------- progress on the console
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
@@ -109,12 +205,16 @@ def current_lr(optimizer: torch.optim.Optimizer) -> float:
 
 
 def attach_progress_logging(
-    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, batch_size: int, num_epochs: int
+    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, images_per_iteration: int, num_epochs: int
 ) -> None:
     """Rank 0: a progress bar per epoch on a terminal, else a line every ``log_every`` iterations (loss,
-    learning rate, global images/s, ETA of the run); the duration of each epoch either way."""
-    if not is_main_process():
-        return
+    learning rate, global images/s, ETA of the run); the duration of each epoch either way.
+    ``images_per_iteration`` is what all processes together train on per step."""
+    on_rank_zero(_attach_progress, trainer, optimizer, log_every, images_per_iteration, num_epochs)
+
+
+def _attach_progress(trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, images_per_iteration: int,
+                     num_epochs: int) -> None:
     if sys.stderr.isatty():
         from ignite.handlers import ProgressBar
 
@@ -122,17 +222,17 @@ def attach_progress_logging(
             trainer, output_transform=lambda loss: {"loss": loss, "lr": current_lr(optimizer)}
         )
     else:
-        _attach_progress_lines(trainer, optimizer, log_every, batch_size, num_epochs)
+        _attach_progress_lines(trainer, optimizer, log_every, images_per_iteration, num_epochs)
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def log_epoch_time(engine: Engine) -> None:
         seconds = engine.state.times.get("EPOCH_COMPLETED") or 0.0
-        images = (engine.state.epoch_length or 0) * batch_size
+        images = (engine.state.epoch_length or 0) * images_per_iteration
         logger.info("epoch %d done in %.1f s (%.0f img/s)", engine.state.epoch, seconds, images / max(seconds, 1e-9))
 
 
 def _attach_progress_lines(
-    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, batch_size: int, num_epochs: int
+    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, images_per_iteration: int, num_epochs: int
 ) -> None:
     timing = {"iteration": 0, "time": time.perf_counter()}
 
@@ -150,14 +250,8 @@ def _attach_progress_lines(
         remaining = num_epochs * epoch_length - engine.state.iteration
         logger.info(
             "epoch %d/%d iter %d/%d: loss %.4f, lr %.4g, %.0f img/s, ETA %s",
-            engine.state.epoch,
-            num_epochs,
-            in_epoch,
-            epoch_length,
-            engine.state.output,
-            current_lr(optimizer),
-            batch_size / max(seconds_per_iteration, 1e-9),
-            format_duration(remaining * seconds_per_iteration),
+            engine.state.epoch, num_epochs, in_epoch, epoch_length, engine.state.output, current_lr(optimizer),
+            images_per_iteration / max(seconds_per_iteration, 1e-9), format_duration(remaining * seconds_per_iteration),
         )
 
 
@@ -167,45 +261,79 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float) -> None:
-    logger.info(
-        "epoch %d %s: accuracy %.4f, loss %.4f on %d images (%.1f s)",
-        epoch,
-        split,
-        metrics["accuracy"],
-        metrics["loss"],
-        metrics["num_samples"],
-        seconds,
-    )
+# ---------------------------------------------------------------- scalars: TensorBoard, ClearML, metrics.jsonl
 
 
-def log_peak_memory() -> None:
-    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
-    import resource
+class ClearML:
+    """ClearML tracking (rank 0; ``with_clearml``): a task named after the run folder with the resolved config
+    connected; scalars arrive through ``Recorder`` only (ClearML's own TensorBoard capture is off, so each
+    quantity arrives once), checkpoints through Ignite's ClearMLSaver. ``clearml_offline`` (or ClearML's own
+    CLEARML_OFFLINE_MODE=1) records the session locally."""
 
-    logger.info("peak resident memory %.0f MiB (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
+        self.logger: Any = None
+        self.task: Any = None
+        self.enabled = bool(config["with_clearml"])
+        if self.enabled:
+            on_rank_zero(self._start, config, run_dir)
+
+    def _start(self, config: Mapping[str, Any], run_dir: Path) -> None:
+        from clearml import Task
+        from ignite.handlers.clearml_logger import ClearMLLogger
+
+        if config["clearml_offline"]:
+            Task.set_offline(offline_mode=True)
+        self.logger = ClearMLLogger(project_name=config["clearml_project"], task_name=run_dir.name,
+                                    auto_connect_frameworks={"tensorboard": False, "matplotlib": False})
+        self.task = Task.current_task()  # the task ClearMLLogger just started
+        self.task.connect(dict(config), name="config")
+
+    def saver(self, run_dir: Path) -> Any:
+        """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""
+        from ignite.handlers.clearml_logger import ClearMLSaver
+
+        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True)
+
+    def report_scalar(self, tag: str, value: float, step: int) -> None:
+        if self.task is not None:
+            title, series = tag.split("/", 1)
+            self.task.get_logger().report_scalar(title=title, series=series, value=value, iteration=step)
+
+    def offline_folder(self) -> str | None:
+        if self.task is None or not self.task.is_offline():
+            return None
+        return str(self.task.get_offline_mode_folder())
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
 
 
 class Recorder:
-    """Rank 0's record of a run: TensorBoard scalars and metrics.jsonl (a no-op on the other ranks).
+    """Rank 0's record of a run: TensorBoard, ClearML (when on) and metrics.jsonl, from one source, one name
+    per quantity (see the module docstring); a no-op on the other ranks.
 
-    metrics.jsonl gets one line per epoch (``"event": "epoch"``: lr, mean training loss of the epoch on rank 0,
-    ``epoch_time`` =
-    seconds of training in the epoch, evaluation excluded, images/s) and one per evaluation
-    (``"event": "evaluation"``: split, accuracy, loss, num_samples, ``duration``). A resumed run appends;
-    a later line for the same epoch (and split) supersedes an earlier one.
+    metrics.jsonl gets one line per epoch (``"event": "epoch"``: lr, epoch_loss = mean training loss of the
+    epoch on rank 0, epoch_time = seconds of training, evaluation excluded, images_per_second) and one per
+    evaluation (``"event": "evaluation"``: split, accuracy, loss, num_samples, duration). A resumed run
+    appends; a later line for the same epoch (and split) supersedes an earlier one.
     """
 
-    def __init__(self, run_dir: Path) -> None:
-        self.writer = None
+    def __init__(self, run_dir: Path, clearml: ClearML | None = None) -> None:
+        self.run_dir = run_dir
+        self.clearml = clearml
+        self.writer: Any = None
         self.lines = run_dir / "metrics.jsonl"
-        self.running_loss: float | None = None
-        if is_main_process():
-            from torch.utils.tensorboard import SummaryWriter
+        on_rank_zero(self._open)
 
-            self.writer = SummaryWriter(log_dir=str(run_dir))
+    def _open(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
 
-    def attach_training(self, trainer: Engine, optimizer: torch.optim.Optimizer, every: int, batch_size: int) -> None:
+        with self._writing_events():
+            self.writer = SummaryWriter(log_dir=str(self.run_dir))
+
+    def attach_training(self, trainer: Engine, optimizer: torch.optim.Optimizer, every: int,
+                        images_per_iteration: int) -> None:
         if self.writer is None:
             return
         started = {"iteration": 0}
@@ -217,97 +345,74 @@ class Recorder:
             epoch_losses.clear()
 
         @trainer.on(Events.ITERATION_COMPLETED)
-        def average_loss(engine: Engine) -> None:
-            loss = float(engine.state.output)
-            epoch_losses.append(loss)
-            self.running_loss = loss if self.running_loss is None else 0.98 * self.running_loss + 0.02 * loss
+        def collect_loss(engine: Engine) -> None:
+            epoch_losses.append(float(engine.state.output))
 
         @trainer.on(Events.ITERATION_COMPLETED(every=every))
-        def write_loss(engine: Engine) -> None:
-            self.writer.add_scalar("training/loss", self.running_loss, engine.state.iteration)
-            self.writer.add_scalar("training/lr", current_lr(optimizer), engine.state.iteration)
+        def write_batch(engine: Engine) -> None:
+            self._scalars("training", {"batch_loss": engine.state.output, "lr": current_lr(optimizer)},
+                          engine.state.iteration)
 
         @trainer.on(Events.EPOCH_COMPLETED)
         def write_epoch(engine: Engine) -> None:
             seconds = engine.state.times.get("EPOCH_COMPLETED") or 0.0
-            speed = (engine.state.iteration - started["iteration"]) * batch_size / max(seconds, 1e-9)
-            self.writer.add_scalar("training/epoch_time", seconds, engine.state.epoch)
-            self.writer.add_scalar("training/images_per_second", speed, engine.state.epoch)
+            speed = (engine.state.iteration - started["iteration"]) * images_per_iteration / max(seconds, 1e-9)
+            values = {"epoch_loss": sum(epoch_losses) / max(len(epoch_losses), 1), "epoch_time": seconds,
+                      "images_per_second": speed}
+            self._scalars("training", values, engine.state.epoch)
             self._append({"event": "epoch", "epoch": engine.state.epoch, "iteration": engine.state.iteration,
-                          "lr": current_lr(optimizer), "train_loss": sum(epoch_losses) / max(len(epoch_losses), 1),
-                          "epoch_time": seconds,
-                          "images_per_second": speed})
+                          "lr": current_lr(optimizer), **values})
 
     def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float) -> None:
         if self.writer is None:
             return
-        for name in ("accuracy", "loss"):
-            self.writer.add_scalar(f"{split}/{name}", metrics[name], epoch)
-        self.writer.add_scalar(f"{split}/duration", seconds, epoch)
-        self.writer.flush()
+        self._scalars(split, {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "duration": seconds}, epoch)
         self._append({"event": "evaluation", "split": split, "epoch": epoch, "iteration": iteration,
                       "accuracy": metrics["accuracy"], "loss": metrics["loss"],
                       "num_samples": metrics["num_samples"], "duration": seconds})
 
+    def write_hparams(self, config: Mapping[str, Any], final: Mapping[str, float]) -> None:
+        """The config as hyperparameters and the final metrics, for TensorBoard's HParams tab."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+                  for key, value in config.items()}
+        with self._writing_events():
+            for summary in hparams(values, dict(final)):
+                self.writer._get_file_writer().add_summary(summary)
+            for name, value in final.items():
+                self.writer.add_scalar(name, value)
+            self.writer.flush()
+
+    def _scalars(self, group: str, values: Mapping[str, float], step: int) -> None:
+        with self._writing_events():
+            for name, value in values.items():
+                self.writer.add_scalar(f"{group}/{name}", value, step)
+                if self.clearml is not None:
+                    self.clearml.report_scalar(f"{group}/{name}", value, step)
+            self.writer.flush()
+
+    def _writing_events(self) -> contextlib.AbstractContextManager:
+        events = sorted(self.run_dir.glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime)
+        return faults.writing(events[-1] if events else self.run_dir / "events.out.tfevents.*")
+
     def _append(self, line: Mapping[str, Any]) -> None:
-        with self.lines.open("a") as stream:
-            stream.write(json.dumps(line) + "\n")
+        """Append one line; after a failed write the file is cut back to its earlier length (no partial line)."""
+        data = memoryview((json.dumps(line) + "\n").encode())
+        with faults.writing(self.lines), self.lines.open("ab", buffering=0) as stream:
+            length = stream.seek(0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[stream.write(data):]
+            except OSError:
+                stream.truncate(length)
+                raise
 
     def close(self) -> None:
+        """Flush and close TensorBoard; raises OutputNotWritable if the last events cannot be written."""
         if self.writer is not None:
-            self.writer.close()
-
-
-class ClearML:
-    """ClearML tracking through Ignite's handlers (rank 0; ``with_clearml``): the task is named after the run
-    folder, the resolved config is connected, scalars are reported and checkpoints go through ClearMLSaver.
-    ``clearml_offline`` (or ClearML's own CLEARML_OFFLINE_MODE=1) records the session locally."""
-
-    def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
-        self.logger = None
-        self.task = None
-        self.enabled = bool(config["with_clearml"])
-        if not self.enabled or not is_main_process():
-            return
-        from clearml import Task
-        from ignite.handlers.clearml_logger import ClearMLLogger
-
-        if config["clearml_offline"]:
-            Task.set_offline(offline_mode=True)
-        self.logger = ClearMLLogger(project_name=config["clearml_project"], task_name=run_dir.name)
-        self.task = Task.current_task()  # the task ClearMLLogger just started
-        self.task.connect(dict(config), name="config")
-
-    def saver(self, run_dir: Path) -> Any:
-        """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""
-        from ignite.handlers.clearml_logger import ClearMLSaver
-
-        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True)
-
-    def attach(self, trainer: Engine, optimizer: torch.optim.Optimizer, evaluators: Mapping[str, Engine], every: int) -> None:
-        if self.logger is None:
-            return
-        from ignite.handlers import global_step_from_engine
-
-        every_n = Events.ITERATION_COMPLETED(every=every)
-        self.logger.attach_output_handler(trainer, every_n, tag="training", output_transform=lambda loss: {"batch_loss": loss})
-        self.logger.attach_opt_params_handler(trainer, every_n, optimizer=optimizer, param_name="lr")
-        for split, evaluator in evaluators.items():
-            self.logger.attach_output_handler(evaluator, Events.COMPLETED, tag=split, metric_names=["accuracy", "loss"],
-                                              global_step_transform=global_step_from_engine(trainer))
-
-    def offline_folder(self) -> str | None:
-        if self.logger is None or not self.task.is_offline():
-            return None
-        return str(self.task.get_offline_mode_folder())
-
-    def close(self) -> None:
-        if self.logger is not None:
-            self.logger.close()
-
-
-def write_json(path: Path, content: Mapping[str, Any]) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
-    temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-    temporary.write_text(json.dumps(content, indent=2) + "\n")
-    temporary.replace(path)
+            writer, self.writer = self.writer, None
+            with self._writing_events():
+                writer.close()

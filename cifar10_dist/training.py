@@ -1,17 +1,18 @@
-"""The run itself: ``train`` and ``evaluate`` (Python API), and the per-process functions they launch.
+"""What runs inside each process: ``training`` (one of world_size training processes) and ``EvaluationWorker``.
 
-Read ``training`` top-down: it builds data, model, optimizer, engines and handlers, one call each, then runs.
+Read ``training`` top-down: each line builds one thing (data, model, optimisation, engines, run folder,
+checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it runs and reports.
+The Python API that launches these is in ``api``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,69 +22,98 @@ from ignite.engine import Engine, Events
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, launch, models, provenance, reports, tracking
-from cifar10_dist.config import Config, load_config, save_config
-from cifar10_dist.errors import UserError
+from cifar10_dist import checkpointing, data, engines, faults, models, provenance, reports, tracking
+from cifar10_dist.config import Config
+from cifar10_dist.errors import OutputNotWritable
+from cifar10_dist.results import RunResult, SplitMetrics
 
 logger = logging.getLogger("cifar10_dist")
 
 SYNTHETIC_SEED = 20240601  # the synthetic dataset is the same whatever the training seed
+WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
+FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
 
 
-# ---------------------------------------------------------------- Python API
+# ---------------------------------------------------------------- the training process
 
 
-def train(config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
-    """Train with the given YAML config file and overrides; return final metrics and the run folder.
-
-    Returns ``{"run_dir": str, "test": {"accuracy", "loss", "num_samples"}, "train": {...} or None,
-    "iterations": int, "epochs": int}`` (from rank 0; other torchrun ranks get ``{}``).
-    """
-    resolved = load_config(config, **overrides)
-    models.check_model_name(resolved.model)
-    if resolved.resume_from not in (None, "auto") and not Path(resolved.resume_from).is_file():
-        raise UserError(f"resume_from='{resolved.resume_from}' does not exist: give a training_checkpoint_*.pt file")
-    if resolved.seeds > 1:
-        return train_seeds(resolved)
-    return launch.run(training, resolved)
-
-
-def train_seeds(config: Config) -> dict[str, Any]:
-    """Train ``config.seeds`` times (seed, seed+1, ...) one after another; summarise the final metrics.
-
-    Returns ``{"runs": [{"seed", "run_dir", "test", ...}], "summary": {"test_accuracy": {"mean", "std", "min",
-    "max"}, ...}, "summary_file": str}``; the same is written to output_path/seeds_<run_name or time>.json.
-    """
-    runs = []
-    for seed in range(config.seed, config.seed + config.seeds):
-        run_name = f"{config.run_name}-seed{seed}" if config.run_name else None
-        result = launch.run(training, dataclasses.replace(config, seed=seed, seeds=1, run_name=run_name))
-        runs.append({"seed": seed, **result})
-    if not all(run.get("run_dir") for run in runs):
-        return {}  # a non-zero rank under torchrun: rank 0 reports
-    summary = reports.summarize_seeds(runs)
-    name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(config.output_path) / f"seeds_{name}.json"
-    tracking.write_json(path, {"config": config.to_dict(), "runs": runs, "summary": summary})
-    return {"runs": runs, "summary": summary, "summary_file": str(path)}
+def training(config: Config) -> dict[str, Any]:
+    """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
+    started = time.perf_counter()
+    with tracking.package_logging(), faults.StopRequest() as stop_request:
+        device = setup_process(config)
+        data_setup = setup_data(config, device)
+        network = setup_model(config, data_setup)
+        optimization = setup_optimization(config, network, data_setup, device)
+        engine_set = setup_engines(config, device, network, optimization, data_setup)
+        run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
+        tracking.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
+        clearml = tracking.ClearML(config.to_dict(), run_dir)
+        to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup,
+                                    stop_request)
+        recorder = setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup)
+        validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
+        engines.attach_validation(engine_set.trainer, config.validate_every, validation)
+        checkpointing.resume_if_asked(to_save, resume_path(config, run_dir))
+        logger.info("run folder: %s", run_dir)
+        result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, recorder)
+        tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml, recorder,
+                              time.perf_counter() - started)
+        recorder.close()
+        clearml.close()
+        tracking.log_peak_memory()
+        return result.to_dict()
 
 
-INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size", "tta")
+def setup_process(config: Config) -> torch.device:
+    """Device, seeds and the numerics settings of this process; logs the environment."""
+    device = idist.device()
+    tracking.log_environment(config.to_dict(), device)
+    manual_seed(config.seed)
+    if config.deterministic:
+        use_deterministic_algorithms()
+    configure_device_speed(config, device)
+    return device
 
 
-def evaluate(checkpoint: str | Path, config: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
-    """Test-set accuracy, loss and num_samples of a saved model (training checkpoint or best-model file).
-
-    The model and data keys recorded in the checkpoint are used unless given in ``overrides``.
-    """
-    recorded = checkpointing.checkpoint_config(checkpointing.load_checkpoint(checkpoint))
-    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
-    resolved = load_config(config, **{**inherited, **overrides})
-    models.check_model_name(resolved.model)
-    return launch.run(_EvaluationWorker(str(checkpoint)), resolved)
+# ---------------------------------------------------------------- data
 
 
-# ---------------------------------------------------------------- building blocks
+@dataclass
+class DataSetup:
+    """The images, their loaders and the numbers derived from them, the same on every rank."""
+
+    train: data.ImageSet  # the training images left after holding out
+    loaders: data.Loaders
+    split: str  # where the best model is chosen: "val" (held-out images) or "test"
+    held_out_indices: list[int] | None
+    provenance: dict[str, Any]
+    iterations_per_epoch: int
+    total_iterations: int
+    images_per_iteration: int  # what all processes together train on per step
+
+
+def setup_data(config: Config, device: torch.device) -> DataSetup:
+    train_set, test_set = load_datasets(config)
+    record = describe_run(config, train_set, test_set, device)
+    held_out = data.hold_out(train_set, config.val_split, config.val_seed)
+    train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
+    loaders = data.make_loaders(
+        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
+        train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
+    )
+    iterations_per_epoch = config.epoch_length or len(loaders.train)
+    images_per_iteration = loaders.train.batch_size * idist.get_world_size()
+    if images_per_iteration != config.batch_size:
+        tracking.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
+                              "%d per step", config.batch_size, idist.get_world_size(), loaders.train.batch_size,
+                              images_per_iteration)
+    return DataSetup(
+        train=held_out.train, loaders=loaders, split="val" if held_out.val is not None else "test",
+        held_out_indices=held_out.indices.tolist() if held_out.val is not None else None, provenance=record,
+        iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
+        images_per_iteration=images_per_iteration,
+    )
 
 
 def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
@@ -93,65 +123,99 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
     with idist.one_rank_first(local=True):
         folder = data.ensure_cifar10(Path(config.data_path), download=config.download)
     train_set, test_set = data.read_cifar10(folder)
-    if tracking.is_main_process():  # hashing 180 MB only matters where it is logged
-        official = "match" if data.matches_official_release(folder) else "differ from"
-        logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
-                    folder, len(train_set), len(test_set), official)
+    tracking.on_rank_zero(log_dataset, folder, train_set, test_set)  # hashing 180 MB only where it is logged
     return train_set, test_set
+
+
+def log_dataset(folder: Path, train_set: data.ImageSet, test_set: data.ImageSet) -> None:
+    official = "match" if data.matches_official_release(folder) else "differ from"
+    logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
+                folder, len(train_set), len(test_set), official)
 
 
 def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device) -> dict[str, Any]:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
-    checksum = provenance.dataset_sha256(train, test) if tracking.is_main_process() else None
+    checksum = tracking.on_rank_zero(provenance.dataset_sha256, train, test)
     record = provenance.collect(config.dataset, checksum, device)
     logger.info("provenance: %s", provenance.describe(record))
     return record
 
 
-WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
-FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
+# ---------------------------------------------------------------- model and optimisation
 
 
-def create_model(config: Config, train_set: data.ImageSet) -> nn.Module:
+@dataclass
+class Network:
+    model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
+    forward: nn.Module  # what the engines call: the model, compiled when compile=True
+
+
+def setup_model(config: Config, data_setup: DataSetup) -> Network:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
-    memory format, wrapped for the backend (DDP, ...)."""
+    memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     model = models.build_model(config.model)
     if isinstance(model, models.AirbenchNet):
-        model.init_whitening(data.normalize(train_set.images[:WHITENING_IMAGES].cpu()))
+        model.init_whitening(data.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
-    return idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
+    model = idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
+    return Network(model, torch.compile(model) if config.compile else model)
 
 
-def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[dict[str, Any]]:
-    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
-    whitening bias (trained for the first FROZEN_AFTER of the iterations), and everything else."""
+@dataclass(frozen=True)
+class ParamGroup:
+    """One optimizer param group and how the LR schedule treats it."""
+
+    params: list[nn.Parameter]
+    lr: float
+    weight_decay: float
+    schedule: engines.GroupSchedule = engines.GroupSchedule()
+
+    def for_optimizer(self) -> dict[str, Any]:
+        return {"params": self.params, "lr": self.lr, "weight_decay": self.weight_decay}
+
+
+def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[ParamGroup]:
+    """Normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench whitening bias
+    (trained for the first FROZEN_AFTER of the iterations), and everything else; empty groups left out."""
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
     frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
-    if config.bias_lr_scale == 1.0 and not frozen_later:
-        return [{"params": list(model.parameters())}]
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
     trained = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in trained if id(p) not in norm_biases | frozen_later], "lr": lr, "weight_decay": decay},
-        {"params": [p for p in trained if id(p) in norm_biases], "lr": lr * scale, "weight_decay": decay / scale,
-         "lr_scale": scale},
-        {"params": [p for p in trained if id(p) in frozen_later], "lr": lr, "weight_decay": decay,
-         "train_until": round(FROZEN_AFTER * total_iterations)},
+        ParamGroup([p for p in trained if id(p) not in norm_biases | frozen_later], lr, decay),
+        ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
+                   engines.GroupSchedule(lr_scale=scale)),
+        ParamGroup([p for p in trained if id(p) in frozen_later], lr, decay,
+                   engines.GroupSchedule(train_until=round(FROZEN_AFTER * total_iterations))),
     ]
-    return [group for group in groups if group["params"]]
+    return [group for group in groups if group.params]
 
 
-def create_optimizer(model: nn.Module, config: Config, total_iterations: int) -> torch.optim.Optimizer:
-    optimizer = torch.optim.SGD(
-        parameter_groups(model, config, total_iterations),
-        lr=config.learning_rate,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        nesterov=config.nesterov and config.momentum > 0,
+@dataclass
+class Optimization:
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any  # PiecewiseLinear or ParamGroupScheduler
+    loss_fn: nn.Module
+    precision: engines.Precision
+    scaler: torch.amp.GradScaler | None
+
+
+def setup_optimization(config: Config, network: Network, data_setup: DataSetup, device: torch.device) -> Optimization:
+    groups = parameter_groups(network.model, config, data_setup.total_iterations)
+    optimizer = idist.auto_optim(torch.optim.SGD(
+        [group.for_optimizer() for group in groups], lr=config.learning_rate, momentum=config.momentum,
+        weight_decay=config.weight_decay, nesterov=config.nesterov and config.momentum > 0,
+    ))
+    lr_scheduler = engines.create_lr_scheduler(
+        optimizer, config.learning_rate, warmup_iterations=round(config.num_warmup_epochs * data_setup.iterations_per_epoch),
+        total_iterations=data_setup.total_iterations, start=config.lr_start, end=config.lr_end,
+        group_schedules=[group.schedule for group in groups],
     )
-    return idist.auto_optim(optimizer)
+    precision = engines.choose_precision(device, config.with_amp)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
+    return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))
 
 
 def memory_format(channels_last: bool) -> torch.memory_format:
@@ -173,6 +237,42 @@ def use_deterministic_algorithms() -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     logger.info("deterministic algorithms: on (CUBLAS_WORKSPACE_CONFIG=%s)", os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
+# ---------------------------------------------------------------- engines
+
+
+@dataclass
+class EngineSet:
+    trainer: Engine
+    train_evaluator: Engine  # the fixed train subset, without test-time augmentation
+    selection_evaluator: Engine  # val (held out) or test: chooses the best model
+    test_evaluator: Engine  # with a held-out split, the one test evaluation; else the selection evaluator
+    lookahead: engines.Lookahead | None
+
+
+def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
+                  data_setup: DataSetup) -> EngineSet:
+    """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
+    trainer = engines.create_trainer(
+        network.forward, optimization.optimizer, optimization.loss_fn,
+        train_batch_preparer(device, config, data_setup.iterations_per_epoch), optimization.precision,
+        optimization.scaler,
+    )
+    trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
+    position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
+    lookahead = engines.Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
+    if lookahead is not None:
+        lookahead.attach(trainer)
+
+    def new_evaluator(tta: int) -> Engine:
+        prepare = eval_batch_preparer(device, config.channels_last)
+        return engines.create_evaluator(network.forward, nn.CrossEntropyLoss().to(device), prepare,
+                                        optimization.precision, device, tta=tta)
+
+    selection = new_evaluator(config.tta)
+    test = new_evaluator(config.tta) if data_setup.split == "val" else selection
+    return EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
 
 
 def iteration_seed(seed: int, rank: int, iteration: int) -> int:
@@ -233,18 +333,57 @@ def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLo
             sampler.start_next_pass_at(done_in_epoch * batch_size)
 
 
+# ---------------------------------------------------------------- checkpoints and trackers
+
+
+def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, network: Network,
+                      optimization: Optimization, engine_set: EngineSet, data_setup: DataSetup,
+                      stop_request: faults.StopRequest) -> dict[str, Any]:
+    """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
+    models on the selection split; returns the objects a checkpoint holds (for resuming)."""
+    meta = checkpointing.RunMetadata(config.to_dict(), data_setup.provenance)
+    to_save = {"trainer": engine_set.trainer, "model": network.model, "optimizer": optimization.optimizer,
+               "lr_scheduler": optimization.lr_scheduler}
+    if optimization.scaler is not None:
+        to_save["scaler"] = optimization.scaler
+    if engine_set.lookahead is not None:
+        to_save["lookahead"] = engine_set.lookahead
+    saver = clearml.saver(run_dir) if clearml.enabled else None
+    save_training_checkpoint = faults.finite_weights_only(
+        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
+    )
+    faults.attach_stop_checks(engine_set.trainer, stop_request, save_checkpoint=save_training_checkpoint)
+    checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
+    checkpointing.attach_best_model_checkpoints(engine_set.selection_evaluator, engine_set.trainer,
+                                                {"model": network.model, "meta": meta}, run_dir, data_setup.split, saver)
+    return to_save
+
+
+def setup_trackers(config: Config, run_dir: Path, clearml: tracking.ClearML, optimization: Optimization,
+                   engine_set: EngineSet, data_setup: DataSetup) -> tracking.Recorder:
+    """TensorBoard, ClearML and metrics.jsonl (through one Recorder), and progress on the console."""
+    recorder = tracking.Recorder(run_dir, clearml)
+    recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
+                             data_setup.images_per_iteration)
+    tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
+                                     data_setup.images_per_iteration, config.num_epochs)
+    return recorder
+
+
 def resume_path(config: Config, run_dir: Path) -> str | None:
     """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
     if config.resume_from != "auto":
         return config.resume_from
-    found = ""
-    if tracking.is_main_process():
-        newest = checkpointing.newest_valid_checkpoint(run_dir)
-        found = str(newest) if newest else ""
-        logger.info("resume_from=auto: %s", f"continuing from {newest}" if newest else "no checkpoint, starting fresh")
-    if idist.get_world_size() > 1:
-        found = idist.broadcast(found, src=0, safe_mode=True)
-    return found or None
+
+    def newest() -> str | None:
+        found = checkpointing.newest_valid_checkpoint(run_dir)
+        logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
+        return str(found) if found else None
+
+    return tracking.from_rank_zero(newest)
+
+
+# ---------------------------------------------------------------- running and reporting
 
 
 @dataclass
@@ -252,8 +391,7 @@ class Validation:
     """Evaluates on the train subset (if any) and the selection split (held-out val, else test); logs and
     records the metrics and keeps the latest."""
 
-    train_evaluator: Engine
-    selection_evaluator: Engine
+    engine_set: EngineSet
     split: str  # "val" or "test"
     loaders: data.Loaders
     recorder: tracking.Recorder
@@ -266,12 +404,12 @@ class Validation:
         epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
         results: dict[str, Any] = {"epoch": epoch, "train": None}
         if self.loaders.train_eval is not None:
-            results["train"] = self.measure("train_subset", self.train_evaluator, self.loaders.train_eval, epoch)
+            results["train"] = self.measure("train_subset", self.engine_set.train_evaluator, self.loaders.train_eval, epoch)
         loader = self.loaders.val if self.split == "val" else self.loaders.test
-        results[self.split] = self.measure(self.split, self.selection_evaluator, loader, epoch)
+        results[self.split] = self.measure(self.split, self.engine_set.selection_evaluator, loader, epoch)
         self.latest = results
 
-    def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, float]:
+    def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()
         metrics = dict(evaluator.run(loader).metrics)
         seconds = time.perf_counter() - start
@@ -280,183 +418,104 @@ class Validation:
         return metrics
 
 
-def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validation, evaluator: Engine) -> dict:
+def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
+                   data_setup: DataSetup, recorder: tracking.Recorder) -> RunResult:
+    """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
+    A file that cannot be written ends the run with one line saying how to continue."""
+    trainer = engine_set.trainer
+    try:
+        if trainer.state.iteration >= data_setup.total_iterations:
+            logger.info("the checkpoint is from the end of training: evaluating only")
+            validation(trainer)  # Ignite would restart a finished run from iteration 0
+        else:
+            trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+        if data_setup.split == "val" and validation.latest is not None:
+            validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            recorder.close()
+        if isinstance(error, OutputNotWritable):
+            raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
+                                    f"--resume_from=auto --run_name={run_dir.name}") from error
+        raise
+    latest = validation.latest or {}
+    return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
+                     **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
+                        for split in ("test", "val", "train")})
+
+
+def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validation) -> dict[str, Any]:
     """The one test-set evaluation of a run with a held-out split: the model chosen on val (rank 0 reads the
     best-model file and sends the weights to the others, so no shared filesystem is needed)."""
-    best = checkpointing.best_model_file(run_dir) if tracking.is_main_process() else None
-    name = best.name if best is not None else "final"
     network = models.unwrap(model)
-    if best is not None:
-        weights = checkpointing.model_weights(checkpointing.load_checkpoint(best))
-        checkpointing.load_model_weights(network, weights, str(best))
+
+    def load_best() -> str:
+        best = checkpointing.best_model_file(run_dir)
+        if best is None:
+            return "final"
+        checkpointing.load_model_weights(network, checkpointing.model_weights(checkpointing.load_checkpoint(best)),
+                                         str(best))
+        return best.name
+
+    name = tracking.from_rank_zero(load_best)
     if idist.get_world_size() > 1:
-        name = idist.broadcast(name, src=0, safe_mode=True)
         for tensor in network.state_dict().values():
             tensor.copy_(idist.broadcast(tensor, src=0))
     logger.info("test set, used once: %s", "the final model (no best model saved)" if name == "final" else name)
     epoch = validation.latest["epoch"] if validation.latest else 0
-    return {**validation.measure("test", evaluator, validation.loaders.test, epoch), "model": name}
+    metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
+    return {**metrics, "model": name}
 
 
-# ---------------------------------------------------------------- per-process functions
+def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
+                  clearml: tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
+    """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
+    tracking.write_json(run_dir / "metrics.json", result.to_dict())
+    summary = reports.summarize(run_dir, result.to_dict(), record, seconds)
+    summary["clearml_offline_folder"] = clearml.offline_folder()
+    tracking.write_json(run_dir / "summary.json", summary)
+    tracking.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
+    recorder.write_hparams(config.to_dict(), reports.final_scalars(summary))
 
 
-def training(config: Config) -> dict[str, Any]:
-    """Train in this process (one of world_size); returns the final metrics and the run folder."""
-    started = time.perf_counter()
-    tracking.setup_logging()
-    stop_request = faults.StopRequest()
-    stop_request.install()
-    device = idist.device()
-    tracking.log_environment(config.to_dict(), device)
-    manual_seed(config.seed)
-    if config.deterministic:
-        use_deterministic_algorithms()
-    configure_device_speed(config, device)
-
-    train_set, test_set = load_datasets(config)
-    record = describe_run(config, train_set, test_set, device)
-    held_out = data.hold_out(train_set, config.val_split, config.val_seed)
-    split = "val" if held_out.val is not None else "test"
-    train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    loaders = data.make_loaders(
-        train_images,
-        test_set,
-        val=held_out.val,
-        batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        train_eval_size=config.train_eval_size,
-        seed=config.seed,
-        device=device if config.data_on_device else None,
-    )
-    iterations_per_epoch = config.epoch_length or len(loaders.train)
-    total_iterations = config.num_epochs * iterations_per_epoch
-    model = create_model(config, held_out.train)
-    forward_model = torch.compile(model) if config.compile else model  # checkpoints save the plain model
-    optimizer = create_optimizer(model, config, total_iterations)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
-    eval_loss_fn = nn.CrossEntropyLoss().to(device)
-    precision = engines.choose_precision(device, config.with_amp)
-    scaler = engines.make_grad_scaler(precision)
-    lr_scheduler = engines.create_lr_scheduler(
-        optimizer,
-        config.learning_rate,
-        warmup_iterations=round(config.num_warmup_epochs * iterations_per_epoch),
-        total_iterations=total_iterations,
-        start=config.lr_start,
-        end=config.lr_end,
-    )
-    trainer = engines.create_trainer(
-        forward_model, optimizer, loss_fn, train_batch_preparer(device, config, iterations_per_epoch), precision,
-        scaler,
-    )
-    trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
-    position_sampler_each_epoch(trainer, loaders.train, exact_resume=config.epoch_length is None)
-    lookahead = engines.Lookahead(models.unwrap(model), total_iterations) if config.lookahead else None
-    if lookahead is not None:
-        lookahead.attach(trainer)
-
-    def new_evaluator(tta: int) -> Engine:
-        prepare = eval_batch_preparer(device, config.channels_last)
-        return engines.create_evaluator(forward_model, eval_loss_fn, prepare, precision, device, tta=tta)
-
-    train_evaluator, selection_evaluator = new_evaluator(0), new_evaluator(config.tta)
-    test_evaluator = new_evaluator(config.tta) if split == "val" else selection_evaluator  # with val: the one test
-
-    run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
-    if tracking.is_main_process():
-        save_config(config, run_dir / "config.yaml")
-        tracking.write_json(run_dir / "provenance.json", record)
-        if held_out.val is not None:
-            tracking.write_json(run_dir / "held_out_indices.json", held_out.indices.tolist())
-    meta = checkpointing.RunMetadata(config.to_dict(), record)
-    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
-    if scaler is not None:
-        to_save["scaler"] = scaler
-    if lookahead is not None:
-        to_save["lookahead"] = lookahead
-    clearml = tracking.ClearML(config.to_dict(), run_dir)
-    saver = clearml.saver(run_dir) if clearml.enabled else None
-    training_checkpoint = faults.finite_weights_only(
-        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), model
-    )
-    faults.attach_stop_checks(trainer, stop_request, save_checkpoint=training_checkpoint)
-    checkpointing.attach_training_checkpoints(trainer, training_checkpoint, config.checkpoint_every)
-    checkpointing.attach_best_model_checkpoints(
-        selection_evaluator, trainer, {"model": model, "meta": meta}, run_dir, split, saver
-    )
-    recorder = tracking.Recorder(run_dir)
-    recorder.attach_training(trainer, optimizer, config.log_every_iters, config.batch_size)
-    # without a held-out split, "test" is the selection evaluator itself
-    evaluators = {"train_subset": train_evaluator, split: selection_evaluator, "test": test_evaluator}
-    clearml.attach(trainer, optimizer, evaluators, config.log_every_iters)
-    tracking.attach_progress_logging(trainer, optimizer, config.log_every_iters, config.batch_size, config.num_epochs)
-    validation = Validation(train_evaluator, selection_evaluator, split, loaders, recorder)
-    engines.attach_validation(trainer, config.validate_every, validation)
-
-    checkpoint_path = resume_path(config, run_dir)
-    if checkpoint_path is not None:
-        checkpointing.resume(to_save, checkpoint_path)
-    logger.info("run folder: %s", run_dir)
-    try:
-        if trainer.state.iteration >= total_iterations:
-            logger.info("the checkpoint is from the end of training: evaluating only")
-            validation(trainer)  # Ignite would restart a finished run from iteration 0
-        else:
-            trainer.run(loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
-        if split == "val" and validation.latest is not None:
-            validation.latest["test"] = evaluate_best_on_test(model, run_dir, validation, test_evaluator)
-    finally:
-        recorder.close()
-    tracking.log_peak_memory()
-
-    result = {
-        "run_dir": str(run_dir),
-        "epochs": trainer.state.epoch,
-        "iterations": trainer.state.iteration,
-        "test": validation.latest["test"] if validation.latest else None,
-        "val": validation.latest.get("val") if validation.latest else None,
-        "train": validation.latest["train"] if validation.latest else None,
-    }
-    if tracking.is_main_process():
-        tracking.write_json(run_dir / "metrics.json", result)
-        summary = reports.summarize(run_dir, result, record, time.perf_counter() - started)
-        summary["clearml_offline_folder"] = clearml.offline_folder()
-        tracking.write_json(run_dir / "summary.json", summary)
-        reports.render_curves(run_dir, run_dir / "curves.png")
-    clearml.close()
-    return result
+# ---------------------------------------------------------------- evaluating a checkpoint
 
 
-class _EvaluationWorker:
+class EvaluationWorker:
     """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
 
     def __init__(self, checkpoint: str) -> None:
         self.checkpoint = checkpoint
 
     def __call__(self, config: Config) -> dict[str, Any]:
-        tracking.setup_logging()
-        device = idist.device()
-        train_set, test_set = load_datasets(config)
-        loaders = data.make_loaders(
-            train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
-            train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
-        )
+        with tracking.package_logging():
+            device = idist.device()
+            train_set, test_set = load_datasets(config)
+            loaders = data.make_loaders(
+                train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
+                train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
+            )
+            model = self.load_model(config, train_set, test_set, device)
+            precision = engines.choose_precision(device, config.with_amp)
+            evaluator = engines.create_evaluator(
+                model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
+                num_classes=models.NUM_CLASSES, tta=config.tta,
+            )
+            metrics = evaluator.run(loaders.test).metrics
+            matrix = metrics["confusion_matrix"].long()
+            per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
+            return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
+                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist()}
+
+    def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
+                   device: torch.device) -> nn.Module:
+        """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
+        was made with another package version or other data."""
         model = models.build_model(config.model)
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
         checkpointing.load_model_weights(model, checkpointing.model_weights(checkpoint), self.checkpoint)
         present = describe_run(config, train_set, test_set, device)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
-            if tracking.is_main_process():
-                logger.warning("checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference)
-        model = idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
-        precision = engines.choose_precision(device, config.with_amp)
-        evaluator = engines.create_evaluator(
-            model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
-            num_classes=models.NUM_CLASSES, tta=config.tta,
-        )
-        metrics = evaluator.run(loaders.test).metrics
-        matrix = metrics["confusion_matrix"].long()
-        per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
-        return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
-                "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist()}
+            tracking.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
+                                  self.checkpoint, difference)
+        return idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))

@@ -1,0 +1,94 @@
+"""Checks of a resolved config against the world, made once, before any process starts: the model registry,
+the files the config names, and the launch environment (torchrun, GPUs, optional backends).
+
+``config`` checks the values alone (and imports no torch); everything that has to look around is here.
+Each check raises a UserError naming the value and what to do instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ignite.distributed as idist
+import torch
+
+from cifar10_dist import models
+from cifar10_dist.config import Config, planned_world_size
+from cifar10_dist.errors import UserError
+
+
+def check_before_launch(config: Config) -> None:
+    """Everything that would crash or hang later, refused now with a message saying what to do instead."""
+    models.check_model_name(config.model)
+    check_files(config)
+    check_launch(config)
+    check_batch_fits_world(config)
+
+
+def check_files(config: Config) -> None:
+    if config.resume_from not in (None, "auto") and not Path(config.resume_from).is_file():
+        raise UserError(f"resume_from='{config.resume_from}' does not exist: give a training_checkpoint_*.pt file")
+    if not config.init_method.startswith("file://"):
+        return
+    init_file = Path(config.init_method.removeprefix("file://"))
+    if not init_file.parent.is_dir():
+        raise UserError(f"init_method='{config.init_method}': the folder {init_file.parent} does not exist")
+    single_node_spawn = config.nproc_per_node is not None and (config.nnodes or 1) == 1
+    if single_node_spawn and init_file.exists():
+        raise UserError(
+            f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
+            "torch needs a new, empty file for every run: delete it or choose another name"
+        )
+
+
+def started_by_torchrun() -> bool:
+    """True in a process that torchrun (torch.distributed.run) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"LOCAL_RANK", "RANK", "WORLD_SIZE"} <= os.environ.keys()
+
+
+def check_launch(config: Config) -> None:
+    if started_by_torchrun():
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if config.nproc_per_node is not None:
+            raise UserError(
+                f"nproc_per_node={config.nproc_per_node} cannot be used under torchrun, which already started "
+                f"{world_size} processes: drop --nproc_per_node (torchrun's own --nproc_per_node sets it)"
+            )
+        if config.backend is None and world_size > 1:
+            raise UserError(
+                f"torchrun started {world_size} processes but backend is None: add --backend=gloo (CPU) or nccl (GPU)"
+            )
+    if config.backend is not None and config.nproc_per_node is not None and torch.cuda.is_available():
+        if config.nproc_per_node > torch.cuda.device_count():
+            raise UserError(
+                f"nproc_per_node={config.nproc_per_node} is more than the {torch.cuda.device_count()} visible GPUs: "
+                "to run several replicas per GPU, start them with srun or torchrun and --backend=gloo "
+                "(see scripts/slurm/shared_gpu.sbatch)"
+            )
+    if config.backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
+    if config.backend == "xla-tpu" and not idist.has_xla_support:
+        raise UserError("backend='xla-tpu' needs torch_xla, which is not installed (TPU runtimes provide it)")
+    if config.backend == "horovod" and not idist.has_hvd_support:
+        raise UserError("backend='horovod' needs horovod, which is not installed: pip install horovod")
+
+
+def expected_world_size(config: Config) -> int | None:
+    """The world size this launch will have: from the config (spawning or one process), torchrun's WORLD_SIZE,
+    or srun's SLURM_NTASKS; None where nothing says yet."""
+    planned = planned_world_size(config)
+    if planned is not None:
+        return planned
+    for variable in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return None
+
+
+def check_batch_fits_world(config: Config) -> None:
+    world_size = expected_world_size(config)
+    if world_size is not None and config.batch_size < world_size:
+        raise UserError(
+            f"batch_size={config.batch_size} is smaller than the world size {world_size}: every process needs a sample"
+        )

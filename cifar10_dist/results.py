@@ -1,0 +1,77 @@
+"""What ``train`` and ``evaluate`` return: typed results shared by the API, the CLI, notebooks and the
+processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class SplitMetrics:
+    """Accuracy and mean loss on one split, over ``num_samples`` images; ``model`` names the best-model file
+    that the test set was evaluated with (held-out runs only)."""
+
+    accuracy: float
+    loss: float
+    num_samples: int
+    model: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> SplitMetrics | None:
+        return None if values is None else cls(**values)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One finished training run (as rank 0 saw it)."""
+
+    run_dir: str
+    epochs: int
+    iterations: int
+    test: Optional[SplitMetrics] = None
+    val: Optional[SplitMetrics] = None
+    train: Optional[SplitMetrics] = None
+    seed: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunResult:
+        splits = {split: SplitMetrics.from_dict(values.get(split)) for split in ("test", "val", "train")}
+        return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
+                   seed=values.get("seed"), **splits)
+
+
+@dataclass(frozen=True)
+class SeedsResult:
+    """Several runs of one config with seeds seed, seed+1, ...; ``summary`` maps e.g. ``test_accuracy`` to its
+    mean, std (sample), min and max; the same is written to ``summary_file``."""
+
+    runs: list[RunResult]
+    summary: dict[str, dict[str, float]]
+    summary_file: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """Test-set metrics of one checkpoint, with per-class accuracy and the confusion matrix
+    (rows: true class, columns: predicted)."""
+
+    accuracy: float
+    loss: float
+    num_samples: int
+    per_class_accuracy: list[float] = field(default_factory=list)
+    confusion_matrix: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EvaluationResult:
+        return cls(**values)
