@@ -175,14 +175,16 @@ class ParamGroup:
 
 
 def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[ParamGroup]:
-    """Normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench whitening bias
-    (trained for the first FROZEN_AFTER of the iterations), and everything else; empty groups left out."""
+    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
+    whitening bias (trained for the first FROZEN_AFTER of the iterations), and everything else."""
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
     frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
     trained = [p for p in model.parameters() if p.requires_grad]
+    if scale == 1.0 and not frozen_later:
+        return [ParamGroup(trained, lr, decay)]
     groups = [
         ParamGroup([p for p in trained if id(p) not in norm_biases | frozen_later], lr, decay),
         ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,

@@ -72,16 +72,17 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
     model = models.build_model("airbench")
     groups = training.parameter_groups(model, config, total_iterations=100)
     others, norm_biases, whitening = groups
-    assert [p is model.whiten.bias for p in whitening["params"]] == [True] and whitening["train_until"] == 30
-    assert len(norm_biases["params"]) == 6 and norm_biases["lr"] == 64.0
-    assert norm_biases["weight_decay"] * norm_biases["lr"] == pytest.approx(others["weight_decay"] * others["lr"])
-    trained = {id(p) for g in groups for p in g["params"]}
+    assert [p is model.whiten.bias for p in whitening.params] == [True]
+    assert whitening.schedule == engines.GroupSchedule(lr_scale=1.0, train_until=30)
+    assert len(norm_biases.params) == 6 and norm_biases.lr == 64.0 and norm_biases.schedule.lr_scale == 64
+    assert norm_biases.weight_decay * norm_biases.lr == pytest.approx(others.weight_decay * others.lr)
+    trained = {id(p) for g in groups for p in g.params}
     assert id(model.whiten.weight) not in trained  # frozen filters are not optimised
     assert len(trained) == sum(p.requires_grad for p in model.parameters())
 
-    optimizer = torch.optim.SGD(groups, lr=1.0, momentum=0.85, nesterov=True)
+    optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=1.0, momentum=0.85, nesterov=True)
     scheduler = engines.create_lr_scheduler(optimizer, 1.0, warmup_iterations=23, total_iterations=100,
-                                            start=0.2, end=0.07)
+                                            start=0.2, end=0.07, group_schedules=[g.schedule for g in groups])
     lrs = lrs_during(optimizer, scheduler, 100)
     assert lrs[0] == pytest.approx([0.2, 12.8, 0.2])
     assert lrs[23] == pytest.approx([1.0, 64.0, 1.0])  # peak (iteration 24 is index 23)
@@ -93,11 +94,11 @@ def test_a_single_group_keeps_the_plain_schedule():
     model = models.build_model("simple_cnn")
     config = load_config()
     groups = training.parameter_groups(model, config, total_iterations=10)
-    assert len(groups) == 1
-    optimizer = torch.optim.SGD(groups, lr=0.4)
-    scheduler = engines.create_lr_scheduler(optimizer, 0.4, 2, 10)
+    assert len(groups) == 1 and groups[0].schedule == engines.GroupSchedule()
+    optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=0.4)
+    scheduler = engines.create_lr_scheduler(optimizer, 0.4, 2, 10, group_schedules=[g.schedule for g in groups])
     assert isinstance(scheduler, engines.PiecewiseLinear)  # checkpoints stay as before
-    lrs = [lr for (lr,) in lrs_during(optimizer, scheduler, 10)]
+    lrs = [lrs[0] for lrs in lrs_during(optimizer, scheduler, 10)]
     assert lrs == pytest.approx([0, 0.2, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05])
 
 

@@ -26,10 +26,11 @@ def png_size(path: Path) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def tracked_run(small_dataset, tmp_path_factory):
-    """2 gloo processes, validation every epoch, ClearML in offline mode (session kept under tmp)."""
+    """2 gloo processes, validation every epoch, ClearML in offline mode (session kept under tmp); a global batch
+    of 33 that 2 processes cannot split: each takes 16, so 32 images are trained on per step."""
     output = tmp_path_factory.mktemp("tracked")
     env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache")}
-    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--validate_every=1",
+    result = run_cli("run", *TINY, "--batch_size=33", "--backend=gloo", "--nproc_per_node=2", "--validate_every=1",
                      "--with_clearml=True", "--clearml_offline=True", "--clearml_project=tests",
                      f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=tracked", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -40,27 +41,65 @@ def jsonl(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tensorboard_holds_the_training_and_evaluation_scalars(tracked_run):
-    from ignite.handlers import PiecewiseLinear
+SCALARS = {"training/batch_loss", "training/lr", "training/epoch_loss", "training/epoch_time",
+           "training/images_per_second", "test/accuracy", "test/loss", "test/duration", "train_subset/accuracy",
+           "train_subset/loss", "train_subset/duration"}
+
+
+def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: {event.step: event.value for event in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_each_quantity_once_under_its_documented_name(tracked_run):
+    from ignite.handlers import PiecewiseLinear
+
+    _, run_dir = tracked_run
+    logged = scalars(run_dir)
+    assert set(logged) - {tag for tag in logged if tag.startswith(("final/", "best/"))} == SCALARS
+    # lr logged every 5 iterations equals the schedule's value at that iteration (warmup 18, decay to 36)
+    schedule = PiecewiseLinear.simulate_values(36, param_name="lr", milestones_values=[(0, 0.0), (18, 0.1), (36, 0.0)])
+    assert sorted(logged["training/lr"]) == [5, 10, 15, 20, 25, 30, 35]
+    for step, value in logged["training/lr"].items():
+        assert value == pytest.approx(schedule[step - 1][1], abs=1e-6)
+    lines = jsonl(run_dir)
+    for line in lines:  # metrics.jsonl: the same numbers under the same names (event/key = tag)
+        group = "training" if line["event"] == "epoch" else line["split"]
+        names = ("epoch_loss", "epoch_time", "images_per_second") if group == "training" else (
+            "accuracy", "loss", "duration")
+        for name in names:
+            assert logged[f"{group}/{name}"][line["epoch"]] == pytest.approx(line[name], rel=1e-6), (group, name)
+
+
+def test_images_per_second_counts_the_images_actually_trained_on(tracked_run):
+    result, run_dir = tracked_run
+    assert "batch_size=33 does not divide by 2 processes: each takes 16 images, 32 per step" in result.stderr
+    for line in jsonl(run_dir):
+        if line["event"] == "epoch":
+            assert line["images_per_second"] == pytest.approx(18 * 32 / line["epoch_time"], rel=1e-6)
+
+
+def test_hyperparameters_and_final_metrics_reach_tensorboards_hparams_tab(tracked_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     _, run_dir = tracked_run
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"training/loss", "training/lr", "training/epoch_time", "training/images_per_second", "test/accuracy",
-            "test/loss", "test/duration", "train_subset/accuracy", "train_subset/loss"} <= tags
-    # lr logged every 5 iterations equals the schedule's value at that iteration (warmup 18, decay to 36)
-    schedule = PiecewiseLinear.simulate_values(36, param_name="lr", milestones_values=[(0, 0.0), (18, 0.1), (36, 0.0)])
-    logged = {event.step: event.value for event in events.Scalars("training/lr")}
-    assert sorted(logged) == [5, 10, 15, 20, 25, 30, 35]
-    for step, value in logged.items():
-        assert value == pytest.approx(schedule[step - 1][1], abs=1e-6)
-    accuracies = {event.step: event.value for event in events.Scalars("test/accuracy")}
-    from_jsonl = {line["epoch"]: line["accuracy"] for line in jsonl(run_dir) if line.get("split") == "test"}
-    assert accuracies.keys() == from_jsonl.keys() == {1, 2}
-    for epoch in accuracies:
-        assert accuracies[epoch] == pytest.approx(from_jsonl[epoch], abs=1e-6)
+    content = events.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = session.session_start_info.hparams
+    assert hparams["learning_rate"].number_value == pytest.approx(0.1) and hparams["model"].string_value == "simple_cnn"
+    assert hparams["batch_size"].number_value == 33 and hparams["run_name"].string_value == "tracked"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {metric.name.tag for metric in experiment.metric_infos} == {
+        "final/test_accuracy", "final/test_loss", "final/train_accuracy", "final/train_loss", "best/test_accuracy"}
+    final = scalars(run_dir)["final/test_accuracy"]
+    assert list(final.values()) == [pytest.approx(summary["final"]["test"]["accuracy"])]
 
 
 def test_metrics_jsonl_has_a_line_per_epoch_and_per_evaluation(tracked_run):
@@ -71,8 +110,8 @@ def test_metrics_jsonl_has_a_line_per_epoch_and_per_evaluation(tracked_run):
         ("epoch", 2, None), ("evaluation", 2, "train_subset"), ("evaluation", 2, "test")]
     for line in lines:
         if line["event"] == "epoch":
-            assert line["iteration"] == 18 * line["epoch"] and line["epoch_time"] > 0 and line["images_per_second"] > 0
-            assert line["train_loss"] > 0 and 0 <= line["lr"] <= 0.1
+            assert line["iteration"] == 18 * line["epoch"] and line["epoch_time"] > 0
+            assert line["epoch_loss"] > 0 and 0 <= line["lr"] <= 0.1
         else:
             assert line["duration"] > 0 and line["num_samples"] == (1001 if line["split"] == "test" else 100)
     final = json.loads((run_dir / "metrics.json").read_text())
@@ -99,15 +138,20 @@ def test_curves_png_is_rendered(tracked_run):
     assert (run_dir / "curves.png").stat().st_size > 20_000
 
 
-def test_clearml_offline_session_holds_config_and_scalars(tracked_run):
+def test_clearml_offline_session_gets_each_quantity_once_under_the_same_names(tracked_run):
     result, run_dir = tracked_run
     folder = Path(json.loads((run_dir / "summary.json").read_text())["clearml_offline_folder"])
     assert folder.is_dir() and folder.with_suffix(".zip").is_file()  # the zip is what a server imports
     task = (folder / "task.json").read_text()
     assert '"learning_rate"' in task and "tracked" in task  # the connected config; named after the run folder
-    scalars = (folder / "metrics.jsonl").read_text()
-    for name in ("batch_loss", "accuracy", '"lr"'):
-        assert name in scalars, name
+    reported = set()
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        for event in json.loads(line):
+            if event.get("type") == "training_stats_scalar":
+                reported.add((f"{event['metric']}/{event['variant']}", event["iter"]))
+    names = {name for name, _ in reported}
+    assert names == SCALARS, names ^ SCALARS  # no second copy under another name (lr/0, training/loss ...)
+    assert sorted(step for name, step in reported if name == "training/lr") == [5, 10, 15, 20, 25, 30, 35]
     assert "[rank 1] INFO" not in result.stderr  # other ranks only warn
 
 
@@ -157,7 +201,7 @@ def write_run(folder: Path, accuracies: list[float], epoch_time: float, eval_tim
     folder.mkdir()
     lines = []
     for epoch, accuracy in enumerate(accuracies, start=1):
-        lines.append({"event": "epoch", "epoch": epoch, "iteration": epoch * 10, "lr": 0.1, "train_loss": 1.0,
+        lines.append({"event": "epoch", "epoch": epoch, "iteration": epoch * 10, "lr": 0.1, "epoch_loss": 1.0,
                       "epoch_time": epoch_time, "images_per_second": 100.0})
         lines.append({"event": "evaluation", "split": "test", "epoch": epoch, "iteration": epoch * 10,
                       "accuracy": accuracy, "loss": 1.0, "num_samples": 100, "duration": eval_time})

@@ -69,7 +69,7 @@ def test_tensorboard_has_loss_lr_and_validation_scalars(trained_run):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"training/loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
+    assert {"training/batch_loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
     assert [event.step for event in events.Scalars("test/accuracy")] == [2, 3]
 
 

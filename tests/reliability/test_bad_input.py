@@ -1,5 +1,6 @@
 """A catalogue of wrong inputs: each gives a one-line error naming the value and what is accepted,
-exit code 2, no traceback, and no output folder."""
+exit code 2, no traceback, and no output folder. The catalogue runs in-process through ``cli.main`` (every case
+fails before training starts); one real CLI subprocess per kind of failure proves the exit code and the line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cifar10_dist import cli
 from tests.conftest import TINY, run_cli
 
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "test", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
@@ -55,7 +57,8 @@ CATALOGUE = [
     ("malformed batch file", ["--data_path={not_a_dict}"], {},
      "data_batch_1 is not a CIFAR-10 batch file: expected a dict, found list"),
     ("label out of range", ["--data_path={bad_label}"], {}, "label 12 is out of range: labels must be 0..9"),
-    ("unwritable output path", ["--output_path={tmp}/a_file/out"], {}, "is not writable"),
+    ("output path under a file", ["--output_path={tmp}/a_file/out"], {},
+     "output_path='{tmp}/a_file/out' is not writable: Not a directory"),
     ("nccl without CUDA", ["--backend=nccl"], {}, "backend='nccl' needs CUDA GPUs, but none is available here"),
     ("xla-tpu without torch_xla", ["--backend=xla-tpu"], {}, "backend='xla-tpu' needs torch_xla, which is not installed"),
     ("master port in use", ["--backend=gloo", "--nproc_per_node=2", "--master_port={busy_port}"], {},
@@ -66,6 +69,9 @@ CATALOGUE = [
     ("missing resume checkpoint", ["--resume_from={tmp}/nope.pt"], {}, "nope.pt' does not exist"),
     ("auto resume without run name", ["--resume_from=auto"], {}, "resume_from=auto needs run_name"),
     ("missing config file", ["--config={tmp}/nope.yaml"], {}, "nope.yaml' does not exist"),
+    ("config file is a folder", ["--config={tmp}"], {}, "is a folder: give a YAML file"),
+    ("missing init folder", ["--backend=gloo", "--nproc_per_node=2", "--init_method=file://{tmp}/nowhere/init"], {},
+     "/nowhere does not exist"),
     ("tcp init method", ["--backend=gloo", "--nproc_per_node=2", "--init_method=tcp://127.0.0.1:29500"], {},
      "init_method='tcp://127.0.0.1:29500' is not accepted: use env:// or file:///path/on/a/shared/filesystem"),
     ("stale init file", ["--backend=gloo", "--nproc_per_node=2", "--init_method=file://{tmp}/a_file"], {},
@@ -97,20 +103,42 @@ def inputs(small_dataset, tmp_path_factory):
 
 
 @pytest.mark.parametrize(("case", "args", "env", "message"), CATALOGUE, ids=[case[0] for case in CATALOGUE])
-def test_bad_input_gives_one_line_exit_2_and_no_output(inputs, tmp_path, case, args, env, message):
+def test_bad_input_gives_one_line_exit_2_and_no_output(inputs, tmp_path, monkeypatch, capsys, case, args, env, message):
     root, values = inputs
-    from tests.conftest import cli_env
-
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     output = tmp_path / "out"
     filled = [arg.format(tmp=root, **values) for arg in args]
-    result = run_cli("run", *TINY, f"--data_path={values['data']}", f"--output_path={output}", *filled,
-                     env={**cli_env(), **env}, timeout=120)
+    before = (root / "a_file").read_text()
+    code = cli.main(["run", *TINY, f"--data_path={values['data']}", f"--output_path={output}", *filled])
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr[-2000:]
+    last_line = stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: ") and message.format(tmp=root) in last_line, last_line
+    assert "Traceback" not in stderr
+    assert not output.exists()
+    assert (root / "a_file").read_text() == before and (root / "a_file").is_file()
+
+
+# one real process per kind of failure: a config value, the data, the launch environment, the output folder
+PROCESS_CASES = [
+    (["--momentum=1.5"], "error: momentum=1.5 must be in [0, 1)"),
+    (["--data_path={truncated}"], "data_batch_4 is not a readable CIFAR-10 batch file"),
+    (["--backend=nccl"], "error: backend='nccl' needs CUDA GPUs, but none is available here"),
+    (["--output_path={tmp}/a_file/out"], "is not writable: Not a directory"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), PROCESS_CASES, ids=["config", "data", "launch", "output"])
+def test_each_kind_of_bad_input_ends_the_cli_process_with_exit_2_and_one_line(inputs, tmp_path, args, message):
+    root, values = inputs
+    output = tmp_path / "out"
+    filled = [arg.format(tmp=root, **values) for arg in args]
+    result = run_cli("run", *TINY, f"--data_path={values['data']}", f"--output_path={output}", *filled, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: ") and message in last_line, last_line
-    assert "Traceback" not in result.stderr
-    assert not output.exists()
-    assert not (root / "a_file" / "out").exists()
+    assert "Traceback" not in result.stderr and not output.exists()
 
 
 @pytest.mark.parametrize(
@@ -124,8 +152,10 @@ def test_bad_input_gives_one_line_exit_2_and_no_output(inputs, tmp_path, case, a
         (["prepare-data", "--synthetic=-5"], "error: synthetic=-5, synthetic_test=1: both must be whole numbers >= 1"),
     ],
 )
-def test_bad_commands_give_one_line_and_exit_2(tmp_path, args, message):
-    result = run_cli(*args, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(message)
-    assert "Traceback" not in result.stderr
+def test_bad_commands_give_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(args)
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    assert stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in stderr
