@@ -11,6 +11,7 @@ renamed (Ignite's DiskSaver with atomic=True), an old file is removed only after
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import re
 from pathlib import Path
@@ -66,8 +67,16 @@ class KeepUntilSaved(BaseSaveHandler):
         self.pending_removals: list[str] = []
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
-        with faults.writing(self.folder / filename):
-            self.saver(checkpoint, filename, metadata)
+        before = set(os.listdir(self.folder))
+        try:
+            with faults.writing(self.folder / filename):
+                self.saver(checkpoint, filename, metadata)
+        except BaseException:
+            # DiskSaver's temporary file survives a full disk (its cleanup flushes, fails again and skips the removal)
+            for name in set(os.listdir(self.folder)) - before:
+                if name.startswith("tmp"):
+                    (self.folder / name).unlink(missing_ok=True)
+            raise
         for old in self.pending_removals:
             if old != filename:
                 self.saver.remove(old)

@@ -228,8 +228,8 @@ def _explain_failure(failure: Exception, pids: list[int], config: Config, exchan
         offset = (config.node_rank or 0) * len(pids)
         silent = [f"rank {offset + index} (pid {pid})" for index, pid in enumerate(pids)
                   if offset + index not in {report.rank for report in reports}]
-        who = ", ".join(silent) if silent else "a process on another node"
-        return PeerSilent(f"{who} stopped answering: {first.message}; the others were stopped: {rerun}")
+        who = ", ".join(silent) + " stopped answering" if silent else "a process on another node stopped answering"
+        return PeerSilent(f"{first.message.replace(faults.SILENT, who, 1)}; the others were stopped: {rerun}")
     if first is not None:
         return first.error()
     if isinstance(failure, ProcessExitedException):

@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -331,6 +332,14 @@ class Recorder:
 
         with self._writing_events():
             self.writer = SummaryWriter(log_dir=str(self.run_dir))
+        self.excepthook = threading.excepthook
+        threading.excepthook = self._quiet_event_writer_failure
+
+    def _quiet_event_writer_failure(self, hook_args: Any) -> None:
+        """TensorBoard's writer thread dies printing a traceback when the disk is full; the same error reaches
+        the run through the next write (one line, see faults.writing), so the thread's copy is not printed."""
+        if faults.unwritable_cause(hook_args.exc_value) is None:
+            self.excepthook(hook_args)
 
     def attach_training(self, trainer: Engine, optimizer: torch.optim.Optimizer, every: int,
                         images_per_iteration: int) -> None:
@@ -414,5 +423,8 @@ class Recorder:
         """Flush and close TensorBoard; raises OutputNotWritable if the last events cannot be written."""
         if self.writer is not None:
             writer, self.writer = self.writer, None
-            with self._writing_events():
-                writer.close()
+            try:
+                with self._writing_events():
+                    writer.close()
+            finally:
+                threading.excepthook = self.excepthook
