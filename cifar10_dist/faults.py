@@ -13,6 +13,7 @@ import errno
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -165,8 +166,7 @@ def writing(path: Path) -> Iterator[None]:
 
 def is_collective_timeout(error: BaseException) -> bool:
     """Whether an exception is a gloo/nccl collective that gave up waiting for another process."""
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("Timed out" in text or "timed out" in text or "Timeout" in text)
+    return isinstance(error, RuntimeError) and re.search(r"timed out|timeout", str(error), re.IGNORECASE) is not None
 
 
 SILENT = "another process stopped answering"  # the launcher replaces these words with the ranks it found silent

@@ -32,7 +32,7 @@ from cifar10_dist.errors import KINDS, PeerSilent, UserError, WorkerLost
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
 NATIVE_BACKENDS = ("gloo", "nccl")
-STOP_GRACE_SECONDS = 3  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
+STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,11 +17,19 @@ LONG = [*TINY, "--num_epochs=4", "--validate_every=4", "--checkpoint_every=4"]
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
-    """Training processes below a launcher (torchrun agent or our spawning parent), deepest first."""
+    """Training processes below a launcher (torchrun agent or our spawning parent), deepest first, in the order
+    they were started (multiprocessing's resource tracker, also a child, is not one)."""
     children = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    pids = [int(pid) for pid in children]
+    pids = sorted(int(pid) for pid in children if "resource_tracker" not in command_line(int(pid)))
     grandchildren = [pid for child in pids for pid in worker_pids(child)]
     return grandchildren or pids
+
+
+def command_line(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path):
@@ -46,6 +55,16 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
                                tmp_path / "job" / "training_checkpoint_72.pt")
 
 
+def gone(pids: list[int], within: float = 5.0) -> bool:
+    """Whether every one of these processes has ended (and been reaped) within a few seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_dataset, tmp_path):
     timeout = 20
     job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
@@ -53,15 +72,48 @@ def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_
                     "--run_name=job")
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
+        workers = worker_pids(job.pid)
+        assert len(workers) == 2, workers
         killed_at = time.monotonic()
-        os.kill(worker_pids(job.pid)[-1], signal.SIGKILL)
+        os.kill(workers[-1], signal.SIGKILL)
         _, stderr = job.communicate(timeout=timeout + 30)
+        ended_after = time.monotonic() - killed_at
     finally:
         stop_all(job)
-    assert time.monotonic() - killed_at < timeout + 30
+    assert ended_after < 10, ended_after  # the survivor is stopped at once, not after dist_timeout
     assert job.returncode == 4
     assert "error: worker process 1 (local rank) was killed by SIGKILL; the others were stopped" in stderr
-    assert not worker_pids(job.pid)
+    assert gone(workers)
+
+
+def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_dataset, tmp_path):
+    """A worker that stops answering (SIGSTOP: alive, silent) - the survivor gives up after dist_timeout, the
+    launcher names the silent rank and ends every process, exit 4; the newest checkpoint stays loadable."""
+    timeout = 8
+    job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
+                    f"--dist_timeout={timeout}", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                    "--run_name=job")
+    try:
+        wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
+        workers = worker_pids(job.pid)
+        assert len(workers) == 2, workers
+        stopped_at = time.monotonic()
+        os.kill(workers[-1], signal.SIGSTOP)
+        _, stderr = job.communicate(timeout=timeout + 60)
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        stop_all(job)
+    assert job.returncode == 4, stderr[-3000:]
+    assert timeout <= ended_after < timeout + 8, (ended_after, stderr[-1500:])
+    last_line = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"error: rank 1 \(pid {workers[-1]}\) stopped answering: rank 0 waited {timeout} s \(dist_timeout\) for it "
+        r"in a collective operation; the others were stopped: rerun with --resume_from=auto --run_name=job to "
+        r"continue from the last checkpoint", last_line), last_line
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert gone(workers)
+    newest = max((tmp_path / "job").glob("training_checkpoint_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    assert torch.load(newest, weights_only=True)["trainer"]["iteration"] >= 4
 
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(small_dataset, tmp_path):
