@@ -71,9 +71,10 @@ def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: 
         step(inputs, targets)
     bare_loop.warmup_seconds = time.perf_counter() - started
     start = time.perf_counter()
-    for _ in range(steps):
-        step(inputs, targets)
-    return steps * len(targets) / (time.perf_counter() - start)
+    losses = [step(inputs, targets) for _ in range(steps)]
+    seconds = time.perf_counter() - start
+    bare_loop.last = {"steps": len(losses), "seconds": seconds, "losses": losses}
+    return len(losses) * len(targets) / seconds
 
 
 VARIANTS = {
@@ -105,14 +106,16 @@ def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps
     faults.attach_stop_checks(trainer, faults.StopRequest(), save_checkpoint=lambda engine: None)
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:
-        recorder = tracking.Recorder(Path(folder))
+        recorder = tracking.Recorder(Path(folder))  # TensorBoard and metrics.jsonl, as in a run
         recorder.attach_training(trainer, optimizer, 15, len(batch[1]))
         trainer.run([batch] * warmup, max_epochs=1)
         start = time.perf_counter()
-        trainer.run([batch] * steps, max_epochs=1)
+        state = trainer.run([batch] * steps, max_epochs=1)
         seconds = time.perf_counter() - start
         recorder.close()
-    return steps * len(batch[1]) / seconds
+        engine_loop.last = {"steps": state.iteration, "seconds": seconds,
+                            "recorded": (Path(folder) / "metrics.jsonl").read_text().count('"event": "epoch"')}
+    return state.iteration * len(batch[1]) / seconds
 
 
 def conventional_pipeline(model_name: str, data_path: str, batch_size: int, steps: int, warmup: int) -> float:

@@ -123,23 +123,26 @@ def test_shard_sampler_yields_every_index_exactly_once(world_size):
     assert [len(data.ShardSampler(dataset, world_size, r)) for r in range(world_size)] == [len(s) for s in shards]
 
 
-def test_augment_is_a_padded_crop_with_optional_flip_of_each_image():
-    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
+    """Pixels carry their own coordinates (row + 1 in channel 0, column + 1 in channel 1; 0 is padding), so each
+    output tells its crop offset and whether it was mirrored; each output must be exactly that crop."""
+    count = 2000
+    coordinate = torch.arange(1, 33, dtype=torch.uint8)
+    images = torch.stack([coordinate.view(32, 1).expand(32, 32), coordinate.view(1, 32).expand(32, 32),
+                          torch.zeros(32, 32, dtype=torch.uint8)]).expand(count, 3, 32, 32).contiguous()
     out = data.augment(images, torch.Generator().manual_seed(1))
-    assert out.shape == images.shape and out.dtype == torch.uint8
+    flipped = out[:, 1, 16, 17] < out[:, 1, 16, 16]  # columns run backwards in a mirrored crop
+    row_offset = out[:, 0, 16, 16].long() - 1 - 12  # output row 16 shows padded row 16 + offset
+    column_offset = out[:, 1, 16, 16].long() - 1 - torch.where(flipped, 11, 12)
     padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
-    for index in range(64):
-        candidates = [
-            padded[index, :, dy : dy + 32, dx : dx + 32].flip(-1) if flip else padded[index, :, dy : dy + 32, dx : dx + 32]
-            for dy in range(9)
-            for dx in range(9)
-            for flip in (False, True)
-        ]
-        assert any(torch.equal(out[index], candidate) for candidate in candidates), index
-    flipped = sum(
-        torch.equal(out[i], padded[i, :, 4:36, 4:36].flip(-1)) for i in range(64)
-    )  # sanity: crops vary, so the untouched-centre flip is rare
-    assert flipped < 16
+    for index in range(count):
+        dy, dx = int(row_offset[index]), int(column_offset[index])
+        crop = padded[index, :, dy:dy + 32, dx:dx + 32]
+        assert torch.equal(out[index], crop.flip(-1) if flipped[index] else crop), index
+    for offsets in (row_offset, column_offset):
+        counts = torch.bincount(offsets, minlength=9)
+        assert len(counts) == 9 and counts.min() > 0.7 * count / 9 and counts.max() < 1.3 * count / 9, counts
+    assert 0.45 < flipped.float().mean() < 0.55
 
 
 def test_augment_is_reproducible_from_the_generator_seed():
@@ -155,3 +158,27 @@ def test_normalize_uses_the_cifar_channel_statistics():
     images = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
     expected = [(1 - m) / s for m, s in zip(data.MEAN, data.STD)]
     assert np.allclose(data.normalize(images)[0, :, 0, 0].numpy(), expected, atol=1e-5)
+
+
+def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the_folder(tmp_path, monkeypatch):
+    """Python 3.10.0-3.10.11 and 3.11.0-3.11.3 have no tarfile.data_filter: the fallback checks the members."""
+    import io
+    import tarfile
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    source = write_dataset(tmp_path / "source", 20, 5)
+    good = tmp_path / "good"
+    good.mkdir()
+    with tarfile.open(good / data.ARCHIVE, "w:gz") as tar:
+        tar.add(source / data.FOLDER, arcname=data.FOLDER)
+    assert len(data.read_cifar10(data.ensure_cifar10(good, download=False))[1]) == 5
+
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    with tarfile.open(hostile / data.ARCHIVE, "w:gz") as tar:
+        member = tarfile.TarInfo("../escaped.txt")
+        member.size = 3
+        tar.addfile(member, io.BytesIO(b"bad"))
+    with pytest.raises(UserError, match=r"could not be extracted \(refusing to extract '../escaped.txt'"):
+        data.ensure_cifar10(hostile, download=False)
+    assert not (tmp_path / "escaped.txt").exists()

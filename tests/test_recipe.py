@@ -277,6 +277,12 @@ def test_benchmark_script_measures_its_loops_on_a_small_model():
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
-    assert benchmark.bare_loop("simple_cnn", batch, steps=2, warmup=1, channels_last=True, amp=True) > 0
-    assert benchmark.engine_loop("simple_cnn", batch, steps=2, warmup=1) > 0
+    speed = benchmark.bare_loop("simple_cnn", batch, steps=3, warmup=1, channels_last=True, amp=True)
+    timed = benchmark.bare_loop.last
+    assert timed["steps"] == 3 and speed == pytest.approx(3 * 8 / timed["seconds"])
+    assert len(set(timed["losses"])) == 3  # each timed step really trained (the loss moves)
+    speed = benchmark.engine_loop("simple_cnn", batch, steps=3, warmup=1)
+    timed = benchmark.engine_loop.last
+    assert timed["steps"] == 3 and speed == pytest.approx(3 * 8 / timed["seconds"])
+    assert timed["recorded"] == 2  # the run's handlers were attached: warm-up and timed run each wrote an epoch line
     assert benchmark.flops_per_image("airbench") == pytest.approx(0.708e9, rel=0.02)
