@@ -38,8 +38,8 @@ def check_model_name(name: str) -> None:
 
 
 def build_model(name: str) -> nn.Module:
-    """A freshly initialised model with 10 outputs (initialised from the current torch RNG state)."""
-    check_model_name(name)
+    """A freshly initialised model with 10 outputs (initialised from the current torch RNG state); the name was
+    checked before launch (``check_model_name``)."""
     if name == "simple_cnn":
         return simple_cnn()
     if name == "airbench":

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -65,21 +66,25 @@ def gone(pids: list[int], within: float = 5.0) -> bool:
     return False
 
 
-def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_dataset, tmp_path):
-    timeout = 20
+def signal_a_spawned_worker(data: Path, output: Path, timeout: int, worker_signal: signal.Signals):
+    """Start a long 2-process spawned run, send worker_signal to local rank 1 after the first checkpoint;
+    returns (the launcher after it ended, its stderr, seconds from the signal to its end, the worker pids)."""
     job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
-                    f"--dist_timeout={timeout}", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                    "--run_name=job")
+                    f"--dist_timeout={timeout}", f"--data_path={data}", f"--output_path={output}", "--run_name=job")
     try:
-        wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
+        wait_for_file(output / "job", "training_checkpoint_*.pt", job)
         workers = worker_pids(job.pid)
         assert len(workers) == 2, workers
-        killed_at = time.monotonic()
-        os.kill(workers[-1], signal.SIGKILL)
-        _, stderr = job.communicate(timeout=timeout + 30)
-        ended_after = time.monotonic() - killed_at
+        signalled_at = time.monotonic()
+        os.kill(workers[-1], worker_signal)
+        _, stderr = job.communicate(timeout=timeout + 60)
+        return job, stderr, time.monotonic() - signalled_at, workers
     finally:
         stop_all(job)
+
+
+def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_dataset, tmp_path):
+    job, stderr, ended_after, workers = signal_a_spawned_worker(small_dataset, tmp_path, 20, signal.SIGKILL)
     assert ended_after < 10, ended_after  # the survivor is stopped at once, not after dist_timeout
     assert job.returncode == 4
     assert "error: worker process 1 (local rank) was killed by SIGKILL; the others were stopped" in stderr
@@ -90,19 +95,7 @@ def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_datas
     """A worker that stops answering (SIGSTOP: alive, silent) - the survivor gives up after dist_timeout, the
     launcher names the silent rank and ends every process, exit 4; the newest checkpoint stays loadable."""
     timeout = 8
-    job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
-                    f"--dist_timeout={timeout}", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                    "--run_name=job")
-    try:
-        wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
-        workers = worker_pids(job.pid)
-        assert len(workers) == 2, workers
-        stopped_at = time.monotonic()
-        os.kill(workers[-1], signal.SIGSTOP)
-        _, stderr = job.communicate(timeout=timeout + 60)
-        ended_after = time.monotonic() - stopped_at
-    finally:
-        stop_all(job)
+    job, stderr, ended_after, workers = signal_a_spawned_worker(small_dataset, tmp_path, timeout, signal.SIGSTOP)
     assert job.returncode == 4, stderr[-3000:]
     assert timeout <= ended_after < timeout + 8, (ended_after, stderr[-1500:])
     last_line = stderr.strip().splitlines()[-1]
