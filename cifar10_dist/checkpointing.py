@@ -183,8 +183,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def resume(to_load: Mapping[str, Any], path: str | Path) -> None:
-    """Restore every object in ``to_load`` from a training checkpoint; name any missing or mismatching key."""
+def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, Any] | None = None) -> None:
+    """Restore every object in ``to_load`` from a training checkpoint. A checkpoint that does not fit this run
+    (another model, optimizer or number of param groups) is one line naming what it records against what this
+    run builds."""
     checkpoint = load_checkpoint(path)
     required = [key for key in to_load if key != "meta"]
     missing = [key for key in required if key not in checkpoint]
@@ -193,18 +195,65 @@ def resume(to_load: Mapping[str, Any], path: str | Path) -> None:
             f"checkpoint '{path}' is not a training checkpoint: missing {', '.join(missing)} "
             f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
         )
+    check_model_name(checkpoint, (config or {}).get("model"), path)
+    check_fits(_plain(to_load["model"]).state_dict(), model_weights(checkpoint), path)
+    check_optimizer_fits(to_load["optimizer"].state_dict(), checkpoint["optimizer"], path)
     loadable = {key: obj for key, obj in to_load.items() if key in checkpoint}
     try:
         Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
-        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)}") from error
+        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)[:300]}") from error
     logger.info("Resumed from %s at iteration %d", path, checkpoint["trainer"].get("iteration", 0))
 
 
-def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None) -> None:
+def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Mapping[str, Any]) -> None:
     """``resume`` from path, when there is one (a fresh run otherwise)."""
     if path is not None:
-        resume(to_load, path)
+        resume(to_load, path, config)
+
+
+def _plain(model: torch.nn.Module) -> torch.nn.Module:
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
+
+
+def check_model_name(checkpoint: Mapping[str, Any], model: str | None, path: str | Path) -> None:
+    """The model the checkpoint was made by (recorded in its meta) against the model this run builds."""
+    recorded = checkpoint_config(checkpoint).get("model")
+    if model is not None and recorded is not None and recorded != model:
+        raise UserError(f"checkpoint '{path}' was made by model={recorded}, and this run builds model={model}: "
+                        f"use --model={recorded}, or a checkpoint of {model}")
+
+
+def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str | None:
+    """How a state dict differs from the one a model expects, in a few words (None when it fits)."""
+    missing = [key for key in expected if key not in found]
+    unexpected = [key for key in found if key not in expected]
+    shapes = [key for key in expected if key in found and tuple(expected[key].shape) != tuple(found[key].shape)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} tensor(s) of the model missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensor(s) the model does not have (e.g. {unexpected[0]})")
+    if shapes:
+        key = shapes[0]
+        parts.append(f"{len(shapes)} of another shape (e.g. {key}: {tuple(found[key].shape)} in the checkpoint, "
+                     f"{tuple(expected[key].shape)} in the model)")
+    return "; ".join(parts) or None
+
+
+def check_fits(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    mismatch = state_mismatch(expected, found)
+    if mismatch:
+        raise UserError(f"checkpoint '{path}' does not fit the model this run builds: {mismatch}")
+
+
+def check_optimizer_fits(expected: Mapping[str, Any], found: Mapping[str, Any], path: str | Path) -> None:
+    """Param groups and their sizes (as ``bias_lr_scale`` and the model decide them) must be the same."""
+    sizes = [[len(group["params"]) for group in state.get("param_groups", [])] for state in (found, expected)]
+    if sizes[0] != sizes[1]:
+        raise UserError(f"checkpoint '{path}' holds an optimizer with param groups of {sizes[0]} tensors, and this run "
+                        f"builds {sizes[1]}: resume with the settings it was made with (its run folder's config.yaml)")
 
 
 def model_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
@@ -228,10 +277,11 @@ def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], source: str) -> None:
+    check_fits(model.state_dict(), weights, source)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
-        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)}") from error
+        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)[:300]}") from error
 
 
 def _load_failure(error: BaseException) -> str:

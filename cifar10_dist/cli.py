@@ -16,7 +16,7 @@ import fire
 
 from cifar10_dist import api
 from cifar10_dist.config import describe_options
-from cifar10_dist.errors import EXIT_USER_ERROR, UserError
+from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult
 
 RUN_HELP = """\
@@ -235,6 +235,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except Interrupted as interrupt:
+        if debug:
+            raise
+        print(interrupt, file=sys.stderr)
+        return interrupt.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before the run could handle it (start-up, data loading in a launcher)
+        if debug:
+            raise
+        print("interrupted (Ctrl-C) before the run could take it in hand: no checkpoint was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except fire.core.FireExit as exit_request:
         return int(exit_request.code or 0)
     return 0

@@ -88,6 +88,8 @@ class Config:
     output_path: str = option("output-cifar10/", "parent folder of run folders")
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
     resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
+    overwrite: bool = option(False, "start afresh in a run folder that holds a run: the old folder is moved aside to "
+                             "NAME.replaced-<time>, never deleted")
     with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")
     clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)")
     clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import")
@@ -231,6 +233,10 @@ def validate(config: Config) -> None:
     _require(
         c.resume_from != "auto" or c.run_name is not None,
         "resume_from=auto needs run_name: the run folder (output_path/run_name) to continue",
+    )
+    _require(
+        not (c.overwrite and c.resume_from is not None),
+        f"overwrite=True and resume_from='{c.resume_from}' contradict each other: continue or start afresh, not both",
     )
     _require(c.dist_timeout >= 1, f"dist_timeout={c.dist_timeout} must be at least 1 second")
     _validate_launch(c)

@@ -4,12 +4,17 @@ EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_WORKER_LOST = 4
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; rerun the same command to continue
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
 class UserError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
 
     exit_code = EXIT_USER_ERROR
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython and Jupyter show this instead of a traceback: the one line."""
+        return [f"{type(self).__name__}: {self}"]
 
 
 class TrainingDiverged(UserError):
@@ -41,5 +46,20 @@ class OutputNotWritable(UserError):
     before it are intact."""
 
 
-KINDS = {kind.__name__: kind for kind in (UserError, TrainingDiverged, Preempted, WorkerLost, PeerSilent,
-                                          OutputNotWritable)}
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT, also Jupyter's "Interrupt kernel"): every process agreed, a checkpoint was written (its
+    path in ``checkpoint``; None after a second Ctrl-C, which stops at once) and every worker has ended.
+    A KeyboardInterrupt, so code that handles Ctrl-C handles it too."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, checkpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+KINDS: dict[str, type[BaseException]] = {kind.__name__: kind for kind in (
+    UserError, TrainingDiverged, Preempted, WorkerLost, PeerSilent, OutputNotWritable, Interrupted)}

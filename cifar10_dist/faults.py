@@ -1,9 +1,11 @@
-"""Stopping safely: preemption signals, NaN loss, all processes agreeing at an iteration boundary.
+"""Stopping safely: Ctrl-C and preemption signals, NaN loss, all processes agreeing at an iteration boundary;
+outputs that cannot be written; peers that stop answering.
 
-A signal handler only sets a flag. After every iteration all processes all-reduce two flags (a stop was
-requested somewhere; the loss is not finite somewhere), so they all take the same decision at the same
-iteration: on a stop request, write a checkpoint and raise Preempted; on NaN/inf, raise TrainingDiverged
-before any checkpoint of the broken state is written.
+A signal handler only sets a flag. After every iteration all processes all-reduce three flags (a preemption
+signal arrived somewhere; a Ctrl-C arrived somewhere; the loss is not finite somewhere), so they all take the
+same decision at the same iteration: on a stop request, write a checkpoint and raise Interrupted (Ctrl-C) or
+Preempted (SIGTERM/SIGUSR1); on NaN/inf, raise TrainingDiverged before any checkpoint of the broken state is
+written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process) ends at once.
 """
 
 from __future__ import annotations
@@ -23,24 +25,30 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import OutputNotWritable, PeerSilent, Preempted, TrainingDiverged
+from cifar10_dist.errors import Interrupted, OutputNotWritable, PeerSilent, Preempted, TrainingDiverged
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
 class StopRequest:
-    """Records the first SIGTERM/SIGUSR1; optionally passes it on to other processes (spawned workers)."""
+    """Records Ctrl-C (SIGINT) and SIGTERM/SIGUSR1; optionally passes each on to other processes (spawned
+    workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""
 
-    def __init__(self, forward_to: Callable[[], list[int]] | None = None) -> None:
-        self.signal_name: str | None = None
+    def __init__(self, forward_to: Callable[[], list[int]] | None = None,
+                 on_second_interrupt: Callable[[], None] | None = None) -> None:
+        self.received: list[str] = []
         self.forward_to = forward_to
+        self.on_second_interrupt = on_second_interrupt
         self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        """Handle the stop signals from now on (the handlers they had are kept for ``uninstall``)."""
+        """Handle the stop signals from now on (the handlers they had are kept for ``uninstall``); a stop signal
+        that arrived while they were blocked (a spawned worker starting up) is handled now."""
         self.previous = {stop_signal: signal.signal(stop_signal, self._handle) for stop_signal in STOP_SIGNALS}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def uninstall(self) -> None:
         """Give the stop signals back the handlers they had before ``install``."""
@@ -56,20 +64,31 @@ class StopRequest:
         self.uninstall()
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.signal_name = self.signal_name or signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        repeated = name == "SIGINT" and self.interrupted
+        self.received.append(name)
         for pid in self.forward_to() if self.forward_to else []:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        if repeated and self.on_second_interrupt is not None:
+            self.on_second_interrupt()
 
     @property
-    def requested(self) -> bool:
-        return self.signal_name is not None
+    def interrupted(self) -> bool:
+        return "SIGINT" in self.received
+
+    @property
+    def preempted(self) -> bool:
+        return any(name in PREEMPTION_SIGNALS for name in self.received)
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.received[0] if self.received else None
 
 
-def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None]) -> None:
-    """After each iteration: agree on NaN and stop requests across processes, then act on them.
+def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None],
+                       run_dir: Path) -> None:
+    """After each iteration: agree on NaN, Ctrl-C and preemption across processes, then act on them.
 
     Attach before the checkpoint handlers, so that a NaN iteration is never saved.
     """
@@ -78,15 +97,21 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
     @trainer.on(Events.ITERATION_COMPLETED)
     def check(engine: Engine) -> None:
         loss = engine.state.output
-        flags = torch.tensor([float(stop.requested), float(not math.isfinite(loss))], device=device)
+        flags = torch.tensor([float(stop.preempted), float(stop.interrupted), float(not math.isfinite(loss))],
+                             device=device)
         if idist.get_world_size() > 1:
             flags = idist.all_reduce(flags)
-        iteration = engine.state.iteration
-        if flags[1] > 0:
+        iteration, epoch = engine.state.iteration, engine.state.epoch
+        if flags[2] > 0:
             raise TrainingDiverged(
-                f"training stopped at iteration {iteration} (epoch {engine.state.epoch}): the loss became {loss} "
+                f"training stopped at iteration {iteration} (epoch {epoch}): the loss became {loss} "
                 "on at least one process; the checkpoints on disk are from before it (try a lower learning_rate)"
             )
+        if flags[1] > 0:
+            save_checkpoint(engine)
+            checkpoint = run_dir / f"training_checkpoint_{iteration}.pt"
+            raise Interrupted(f"interrupted at epoch {epoch}, iteration {iteration}: checkpoint {checkpoint} written; "
+                              f"continue with --resume_from=auto --run_name={run_dir.name}", str(checkpoint))
         if flags[0] > 0:
             save_checkpoint(engine)
             raise Preempted(

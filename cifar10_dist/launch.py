@@ -14,6 +14,7 @@ import builtins
 import contextlib
 import json
 import os
+import signal
 import socket
 import tempfile
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from cifar10_dist import checks, faults, tracking, xla_compat
 from cifar10_dist.config import Config
-from cifar10_dist.errors import KINDS, PeerSilent, UserError, WorkerLost
+from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
@@ -37,13 +38,21 @@ STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others ge
 
 @dataclass(frozen=True)
 class WorkerReport:
-    """A user error raised in a spawned worker: its class name (a key of ``errors.KINDS``), message and rank."""
+    """How a worker ended, when not with a result: a user error or an agreed Ctrl-C stop, by its class name
+    (a key of ``errors.KINDS``), message and rank (and the checkpoint an interrupt wrote)."""
 
     kind: str
     message: str
     rank: int
+    checkpoint: str | None = None
 
-    def error(self) -> UserError:
+    @staticmethod
+    def of(error: BaseException) -> WorkerReport:
+        return WorkerReport(type(error).__name__, str(error), idist.get_rank(), getattr(error, "checkpoint", None))
+
+    def error(self) -> BaseException:
+        if self.kind == Interrupted.__name__:
+            return Interrupted(self.message, self.checkpoint)
         return KINDS.get(self.kind, UserError)(self.message)
 
     def write(self, exchange: Path) -> None:
@@ -150,15 +159,34 @@ def _native_options(config: Config) -> dict[str, Any]:
 def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     """Start nproc_per_node workers, each joining the group like a torchrun process, and supervise them.
 
-    SIGTERM/SIGUSR1 to this process are passed on to the workers (they agree on a checkpoint and stop).
+    Ctrl-C, SIGTERM and SIGUSR1 to this process are passed on to the workers (they agree on a checkpoint and
+    stop); a second Ctrl-C ends them at once.
     """
     environment = _spawn_environment(config)
     start_method = "fork" if "__IPYTHON__" in builtins.__dict__ else "spawn"  # a notebook's functions stay reachable
-    context = torch.multiprocessing.start_processes(
-        _spawned_entry, args=(worker, config, exchange, environment), nprocs=config.nproc_per_node, join=False,
-        start_method=start_method,
-    )
-    with faults.StopRequest(forward_to=context.pids):
+    # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, faults.STOP_SIGNALS)
+    try:
+        context = torch.multiprocessing.start_processes(
+            _spawned_entry, args=(worker, config, exchange, environment), nprocs=config.nproc_per_node, join=False,
+            start_method=start_method,
+        )
+        _supervise_with_signals(context, config, exchange)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _supervise_with_signals(context: Any, config: Config, exchange: Path) -> None:
+    """Supervise with this process's stop signals passed on to the workers; a second Ctrl-C ends them at once."""
+
+    def end_at_once() -> None:
+        for process in context.processes:
+            process.kill()
+            process.join(timeout=5)
+        raise Interrupted("interrupted again: every process stopped at once, without a new checkpoint; continue "
+                          f"from the newest one with --resume_from=auto --run_name={config.run_name or 'NAME'}")
+
+    with faults.StopRequest(forward_to=context.pids, on_second_interrupt=end_at_once):
         _supervise(context, config, exchange)
 
 
@@ -207,7 +235,10 @@ def _spawned_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
     """A spawned worker: the environment torchrun would give it, then the torchrun path."""
     rank = int(environment["GROUP_RANK"]) * int(environment["LOCAL_WORLD_SIZE"]) + local_rank
     os.environ.update(environment, RANK=str(rank), LOCAL_RANK=str(local_rank))
-    _join_started_processes(worker, config, exchange)
+    try:
+        _join_started_processes(worker, config, exchange)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C after the run is over is the launcher's business
 
 
 def _supervise(context: Any, config: Config, exchange: Path) -> None:
@@ -218,6 +249,9 @@ def _supervise(context: Any, config: Config, exchange: Path) -> None:
             pass
     except (ProcessExitedException, ProcessRaisedException) as failure:
         raise _explain_failure(failure, context.pids(), config, exchange) from failure
+    reports = WorkerReport.read_all(exchange)  # torch lets a worker end by KeyboardInterrupt with exit code 0
+    if reports:
+        raise reports[0].error()
 
 
 def _explain_failure(failure: Exception, pids: list[int], config: Config, exchange: Path) -> BaseException:
@@ -243,14 +277,14 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
     configure_cpu_threads()
     try:
         result = worker(config)
-    except UserError as error:
-        WorkerReport(type(error).__name__, str(error), idist.get_rank()).write(exchange)
+    except (UserError, Interrupted) as error:
+        WorkerReport.of(error).write(exchange)
         raise
     except Exception as error:
         if not faults.is_collective_timeout(error):
             raise
         silent = faults.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
-        WorkerReport(type(silent).__name__, str(silent), idist.get_rank()).write(exchange)
+        WorkerReport.of(silent).write(exchange)
         raise silent from error
     tracking.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
 

@@ -144,19 +144,105 @@ def default_run_name(model: str, backend: str | None, world_size: int) -> str:
     return f"{model}_backend-{backend}-{world_size}_{stamp}"
 
 
-def create_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None) -> Path:
-    """Rank 0 chooses and creates the run folder; every rank gets the same path back (or the same error)."""
+LOCK_FILE = ".run.lock"  # held (flock) by rank 0 for the life of the run; the OS releases it when the holder dies
+HOLDER_FILE = ".run.lock.json"  # who holds it: host, pid, start time
 
-    def create() -> str:
+
+@contextlib.contextmanager
+def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None, resuming: bool,
+                    overwrite: bool) -> Iterator[Path]:
+    """The run folder, created and locked by rank 0 for as long as the run lasts; every rank gets its path.
+
+    A folder in use by another run is refused (naming the holder); a folder that already holds a run is refused
+    unless the run resumes (``resuming``) or ``overwrite`` moves the old folder aside (NAME.replaced-<time>).
+    """
+    held: list[Any] = []
+
+    def claim() -> str:
         name = run_name or default_run_name(model, backend, idist.get_world_size())
-        folder = Path(output_path) / name
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UserError(f"output_path='{output_path}' is not writable: {error.strerror} ({error.filename})") from error
+        held.append(_claim(Path(output_path), name, resuming, overwrite))
         return name
 
-    return Path(output_path) / from_rank_zero(create)
+    name = from_rank_zero(claim)
+    try:
+        yield Path(output_path) / name
+    finally:
+        for lock in held:
+            if lock is not None:
+                lock.release()
+
+
+def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any:
+    folder = output_path / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"output_path='{output_path}' is not writable: {error.strerror} ({error.filename})") from error
+    lock = _lock(folder)
+    existing = describe_existing_run(folder)
+    if existing and not resuming:
+        if not overwrite:
+            _release(lock)
+            raise UserError(
+                f"run folder '{folder}' already holds a run ({existing}): continue it with --resume_from=auto, "
+                f"choose another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)"
+            )
+        aside = folder.with_name(f"{name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        folder.rename(aside)
+        logger.info("overwrite: the earlier run in %s was moved to %s", folder, aside)
+        _release(lock)
+        folder.mkdir()
+        lock = _lock(folder)
+    holder = {"host": platform.node(), "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
+    write_json(folder / HOLDER_FILE, holder)
+    return lock
+
+
+def _lock(folder: Path) -> Any:
+    """An exclusive flock on folder/.run.lock, or a UserError naming the run that holds it. Where the filesystem
+    has no flock (Lustre mounted without -o flock), a warning and no lock."""
+    from filelock import Timeout, UnixFileLock
+
+    lock = UnixFileLock(str(folder / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as busy:
+        raise UserError(f"run folder '{folder}' is in use by another run ({_holder(folder)}): wait for it to end, "
+                        "or choose another --run_name") from busy
+    except (NotImplementedError, OSError) as unsupported:
+        logger.warning("run folder %s cannot be locked on this filesystem (%s): nothing keeps a second run out",
+                       folder, unsupported)
+        return None
+    return lock
+
+
+def _release(lock: Any) -> None:
+    if lock is not None:
+        lock.release()
+
+
+def _holder(folder: Path) -> str:
+    try:
+        holder = json.loads((folder / HOLDER_FILE).read_text())
+        return f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}"
+    except (OSError, ValueError, KeyError):
+        return "holder unknown"
+
+
+def describe_existing_run(folder: Path) -> str | None:
+    """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
+    checkpoints = sorted(folder.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+    best = list(folder.glob("best_model_*.pt"))
+    metrics = folder / "metrics.jsonl"
+    if not checkpoints and not best and not metrics.exists() and not (folder / "config.yaml").exists():
+        return None
+    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[-1].name}" if checkpoints else "")]
+    epochs = [json.loads(line).get("epoch", 0) for line in metrics.read_text().splitlines() if line.strip()] \
+        if metrics.exists() else []
+    parts.append(f"last epoch recorded {max(epochs)}" if epochs else "no epoch recorded")
+    if (folder / "summary.json").exists():
+        parts.append("finished")
+    return ", ".join(parts)
 
 
 def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:
@@ -268,7 +354,9 @@ def format_duration(seconds: float) -> str:
 class ClearML:
     """ClearML tracking (rank 0; ``with_clearml``): a task named after the run folder with the resolved config
     connected; scalars arrive through ``Recorder`` only (ClearML's own TensorBoard capture is off, so each
-    quantity arrives once), checkpoints through Ignite's ClearMLSaver. ``clearml_offline`` (or ClearML's own
+    quantity arrives once), checkpoints through Ignite's ClearMLSaver. ClearML's git detection is off: it ran
+    git in a thread whose pipe a forked helper could inherit, which hung the task's close; provenance.json
+    records the commit instead. ``clearml_offline`` (or ClearML's own
     CLEARML_OFFLINE_MODE=1) records the session locally."""
 
     def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
@@ -285,7 +373,8 @@ class ClearML:
         if config["clearml_offline"]:
             Task.set_offline(offline_mode=True)
         self.logger = ClearMLLogger(project_name=config["clearml_project"], task_name=run_dir.name,
-                                    auto_connect_frameworks={"tensorboard": False, "matplotlib": False})
+                                    auto_connect_frameworks={"tensorboard": False, "matplotlib": False,
+                                                             "detect_repository": False})
         self.task = Task.current_task()  # the task ClearMLLogger just started
         self.task.connect(dict(config), name="config")
 

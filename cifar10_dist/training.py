@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
@@ -24,7 +24,7 @@ from torch import nn
 
 from cifar10_dist import checkpointing, data, engines, faults, models, provenance, reports, tracking
 from cifar10_dist.config import Config
-from cifar10_dist.errors import OutputNotWritable
+from cifar10_dist.errors import Interrupted, OutputNotWritable
 from cifar10_dist.results import RunResult, SplitMetrics
 
 logger = logging.getLogger("cifar10_dist")
@@ -40,29 +40,42 @@ FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bi
 def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
-    with tracking.package_logging(), faults.StopRequest() as stop_request:
+    with tracking.package_logging(), faults.StopRequest(on_second_interrupt=second_interrupt_ends_at_once()) as stop:
         device = setup_process(config)
         data_setup = setup_data(config, device)
         network = setup_model(config, data_setup)
         optimization = setup_optimization(config, network, data_setup, device)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
-        run_dir = tracking.create_run_dir(config.output_path, config.run_name, config.model, config.backend)
-        tracking.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
-        clearml = tracking.ClearML(config.to_dict(), run_dir)
-        to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup,
-                                    stop_request)
-        recorder = setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup)
-        validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
-        engines.attach_validation(engine_set.trainer, config.validate_every, validation)
-        checkpointing.resume_if_asked(to_save, resume_path(config, run_dir))
-        logger.info("run folder: %s", run_dir)
-        result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, recorder)
-        tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml, recorder,
-                              time.perf_counter() - started)
-        recorder.close()
-        clearml.close()
+        with tracking.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
+                                      resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir:
+            tracking.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
+            clearml = tracking.ClearML(config.to_dict(), run_dir)
+            to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
+            recorder = setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup)
+            validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
+            engines.attach_validation(engine_set.trainer, config.validate_every, validation)
+            checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+            logger.info("run folder: %s", run_dir)
+            result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, recorder)
+            tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml, recorder,
+                                  time.perf_counter() - started)
+            recorder.close()
+            clearml.close()
         tracking.log_peak_memory()
         return result.to_dict()
+
+
+def second_interrupt_ends_at_once() -> Callable[[], None] | None:
+    """In a single process of its own (no launcher above it), a second Ctrl-C stops at once; a worker leaves
+    that to its launcher (our spawning parent, torchrun or srun), which ends every worker."""
+    if idist.get_world_size() > 1 or idist.backend() is not None:
+        return None
+
+    def stop_now() -> None:
+        raise Interrupted("interrupted again: stopped at once, without a new checkpoint; continue from the newest "
+                          "one with --resume_from=auto and the same --run_name")
+
+    return stop_now
 
 
 def setup_process(config: Config) -> torch.device:
@@ -354,7 +367,7 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
     save_training_checkpoint = faults.finite_weights_only(
         checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
     )
-    faults.attach_stop_checks(engine_set.trainer, stop_request, save_checkpoint=save_training_checkpoint)
+    faults.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir)
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(engine_set.selection_evaluator, engine_set.trainer,
                                                 {"model": network.model, "meta": meta}, run_dir, data_setup.split, saver)
@@ -515,6 +528,7 @@ class EvaluationWorker:
         was made with another package version or other data."""
         model = models.build_model(config.model)
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
+        checkpointing.check_model_name(checkpoint, config.model, self.checkpoint)
         checkpointing.load_model_weights(model, checkpointing.model_weights(checkpoint), self.checkpoint)
         present = describe_run(config, train_set, test_set, device)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):

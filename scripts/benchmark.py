@@ -103,7 +103,7 @@ def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps
     trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision, None)
     total = (steps + warmup) * 10
     trainer.add_event_handler(Events.ITERATION_STARTED, engines.create_lr_scheduler(optimizer, 0.01, 5, total))
-    faults.attach_stop_checks(trainer, faults.StopRequest(), save_checkpoint=lambda engine: None)
+    faults.attach_stop_checks(trainer, faults.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:
         recorder = tracking.Recorder(Path(folder))  # TensorBoard and metrics.jsonl, as in a run

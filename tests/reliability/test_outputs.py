@@ -70,7 +70,7 @@ def interrupt_by_output_fault(small_dataset: Path, output: Path, break_filesyste
 
 def assert_run_folder_is_clean(run_dir: Path) -> None:
     """No temporary files, every checkpoint loads with its keys, metrics.jsonl has whole lines only."""
-    names = sorted(path.name for path in run_dir.iterdir())
+    names = sorted(path.name for path in run_dir.iterdir() if path.name not in (".run.lock", ".run.lock.json"))
     assert not [name for name in names if name.startswith((".", "tmp")) or ".tmp" in name], names
     checkpoints = sorted(run_dir.glob("training_checkpoint_*.pt"))
     assert checkpoints

@@ -1,0 +1,172 @@
+"""Ctrl-C is an agreed stop: every process saves the current iteration and the run ends with one line and exit
+code 130 (a second Ctrl-C ends at once); and a run folder belongs to one run at a time. Real processes, real
+signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cifar10_dist import api, load_config
+from cifar10_dist.errors import Interrupted
+from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all, wait_for_file
+from tests.reliability.test_faults import gone, worker_pids
+
+# 600 images, global batch 32: 18 iterations per epoch, 72 in all; a checkpoint every 2 iterations
+RUN = [*TINY, "--num_epochs=4", "--checkpoint_every=2", "--validate_every=4"]
+SPAWN = ["--backend=gloo", "--nproc_per_node=2"]
+INTERRUPTED = re.compile(r"interrupted at epoch (\d+), iteration (\d+): checkpoint (\S+) written; "
+                         r"continue with --resume_from=auto --run_name=job")
+
+
+def interrupt(data: Path, output: Path, send) -> tuple[int, str, float, list[int]]:
+    """Start a 2-process run, call send(launcher) after its first checkpoint; returns (exit code, stderr,
+    seconds from the signal to the launcher's end, worker pids)."""
+    job = start_cli("run", *RUN, *SPAWN, f"--data_path={data}", f"--output_path={output}", "--run_name=job")
+    try:
+        wait_for_file(output / "job", "training_checkpoint_*.pt", job)
+        workers = worker_pids(job.pid)
+        sent_at = time.monotonic()
+        send(job)
+        _, stderr = job.communicate(timeout=120)
+        return job.returncode, stderr, time.monotonic() - sent_at, workers
+    finally:
+        stop_all(job)
+
+
+def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(small_dataset, tmp_path):
+    reference = run_cli("run", *RUN, *SPAWN, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                        "--run_name=ref")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT))
+    print(f"Ctrl-C to exit: {seconds:.2f} s")
+    assert code == 130, stderr[-3000:]
+    last_line = stderr.strip().splitlines()[-1]
+    match = INTERRUPTED.fullmatch(last_line)
+    assert match, last_line
+    assert Path(match.group(3)) == tmp_path / "job" / f"training_checkpoint_{match.group(2)}.pt"
+    assert torch.load(match.group(3), weights_only=True)["trainer"]["iteration"] == int(match.group(2))
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert gone(workers)
+
+    again = run_cli("run", *RUN, *SPAWN, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                    "--run_name=job", "--resume_from=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"continuing from {match.group(3)}" in again.stderr
+    assert_same_training_state(tmp_path / "ref" / "training_checkpoint_72.pt", tmp_path / "job" / "training_checkpoint_72.pt")
+
+
+def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path):
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT))
+    assert code == 130, stderr[-3000:]
+    assert INTERRUPTED.fullmatch(stderr.strip().splitlines()[-1]), stderr[-1000:]
+    assert "Traceback" not in stderr
+    assert gone(workers) and seconds < 30
+
+
+def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_dataset, tmp_path):
+    def twice(job):
+        job.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice)
+    assert code == 130, stderr[-3000:]
+    last_line = stderr.strip().splitlines()[-1]
+    assert last_line.startswith("interrupted again: every process stopped at once, without a new checkpoint"), last_line
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert gone(workers) and seconds < 10
+
+
+def test_train_in_process_raises_interrupted_with_the_checkpoint_after_the_workers_are_gone(small_dataset, tmp_path):
+    config = load_config(model="simple_cnn", batch_size=32, num_workers=0, num_epochs=4, learning_rate=0.1,
+                         train_eval_size=100, checkpoint_every=2, backend="gloo", nproc_per_node=2,
+                         data_path=str(small_dataset), output_path=str(tmp_path), run_name="job")
+    before = signal.getsignal(signal.SIGINT)
+    workers: list[int] = []
+
+    def press_ctrl_c() -> None:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "job").glob("training_checkpoint_*.pt")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers.extend(worker_pids(os.getpid()))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    with pytest.raises(Interrupted) as interrupted:
+        api.train(config)
+    assert isinstance(interrupted.value, KeyboardInterrupt) and Path(interrupted.value.checkpoint).is_file()
+    assert INTERRUPTED.fullmatch(str(interrupted.value))
+    assert interrupted.value._render_traceback_() == [f"Interrupted: {interrupted.value}"]  # one line in Jupyter
+    assert signal.getsignal(signal.SIGINT) is before
+    assert len(workers) == 2 and gone(workers, within=0.5)  # already gone when train() raised
+
+
+# ---------------------------------------------------------------- one run per folder
+
+
+def test_two_runs_racing_for_one_folder_one_trains_the_other_is_refused(small_dataset, tmp_path):
+    args = ["run", *RUN, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
+    first, second = start_cli(*args), start_cli(*args)
+    try:
+        outputs = [process.communicate(timeout=120) for process in (first, second)]
+        results = [(process.returncode, out, err) for process, (out, err) in zip((first, second), outputs)]
+    finally:
+        stop_all(first)
+        stop_all(second)
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], [err[-1500:] for _, _, err in results]
+    refused = next(err for code, _, err in results if code == 2)
+    assert re.search(rf"error: run folder '{re.escape(str(tmp_path / 'job'))}' is in use by another run \(host \S+, "
+                     r"pid \d+, started \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\): wait for it to end, or choose another "
+                     r"--run_name", refused.strip().splitlines()[-1]), refused[-1000:]
+    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "epoch"]
+    assert epochs == [1, 2, 3, 4]  # one run's rows only
+
+
+def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwrite(small_dataset, tmp_path):
+    args = ["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
+    assert run_cli(*args).returncode == 0
+    before = sorted(path.name for path in (tmp_path / "job").iterdir())
+    again = run_cli(*args)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: run folder '{tmp_path / 'job'}' already holds a run (1 training checkpoint(s), the newest "
+        "training_checkpoint_36.pt, last epoch recorded 2, finished): continue it with --resume_from=auto, choose "
+        "another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)")
+    assert sorted(path.name for path in (tmp_path / "job").iterdir()) == before  # nothing written
+
+    fresh = run_cli(*args, "--overwrite=True")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    (aside,) = tmp_path.glob("job.replaced-*")
+    assert sorted(path.name for path in aside.iterdir()) == before
+    lines = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines if '"event": "epoch"' in line] == [1, 2]
+
+
+def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(small_dataset, tmp_path):
+    args = ["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    assert run_cli(*args, "--run_name=small").returncode == 0
+    checkpoint = tmp_path / "small" / "training_checkpoint_36.pt"
+    other = run_cli(*args, "--run_name=other", "--model=cifar_resnet18", f"--resume_from={checkpoint}")
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint '{checkpoint}' was made by model=simple_cnn, and this run builds model=cifar_resnet18: "
+        "use --model=simple_cnn, or a checkpoint of cifar_resnet18")
+    bare = tmp_path / "weights.pt"
+    torch.save(torch.load(checkpoint, weights_only=True)["model"], bare)
+    evaluated = run_cli("evaluate", f"--checkpoint={bare}", "--model=cifar_resnet18", f"--data_path={small_dataset}")
+    last_line = evaluated.stderr.strip().splitlines()[-1]
+    assert evaluated.returncode == 2 and len(last_line) < 400, last_line
+    assert re.fullmatch(rf"error: checkpoint '{re.escape(str(bare))}' does not fit the model this run builds: \d+ "
+                        r"tensor\(s\) of the model missing \(e\.g\. conv1\.weight\); \d+ tensor\(s\) the model does "
+                        r"not have \(e\.g\. 0\.0\.weight\)", last_line), last_line
