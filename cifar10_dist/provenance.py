@@ -16,7 +16,6 @@ from typing import Any, Mapping
 import ignite
 import ignite.distributed as idist
 import torch
-import torchvision
 
 from cifar10_dist import data
 
@@ -30,7 +29,7 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device) -> d
         "versions": {
             "python": platform.python_version(),
             "torch": str(torch.__version__),
-            "torchvision": torchvision.__version__,
+            "torchvision": _installed_version("torchvision"),  # without importing it (a second at every start)
             "pytorch-ignite": ignite.__version__,
         },
         "backend": idist.backend(),
@@ -50,8 +49,12 @@ def describe(record: Mapping[str, Any]) -> str:
 
 
 def package_version() -> str:
+    return _installed_version(PACKAGE)
+
+
+def _installed_version(distribution: str) -> str:
     try:
-        return importlib.metadata.version(PACKAGE)
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 

@@ -31,7 +31,7 @@ import yaml
 from ignite.engine import Engine, Events
 
 from cifar10_dist import faults
-from cifar10_dist.errors import KINDS, UserError
+from cifar10_dist.errors import KINDS, OutputNotWritable, UserError
 
 logger = logging.getLogger("cifar10_dist")
 T = TypeVar("T")
@@ -155,6 +155,7 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
 
     A folder in use by another run is refused (naming the holder); a folder that already holds a run is refused
     unless the run resumes (``resuming``) or ``overwrite`` moves the old folder aside (NAME.replaced-<time>).
+    A file of the run that cannot be written ends it with one line saying how to continue.
     """
     held: list[Any] = []
 
@@ -166,6 +167,9 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
     name = from_rank_zero(claim)
     try:
         yield Path(output_path) / name
+    except OutputNotWritable as error:
+        raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
+                                f"--resume_from=auto --run_name={name}") from error
     finally:
         for lock in held:
             if lock is not None:
@@ -247,7 +251,7 @@ def describe_existing_run(folder: Path) -> str | None:
 
 def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:
     """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
-    or absent. A full disk or a read-only folder ends the run with one line (``faults.OutputNotWritable``) and
+    or absent. A full disk or a read-only folder ends the run with one line (``errors.OutputNotWritable``) and
     leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with faults.writing(path):
@@ -396,7 +400,14 @@ class ClearML:
 
     def close(self) -> None:
         if self.logger is not None:
-            self.logger.close()
+            logger_, self.logger = self.logger, None
+            logger_.close()
+
+    def __enter__(self) -> ClearML:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 class Recorder:
@@ -507,6 +518,17 @@ class Recorder:
             except OSError:
                 stream.truncate(length)
                 raise
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        """Close; when the run is already failing, a second failure to write is not reported over the first."""
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):
+            self.close()
 
     def close(self) -> None:
         """Flush and close TensorBoard; raises OutputNotWritable if the last events cannot be written."""

@@ -7,7 +7,6 @@ The Python API that launches these is in ``api``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -24,7 +23,7 @@ from torch import nn
 
 from cifar10_dist import checkpointing, data, engines, faults, models, provenance, reports, tracking
 from cifar10_dist.config import Config
-from cifar10_dist.errors import Interrupted, OutputNotWritable
+from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
 
 logger = logging.getLogger("cifar10_dist")
@@ -47,20 +46,18 @@ def training(config: Config) -> dict[str, Any]:
         optimization = setup_optimization(config, network, data_setup, device)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         with tracking.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                      resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir:
+                                      resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir, \
+                tracking.ClearML(config.to_dict(), run_dir) as clearml:
             tracking.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
-            clearml = tracking.ClearML(config.to_dict(), run_dir)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
-            recorder = setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup)
-            validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
-            engines.attach_validation(engine_set.trainer, config.validate_every, validation)
-            checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
-            logger.info("run folder: %s", run_dir)
-            result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, recorder)
-            tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml, recorder,
-                                  time.perf_counter() - started)
-            recorder.close()
-            clearml.close()
+            with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
+                validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
+                engines.attach_validation(engine_set.trainer, config.validate_every, validation)
+                checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+                logger.info("run folder: %s", run_dir)
+                result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
+                tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
+                                      recorder, time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
 
@@ -434,25 +431,17 @@ class Validation:
 
 
 def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
-                   data_setup: DataSetup, recorder: tracking.Recorder) -> RunResult:
+                   data_setup: DataSetup) -> RunResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
-    A file that cannot be written ends the run with one line saying how to continue."""
+    """
     trainer = engine_set.trainer
-    try:
-        if trainer.state.iteration >= data_setup.total_iterations:
-            logger.info("the checkpoint is from the end of training: evaluating only")
-            validation(trainer)  # Ignite would restart a finished run from iteration 0
-        else:
-            trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
-        if data_setup.split == "val" and validation.latest is not None:
-            validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
-    except BaseException as error:
-        with contextlib.suppress(Exception):
-            recorder.close()
-        if isinstance(error, OutputNotWritable):
-            raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
-                                    f"--resume_from=auto --run_name={run_dir.name}") from error
-        raise
+    if trainer.state.iteration >= data_setup.total_iterations:
+        logger.info("the checkpoint is from the end of training: evaluating only")
+        validation(trainer)  # Ignite would restart a finished run from iteration 0
+    else:
+        trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+    if data_setup.split == "val" and validation.latest is not None:
+        validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
     latest = validation.latest or {}
     return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
                      **{split: SplitMetrics(**latest[split]) if latest.get(split) else None

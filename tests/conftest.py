@@ -79,6 +79,22 @@ def small_dataset(tmp_path_factory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("cifar"), 600, 1001)
 
 
+# TINY for 4 epochs: 600 images, global batch 32, 18 iterations per epoch, 72 in all
+LONG = [*TINY, "--num_epochs=4", "--validate_every=4"]
+
+
+@pytest.fixture(scope="session")
+def long_spawned_reference(small_dataset, tmp_path_factory) -> Path:
+    """LONG with 2 spawned gloo processes, uninterrupted: the final checkpoint (training_checkpoint_72.pt) that every
+    interrupted and continued 2-process LONG run must end with, bit for bit (checkpoint_every and validate_every
+    do not change the training)."""
+    output = tmp_path_factory.mktemp("long-reference")
+    result = run_cli("run", *LONG, "--backend=gloo", "--nproc_per_node=2", f"--data_path={small_dataset}",
+                     f"--output_path={output}", "--run_name=reference")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output / "reference" / "training_checkpoint_72.pt"
+
+
 @pytest.fixture(scope="session")
 def spawned_run(small_dataset, tmp_path_factory):
     """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node."""

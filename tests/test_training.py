@@ -104,13 +104,16 @@ def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp
     assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["iterations"] == 54
 
 
-def test_evaluate_json_counts_every_test_image(trained_run, small_dataset):
+def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsys):
+    from cifar10_dist import cli
+
     _, run_dir = trained_run
     best = sorted(run_dir.glob("best_model_*.pt"))[-1]
-    for checkpoint in (best, run_dir / "training_checkpoint_54.pt"):
-        result = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
-                         "--num_workers=0")
-        assert result.returncode == 0, result.stderr[-3000:]
-        metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    for checkpoint in (best, run_dir / "training_checkpoint_54.pt"):  # in-process: the CLI's own entry point
+        code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
+                         "--num_workers=0"])
+        output = capsys.readouterr()
+        assert code == 0, output.err[-3000:]
+        metrics = json.loads(output.out.strip().splitlines()[-1])
         assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix"}
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0

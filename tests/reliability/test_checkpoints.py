@@ -8,7 +8,7 @@ import pytest
 import torch
 from ignite.engine import Engine
 
-from cifar10_dist import checkpointing
+from cifar10_dist import checkpointing, cli
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, run_cli
 
@@ -58,7 +58,7 @@ def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, 
         f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or not a PyTorch checkpoint")
 
 
-def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path):
+def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, capsys):
     marker = tmp_path / "pwned"
 
     class Exploit:
@@ -67,29 +67,42 @@ def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path):
 
     hostile = tmp_path / "hostile.pt"
     torch.save({"model": Exploit()}, hostile, pickle_module=pickle)
-    for command in (["evaluate", f"--checkpoint={hostile}"], ["run", *TINY, f"--resume_from={hostile}"]):
-        result = run_cli(*command, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}"
-                         if command[0] == "run" else "--json")
-        assert result.returncode == 2, result.stderr[-2000:]
-        assert "it asks to import posix.system, refused" in result.stderr
+    for command in (["evaluate", f"--checkpoint={hostile}", "--json"],
+                    ["run", *TINY, f"--resume_from={hostile}", f"--output_path={tmp_path / 'out'}"]):
+        code = cli.main([*command, f"--data_path={small_dataset}"])  # in-process: the CLI's own entry point
+        stderr = capsys.readouterr().err
+        assert code == 2, stderr[-2000:]
+        assert "it asks to import posix.system, refused" in stderr.strip().splitlines()[-1]
         assert not marker.exists()
     with pytest.raises(UserError, match="refused"):
         checkpointing.load_checkpoint(hostile)
     assert not marker.exists()
 
 
-def test_a_checkpoint_of_another_model_names_what_does_not_match(finished_run, small_dataset):
-    result = run_cli("evaluate", f"--checkpoint={finished_run / 'training_checkpoint_36.pt'}",
-                     f"--data_path={small_dataset}", "--model=cifar_resnet18")
-    assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.endswith("was made by model=simple_cnn, and this run builds model=cifar_resnet18: use "
-                         "--model=simple_cnn, or a checkpoint of cifar_resnet18"), last
+def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(finished_run, small_dataset, tmp_path, capsys):
+    checkpoint = finished_run / "training_checkpoint_36.pt"
+    code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=other",
+                     "--model=cifar_resnet18", f"--resume_from={checkpoint}"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: checkpoint '{checkpoint}' was made by model=simple_cnn, and this run builds model=cifar_resnet18: "
+        "use --model=simple_cnn, or a checkpoint of cifar_resnet18")
+    code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--model=cifar_resnet18"])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "was made by model=simple_cnn, and this run builds model=cifar_resnet18: use --model=simple_cnn, or a "
+        "checkpoint of cifar_resnet18")
+    bare = tmp_path / "weights.pt"  # a bare state dict records no model: its tensors are compared
+    torch.save(torch.load(checkpoint, weights_only=True)["model"], bare)
+    code = cli.main(["evaluate", f"--checkpoint={bare}", "--model=cifar_resnet18", f"--data_path={small_dataset}"])
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and len(last_line) < 400, last_line
+    assert last_line == (f"error: checkpoint '{bare}' does not fit the model this run builds: 122 tensor(s) of the "
+                         "model missing (e.g. conv1.weight); 20 tensor(s) the model does not have (e.g. 0.0.weight)")
 
 
-def test_resuming_from_a_model_only_file_names_the_missing_keys(finished_run, small_dataset, tmp_path):
+def test_resuming_from_a_model_only_file_names_the_missing_keys(finished_run, small_dataset, tmp_path, capsys):
     best = sorted(finished_run.glob("best_model_*.pt"))[-1]
-    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
-                     f"--resume_from={best}")
-    assert result.returncode == 2
-    assert "is not a training checkpoint: missing trainer, optimizer, lr_scheduler" in result.stderr
+    code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
+                     f"--resume_from={best}"])
+    assert code == 2
+    assert "is not a training checkpoint: missing trainer, optimizer, lr_scheduler" in capsys.readouterr().err

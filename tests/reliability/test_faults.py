@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
+from tests.conftest import LONG as LONG_RUN
 from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all, wait_for_file
 
-# 600 images, global batch 32: 18 iterations per epoch; 4 epochs = 72 iterations
-LONG = [*TINY, "--num_epochs=4", "--validate_every=4", "--checkpoint_every=4"]
+LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
@@ -33,10 +33,9 @@ def command_line(pid: int) -> str:
         return ""
 
 
-def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path):
+def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path,
+                                                                                    long_spawned_reference):
     common = [*LONG, "--backend=gloo", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    reference = run_cli("run", *common, "--nproc_per_node=2", "--run_name=reference")  # same world size, spawned
-    assert reference.returncode == 0, reference.stderr[-3000:]
 
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and the
     # workers, restarted gloo workers can read the dead round's addresses and hang (pytorch/pytorch#135712)
@@ -52,8 +51,7 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
         stop_all(job)
     assert job.returncode == 0, stderr[-3000:]
     assert "continuing from" in stderr  # the restarted workers resumed instead of starting over
-    assert_same_training_state(tmp_path / "reference" / "training_checkpoint_72.pt",
-                               tmp_path / "job" / "training_checkpoint_72.pt")
+    assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
 
 def gone(pids: list[int], within: float = 5.0) -> bool:
@@ -94,7 +92,7 @@ def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_
 def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_dataset, tmp_path):
     """A worker that stops answering (SIGSTOP: alive, silent) - the survivor gives up after dist_timeout, the
     launcher names the silent rank and ends every process, exit 4; the newest checkpoint stays loadable."""
-    timeout = 8
+    timeout = 5
     job, stderr, ended_after, workers = signal_a_spawned_worker(small_dataset, tmp_path, timeout, signal.SIGSTOP)
     assert job.returncode == 4, stderr[-3000:]
     assert timeout <= ended_after < timeout + 8, (ended_after, stderr[-1500:])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,11 @@ def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(sma
 
 def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, small_filesystem, reference):
     def remount(mode: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{mode}", str(small_filesystem)], check=True)
+        """Remount; a remount read-only is refused (busy) while a file is open for writing: try again."""
+        deadline = time.monotonic() + 10
+        while subprocess.run(["mount", "-o", f"remount,{mode}", str(small_filesystem)]).returncode != 0:
+            assert time.monotonic() < deadline, f"remount,{mode} of {small_filesystem} kept failing"
+            time.sleep(0.01)
 
     command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, lambda: remount("ro"))
     last_line = stderr.strip().splitlines()[-1]
