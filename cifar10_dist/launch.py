@@ -287,6 +287,8 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
         WorkerReport.of(silent).write(exchange)
         raise silent from error
     tracking.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
+    if idist.get_world_size() > 1:
+        idist.barrier()  # leave the group together: rank 0 may still be writing while the others are done
 
 
 def configure_cpu_threads() -> None:

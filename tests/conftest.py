@@ -46,6 +46,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
     )
 
 
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``cifar10-dist ARGS`` through the CLI's own entry point in this process (no interpreter and torch start-up:
+    seconds saved per call). Only what this process prints is captured: the logs of one process, or of the
+    launcher of spawned workers (whose own logs go to the real stderr)."""
+    import contextlib
+    import io
+
+    from cifar10_dist import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(list(args))
+    return subprocess.CompletedProcess(["cifar10-dist", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
 def run_torchrun(nproc: int, *args: str, cwd: Path | None = None, timeout: float = 300):
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--standalone", "-m", "cifar10_dist", *args]
@@ -81,18 +96,30 @@ def small_dataset(tmp_path_factory) -> Path:
 
 # TINY for 4 epochs: 600 images, global batch 32, 18 iterations per epoch, 72 in all
 LONG = [*TINY, "--num_epochs=4", "--validate_every=4"]
+SPAWN_2 = ["--backend=gloo", "--nproc_per_node=2"]
+
+
+def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
+    """LONG uninterrupted, checkpoints every 25 iterations (training_checkpoint_50.pt, mid-epoch 3, and _72.pt kept):
+    what every interrupted and continued LONG run at that world size must end with, bit for bit
+    (checkpoint_every and validate_every do not change the training)."""
+    result = run_cli("run", *LONG, *launch, "--checkpoint_every=25", f"--data_path={data}", f"--output_path={output}",
+                     "--run_name=reference")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output / "reference"
+
+
+@pytest.fixture(scope="session")
+def long_reference(small_dataset, tmp_path_factory) -> Path:
+    """long_reference_run with 1 process: its run folder."""
+    return long_reference_run(small_dataset, tmp_path_factory.mktemp("long-reference-1"), [])
 
 
 @pytest.fixture(scope="session")
 def long_spawned_reference(small_dataset, tmp_path_factory) -> Path:
-    """LONG with 2 spawned gloo processes, uninterrupted: the final checkpoint (training_checkpoint_72.pt) that every
-    interrupted and continued 2-process LONG run must end with, bit for bit (checkpoint_every and validate_every
-    do not change the training)."""
-    output = tmp_path_factory.mktemp("long-reference")
-    result = run_cli("run", *LONG, "--backend=gloo", "--nproc_per_node=2", f"--data_path={small_dataset}",
-                     f"--output_path={output}", "--run_name=reference")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return output / "reference" / "training_checkpoint_72.pt"
+    """long_reference_run with 2 spawned gloo processes: its final checkpoint."""
+    return long_reference_run(small_dataset, tmp_path_factory.mktemp("long-reference-2"), SPAWN_2) / \
+        "training_checkpoint_72.pt"
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import TINY, run_cli, run_torchrun
+from tests.conftest import TINY, run_cli, run_in_process, run_torchrun
 
 
 def final_metrics(stdout: str) -> tuple[float, float, int]:
@@ -48,8 +48,8 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     launches = {1: [], 2: ["--backend=gloo", "--nproc_per_node=2"], 3: ["--backend=gloo", "--nproc_per_node=3"]}
     results = {}
     for world_size, launch in launches.items():
-        result = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
-                         "--num_workers=0", "--batch_size=64", *launch)
+        result = run_in_process("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
+                                "--num_workers=0", "--batch_size=64", *launch)
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["num_samples"] for r in results.values()] == [1001, 1001, 1001]

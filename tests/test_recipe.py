@@ -13,7 +13,7 @@ from torch import nn
 
 from cifar10_dist import data, engines, models, training
 from cifar10_dist.config import load_config
-from tests.conftest import REPO, TINY, assert_same_training_state, run_cli
+from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 
 def test_fast_yaml_holds_airbench94_hyperparameters_converted_to_a_mean_loss():
@@ -226,13 +226,13 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     """Lookahead, per-group schedules, alternating flip, bf16, channels_last and data_on_device, 2 gloo processes:
     resumed at iteration 24 (mid-epoch 3, between lookahead steps), every tensor ends as in the uninterrupted run."""
     launch = ["--backend=gloo", "--nproc_per_node=2", f"--output_path={tmp_path}"]
-    reference = run_cli("run", *FAST_TINY, *launch, "--run_name=ref")
+    reference = run_in_process("run", *FAST_TINY, *launch, "--run_name=ref")
     assert reference.returncode == 0, reference.stderr[-3000:]
     metrics = json.loads((tmp_path / "ref" / "metrics.json").read_text())
     assert metrics["iterations"] == 30 and metrics["test"]["num_samples"] == 128
     print("fast recipe accuracy", metrics["test"]["accuracy"])
     assert metrics["test"]["accuracy"] > 0.3  # chance is 0.1
-    resumed = run_cli("run", *FAST_TINY, *launch, "--run_name=resumed",
+    resumed = run_in_process("run", *FAST_TINY, *launch, "--run_name=resumed",
                       f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final_a, final_b = tmp_path / "ref" / "training_checkpoint_30.pt", tmp_path / "resumed" / "training_checkpoint_30.pt"
@@ -246,7 +246,7 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
 def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
     common = ["run", *TINY, *SMALL, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}"]
     for name, flag in (("loader", "False"), ("device", "True")):
-        result = run_cli(*common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100")
+        result = run_in_process(*common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100")
         assert result.returncode == 0, result.stderr[-3000:]
     weights = [torch.load(tmp_path / name / "training_checkpoint_20.pt", weights_only=True)["model"]
                for name in ("loader", "device")]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cifar10_dist import data
-from tests.conftest import REPO, TINY, assert_same_training_state, run_cli
+from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]
 LAUNCHES = {1: [], 3: ["--backend=gloo", "--nproc_per_node=3"]}
@@ -76,8 +76,8 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
 @pytest.fixture(scope="module")
 def seed_runs(held_out_runs, small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("seeds")
-    result = run_cli("run", *TINY, *HELD_OUT, "--seeds=2", f"--data_path={small_dataset}", f"--output_path={output}",
-                     "--run_name=rep")
+    result = run_in_process("run", *TINY, *HELD_OUT, "--seeds=2", f"--data_path={small_dataset}",
+                            f"--output_path={output}", "--run_name=rep")
     assert result.returncode == 0, result.stderr[-3000:]
     return result, output
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, run_in_process
 
 
 def final_test_accuracy(stdout: str) -> float:
@@ -93,7 +93,7 @@ def test_lr_warms_up_then_decays_to_zero(trained_run):
 
 def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp_path):
     _, first_dir = trained_run
-    result = run_cli(
+    result = run_in_process(
         "run", *TINY, "--num_epochs=3", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
         "--run_name=resumed", f"--resume_from={first_dir / 'training_checkpoint_50.pt'}",
     )

@@ -10,13 +10,13 @@ from ignite.engine import Engine
 
 from cifar10_dist import checkpointing, cli
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_cli, run_in_process
 
 
 @pytest.fixture(scope="module")
 def finished_run(small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("run")
-    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=r")
+    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=r")
     assert result.returncode == 0, result.stderr[-3000:]
     return output / "r"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import LONG as LONG_RUN
-from tests.conftest import TINY, assert_same_training_state, run_cli, start_cli, stop_all, wait_for_file
+from tests.conftest import TINY, assert_same_training_state, run_cli, run_in_process, start_cli, stop_all, wait_for_file
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
@@ -108,8 +108,8 @@ def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_datas
 
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(small_dataset, tmp_path):
-    result = run_cli("run", *TINY, "--learning_rate=1e30", "--checkpoint_every=1", f"--data_path={small_dataset}",
-                     f"--output_path={tmp_path}", "--run_name=nan")
+    result = run_in_process("run", *TINY, "--learning_rate=1e30", "--checkpoint_every=1",
+                            f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=nan")
     assert result.returncode == 3, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: training stopped at iteration ")

@@ -17,7 +17,7 @@ import torch
 
 from cifar10_dist import api, load_config
 from cifar10_dist.errors import Interrupted
-from tests.conftest import LONG, TINY, assert_same_training_state, run_cli, start_cli, stop_all, wait_for_file
+from tests.conftest import LONG, TINY, assert_same_training_state, run_cli, run_in_process, start_cli, stop_all, wait_for_file
 from tests.reliability.test_faults import gone, worker_pids
 
 RUN = [*LONG, "--checkpoint_every=2"]  # 72 iterations, a checkpoint every 2
@@ -132,9 +132,9 @@ def test_two_runs_racing_for_one_folder_one_trains_the_other_is_refused(small_da
 
 def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwrite(small_dataset, tmp_path):
     args = ["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
-    assert run_cli(*args).returncode == 0
+    assert run_in_process(*args).returncode == 0
     before = sorted(path.name for path in (tmp_path / "job").iterdir())
-    again = run_cli(*args)
+    again = run_in_process(*args)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         f"error: run folder '{tmp_path / 'job'}' already holds a run (1 training checkpoint(s), the newest "
@@ -142,7 +142,7 @@ def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwr
         "another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)")
     assert sorted(path.name for path in (tmp_path / "job").iterdir()) == before  # nothing written
 
-    fresh = run_cli(*args, "--overwrite=True")
+    fresh = run_in_process(*args, "--overwrite=True")
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     (aside,) = tmp_path.glob("job.replaced-*")
     assert sorted(path.name for path in aside.iterdir()) == before
