@@ -249,6 +249,9 @@ def _supervise(context: Any, config: Config, exchange: Path) -> None:
             pass
     except (ProcessExitedException, ProcessRaisedException) as failure:
         raise _explain_failure(failure, context.pids(), config, exchange) from failure
+    finally:
+        for error_file in context.error_files:  # torch leaves a failed worker's traceback file in /tmp
+            Path(error_file).unlink(missing_ok=True)
     reports = WorkerReport.read_all(exchange)  # torch lets a worker end by KeyboardInterrupt with exit code 0
     if reports:
         raise reports[0].error()
