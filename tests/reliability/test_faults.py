@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import LONG as LONG_RUN
-from tests.conftest import TINY, assert_same_training_state, run_cli, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
