@@ -34,8 +34,8 @@ for launch in ({"backend": "xla-tpu"}, {"backend": "xla-tpu", "nproc_per_node": 
         start = time.perf_counter()
         result = train(output_path=output, run_name="xla", checkpoint_every=5, **common, **launch)
         seconds = time.perf_counter() - start
-        accuracy = result["test"]["accuracy"]
-        print(f"{launch}: test accuracy {accuracy:.3f} after {result['iterations']} iterations, {seconds:.1f} s")
+        accuracy = result.test.accuracy
+        print(f"{launch}: test accuracy {accuracy:.3f} after {result.iterations} iterations, {seconds:.1f} s")
         assert accuracy > 0.3, f"{launch}: the model did not learn (accuracy {accuracy})"
         # the optimizer wrapper must keep its momentum where checkpoints see it (xla_compat patch 3)
         checkpoint = torch.load(Path(output, "xla", "training_checkpoint_20.pt"), weights_only=True)
@@ -45,11 +45,11 @@ for launch in ({"backend": "xla-tpu"}, {"backend": "xla-tpu", "nproc_per_node": 
                         "training_checkpoint_15.pt")), checkpoint_every=5, **common, **launch)
         final = torch.load(Path(output, "xla", "training_checkpoint_20.pt"), weights_only=True)
         same = all(torch.equal(final["model"][k], checkpoint["model"][k]) for k in final["model"])
-        print(f"{launch}: resumed from iteration 15 -> accuracy {resumed['test']['accuracy']:.3f}, "
+        print(f"{launch}: resumed from iteration 15 -> accuracy {resumed.test.accuracy:.3f}, "
               f"final weights identical to the uninterrupted run: {same}")
-        assert same and resumed["test"]["accuracy"] == accuracy
+        assert same and resumed.test.accuracy == accuracy
         evaluated = evaluate(Path(output, "xla", "training_checkpoint_20.pt"), backend=launch["backend"])
-        print(f"{launch}: evaluate() -> accuracy {evaluated['accuracy']:.3f}")
-        assert evaluated["accuracy"] == accuracy
+        print(f"{launch}: evaluate() -> accuracy {evaluated.accuracy:.3f}")
+        assert evaluated.accuracy == accuracy
 print("XLA smoke test passed")
 PY
