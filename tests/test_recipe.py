@@ -263,8 +263,8 @@ def test_compiled_bf16_channels_last_run_saves_plain_checkpoints_that_evaluate_a
     checkpoint = tmp_path / "fast" / "training_checkpoint_40.pt"
     model_keys = list(torch.load(checkpoint, weights_only=True)["model"])
     assert model_keys == list(models.build_model("simple_cnn").state_dict())  # no "_orig_mod." prefix
-    same = run_cli("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=True",
-                   "--channels_last=True")  # dataset, synthetic_size and tta=1 come from the checkpoint
+    same = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=True",
+                          "--channels_last=True")  # dataset, synthetic_size and tta=1 come from the checkpoint
     assert same.returncode == 0, same.stderr[-3000:]
     assert abs(json.loads(same.stdout.strip().splitlines()[-1])["accuracy"] - final["accuracy"]) <= 1 / 128
 
