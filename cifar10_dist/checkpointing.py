@@ -24,7 +24,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
-from cifar10_dist import faults
+from cifar10_dist import faults, models
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
             f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
         )
     check_model_name(checkpoint, (config or {}).get("model"), path)
-    check_fits(_plain(to_load["model"]).state_dict(), model_weights(checkpoint), path)
+    check_fits(models.unwrap(to_load["model"]).state_dict(), model_weights(checkpoint), path)
     check_optimizer_fits(to_load["optimizer"].state_dict(), checkpoint["optimizer"], path)
     loadable = {key: obj for key, obj in to_load.items() if key in checkpoint}
     try:
@@ -210,11 +210,6 @@ def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config:
     """``resume`` from path, when there is one (a fresh run otherwise)."""
     if path is not None:
         resume(to_load, path, config)
-
-
-def _plain(model: torch.nn.Module) -> torch.nn.Module:
-    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
 
 
 def check_model_name(checkpoint: Mapping[str, Any], model: str | None, path: str | Path) -> None:

@@ -235,15 +235,15 @@ def _holder(folder: Path) -> str:
 
 def describe_existing_run(folder: Path) -> str | None:
     """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
-    checkpoints = sorted(folder.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
-    best = list(folder.glob("best_model_*.pt"))
-    metrics = folder / "metrics.jsonl"
-    if not checkpoints and not best and not metrics.exists() and not (folder / "config.yaml").exists():
+    from cifar10_dist import checkpointing, reports
+
+    checkpoints = checkpointing.training_checkpoints(folder)  # newest first
+    has_metrics = (folder / "metrics.jsonl").exists()
+    if not (checkpoints or has_metrics or checkpointing.best_model_file(folder) or (folder / "config.yaml").exists()):
         return None
-    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[-1].name}" if checkpoints else "")]
-    epochs = [json.loads(line).get("epoch", 0) for line in metrics.read_text().splitlines() if line.strip()] \
-        if metrics.exists() else []
-    parts.append(f"last epoch recorded {max(epochs)}" if epochs else "no epoch recorded")
+    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[0].name}" if checkpoints else "")]
+    epochs = reports.read_metrics(folder)[0] if has_metrics else []
+    parts.append(f"last epoch recorded {epochs[-1]['epoch']}" if epochs else "no epoch recorded")
     if (folder / "summary.json").exists():
         parts.append("finished")
     return ", ".join(parts)
