@@ -1,4 +1,5 @@
-"""The Python API: ``train``, ``train_seeds`` and ``evaluate``; the CLI and notebooks call these.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate``, ``predict`` and ``export``; the CLI and notebooks
+call these.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second), then checks it against the world once
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from cifar10_dist.config import Config, load_config
-from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult
+from cifar10_dist.results import EvaluationResult, ExportResult, RunResult, SeedsResult
 
 # keys that evaluate takes from the checkpoint's recorded config unless given
-INHERITED_BY_EVALUATE = ("model", "dataset", "data_path", "synthetic_size", "tta")
+INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "data_path", "synthetic_size", "tta")
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
@@ -88,3 +89,22 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
     checks.check_before_launch(resolved)
     reported = launch.run(training.EvaluationWorker(str(checkpoint)), resolved)
     return EvaluationResult.from_dict(reported) if reported else None
+
+
+def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,
+            device: str | None = None) -> Any:
+    """Class probabilities, a float tensor (N, 10) on the CPU, of ``images``: image paths or folders, PIL images, or
+    a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
+    with the normalisation of evaluation and the checkpoint's ``tta`` unless given."""
+    from cifar10_dist import inference
+
+    trained = inference.load_trained_model(checkpoint, device)
+    return inference.probabilities(trained, inference.as_uint8_batch(images), batch_size, tta)
+
+
+def export(checkpoint: str | Path, format: str, output: str | Path | None = None) -> ExportResult:
+    """Write the checkpoint's model as safetensors, torchscript or onnx (default: next to the checkpoint), with a
+    JSON sidecar; the file is loaded back by its own runtime and compared with the PyTorch model first."""
+    from cifar10_dist import exporting
+
+    return exporting.export(checkpoint, format, output)

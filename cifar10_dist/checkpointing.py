@@ -271,6 +271,21 @@ def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return dict(meta.get("provenance", {})) if isinstance(meta, Mapping) else {}
 
 
+def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | None = None,
+                  model_kwargs: Mapping[str, Any] | None = None) -> torch.nn.Module:
+    """A fresh model with the checkpoint's weights: the model (and its factory's keyword arguments) the checkpoint
+    records, unless ``model`` is given (then it must be the recorded one)."""
+    recorded = checkpoint_config(checkpoint)
+    check_model_name(checkpoint, model, path)
+    name = model or recorded.get("model")
+    if name is None:
+        raise UserError(f"checkpoint '{path}' does not record its model: give --model")
+    kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
+    built = models.build_model(name, dict(kwargs) if kwargs else None)
+    load_model_weights(built, model_weights(checkpoint), str(path))
+    return built
+
+
 def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], source: str) -> None:
     check_fits(model.state_dict(), weights, source)
     try:

@@ -20,7 +20,7 @@ from cifar10_dist.errors import UserError
 
 def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
-    models.check_model_name(config.model)
+    models.check_model(config.model, config.model_kwargs)
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)

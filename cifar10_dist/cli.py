@@ -1,4 +1,5 @@
-"""The command line: ``cifar10-dist run | evaluate | prepare-data | report``, a thin fire layer over the API.
+"""The command line: ``cifar10-dist run | evaluate | predict | export | prepare-data | report``, a thin fire layer
+over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
 a diverged run (NaN loss) with 3, a preempted run (SIGTERM/SIGUSR1, checkpoint written) with 75;
@@ -16,7 +17,7 @@ import fire
 
 from cifar10_dist import api
 from cifar10_dist.config import describe_options
-from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Interrupted, UserError
+from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult
 
 RUN_HELP = """\
@@ -35,7 +36,8 @@ Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--
 
 Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
 writes the confusion matrix as confusion_<checkpoint name>.json and .png into output_dir.
-The checkpoint's recorded model, dataset, data_path and synthetic_size are used unless given here.
+The checkpoint's recorded model (and model_kwargs), dataset, data_path and synthetic_size are used unless
+given here.
 Batch and launch keys as for run.
 
   --checkpoint=PATH          checkpoint file to evaluate (required)
@@ -44,6 +46,38 @@ Batch and launch keys as for run.
   --config=None              YAML file with any of the keys below
   --debug                    show tracebacks for errors
 {options}
+"""
+
+PREDICT_HELP = """\
+Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=3] [--json] [--batch_size=256] [--tta=N]
+
+Classify image files with a saved model: one line per image with its top-k classes and probabilities.
+PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched recursively). Images are
+converted to RGB; those that are not 32x32 are resized (shorter side to 32 pixels, then the centre 32x32).
+A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.
+
+  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt)
+  --top_k=3                  classes shown per image
+  --json                     one JSON object per line: path and top-k classes with probabilities
+  --batch_size=256           images per forward pass
+  --tta=None                 test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)
+  --device=None              cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)
+  --debug                    show tracebacks for errors
+"""
+
+EXPORT_HELP = """\
+Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|torchscript|onnx [--output=PATH] [--debug]
+
+Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
+(N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
+normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
+compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime within 1e-4).
+Needs: pip install 'cifar10-dist[export]'
+
+  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
+  --format=FORMAT            safetensors (weights), torchscript (traced module) or onnx (dynamic batch size)
+  --output=None              file to write (default: next to the checkpoint, .safetensors/.torchscript.pt/.onnx)
+  --debug                    show tracebacks for errors
 """
 
 PREPARE_HELP = """\
@@ -77,6 +111,8 @@ Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs 
 Commands:
   run            train (cifar10-dist run --help lists every option)
   evaluate       test-set accuracy and loss of a saved checkpoint
+  predict        classify image files with a saved checkpoint
+  export         write a checkpoint's model as safetensors, TorchScript or ONNX (verified)
   prepare-data   download and verify CIFAR-10, or write a synthetic copy
   report         compare run folders: a table and a plot
 """
@@ -145,6 +181,71 @@ def evaluate(
     print(f"test: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 
 
+def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bool = False, batch_size: int = 256,
+            tta: int | None = None, device: str | None = None) -> None:
+    """Classify image files and folders; one line (or JSON object) per image."""
+    if checkpoint is None:
+        raise UserError("predict needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
+    if not paths:
+        raise UserError("predict needs image files or folders: cifar10-dist predict --checkpoint=FILE PATH [PATH ...]")
+    _require_whole("batch_size", batch_size, 1)
+    _require_whole("top_k", top_k, 1)
+    if tta not in (None, 0, 1, 2):
+        raise UserError(f"tta={tta!r} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
+    from cifar10_dist import inference
+
+    trained = inference.load_trained_model(str(checkpoint), device)
+    if top_k > len(trained.classes):
+        raise UserError(f"top_k={top_k} is more than the {len(trained.classes)} classes")
+    found = inference.find_images(map(str, paths))
+    failures = list(found.failures)
+    for path, reason in found.failures:
+        print(f"error: {path}: {reason}", file=sys.stderr)
+    classified = resized = 0
+    for start in range(0, len(found.files), batch_size):
+        read = inference.read_images(found.files[start:start + batch_size])
+        for path, reason in read.failures:
+            print(f"error: {path}: {reason}", file=sys.stderr)
+        failures += read.failures
+        probabilities = inference.probabilities(trained, read.images, batch_size, tta)
+        for path, row in zip(read.paths, probabilities):
+            print(_format_prediction(str(path), row, trained.classes, top_k, json))
+        classified, resized = classified + len(read.paths), resized + read.resized
+    if resized:
+        print(f"note: {resized} of {classified} images were not 32x32 and were resized (shorter side to 32 pixels, "
+              "then the centre 32x32)", file=sys.stderr)
+    if failures:
+        raise AlreadyReported(f"{len(failures)} inputs could not be classified")
+
+
+def _format_prediction(path: str, probabilities: Any, classes: tuple[str, ...], top_k: int, as_json: bool) -> str:
+    values, indices = probabilities.topk(top_k)
+    top = [(classes[index], index, value) for index, value in zip(indices.tolist(), values.tolist())]
+    if as_json:
+        return json_module.dumps({"path": path, "top_k": [
+            {"class": name, "index": index, "probability": round(value, 6)} for name, index, value in top]})
+    return f"{path}: " + ", ".join(f"{name} {value:.4f}" for name, _, value in top)
+
+
+def _require_whole(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
+
+
+def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None) -> None:
+    """Export a checkpoint's model (safetensors, torchscript, onnx), verified against PyTorch; print the check."""
+    if checkpoint is None or format is None:
+        raise UserError("export needs --checkpoint=PATH and --format=safetensors|torchscript|onnx")
+    result = api.export(str(checkpoint), str(format), None if output is None else str(output))
+    runtime = {"safetensors": "safetensors read back into the model", "torchscript": "torch.jit.load",
+               "onnx": "ONNX Runtime (CPU)"}[result.format]
+    if result.tensors_equal is not None:
+        print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
+    print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e}, "
+          f"same top-1 class on {result.same_top1} of {result.num_images}")
+    print(f"wrote {result.path} ({Path(result.path).stat().st_size / 1e6:.1f} MB) and {result.sidecar}")
+
+
 def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:
     """Compare run folders: a table on stdout and one plot overlaying their curves; with --targets=0.9,0.93,0.94
     also the time each run took to reach those accuracies (mean and std over the runs)."""
@@ -202,8 +303,10 @@ def prepare_data(
           f"files {official} the official release's md5 sums")
 
 
-COMMANDS = {"run": run, "evaluate": evaluate, "prepare-data": prepare_data, "report": report}
-HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
+COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "prepare-data": prepare_data,
+            "report": report}
+HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
+        "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
 
 
 def _help_text(argv: list[str]) -> str | None:
@@ -233,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         if debug:
             raise
-        print(f"error: {error}", file=sys.stderr)
+        if not isinstance(error, AlreadyReported):
+            print(f"error: {error}", file=sys.stderr)
         return error.exit_code
     except Interrupted as interrupt:
         if debug:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,7 +55,10 @@ class Config:
     flip: str = option("random", "horizontal flip: random (per image), alternating (half the images pre-flipped, "
                        "all flipped every other epoch) or none")
     # model and optimisation
-    model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench or simple_cnn")
+    model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
+                        "your own: package.module:factory or path/to/file.py:factory")
+    model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
+                                          "(e.g. '{\"width\": 64}')")
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max")
     deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
@@ -119,6 +125,8 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Conf
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
     typed = {key: _coerce(key, value) for key, value in values.items()}
+    if "model" in typed:
+        typed["model"] = absolute_model_reference(typed["model"])
     config = Config(**typed)
     validate(config)
     return config
@@ -183,8 +191,43 @@ def _coerce(name: str, value: Any) -> Any:
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)  # fire turns --run_name=7 into the int 7
+    elif base is dict:
+        return _json_object(name, value)
     type_name = f"{base.__name__} or None" if optional else base.__name__
     raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
+
+
+def _json_object(name: str, value: Any) -> dict[str, Any]:
+    """A mapping as given (fire and YAML parse one), or a JSON object text, made of JSON values only."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise UserError(f"{name}={value!r} is not valid JSON ({error.msg}): give an object, e.g. '{{\"width\": 64}}'"
+                            ) from error
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise UserError(f"{name}={value!r} must be a JSON object with string keys, e.g. '{{\"width\": 64}}'")
+    try:
+        return json.loads(json.dumps(value))  # plain JSON values only (they go into config.yaml and checkpoints)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{name}={value!r} holds a value JSON cannot carry: {error}") from error
+
+
+# package.module:factory or path/to/file.py:factory (the factory may be an attribute path: module:Class.create)
+MODEL_REFERENCE = re.compile(r"^(?P<source>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attribute>[A-Za-z_][\w.]*)$")
+
+
+def is_model_reference(model: str) -> bool:
+    """True for a user model (``module:factory`` or ``file.py:factory``) rather than a built-in name."""
+    return ":" in model
+
+
+def absolute_model_reference(model: str) -> str:
+    """A file reference made absolute (it is recorded in config.yaml and checkpoints and used from any folder)."""
+    match = MODEL_REFERENCE.match(model)
+    if match is None or not match["source"].endswith(".py"):
+        return model
+    return f"{os.path.abspath(match['source'])}:{match['attribute']}"
 
 
 def _require(condition: bool, message: str) -> None:
@@ -199,6 +242,10 @@ def validate(config: Config) -> None:
     _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
+    _require(
+        not is_model_reference(c.model) or MODEL_REFERENCE.match(c.model) is not None,
+        f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory",
+    )
     _require(c.seeds >= 1, f"seeds={c.seeds} must be at least 1")
     _require(
         c.seeds == 1 or c.resume_from in (None, "auto"),

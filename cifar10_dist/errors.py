@@ -17,6 +17,10 @@ class UserError(Exception):
         return [f"{type(self).__name__}: {self}"]
 
 
+class AlreadyReported(UserError):
+    """Failures already reported line by line (e.g. image files that could not be read): exit 2, no further line."""
+
+
 class TrainingDiverged(UserError):
     """The loss became NaN or infinite; the checkpoints on disk are from before it happened."""
 
@@ -62,4 +66,4 @@ class Interrupted(KeyboardInterrupt):
 
 
 KINDS: dict[str, type[BaseException]] = {kind.__name__: kind for kind in (
-    UserError, TrainingDiverged, Preempted, WorkerLost, PeerSilent, OutputNotWritable, Interrupted)}
+    UserError, AlreadyReported, TrainingDiverged, Preempted, WorkerLost, PeerSilent, OutputNotWritable, Interrupted)}

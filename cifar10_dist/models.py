@@ -1,16 +1,25 @@
-"""Models by name: any torchvision classification model, CIFAR-adapted ResNets, the airbench network (fast recipe)
-and a small CNN for smoke runs.
+"""Models by name: any torchvision classification model, CIFAR-adapted ResNets, the airbench network (fast recipe),
+a small CNN for smoke runs, and the user's own (``package.module:factory`` or ``path/to/file.py:factory``).
 
 Every model outputs 10 logits for a (N, 3, 32, 32) float batch. Nothing here knows about data or launching.
+A user model is imported by its reference in every process that needs it (never pickled).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from cifar10_dist.config import MODEL_REFERENCE, is_model_reference
 from cifar10_dist.errors import UserError
 
 NUM_CLASSES = 10
@@ -29,6 +38,9 @@ def available_models() -> list[str]:
 
 def check_model_name(name: str) -> None:
     """Raise a UserError listing the choices when ``name`` is not a known model."""
+    if is_model_reference(name):
+        import_factory(name)
+        return
     if name in ("simple_cnn", "airbench", *CIFAR_RESNETS):
         return  # no need to import torchvision to know these
     choices = available_models()
@@ -39,25 +51,117 @@ def check_model_name(name: str) -> None:
     raise UserError(f"model='{name}' is unknown{hint}: choose one of {', '.join(choices)}")
 
 
-def build_model(name: str) -> nn.Module:
-    """A freshly initialised model with 10 outputs (initialised from the current torch RNG state); the name was
-    checked before launch (``check_model_name``)."""
+def build_model(name: str, kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """A freshly initialised model with 10 outputs (initialised from the current torch RNG state), built with the
+    keyword arguments ``kwargs``; the name was checked before launch (``check_model``)."""
+    if is_model_reference(name):
+        return _call_factory(name, import_factory(name), kwargs or {})
+    builder = _builtin_builder(name)
+    try:
+        return builder(**(kwargs or {}))
+    except TypeError as error:  # a keyword the builder does not take
+        raise UserError(f"model={name} does not accept model_kwargs={kwargs}: {error}") from error
+
+
+def _builtin_builder(name: str) -> Callable[..., nn.Module]:
     if name == "simple_cnn":
-        return simple_cnn()
+        return simple_cnn
     if name == "airbench":
-        return AirbenchNet()
+        return AirbenchNet
     if name in CIFAR_RESNETS:
-        return cifar_resnet(CIFAR_RESNETS[name])
+        return lambda **kwargs: cifar_resnet(CIFAR_RESNETS[name], **kwargs)
     import torchvision
 
-    return torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES)
+    return lambda **kwargs: torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES, **kwargs)
 
 
-def cifar_resnet(torchvision_name: str) -> nn.Module:
+def check_model(name: str, kwargs: dict[str, Any] | None = None) -> None:
+    """Before launch: the model exists, and when it is the user's own or built with ``kwargs``, it builds and
+    maps a 2-image batch (N, 3, 32, 32) to (2, 10) logits. Each failure is one UserError naming the model."""
+    check_model_name(name)
+    if not is_model_reference(name) and not kwargs:
+        return
+    model = build_model(name, kwargs)
+    dummy = torch.zeros(2, 3, 32, 32)
+    try:
+        with torch.no_grad():
+            output = model.eval()(dummy)
+    except Exception as error:
+        raise UserError(f"model='{name}': the model's forward on a {tuple(dummy.shape)} batch raised "
+                        f"{_one_line(error)}") from error
+    shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+    if shape != (2, NUM_CLASSES):
+        raise UserError(f"model='{name}' returned {shape} for a {tuple(dummy.shape)} batch: expected a tensor of "
+                        f"shape (2, {NUM_CLASSES}), one logit per class")
+
+
+def import_factory(reference: str) -> Callable[..., Any]:
+    """The callable that ``module:factory`` or ``file.py:factory`` names (a UserError naming what is wrong)."""
+    match = MODEL_REFERENCE.match(reference)
+    if match is None:
+        raise UserError(f"model='{reference}' is not a model reference: write package.module:factory "
+                        "or path/to/file.py:factory")
+    module = _import_source(reference, match["source"])
+    found: Any = module
+    for part in match["attribute"].split("."):
+        if not hasattr(found, part):
+            names = [name for name in dir(found) if not name.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(f"model='{reference}': {match['source']} has no attribute '{part}'{hint}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise UserError(f"model='{reference}': {match['attribute']} is not callable (it is of type "
+                        f"{type(found).__name__}): name a function or class that returns an nn.Module")
+    return found
+
+
+def _import_source(reference: str, source: str) -> Any:
+    """Import a module by name (the current folder is searchable, as for ``python -m``) or a .py file by path."""
+    if source.endswith(".py"):
+        path = Path(source)
+        if not path.is_file():
+            raise UserError(f"model='{reference}': the file {source} does not exist")
+        name = "cifar10_dist_user_model_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as error:
+            del sys.modules[name]
+            raise UserError(f"model='{reference}': importing {source} raised {_one_line(error)}") from error
+        return module
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(source)
+    except Exception as error:
+        raise UserError(f"model='{reference}': cannot import {source}: {_one_line(error)}") from error
+
+
+def _call_factory(reference: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> nn.Module:
+    try:
+        model = factory(**kwargs)
+    except Exception as error:
+        raise UserError(f"model='{reference}': the factory raised {_one_line(error)}") from error
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model='{reference}': the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def cifar_resnet(torchvision_name: str, **kwargs: Any) -> nn.Module:
     """A torchvision ResNet with the CIFAR stem: 3x3 stride-1 first convolution and no max-pool."""
     import torchvision
 
-    model = torchvision.models.get_model(torchvision_name, weights=None, num_classes=NUM_CLASSES)
+    model = torchvision.models.get_model(torchvision_name, weights=None, num_classes=NUM_CLASSES, **kwargs)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model

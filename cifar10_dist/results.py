@@ -1,4 +1,4 @@
-"""What ``train`` and ``evaluate`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate`` and ``export`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -75,3 +75,20 @@ class EvaluationResult:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EvaluationResult:
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """An exported model file, its JSON sidecar, and how it compared with the PyTorch model when loaded back."""
+
+    format: str
+    path: str
+    sidecar: str
+    images: str  # the images the comparison ran on
+    max_abs_difference: float  # of the logits: the exported form against the PyTorch model
+    same_top1: int  # images whose top-1 class agrees, of num_images
+    num_images: int
+    tensors_equal: Optional[int] = None  # safetensors: tensors read back that are torch.equal to the model's
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -141,6 +141,7 @@ def log_peak_memory() -> None:
 
 def default_run_name(model: str, backend: str | None, world_size: int) -> str:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    model = model.rsplit(":", 1)[-1]  # a user model (module:factory, file.py:factory) by its factory's name
     return f"{model}_backend-{backend}-{world_size}_{stamp}"
 
 

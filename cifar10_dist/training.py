@@ -163,7 +163,7 @@ class Network:
 def setup_model(config: Config, data_setup: DataSetup) -> Network:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
-    model = models.build_model(config.model)
+    model = models.build_model(config.model, config.model_kwargs)
     if isinstance(model, models.AirbenchNet):
         model.init_whitening(data.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
@@ -515,10 +515,8 @@ class EvaluationWorker:
                    device: torch.device) -> nn.Module:
         """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
         was made with another package version or other data."""
-        model = models.build_model(config.model)
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
-        checkpointing.check_model_name(checkpoint, config.model, self.checkpoint)
-        checkpointing.load_model_weights(model, checkpointing.model_weights(checkpoint), self.checkpoint)
+        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs)
         present = describe_run(config, train_set, test_set, device)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             tracking.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",

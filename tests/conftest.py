@@ -103,8 +103,8 @@ def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
     """LONG uninterrupted, checkpoints every 25 iterations (training_checkpoint_50.pt, mid-epoch 3, and _72.pt kept):
     what every interrupted and continued LONG run at that world size must end with, bit for bit
     (checkpoint_every and validate_every do not change the training)."""
-    result = run_cli("run", *LONG, *launch, "--checkpoint_every=25", f"--data_path={data}", f"--output_path={output}",
-                     "--run_name=reference")
+    result = run_in_process("run", *LONG, *launch, "--checkpoint_every=25", f"--data_path={data}",
+                            f"--output_path={output}", "--run_name=reference")
     assert result.returncode == 0, result.stderr[-3000:]
     return output / "reference"
 

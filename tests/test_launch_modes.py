@@ -8,7 +8,6 @@ import socket
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import TINY, assert_same_training_state, free_slurm_job_id, run_cli, start_cli, stop_all
 

@@ -254,9 +254,13 @@ def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
 
 
 def test_compiled_bf16_channels_last_run_saves_plain_checkpoints_that_evaluate_alike(tmp_path):
-    """compile + bf16 autocast + channels_last + tta=1 in one run; `evaluate` (eager, inheriting tta from the
-    checkpoint) reproduces its test accuracy, and checkpoints carry the plain module's keys."""
+    """compile + bf16 autocast + channels_last + tta=1 in one run of a user's model (a file reference); `evaluate`
+    (eager, inheriting the model and tta from the checkpoint) reproduces its test accuracy, and checkpoints carry
+    the plain module's keys."""
+    (tmp_path / "user_model.py").write_text("from cifar10_dist.models import simple_cnn\n\n\n"
+                                            "def net(width):\n    return simple_cnn(width)\n")
     result = run_cli("run", *TINY, *SMALL, "--compile=True", "--with_amp=True", "--channels_last=True", "--tta=1",
+                     f"--model={tmp_path / 'user_model.py'}:net", '--model_kwargs={"width": 16}',
                      f"--output_path={tmp_path}", "--run_name=fast")
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "fast" / "metrics.json").read_text())["test"]
