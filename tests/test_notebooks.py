@@ -18,6 +18,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 def test_the_jupyter_notebook_trains_with_two_processes_from_a_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("CIFAR10_DIST_NOTEBOOK_SMOKE", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook trains into a fresh temporary folder
     monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     notebook = nbformat.read(REPO / "notebooks" / "train_in_jupyter.ipynb", as_version=4)
     NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
