@@ -134,6 +134,8 @@ def print_run_result(result: RunResult) -> None:
             chosen = f", {metrics.model}" if metrics.model else ""
             print(f"final {name}: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} "
                   f"({metrics.num_samples} images{chosen})")
+    if result.stopped_early is not None:
+        print(f"stopped early at epoch {result.stopped_early} (early_stopping_patience)")
     print(f"run folder: {result.run_dir}")
 
 

@@ -63,6 +63,9 @@ class Config:
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max")
     deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
     batch_size: int = option(512, "global batch size, split evenly over all processes")
+    accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
+                                     "one optimizer step: effective batch = batch_size x N; the LR schedule, "
+                                     "checkpoint_every and logging count batches (iterations)")
     learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(True, "use Nesterov momentum")
@@ -87,6 +90,9 @@ class Config:
     cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
     # evaluation, checkpoints, logging
     validate_every: int = option(3, "validate every N epochs (and always once at the end)")
+    early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val accuracy "
+                                                    "gain above early_stopping_min_delta (needs val_split > 0)")
+    early_stopping_min_delta: float = option(0.0, "smallest val accuracy gain that counts as an improvement")
     tta: int = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
                       "shifts (6 views)")
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)")
@@ -253,6 +259,18 @@ def validate(config: Config) -> None:
     )
     _require(0 <= c.val_split < 1, f"val_split={c.val_split} must be in [0, 1), e.g. 0.1")
     _require(c.batch_size >= 1, f"batch_size={c.batch_size} must be at least 1")
+    _require(c.accumulation_steps >= 1, f"accumulation_steps={c.accumulation_steps} must be at least 1 (1: no "
+                                        "accumulation)")
+    _require(
+        c.checkpoint_every % c.accumulation_steps == 0,
+        f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
+        "checkpoints are taken after optimizer steps",
+    )
+    _require(
+        not (c.lookahead and c.accumulation_steps > 1),
+        f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
+        f"accumulation_steps={c.accumulation_steps}",
+    )
     _require(0 <= c.crop_padding <= 16, f"crop_padding={c.crop_padding} must be in 0..16 pixels")
     _require(c.crop_pad_mode in PAD_MODES, f"crop_pad_mode='{c.crop_pad_mode}' is unknown: choose {' or '.join(PAD_MODES)}")
     _require(c.flip in FLIPS, f"flip='{c.flip}' is unknown: choose one of {', '.join(FLIPS)}")
@@ -274,6 +292,16 @@ def validate(config: Config) -> None:
     )
     _require(c.epoch_length is None or c.epoch_length >= 1, f"epoch_length={c.epoch_length} must be at least 1")
     _require(c.validate_every >= 1, f"validate_every={c.validate_every} must be at least 1")
+    _require(
+        c.early_stopping_patience is None or c.early_stopping_patience >= 1,
+        f"early_stopping_patience={c.early_stopping_patience} must be at least 1 (or None: off)",
+    )
+    _require(
+        c.early_stopping_patience is None or c.val_split > 0,
+        f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
+        "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
+    )
+    _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
     _require(c.checkpoint_every >= 1, f"checkpoint_every={c.checkpoint_every} must be at least 1")
     _require(c.log_every_iters >= 1, f"log_every_iters={c.log_every_iters} must be at least 1")
     _require(c.run_name is None or _is_plain_name(c.run_name), f"run_name='{c.run_name}' must be a plain folder name")

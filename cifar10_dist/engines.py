@@ -3,6 +3,7 @@ precision per device, the LR schedule per parameter group, and airbench's lookah
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -62,32 +63,58 @@ def create_trainer(
     prepare_batch: PrepareBatch,
     precision: Precision,
     scaler: torch.amp.GradScaler | None,
+    accumulation: Accumulation | None = None,
 ) -> Engine:
     """An Engine whose step trains on one batch and returns the batch loss (a float).
 
-    NaN/inf losses are caught by ``faults.attach_stop_checks`` (not Ignite's TerminateOnNan, whose
-    COMPLETED event would checkpoint the broken state).
+    With ``accumulation``, the gradients of N consecutive batches are summed (each loss divided by N) and the
+    optimizer steps after the Nth (and after the last iteration of training); under DDP the N-1 batches in
+    between skip the gradient all-reduce (``no_sync``). NaN/inf losses are caught by ``faults.attach_stop_checks``
+    (not Ignite's TerminateOnNan, whose COMPLETED event would checkpoint the broken state).
     """
+    accumulation = accumulation or Accumulation(1)
 
     def train_step(engine: Engine, batch: Batch) -> float:
         model.train()
-        inputs, targets = prepare_batch(batch, engine.state.iteration)
-        with precision.autocast():
-            loss = loss_fn(model(inputs), targets)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+        iteration = engine.state.iteration
+        inputs, targets = prepare_batch(batch, iteration)
+        stepping = accumulation.steps_at(iteration, engine.state.max_epochs * engine.state.epoch_length)
+        with contextlib.nullcontext() if stepping else accumulation.without_gradient_sync():
+            with precision.autocast():
+                loss = loss_fn(model(inputs), targets)
+            share = loss / accumulation.steps if accumulation.steps > 1 else loss
+            (scaler.scale(share) if scaler is not None else share).backward()
+        if stepping:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
     trainer = Engine(train_step)
     trainer.logger = logging.getLogger("cifar10_dist.trainer")
     trainer.logger.setLevel(logging.CRITICAL)  # progress is logged by tracking; errors end the run with a message
     return trainer
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Gradient accumulation over ``steps`` batches; ``synced`` is the DDP model whose all-reduce is skipped on
+    the batches that do not step (None: one process, nothing to skip)."""
+
+    steps: int
+    synced: nn.Module | None = None
+
+    def steps_at(self, iteration: int, total_iterations: int) -> bool:
+        """Whether the optimizer steps after this (1-based) iteration."""
+        return iteration % self.steps == 0 or iteration == total_iterations
+
+    def without_gradient_sync(self) -> contextlib.AbstractContextManager:
+        if isinstance(self.synced, nn.parallel.DistributedDataParallel):
+            return self.synced.no_sync()
+        return contextlib.nullcontext()
 
 
 class NumSamples(Metric):

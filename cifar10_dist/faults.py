@@ -87,8 +87,9 @@ class StopRequest:
 
 
 def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None],
-                       run_dir: Path) -> None:
-    """After each iteration: agree on NaN, Ctrl-C and preemption across processes, then act on them.
+                       run_dir: Path, step_every: int = 1) -> None:
+    """After each iteration: agree on NaN, Ctrl-C and preemption across processes, then act on them; a stop
+    waits for the next optimizer step (every ``step_every`` iterations), so that no accumulated gradient is lost.
 
     Attach before the checkpoint handlers, so that a NaN iteration is never saved.
     """
@@ -107,6 +108,8 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
                 f"training stopped at iteration {iteration} (epoch {epoch}): the loss became {loss} "
                 "on at least one process; the checkpoints on disk are from before it (try a lower learning_rate)"
             )
+        if iteration % step_every:
+            return  # mid-accumulation: stop after the optimizer step
         if flags[1] > 0:
             save_checkpoint(engine)
             checkpoint = run_dir / f"training_checkpoint_{iteration}.pt"

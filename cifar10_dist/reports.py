@@ -73,6 +73,7 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
         "final": {split: result.get(split) for split in ("train", "val", "test") if result.get(split)},
         "epochs": result.get("epochs"),
         "iterations": result.get("iterations"),
+        "stopped_early": result.get("stopped_early"),
         "total_time": seconds,
         "training_time": sum(e["epoch_time"] for e in epochs),
         "world_size": record.get("world_size"),

@@ -34,6 +34,7 @@ class RunResult:
     val: Optional[SplitMetrics] = None
     train: Optional[SplitMetrics] = None
     seed: Optional[int] = None
+    stopped_early: Optional[int] = None  # the epoch early stopping ended training at (None: it did not)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -42,7 +43,7 @@ class RunResult:
     def from_dict(cls, values: dict[str, Any]) -> RunResult:
         splits = {split: SplitMetrics.from_dict(values.get(split)) for split in ("test", "val", "train")}
         return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
-                   seed=values.get("seed"), **splits)
+                   seed=values.get("seed"), stopped_early=values.get("stopped_early"), **splits)
 
 
 @dataclass(frozen=True)

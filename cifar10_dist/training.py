@@ -18,6 +18,7 @@ from typing import Any, Callable
 import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
+from ignite.handlers import EarlyStopping
 from ignite.utils import manual_seed
 from torch import nn
 
@@ -261,6 +262,11 @@ class EngineSet:
     selection_evaluator: Engine  # val (held out) or test: chooses the best model
     test_evaluator: Engine  # with a held-out split, the one test evaluation; else the selection evaluator
     lookahead: engines.Lookahead | None
+    early_stopping: EarlyStopping | None = None
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stopping is not None and self.early_stopping.counter >= self.early_stopping.patience
 
 
 def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
@@ -269,7 +275,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     trainer = engines.create_trainer(
         network.forward, optimization.optimizer, optimization.loss_fn,
         train_batch_preparer(device, config, data_setup.iterations_per_epoch), optimization.precision,
-        optimization.scaler,
+        optimization.scaler, engines.Accumulation(config.accumulation_steps, network.model),
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
@@ -284,7 +290,26 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
 
     selection = new_evaluator(config.tta)
     test = new_evaluator(config.tta) if data_setup.split == "val" else selection
-    return EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
+    return EngineSet(trainer, new_evaluator(0), selection, test, lookahead, early_stopping(config, trainer, selection))
+
+
+def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyStopping | None:
+    """Ignite's EarlyStopping on the val accuracy after each validation (every rank sees the same all-reduced
+    accuracy, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
+    if config.early_stopping_patience is None:
+        return None
+    stopper = EarlyStopping(config.early_stopping_patience, lambda engine: engine.state.metrics["accuracy"], trainer,
+                            threshold=config.early_stopping_min_delta)
+    stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
+
+    def log_stop(engine: Engine) -> None:
+        if stopper.counter == stopper.patience and trainer.should_terminate:
+            logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
+                        trainer.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
+
+    selection.add_event_handler(Events.COMPLETED, stopper)
+    selection.add_event_handler(Events.COMPLETED, log_stop)
+    return stopper
 
 
 def iteration_seed(seed: int, rank: int, iteration: int) -> int:
@@ -360,11 +385,14 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
         to_save["scaler"] = optimization.scaler
     if engine_set.lookahead is not None:
         to_save["lookahead"] = engine_set.lookahead
+    if engine_set.early_stopping is not None:
+        to_save["early_stopping"] = engine_set.early_stopping
     saver = clearml.saver(run_dir) if clearml.enabled else None
     save_training_checkpoint = faults.finite_weights_only(
         checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
     )
-    faults.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir)
+    faults.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
+                              step_every=config.accumulation_steps)
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(engine_set.selection_evaluator, engine_set.trainer,
                                                 {"model": network.model, "meta": meta}, run_dir, data_setup.split, saver)
@@ -435,8 +463,9 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
     """
     trainer = engine_set.trainer
-    if trainer.state.iteration >= data_setup.total_iterations:
-        logger.info("the checkpoint is from the end of training: evaluating only")
+    if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
+        logger.info("the checkpoint is from the end of training%s: evaluating only",
+                    " (stopped early)" if engine_set.stopped_early else "")
         validation(trainer)  # Ignite would restart a finished run from iteration 0
     else:
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
@@ -444,6 +473,7 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
     latest = validation.latest or {}
     return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
+                     stopped_early=trainer.state.epoch if engine_set.stopped_early else None,
                      **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
                         for split in ("test", "val", "train")})
 

@@ -83,6 +83,15 @@ def test_shipped_configs_are_valid():
         ({"bias_lr_scale": 0}, "bias_lr_scale=0.0 must be greater than 0"),
         ({"lr_end": -0.1}, "lr_start=0.0 and lr_end=-0.1 must be 0 or more"),
         ({"compile": True, "backend": "xla-tpu"}, "compile=True is not supported with backend xla-tpu"),
+        ({"accumulation_steps": 0}, "accumulation_steps=0 must be at least 1"),
+        ({"accumulation_steps": 3, "checkpoint_every": 200}, "checkpoint_every=200 must be a multiple of "
+                                                             "accumulation_steps=3: checkpoints are taken after"),
+        ({"accumulation_steps": 2, "lookahead": True}, "lookahead=True counts iterations as optimizer steps"),
+        ({"early_stopping_patience": 0, "val_split": 0.1}, "early_stopping_patience=0 must be at least 1"),
+        ({"early_stopping_patience": 3}, "early_stopping_patience=3 needs val_split > 0 (e.g. --val_split=0.1): "
+                                         "with val_split=0 it would stop on test accuracy"),
+        ({"early_stopping_patience": 3, "val_split": 0.1, "early_stopping_min_delta": -0.01},
+         "early_stopping_min_delta=-0.01 must be 0 or more"),
     ],
 )
 def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):

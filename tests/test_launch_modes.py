@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 
-from tests.conftest import TINY, assert_same_training_state, free_slurm_job_id, run_cli, start_cli, stop_all
+from tests.conftest import TINY, assert_same_training_state, free_slurm_job_id, run_in_process, start_cli, stop_all
 
 FINAL = "training_checkpoint_36.pt"  # 600 images, global batch 32, 2 epochs
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # as each of the 2 spawned reference processes has on 2 cores
@@ -100,8 +100,8 @@ def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_da
 
 def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path):
     init_file = tmp_path / "rendezvous"
-    result = run_cli(*training_args(small_dataset, tmp_path), "--nproc_per_node=2",
-                     f"--init_method=file://{init_file}")
+    result = run_in_process(*training_args(small_dataset, tmp_path), "--nproc_per_node=2",
+                            f"--init_method=file://{init_file}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
 

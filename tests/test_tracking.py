@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, cli_env, run_cli
+from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -159,7 +159,7 @@ def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tm
     _, run_dir = tracked_run
     _, spawn_output = spawned_run
     (other,) = spawn_output.iterdir()
-    result = run_cli("report", str(run_dir), str(other), f"--output={tmp_path / 'cmp.png'}")
+    result = run_in_process("report", str(run_dir), str(other), f"--output={tmp_path / 'cmp.png'}")
     assert result.returncode == 0, result.stderr
     for folder in (run_dir, other):
         summary = json.loads((folder / "summary.json").read_text())
@@ -216,7 +216,7 @@ def write_run(folder: Path, accuracies: list[float], epoch_time: float, eval_tim
 def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
     fast = write_run(tmp_path / "fast", [0.85, 0.91, 0.935, 0.94], epoch_time=60, eval_time=6)
     slow = write_run(tmp_path / "slow", [0.80, 0.89, 0.92, 0.93], epoch_time=120, eval_time=6)
-    result = run_cli("report", str(fast), str(slow), "--targets=0.9,0.93,0.94", f"--output={tmp_path / 'r.png'}")
+    result = run_in_process("report", str(fast), str(slow), "--targets=0.9,0.93,0.94", f"--output={tmp_path / 'r.png'}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     fast_row = [line for line in lines if line.startswith("fast ")][-1]  # the second table's row
@@ -235,6 +235,6 @@ def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
 
 def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
     run = write_run(tmp_path / "run", [0.5], epoch_time=1, eval_time=1)
-    result = run_cli("report", str(run), "--targets=93")
+    result = run_in_process("report", str(run), "--targets=93")
     assert result.returncode == 2
     assert "targets=93 must be accuracies in (0, 1]" in result.stderr
