@@ -248,10 +248,6 @@ def validate(config: Config) -> None:
     _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
-    _require(
-        not is_model_reference(c.model) or MODEL_REFERENCE.match(c.model) is not None,
-        f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory",
-    )
     _require(c.seeds >= 1, f"seeds={c.seeds} must be at least 1")
     _require(
         c.seeds == 1 or c.resume_from in (None, "auto"),
@@ -259,18 +255,6 @@ def validate(config: Config) -> None:
     )
     _require(0 <= c.val_split < 1, f"val_split={c.val_split} must be in [0, 1), e.g. 0.1")
     _require(c.batch_size >= 1, f"batch_size={c.batch_size} must be at least 1")
-    _require(c.accumulation_steps >= 1, f"accumulation_steps={c.accumulation_steps} must be at least 1 (1: no "
-                                        "accumulation)")
-    _require(
-        c.checkpoint_every % c.accumulation_steps == 0,
-        f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
-        "checkpoints are taken after optimizer steps",
-    )
-    _require(
-        not (c.lookahead and c.accumulation_steps > 1),
-        f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
-        f"accumulation_steps={c.accumulation_steps}",
-    )
     _require(0 <= c.crop_padding <= 16, f"crop_padding={c.crop_padding} must be in 0..16 pixels")
     _require(c.crop_pad_mode in PAD_MODES, f"crop_pad_mode='{c.crop_pad_mode}' is unknown: choose {' or '.join(PAD_MODES)}")
     _require(c.flip in FLIPS, f"flip='{c.flip}' is unknown: choose one of {', '.join(FLIPS)}")
@@ -292,16 +276,6 @@ def validate(config: Config) -> None:
     )
     _require(c.epoch_length is None or c.epoch_length >= 1, f"epoch_length={c.epoch_length} must be at least 1")
     _require(c.validate_every >= 1, f"validate_every={c.validate_every} must be at least 1")
-    _require(
-        c.early_stopping_patience is None or c.early_stopping_patience >= 1,
-        f"early_stopping_patience={c.early_stopping_patience} must be at least 1 (or None: off)",
-    )
-    _require(
-        c.early_stopping_patience is None or c.val_split > 0,
-        f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
-        "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
-    )
-    _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
     _require(c.checkpoint_every >= 1, f"checkpoint_every={c.checkpoint_every} must be at least 1")
     _require(c.log_every_iters >= 1, f"log_every_iters={c.log_every_iters} must be at least 1")
     _require(c.run_name is None or _is_plain_name(c.run_name), f"run_name='{c.run_name}' must be a plain folder name")
@@ -314,7 +288,38 @@ def validate(config: Config) -> None:
         f"overwrite=True and resume_from='{c.resume_from}' contradict each other: continue or start afresh, not both",
     )
     _require(c.dist_timeout >= 1, f"dist_timeout={c.dist_timeout} must be at least 1 second")
+    _validate_training_options(c)
     _validate_launch(c)
+
+
+def _validate_training_options(c: Config) -> None:
+    """The model reference, gradient accumulation and early stopping."""
+    _require(
+        not is_model_reference(c.model) or MODEL_REFERENCE.match(c.model) is not None,
+        f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory",
+    )
+    _require(c.accumulation_steps >= 1, f"accumulation_steps={c.accumulation_steps} must be at least 1 (1: no "
+                                        "accumulation)")
+    _require(
+        c.checkpoint_every % c.accumulation_steps == 0,
+        f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
+        "checkpoints are taken after optimizer steps",
+    )
+    _require(
+        not (c.lookahead and c.accumulation_steps > 1),
+        f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
+        f"accumulation_steps={c.accumulation_steps}",
+    )
+    _require(
+        c.early_stopping_patience is None or c.early_stopping_patience >= 1,
+        f"early_stopping_patience={c.early_stopping_patience} must be at least 1 (or None: off)",
+    )
+    _require(
+        c.early_stopping_patience is None or c.val_split > 0,
+        f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
+        "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
+    )
+    _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
 
 
 def _is_plain_name(name: str) -> bool:
