@@ -74,10 +74,11 @@ def _train_seeds(config: Config) -> SeedsResult | None:
     return result
 
 
-def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
+def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
              **overrides: Any) -> EvaluationResult | None:
     """Test-set accuracy, loss, per-class accuracy and confusion matrix of a saved model (a training checkpoint
-    or a best-model file). The model and data keys recorded in the checkpoint are used unless given."""
+    or a best-model file). The model and data keys recorded in the checkpoint are used unless given; a training
+    checkpoint of a run with ema_decay is evaluated with its EMA weights unless ``raw_weights``."""
     from cifar10_dist import checkpointing, checks, launch, training
 
     recorded = checkpointing.checkpoint_config(checkpointing.load_checkpoint(checkpoint))
@@ -87,24 +88,26 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
     else:
         resolved = load_config(config, **{**inherited, **overrides})
     checks.check_before_launch(resolved)
-    reported = launch.run(training.EvaluationWorker(str(checkpoint)), resolved)
+    reported = launch.run(training.EvaluationWorker(str(checkpoint), raw_weights), resolved)
     return EvaluationResult.from_dict(reported) if reported else None
 
 
 def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,
-            device: str | None = None) -> Any:
+            device: str | None = None, raw_weights: bool = False) -> Any:
     """Class probabilities, a float tensor (N, 10) on the CPU, of ``images``: image paths or folders, PIL images, or
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
-    with the normalisation of evaluation and the checkpoint's ``tta`` unless given."""
+    with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
+    has them, unless ``raw_weights``."""
     from cifar10_dist import inference
 
-    trained = inference.load_trained_model(checkpoint, device)
+    trained = inference.load_trained_model(checkpoint, device, raw_weights)
     return inference.probabilities(trained, inference.as_uint8_batch(images), batch_size, tta)
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = None) -> ExportResult:
+def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
+           raw_weights: bool = False) -> ExportResult:
     """Write the checkpoint's model as safetensors, torchscript or onnx (default: next to the checkpoint), with a
     JSON sidecar; the file is loaded back by its own runtime and compared with the PyTorch model first."""
     from cifar10_dist import exporting
 
-    return exporting.export(checkpoint, format, output)
+    return exporting.export(checkpoint, format, output, raw_weights)

@@ -272,9 +272,10 @@ def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | None = None,
-                  model_kwargs: Mapping[str, Any] | None = None) -> torch.nn.Module:
+                  model_kwargs: Mapping[str, Any] | None = None, raw_weights: bool = False) -> torch.nn.Module:
     """A fresh model with the checkpoint's weights: the model (and its factory's keyword arguments) the checkpoint
-    records, unless ``model`` is given (then it must be the recorded one)."""
+    records, unless ``model`` is given (then it must be the recorded one). A training checkpoint of a run with
+    ``ema_decay`` gives its EMA weights unless ``raw_weights`` (best-model files of such a run hold the EMA's)."""
     recorded = checkpoint_config(checkpoint)
     check_model_name(checkpoint, model, path)
     name = model or recorded.get("model")
@@ -282,7 +283,10 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | 
         raise UserError(f"checkpoint '{path}' does not record its model: give --model")
     kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
     built = models.build_model(name, dict(kwargs) if kwargs else None)
-    load_model_weights(built, model_weights(checkpoint), str(path))
+    weights = checkpoint["ema_model"] if "ema_model" in checkpoint and not raw_weights else model_weights(checkpoint)
+    load_model_weights(built, weights, str(path))
+    if "ema_model" in checkpoint:
+        logger.info("%s: the %s weights", path, "trained (raw)" if raw_weights else "EMA")
     return built
 
 

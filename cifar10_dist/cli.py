@@ -43,6 +43,7 @@ Batch and launch keys as for run.
   --checkpoint=PATH          checkpoint file to evaluate (required)
   --json                     print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line
   --output_dir=None          folder for the confusion matrix files (default: the checkpoint's folder)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --config=None              YAML file with any of the keys below
   --debug                    show tracebacks for errors
 {options}
@@ -62,6 +63,7 @@ A file that cannot be read gets one error line, the others are still classified,
   --batch_size=256           images per forward pass
   --tta=None                 test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)
   --device=None              cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --debug                    show tracebacks for errors
 """
 
@@ -77,6 +79,7 @@ Needs: pip install 'cifar10-dist[export]'
   --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
   --format=FORMAT            safetensors (weights), torchscript (traced module) or onnx (dynamic batch size)
   --output=None              file to write (default: next to the checkpoint, .safetensors/.torchscript.pt/.onnx)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --debug                    show tracebacks for errors
 """
 
@@ -152,14 +155,14 @@ def print_seed_summary(result: SeedsResult) -> None:
 
 def evaluate(
     checkpoint: str | None = None, config: str | None = None, json: bool = False, output_dir: str | None = None,
-    **overrides: Any,
+    raw_weights: bool = False, **overrides: Any,
 ) -> None:
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist import reports, tracking
 
-    metrics = api.evaluate(str(checkpoint), config, **overrides)
+    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), **overrides)
     if metrics is None:
         return
     folder = Path(output_dir) if output_dir is not None else Path(checkpoint).parent
@@ -184,7 +187,7 @@ def evaluate(
 
 
 def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bool = False, batch_size: int = 256,
-            tta: int | None = None, device: str | None = None) -> None:
+            tta: int | None = None, device: str | None = None, raw_weights: bool = False) -> None:
     """Classify image files and folders; one line (or JSON object) per image."""
     if checkpoint is None:
         raise UserError("predict needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
@@ -196,7 +199,7 @@ def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bo
         raise UserError(f"tta={tta!r} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
     from cifar10_dist import inference
 
-    trained = inference.load_trained_model(str(checkpoint), device)
+    trained = inference.load_trained_model(str(checkpoint), device, bool(raw_weights))
     if top_k > len(trained.classes):
         raise UserError(f"top_k={top_k} is more than the {len(trained.classes)} classes")
     found = inference.find_images(map(str, paths))
@@ -234,11 +237,12 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
         raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
 
 
-def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None) -> None:
+def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
+           raw_weights: bool = False) -> None:
     """Export a checkpoint's model (safetensors, torchscript, onnx), verified against PyTorch; print the check."""
     if checkpoint is None or format is None:
         raise UserError("export needs --checkpoint=PATH and --format=safetensors|torchscript|onnx")
-    result = api.export(str(checkpoint), str(format), None if output is None else str(output))
+    result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights))
     runtime = {"safetensors": "safetensors read back into the model", "torchscript": "torch.jit.load",
                "onnx": "ONNX Runtime (CPU)"}[result.format]
     if result.tensors_equal is not None:

@@ -78,6 +78,9 @@ class Config:
                                       "linear decay")
     lr_start: float = option(0.0, "learning rate at iteration 0, as a fraction of learning_rate")
     lr_end: float = option(0.0, "learning rate at the last iteration, as a fraction of learning_rate")
+    ema_decay: Optional[float] = option(None, "keep an exponential moving average of the weights, this decay per "
+                                        "optimizer step (e.g. 0.999), warmed up from 0.9 over the LR warm-up; it is "
+                                        "evaluated next to the model, chooses the best model and takes the test")
     lookahead: bool = option(False, "airbench's lookahead: from 30% of training, every 5 steps move the weights "
                              "to an EMA of them whose decay grows to 0.77")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)")
@@ -319,6 +322,7 @@ def _validate_training_options(c: Config) -> None:
         f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
         "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
     )
+    _require(c.ema_decay is None or 0 < c.ema_decay < 1, f"ema_decay={c.ema_decay} must be in (0, 1), e.g. 0.999")
     _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from ignite.engine import Engine, Events
-from ignite.handlers import ParamGroupScheduler, PiecewiseLinear
+from ignite.handlers import EMAHandler, ParamGroupScheduler, PiecewiseLinear
 from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
@@ -273,6 +273,33 @@ class Lookahead:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         average, current = state["average"], self._averaged()
         self.average = None if average is None else {name: average[name].to(current[name].device) for name in current}
+
+
+class WeightAverage:
+    """An exponential moving average of the weights (Ignite's EMAHandler), updated after every optimizer step
+    (every ``every`` iterations), its decay warmed up from 0.9 over ``warmup_steps`` steps; BatchNorm statistics
+    are the model's. Checkpointed as the EMA weights plus this object (the warm-up position)."""
+
+    WARMUP_MOMENTUM = 0.1  # Ignite's momentum = 1 - decay
+
+    def __init__(self, model: nn.Module, trainer: Engine, decay: float, warmup_steps: int, every: int = 1) -> None:
+        momentum = 1 - decay
+        warm = warmup_steps > 0 and momentum < self.WARMUP_MOMENTUM
+        self.handler = EMAHandler(model, momentum=momentum, momentum_warmup=self.WARMUP_MOMENTUM if warm else None,
+                                  warmup_iters=warmup_steps if warm else None, handle_buffers="copy")
+        self.handler.attach(trainer, event=Events.ITERATION_COMPLETED(every=every))
+
+    @property
+    def model(self) -> nn.Module:
+        return self.handler.ema_model
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self.handler.momentum_scheduler if self.handler._momentum_lambda_obj is not None else None
+        return {"warmup_events": scheduler.event_index if scheduler is not None else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.handler._momentum_lambda_obj is not None:
+            self.handler.momentum_scheduler.event_index = state["warmup_events"]
 
 
 def attach_validation(

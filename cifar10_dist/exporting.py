@@ -41,12 +41,14 @@ def require(format: str) -> None:
                             ) from error
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = None) -> ExportResult:
-    """Export a checkpoint's model to ``format`` at ``output`` (default: next to the checkpoint), verified."""
+def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
+           raw_weights: bool = False) -> ExportResult:
+    """Export a checkpoint's model to ``format`` at ``output`` (default: next to the checkpoint), verified; the
+    EMA weights of a run with ema_decay unless ``raw_weights``."""
     if format not in FORMATS:
         raise UserError(f"format={format!r} is not accepted: choose one of {', '.join(FORMATS)}")
     require(format)
-    trained = inference.load_trained_model(checkpoint, device="cpu")
+    trained = inference.load_trained_model(checkpoint, device="cpu", raw_weights=raw_weights)
     path = Path(output) if output is not None else Path(checkpoint).with_suffix(FORMATS[format])
     if path.is_dir():
         raise UserError(f"output='{path}' is a folder: give a file name, e.g. {path / ('model' + FORMATS[format])}")

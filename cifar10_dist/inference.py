@@ -42,10 +42,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_trained_model(checkpoint: str | Path, device: str | torch.device | None = None) -> TrainedModel:
-    """The model a checkpoint (training checkpoint or best-model file) records, rebuilt with its weights."""
+def load_trained_model(checkpoint: str | Path, device: str | torch.device | None = None,
+                       raw_weights: bool = False) -> TrainedModel:
+    """The model a checkpoint (training checkpoint or best-model file) records, rebuilt with its weights (the EMA
+    weights of a run with ema_decay, unless ``raw_weights``)."""
     loaded = checkpointing.load_checkpoint(checkpoint)
-    model = checkpointing.restore_model(loaded, checkpoint)
+    model = checkpointing.restore_model(loaded, checkpoint, raw_weights=raw_weights)
     chosen = torch.device(device) if device is not None else default_device()
     config = checkpointing.checkpoint_config(loaded)
     return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, data.CLASSES, chosen,

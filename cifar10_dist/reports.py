@@ -41,8 +41,11 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
-    """(split that chose the best model: val if the run held one out, else test; its evaluations; the best one)."""
+    """(split that chose the best model: val if the run held one out, else test, and its EMA's evaluations when
+    the run kept one; its evaluations; the best one)."""
     split = "val" if any(e["split"] == "val" for e in evaluations) else "test"
+    if any(e["split"] == f"{split}_ema" for e in evaluations):
+        split = f"{split}_ema"
     chosen = [e for e in evaluations if e["split"] == split]
     return split, chosen, max(chosen, key=lambda e: e["accuracy"], default=None)
 

@@ -262,7 +262,14 @@ class EngineSet:
     selection_evaluator: Engine  # val (held out) or test: chooses the best model
     test_evaluator: Engine  # with a held-out split, the one test evaluation; else the selection evaluator
     lookahead: engines.Lookahead | None
+    ema: engines.WeightAverage | None = None
+    ema_evaluator: Engine | None = None  # the EMA weights on the selection split
     early_stopping: EarlyStopping | None = None
+
+    @property
+    def choosing_evaluator(self) -> Engine:
+        """The evaluation that chooses the best model and drives early stopping: the EMA's when there is one."""
+        return self.ema_evaluator or self.selection_evaluator
 
     @property
     def stopped_early(self) -> bool:
@@ -283,14 +290,21 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     if lookahead is not None:
         lookahead.attach(trainer)
 
-    def new_evaluator(tta: int) -> Engine:
+    def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
         prepare = eval_batch_preparer(device, config.channels_last)
-        return engines.create_evaluator(network.forward, nn.CrossEntropyLoss().to(device), prepare,
+        return engines.create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare,
                                         optimization.precision, device, tta=tta)
 
     selection = new_evaluator(config.tta)
     test = new_evaluator(config.tta) if data_setup.split == "val" else selection
-    return EngineSet(trainer, new_evaluator(0), selection, test, lookahead, early_stopping(config, trainer, selection))
+    engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
+    if config.ema_decay is not None:
+        warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
+        engine_set.ema = engines.WeightAverage(network.model, trainer, config.ema_decay, warmup,
+                                               config.accumulation_steps)
+        engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
+    engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
+    return engine_set
 
 
 def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyStopping | None:
@@ -303,12 +317,11 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
     stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
 
     def log_stop(engine: Engine) -> None:
-        if stopper.counter == stopper.patience and trainer.should_terminate:
-            logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
-                        trainer.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
+        logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
+                    engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
 
     selection.add_event_handler(Events.COMPLETED, stopper)
-    selection.add_event_handler(Events.COMPLETED, log_stop)
+    trainer.add_event_handler(Events.TERMINATE, log_stop)  # only EarlyStopping terminates (stops raise)
     return stopper
 
 
@@ -387,6 +400,9 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
         to_save["lookahead"] = engine_set.lookahead
     if engine_set.early_stopping is not None:
         to_save["early_stopping"] = engine_set.early_stopping
+    if engine_set.ema is not None:
+        to_save["ema_model"], to_save["ema_warmup"] = engine_set.ema.model, engine_set.ema
+    best_model = engine_set.ema.model if engine_set.ema is not None else network.model
     saver = clearml.saver(run_dir) if clearml.enabled else None
     save_training_checkpoint = faults.finite_weights_only(
         checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
@@ -394,8 +410,8 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
     faults.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
                               step_every=config.accumulation_steps)
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
-    checkpointing.attach_best_model_checkpoints(engine_set.selection_evaluator, engine_set.trainer,
-                                                {"model": network.model, "meta": meta}, run_dir, data_setup.split, saver)
+    checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer,
+                                                {"model": best_model, "meta": meta}, run_dir, data_setup.split, saver)
     return to_save
 
 
@@ -447,6 +463,9 @@ class Validation:
             results["train"] = self.measure("train_subset", self.engine_set.train_evaluator, self.loaders.train_eval, epoch)
         loader = self.loaders.val if self.split == "val" else self.loaders.test
         results[self.split] = self.measure(self.split, self.engine_set.selection_evaluator, loader, epoch)
+        if self.engine_set.ema_evaluator is not None:
+            results[f"{self.split}_ema"] = self.measure(f"{self.split}_ema", self.engine_set.ema_evaluator, loader,
+                                                        epoch)
         self.latest = results
 
     def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:
@@ -471,7 +490,9 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
     if data_setup.split == "val" and validation.latest is not None:
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
-    latest = validation.latest or {}
+    latest = dict(validation.latest or {})
+    if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
+        latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
     return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
                      stopped_early=trainer.state.epoch if engine_set.stopped_early else None,
                      **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
@@ -518,8 +539,8 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
 class EvaluationWorker:
     """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
 
-    def __init__(self, checkpoint: str) -> None:
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: str, raw_weights: bool = False) -> None:
+        self.checkpoint, self.raw_weights = checkpoint, raw_weights
 
     def __call__(self, config: Config) -> dict[str, Any]:
         with tracking.package_logging():
@@ -546,7 +567,8 @@ class EvaluationWorker:
         """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
         was made with another package version or other data."""
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
-        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs)
+        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
+                                            self.raw_weights)
         present = describe_run(config, train_set, test_set, device)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             tracking.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",

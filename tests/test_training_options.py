@@ -1,6 +1,6 @@
 """Training options researchers expect: gradient accumulation (equivalent to the larger batch at world sizes 1
-and 2, no all-reduce on the batches that do not step, GradScaler, exact resume) and early stopping (agreed by
-all processes, a normal end, a resume that trains no further)."""
+and 2, no all-reduce on the batches that do not step, GradScaler, exact resume), early stopping (agreed by
+all processes, a normal end, a resume that trains no further) and EMA weights."""
 
 from __future__ import annotations
 
@@ -151,3 +151,43 @@ def test_early_stopping_ends_the_run_normally_for_both_processes_and_a_resume_tr
     assert "stopped early at epoch 2" in resumed.stdout
     assert sorted(path.name for path in run_dir.glob("training_checkpoint_*.pt")) == checkpoints
     assert json.loads((run_dir / "summary.json").read_text())["iterations"] == 32
+
+
+def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_evaluate(small_dataset, tmp_path):
+    """ema_decay: each evaluation reports the model (test) and its average (test_ema); the EMA chooses the best
+    model; a run resumed mid warm-up ends with the identical average; evaluate takes the EMA weights of a
+    training checkpoint (its test_ema accuracy) unless --raw_weights (the model's test accuracy)."""
+    common = ["run", *TINY, "--ema_decay=0.95", "--num_warmup_epochs=1.5", "--validate_every=1",
+              "--checkpoint_every=12", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    whole = run_in_process(*common, "--run_name=whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    final = tmp_path / "whole" / "training_checkpoint_36.pt"
+    state = torch.load(final, weights_only=True)
+    assert state["ema_model"].keys() == state["model"].keys()
+    assert not torch.equal(state["ema_model"]["0.0.weight"], state["model"]["0.0.weight"])
+    assert state["ema_warmup"] == {"warmup_events": 36}
+    lines = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    splits = {split: [line for line in lines if line.get("split") == split] for split in ("test", "test_ema")}
+    assert [line["epoch"] for line in splits["test"]] == [line["epoch"] for line in splits["test_ema"]] == [1, 2]
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert summary["best"]["split"] == "test_ema" and summary["final"]["test"]["model"] == "ema"
+    assert summary["final"]["test"]["accuracy"] == splits["test_ema"][-1]["accuracy"]
+
+    resumed = run_in_process(*common, "--run_name=resumed",
+                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}")  # mid warm-up (27)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = torch.load(tmp_path / "resumed" / "training_checkpoint_36.pt", weights_only=True)
+    assert all(torch.equal(state["ema_model"][key], again["ema_model"][key]) for key in state["ema_model"])
+    assert_same_training_state(final, tmp_path / "resumed" / "training_checkpoint_36.pt")
+
+    for flag, split in (([], "test_ema"), (["--raw_weights"], "test")):
+        evaluated = run_in_process("evaluate", f"--checkpoint={final}", "--json", "--num_workers=0", *flag)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        accuracy = json.loads(evaluated.stdout.strip().splitlines()[-1])["accuracy"]
+        assert accuracy == pytest.approx(splits[split][-1]["accuracy"]), split
+    import cifar10_dist
+    from cifar10_dist import data
+
+    images = data.make_synthetic(1, 8, seed=1)[1].images
+    ema, raw = cifar10_dist.predict(final, images), cifar10_dist.predict(final, images, raw_weights=True)
+    assert not torch.allclose(ema, raw)  # predict (and export) take the EMA weights too, unless told
