@@ -17,7 +17,7 @@ from cifar10_dist.config import Config, load_config
 from cifar10_dist.results import EvaluationResult, ExportResult, RunResult, SeedsResult
 
 # keys that evaluate takes from the checkpoint's recorded config unless given
-INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "data_path", "synthetic_size", "tta")
+INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "label_mode", "data_path", "synthetic_size", "tta")
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:

@@ -24,7 +24,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
-from cifar10_dist import faults, models
+from cifar10_dist import data, faults, models
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,8 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | 
     if name is None:
         raise UserError(f"checkpoint '{path}' does not record its model: give --model")
     kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
-    built = models.build_model(name, dict(kwargs) if kwargs else None)
+    classes = data.num_classes(recorded.get("dataset", "cifar10"), recorded.get("label_mode", "fine"))
+    built = models.build_model(name, dict(kwargs) if kwargs else None, classes)
     weights = checkpoint["ema_model"] if "ema_model" in checkpoint and not raw_weights else model_weights(checkpoint)
     load_model_weights(built, weights, str(path))
     if "ema_model" in checkpoint:

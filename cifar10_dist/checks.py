@@ -13,14 +13,14 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import models
+from cifar10_dist import data, models
 from cifar10_dist.config import Config, planned_world_size
 from cifar10_dist.errors import UserError
 
 
 def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
-    models.check_model(config.model, config.model_kwargs)
+    models.check_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)

@@ -84,12 +84,14 @@ Needs: pip install 'cifar10-dist[export]'
 """
 
 PREPARE_HELP = """\
-Usage: cifar10-dist prepare-data [--data_path=DIR] [--synthetic=N] [--synthetic_test=M] [--seed=S] [--debug]
+Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100] [--data_path=DIR] [--synthetic=N] [--synthetic_test=M]
+                                 [--seed=S] [--debug]
 
-Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py, or write a synthetic dataset
-in the same on-disk format.
+Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python),
+or write a synthetic dataset in the same on-disk format.
 
-  --data_path=cifar10        folder that gets cifar-10-batches-py
+  --dataset=cifar10          cifar10 or cifar100
+  --data_path=cifar10        folder that gets cifar-10-batches-py (or cifar-100-python)
   --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
   --synthetic_test=None      synthetic test images (default: N // 5)
   --seed=0                   seed of the synthetic images
@@ -172,16 +174,17 @@ def evaluate(
     except OSError as error:
         raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
     tracking.write_json(folder / f"{stem}.json", {
-        "checkpoint": str(checkpoint), "classes": reports.CLASSES, "rows": "true class", "columns": "predicted",
+        "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
         "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
-    tracking.write_file(folder / f"{stem}.png",
-                        lambda path: reports.render_confusion(metrics.confusion_matrix, path, Path(checkpoint).name))
+    tracking.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
+        metrics.confusion_matrix, path, Path(checkpoint).name, metrics.classes))
     if json:
         print(json_module.dumps(metrics.to_dict()))
         return
-    print("class        accuracy")
-    for name, accuracy in zip(reports.CLASSES, metrics.per_class_accuracy):
-        print(f"{name:<12} {accuracy:8.4f}")
+    width = max(12, *(len(name) for name in metrics.classes))
+    print(f"{'class':<{width}} accuracy")
+    for name, accuracy in zip(metrics.classes, metrics.per_class_accuracy):
+        print(f"{name:<{width}} {accuracy:8.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
     print(f"test: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 
@@ -288,23 +291,26 @@ def _parse_targets(targets: Any) -> list[float]:
 
 
 def prepare_data(
-    data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+    data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0,
+    dataset: str = "cifar10",
 ) -> None:
-    """Download and verify CIFAR-10, or write a synthetic dataset in the same format."""
+    """Download and verify CIFAR-10 (or CIFAR-100), or write a synthetic dataset in the same format."""
     from cifar10_dist import data
 
-    folder = Path(str(data_path)) / data.FOLDER
+    if dataset not in data.LAYOUTS:
+        raise UserError(f"dataset={dataset!r} is not accepted here: choose {' or '.join(data.LAYOUTS)}")
+    layout = data.LAYOUTS[dataset]
+    folder = Path(str(data_path)) / layout.folder
     if synthetic is not None:
         num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
         if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
             raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")
-        train_set, test_set = data.make_synthetic(synthetic, num_test, seed)
-        data.write_cifar10(folder, train_set, test_set)
+        train_set, test_set = data.make_synthetic(synthetic, num_test, seed, data.num_classes(dataset))
+        (data.write_cifar100 if dataset == "cifar100" else data.write_cifar10)(folder, train_set, test_set)
         print(f"wrote {len(train_set)} synthetic training and {len(test_set)} test images to {folder}")
         return
-    folder = data.ensure_cifar10(Path(str(data_path)))
-    train_set, test_set = data.read_cifar10(folder)
-    official = "match" if data.matches_official_release(folder) else "do not match"
+    folder, train_set, test_set = data.read_dataset(dataset, Path(str(data_path)))
+    official = "match" if data.matches_official_release(folder, layout) else "do not match"
     print(f"{folder}: {len(train_set)} training and {len(test_set)} test images, valid structure; "
           f"files {official} the official release's md5 sums")
 

@@ -23,7 +23,8 @@ import yaml
 from cifar10_dist.errors import UserError
 
 BACKENDS = ("gloo", "nccl", "xla-tpu", "horovod")
-DATASETS = ("cifar10", "synthetic")
+DATASETS = ("cifar10", "cifar100", "synthetic")
+LABEL_MODES = ("fine", "coarse")
 FLIPS = ("random", "alternating", "none")
 PAD_MODES = ("zeros", "reflect")
 
@@ -38,8 +39,10 @@ class Config:
     """Everything a training or evaluation run needs. Defaults follow the Ignite CIFAR-10 tutorial."""
 
     # data
-    dataset: str = option("cifar10", "cifar10 (files in data_path) or synthetic (generated in memory)")
-    data_path: str = option("cifar10", "folder holding cifar-10-batches-py (downloaded there when missing)")
+    dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), or synthetic (generated in memory)")
+    data_path: str = option("cifar10", "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when "
+                            "missing)")
+    label_mode: str = option("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20 superclasses)")
     download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)")
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)")
     num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)")
@@ -248,6 +251,9 @@ def validate(config: Config) -> None:
     """Reject impossible values before anything starts; each message names the value and what is accepted."""
     c = config
     _require(c.dataset in DATASETS, f"dataset='{c.dataset}' is unknown: choose one of {', '.join(DATASETS)}")
+    _require(c.label_mode in LABEL_MODES, f"label_mode='{c.label_mode}' is unknown: choose fine or coarse")
+    _require(c.label_mode == "fine" or c.dataset == "cifar100",
+             f"label_mode='{c.label_mode}' is for dataset=cifar100 (its 20 superclasses), not dataset={c.dataset}")
     _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")

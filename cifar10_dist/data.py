@@ -1,4 +1,5 @@
-"""CIFAR-10 on disk and in memory: read and validate the batch files, download, synthetic data, loaders, augmentation.
+"""CIFAR-10 and CIFAR-100 on disk and in memory: read and validate the batch files, download, synthetic data,
+loaders, augmentation.
 
 Images stay uint8 tensors (N, 3, 32, 32) from disk to the training step: batches are sliced out of one
 tensor (kept on the training device with ``data_on_device``), and augmentation (pad, random 32x32 crop,
@@ -40,6 +41,56 @@ OFFICIAL_MD5 = {
     "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
     "test_batch": "40351d587109b95175f43aff81a1287e",
 }
+CIFAR100_FOLDER = "cifar-100-python"
+CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+CIFAR100_MD5 = {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+                "meta": "7973b15100ade9c7d40fb424638fde48"}
+CIFAR100_FINE = (
+    "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can "
+    "castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin "
+    "elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster "
+    "man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck "
+    "pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk "
+    "skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger "
+    "tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm").split()
+CIFAR100_COARSE = (
+    "aquatic_mammals fish flowers food_containers fruit_and_vegetables household_electrical_devices "
+    "household_furniture insects large_carnivores large_man-made_outdoor_things large_natural_outdoor_scenes "
+    "large_omnivores_and_herbivores medium_mammals non-insect_invertebrates people reptiles small_mammals trees "
+    "vehicles_1 vehicles_2").split()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A dataset's standard on-disk layout (torchvision's): folder, pickled batch files, release archive."""
+
+    name: str
+    folder: str
+    train_files: tuple[str, ...]
+    test_file: str
+    archive: str
+    url: str
+    official_md5: dict[str, str]
+
+
+LAYOUTS = {
+    "cifar10": Layout("CIFAR-10", FOLDER, TRAIN_FILES, TEST_FILE, ARCHIVE, URL, OFFICIAL_MD5),
+    "cifar100": Layout("CIFAR-100", CIFAR100_FOLDER, ("train",), "test", CIFAR100_ARCHIVE, CIFAR100_URL, CIFAR100_MD5),
+}
+
+
+def class_names(dataset: str, label_mode: str = "fine") -> tuple[str, ...]:
+    """The class names of a dataset (CIFAR-100: 100 fine classes, or 20 superclasses with label_mode=coarse)."""
+    if dataset == "cifar100":
+        return tuple(CIFAR100_COARSE if label_mode == "coarse" else CIFAR100_FINE)
+    return CLASSES
+
+
+def num_classes(dataset: str, label_mode: str = "fine") -> int:
+    return len(class_names(dataset, label_mode))
+
+
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2023, 0.1994, 0.2010)
 PAD = 4
@@ -78,26 +129,26 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _read_batch(path: Path) -> ImageSet:
+def _read_batch(path: Path, label_key: str = "labels", classes: int = NUM_CLASSES, kind: str = "CIFAR-10") -> ImageSet:
     try:
         with path.open("rb") as file:
             entry = _ArrayUnpickler(file, encoding="latin1").load()
     except Exception as error:  # truncated, corrupt or hostile: all the same to the user
-        raise UserError(f"{path} is not a readable CIFAR-10 batch file ({type(error).__name__}: {error})") from error
+        raise UserError(f"{path} is not a readable {kind} batch file ({type(error).__name__}: {error})") from error
     if not isinstance(entry, dict):
-        raise UserError(f"{path} is not a CIFAR-10 batch file: expected a dict, found {type(entry).__name__}")
+        raise UserError(f"{path} is not a {kind} batch file: expected a dict, found {type(entry).__name__}")
     entry = {key.decode() if isinstance(key, bytes) else key: value for key, value in entry.items()}
-    if "data" not in entry or "labels" not in entry:
-        raise UserError(f"{path} is not a CIFAR-10 batch file: keys 'data' and 'labels' missing")
+    if "data" not in entry or label_key not in entry:
+        raise UserError(f"{path} is not a {kind} batch file: keys 'data' and '{label_key}' missing")
     data = np.asarray(entry["data"])
-    labels = np.asarray(entry["labels"])
+    labels = np.asarray(entry[label_key])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise UserError(f"{path}: data must be uint8 rows of 3072 values (3x32x32), found {data.dtype} {data.shape}")
     if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
         raise UserError(f"{path}: expected {len(data)} integer labels, found {labels.dtype} {labels.shape}")
-    if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        bad = labels[(labels < 0) | (labels >= NUM_CLASSES)][0]
-        raise UserError(f"{path}: label {bad} is out of range: labels must be 0..{NUM_CLASSES - 1}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= classes):
+        bad = labels[(labels < 0) | (labels >= classes)][0]
+        raise UserError(f"{path}: label {bad} is out of range: {label_key} must be 0..{classes - 1}")
     images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
     return ImageSet(images, torch.from_numpy(labels.astype(np.int64)))
 
@@ -144,9 +195,43 @@ def write_cifar10(folder: Path, train: ImageSet, test: ImageSet) -> None:
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=4))
 
 
-def matches_official_release(folder: Path) -> bool:
-    """Whether every batch file has the md5 sum of the official CIFAR-10 release (copies made elsewhere differ)."""
-    for name, expected in OFFICIAL_MD5.items():
+def read_cifar100(folder: Path, label_mode: str = "fine") -> tuple[ImageSet, ImageSet]:
+    """Read and validate (train, test) from a cifar-100-python folder: fine labels (100 classes) or coarse (20)."""
+    missing = [name for name in ("train", "test") if not (folder / name).is_file()]
+    if missing:
+        raise UserError(f"{folder} is missing {', '.join(missing)}: expected train, test and meta")
+    key = f"{label_mode}_labels"
+    train, test = (_read_batch(folder / name, key, num_classes("cifar100", label_mode), "CIFAR-100")
+                   for name in ("train", "test"))
+    if len(train) == 0 or len(test) == 0:
+        raise UserError(f"{folder} holds {len(train)} training and {len(test)} test images: both must be non-empty")
+    return train, test
+
+
+def write_cifar100(folder: Path, train: ImageSet, test: ImageSet) -> None:
+    """Write (train, test) with fine labels 0..99 in the cifar-100-python layout (train, test, meta); the coarse
+    label of fine class c is c // 5 here (the real release groups classes by meaning)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, images in (("train", train), ("test", test)):
+        entry = {"filenames": [f"image_{i:06d}.png" for i in range(len(images))], "batch_label": name,
+                 "fine_labels": images.labels.tolist(), "coarse_labels": (images.labels // 5).tolist(),
+                 "data": images.images.reshape(len(images), -1).numpy()}
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=4))
+    meta = {"fine_label_names": list(CIFAR100_FINE), "coarse_label_names": list(CIFAR100_COARSE)}
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=4))
+
+
+def read_dataset(dataset: str, data_path: Path, label_mode: str = "fine", download: bool = True
+                 ) -> tuple[Path, ImageSet, ImageSet]:
+    """(folder, train, test) of cifar10 or cifar100 under data_path, extracted or downloaded when missing."""
+    folder = ensure_dataset(data_path, LAYOUTS[dataset], download)
+    train, test = read_cifar100(folder, label_mode) if dataset == "cifar100" else read_cifar10(folder)
+    return folder, train, test
+
+
+def matches_official_release(folder: Path, layout: Layout | None = None) -> bool:
+    """Whether every batch file has the md5 sum of the official release (copies made elsewhere differ)."""
+    for name, expected in (layout or LAYOUTS["cifar10"]).official_md5.items():
         digest = hashlib.md5((folder / name).read_bytes(), usedforsecurity=False).hexdigest()
         if digest != expected:
             return False
@@ -158,35 +243,39 @@ def matches_official_release(folder: Path) -> bool:
 
 def ensure_cifar10(data_path: Path, download: bool = True) -> Path:
     """Return the cifar-10-batches-py folder under data_path, extracting or downloading it when missing."""
-    folder = data_path / FOLDER
-    if (folder / TEST_FILE).is_file():
+    return ensure_dataset(data_path, LAYOUTS["cifar10"], download)
+
+
+def ensure_dataset(data_path: Path, layout: Layout, download: bool = True) -> Path:
+    """Return the layout's folder under data_path, extracting or downloading its archive when missing."""
+    folder = data_path / layout.folder
+    if (folder / layout.test_file).is_file():
         return folder
-    archive = data_path / ARCHIVE
+    archive = data_path / layout.archive
     if not archive.is_file() and download:
-        _download(archive)
+        _download(archive, layout)
     if archive.is_file():
         _extract(archive, data_path)
     if not folder.is_dir():
-        raise UserError(
-            f"CIFAR-10 not found: put {ARCHIVE} (from {URL}) or its extracted {FOLDER}/ folder in '{data_path}'"
-        )
+        raise UserError(f"{layout.name} not found: put {layout.archive} (from {layout.url}) or its extracted "
+                        f"{layout.folder}/ folder in '{data_path}'")
     return folder
 
 
-def _download(archive: Path) -> None:
+def _download(archive: Path, layout: Layout) -> None:
     from torchvision.datasets.utils import download_url
 
-    logger.info("Downloading CIFAR-10 from %s to %s", URL, archive.parent)
+    logger.info("Downloading %s from %s to %s", layout.name, layout.url, archive.parent)
     created = not archive.parent.exists()
     try:
-        download_url(URL, str(archive.parent), filename=ARCHIVE)
+        download_url(layout.url, str(archive.parent), filename=layout.archive)
     except Exception as error:  # offline, proxy, disk full ...
         archive.unlink(missing_ok=True)
         if created and not any(archive.parent.iterdir()):
             archive.parent.rmdir()  # leave no empty folder behind
         raise UserError(
-            f"CIFAR-10 is not in '{archive.parent}' and downloading {URL} failed ({type(error).__name__}): "
-            f"put {ARCHIVE} or its extracted {FOLDER}/ folder there by hand"
+            f"{layout.name} is not in '{archive.parent}' and downloading {layout.url} failed "
+            f"({type(error).__name__}): put {layout.archive} or its extracted {layout.folder}/ folder there by hand"
         ) from error
 
 
@@ -215,23 +304,24 @@ def _safe_members(tar: tarfile.TarFile, destination: Path) -> list[tarfile.TarIn
 # ---------------------------------------------------------------- synthetic data
 
 
-def make_synthetic(num_train: int, num_test: int, seed: int = 0) -> tuple[ImageSet, ImageSet]:
-    """A learnable CIFAR-shaped dataset: each class has its own colour and stripe pattern, plus noise.
+def make_synthetic(num_train: int, num_test: int, seed: int = 0, classes: int = NUM_CLASSES
+                   ) -> tuple[ImageSet, ImageSet]:
+    """A learnable CIFAR-shaped dataset: each of ``classes`` has its own colour and stripe pattern, plus noise.
 
     The class signal survives crops and flips; the heavy noise keeps it from being trivial: simple_cnn
     reaches about 50% test accuracy after one epoch of 5,000 images and about 94% after three.
     """
     generator = torch.Generator().manual_seed(seed)
-    colours = torch.rand(NUM_CLASSES, 3, 1, 1, generator=generator) * 40 + 108
-    frequencies = torch.arange(NUM_CLASSES).float() % 5 + 1
-    horizontal = torch.arange(NUM_CLASSES) >= 5
+    colours = torch.rand(classes, 3, 1, 1, generator=generator) * 40 + 108
+    frequencies = torch.arange(classes).float() % 5 + 1
+    horizontal = torch.arange(classes) % 10 >= 5
     coordinate = torch.arange(32).float()
     stripes = torch.sin(coordinate[None, :] * frequencies[:, None] * torch.pi / 16)  # (classes, 32)
     patterns = torch.where(horizontal[:, None, None], stripes[:, :, None], stripes[:, None, :])  # (classes, 32, 32)
     templates = colours + 10 * patterns[:, None]
 
     def sample(count: int) -> ImageSet:
-        labels = torch.randint(0, NUM_CLASSES, (count,), generator=generator)
+        labels = torch.randint(0, classes, (count,), generator=generator)
         noise = torch.randn(count, 3, 32, 32, generator=generator) * 100
         images = (templates[labels] + noise).clamp(0, 255).to(torch.uint8)
         return ImageSet(images, labels)

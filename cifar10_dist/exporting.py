@@ -85,12 +85,14 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
 def check_images(config: dict[str, Any]) -> tuple[torch.Tensor, str]:
     """Normalised images for the check: the first test images of the data the model was trained on when that is
     still readable, else synthetic CIFAR-format images."""
-    folder = Path(str(config.get("data_path", ""))) / data.FOLDER
-    if config.get("dataset") == "cifar10" and folder.is_dir():
+    dataset = config.get("dataset")
+    if dataset in data.LAYOUTS:
+        folder = Path(str(config.get("data_path", ""))) / data.LAYOUTS[dataset].folder
         try:
-            test = data.read_cifar10(folder)[1]
-            images = test.images[:CHECK_IMAGES]
-            return data.normalize(images), f"{len(images)} test images of {folder}"
+            if folder.is_dir():
+                test = data.read_dataset(dataset, folder.parent, config.get("label_mode", "fine"), download=False)[2]
+                images = test.images[:CHECK_IMAGES]
+                return data.normalize(images), f"{len(images)} test images of {folder}"
         except UserError:
             pass
     images = data.make_synthetic(1, CHECK_IMAGES, seed=0)[1].images
@@ -117,7 +119,8 @@ def write_safetensors(trained: inference.TrainedModel, path: Path, metadata: dic
 
     model = trained.model
     save_model(model, str(path), metadata={"cifar10_dist": json.dumps(metadata)})
-    rebuilt = models.build_model(trained.config["model"], trained.config.get("model_kwargs")).eval()
+    rebuilt = models.build_model(trained.config["model"], trained.config.get("model_kwargs"),
+                                 len(trained.classes)).eval()
     load_model(rebuilt, str(path), strict=True)
     state, loaded = model.state_dict(), rebuilt.state_dict()
     equal = sum(torch.equal(state[key], loaded[key]) for key in state)

@@ -50,7 +50,8 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
     model = checkpointing.restore_model(loaded, checkpoint, raw_weights=raw_weights)
     chosen = torch.device(device) if device is not None else default_device()
     config = checkpointing.checkpoint_config(loaded)
-    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, data.CLASSES, chosen,
+    classes = data.class_names(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
+    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, classes, chosen,
                         checkpointing.checkpoint_provenance(loaded))
 
 

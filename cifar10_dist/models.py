@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -51,14 +52,16 @@ def check_model_name(name: str) -> None:
     raise UserError(f"model='{name}' is unknown{hint}: choose one of {', '.join(choices)}")
 
 
-def build_model(name: str, kwargs: dict[str, Any] | None = None) -> nn.Module:
-    """A freshly initialised model with 10 outputs (initialised from the current torch RNG state), built with the
-    keyword arguments ``kwargs``; the name was checked before launch (``check_model``)."""
+def build_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES) -> nn.Module:
+    """A freshly initialised model with ``num_classes`` outputs (initialised from the current torch RNG state),
+    built with the keyword arguments ``kwargs``; the name was checked before launch (``check_model``). A user's
+    factory gets ``num_classes`` when it takes a parameter of that name."""
     if is_model_reference(name):
-        return _call_factory(name, import_factory(name), kwargs or {})
+        factory = import_factory(name)
+        return _call_factory(name, factory, {**_class_count(factory, num_classes), **(kwargs or {})})
     builder = _builtin_builder(name)
     try:
-        return builder(**(kwargs or {}))
+        return builder(**{"num_classes": num_classes, **(kwargs or {})})
     except TypeError as error:  # a keyword the builder does not take
         raise UserError(f"model={name} does not accept model_kwargs={kwargs}: {error}") from error
 
@@ -72,16 +75,27 @@ def _builtin_builder(name: str) -> Callable[..., nn.Module]:
         return lambda **kwargs: cifar_resnet(CIFAR_RESNETS[name], **kwargs)
     import torchvision
 
-    return lambda **kwargs: torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES, **kwargs)
+    return lambda **kwargs: torchvision.models.get_model(name, weights=None, **kwargs)
 
 
-def check_model(name: str, kwargs: dict[str, Any] | None = None) -> None:
-    """Before launch: the model exists, and when it is the user's own or built with ``kwargs``, it builds and
-    maps a 2-image batch (N, 3, 32, 32) to (2, 10) logits. Each failure is one UserError naming the model."""
+def _class_count(factory: Callable[..., Any], num_classes: int) -> dict[str, int]:
+    """{"num_classes": n} when the factory takes that keyword, else nothing (its output is checked instead)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes = "num_classes" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    return {"num_classes": num_classes} if takes else {}
+
+
+def check_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES) -> None:
+    """Before launch: the model exists, and when it is the user's own, built with ``kwargs`` or for another number
+    of classes, it builds and maps a 2-image batch (N, 3, 32, 32) to (2, num_classes) logits. Each failure is one
+    UserError naming the model."""
     check_model_name(name)
-    if not is_model_reference(name) and not kwargs:
+    if not is_model_reference(name) and not kwargs and num_classes == NUM_CLASSES:
         return
-    model = build_model(name, kwargs)
+    model = build_model(name, kwargs, num_classes)
     dummy = torch.zeros(2, 3, 32, 32)
     try:
         with torch.no_grad():
@@ -90,9 +104,9 @@ def check_model(name: str, kwargs: dict[str, Any] | None = None) -> None:
         raise UserError(f"model='{name}': the model's forward on a {tuple(dummy.shape)} batch raised "
                         f"{_one_line(error)}") from error
     shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-    if shape != (2, NUM_CLASSES):
+    if shape != (2, num_classes):
         raise UserError(f"model='{name}' returned {shape} for a {tuple(dummy.shape)} batch: expected a tensor of "
-                        f"shape (2, {NUM_CLASSES}), one logit per class")
+                        f"shape (2, {num_classes}), one logit per class")
 
 
 def import_factory(reference: str) -> Callable[..., Any]:
@@ -157,17 +171,17 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
 
-def cifar_resnet(torchvision_name: str, **kwargs: Any) -> nn.Module:
+def cifar_resnet(torchvision_name: str, num_classes: int = NUM_CLASSES, **kwargs: Any) -> nn.Module:
     """A torchvision ResNet with the CIFAR stem: 3x3 stride-1 first convolution and no max-pool."""
     import torchvision
 
-    model = torchvision.models.get_model(torchvision_name, weights=None, num_classes=NUM_CLASSES, **kwargs)
+    model = torchvision.models.get_model(torchvision_name, weights=None, num_classes=num_classes, **kwargs)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model
 
 
-def simple_cnn(width: int = 32) -> nn.Module:
+def simple_cnn(width: int = 32, num_classes: int = NUM_CLASSES) -> nn.Module:
     """Three conv-BN-ReLU-pool stages and a linear head: about 0.1M parameters, for tests and demos."""
 
     def stage(channels_in: int, channels_out: int) -> nn.Sequential:
@@ -184,7 +198,7 @@ def simple_cnn(width: int = 32) -> nn.Module:
         stage(2 * width, 2 * width),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
-        nn.Linear(2 * width, NUM_CLASSES),
+        nn.Linear(2 * width, num_classes),
     )
 
 
@@ -221,7 +235,8 @@ class AirbenchNet(nn.Module):
     (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
     64/256/256 channels, max-pool, a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image."""
 
-    def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2) -> None:
+    def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
+                 num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
         whitened = 2 * 3 * whitening_kernel**2
         self.whiten = nn.Conv2d(3, whitened, kernel_size=whitening_kernel, padding=0, bias=True)
@@ -235,7 +250,7 @@ class AirbenchNet(nn.Module):
             nn.MaxPool2d(3),
             nn.Flatten(),
         )
-        self.head = nn.Linear(widths[2], NUM_CLASSES, bias=False)
+        self.head = nn.Linear(widths[2], num_classes, bias=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.layers(self.whiten(images))) / 9

@@ -258,19 +258,22 @@ def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
     figure.savefig(path, dpi=100, format="png")
 
 
-def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str) -> None:
-    """The confusion matrix (rows: true class, columns: predicted) with counts in the cells."""
-    figure = _figure(7, 6)
+def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
+                     names: Sequence[str] | None = None) -> None:
+    """The confusion matrix (rows: true class, columns: predicted), with counts in the cells up to 20 classes."""
+    size = max(7.0, 0.16 * len(matrix))
+    figure = _figure(size, size * 6 / 7)
     axes = figure.subplots()
     image = axes.imshow(matrix, cmap="Blues")
     figure.colorbar(image, ax=axes)
-    names = CLASSES if len(matrix) == len(CLASSES) else [str(i) for i in range(len(matrix))]
-    axes.set_xticks(range(len(names)), names, rotation=45, ha="right")
-    axes.set_yticks(range(len(names)), names)
+    names = list(names) if names and len(names) == len(matrix) else [str(i) for i in range(len(matrix))]
+    font = 7 if len(matrix) <= 20 else 5
+    axes.set_xticks(range(len(names)), names, rotation=45 if len(matrix) <= 20 else 90, ha="right", fontsize=font)
+    axes.set_yticks(range(len(names)), names, fontsize=font)
     axes.set_xlabel("predicted")
     axes.set_ylabel("true")
     peak = max(max(row) for row in matrix) or 1
-    for i, row in enumerate(matrix):
+    for i, row in enumerate(matrix if len(matrix) <= 20 else []):
         for j, count in enumerate(row):
             axes.text(j, i, str(count), ha="center", va="center", fontsize=7,
                       color="white" if count > peak / 2 else "black")

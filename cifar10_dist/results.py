@@ -69,6 +69,7 @@ class EvaluationResult:
     num_samples: int
     per_class_accuracy: list[float] = field(default_factory=list)
     confusion_matrix: list[list[int]] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)  # names of the rows and columns
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -128,20 +128,20 @@ def setup_data(config: Config, device: torch.device) -> DataSetup:
 
 
 def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
-    """(train, test) images: synthetic, or CIFAR-10 from data_path (downloaded by one process per node)."""
+    """(train, test) images: synthetic, or CIFAR-10/100 from data_path (downloaded by one process per node)."""
     if config.dataset == "synthetic":
         return data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1), SYNTHETIC_SEED)
     with idist.one_rank_first(local=True):
-        folder = data.ensure_cifar10(Path(config.data_path), download=config.download)
-    train_set, test_set = data.read_cifar10(folder)
-    tracking.on_rank_zero(log_dataset, folder, train_set, test_set)  # hashing 180 MB only where it is logged
+        folder = data.ensure_dataset(Path(config.data_path), data.LAYOUTS[config.dataset], download=config.download)
+    _, train_set, test_set = data.read_dataset(config.dataset, Path(config.data_path), config.label_mode, False)
+    tracking.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
     return train_set, test_set
 
 
-def log_dataset(folder: Path, train_set: data.ImageSet, test_set: data.ImageSet) -> None:
-    official = "match" if data.matches_official_release(folder) else "differ from"
-    logger.info("CIFAR-10 from %s: %d train, %d test images (files %s the official release)",
-                folder, len(train_set), len(test_set), official)
+def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, test_set: data.ImageSet) -> None:
+    official = "match" if data.matches_official_release(folder, layout) else "differ from"  # hashes the files
+    logger.info("%s from %s: %d train, %d test images (files %s the official release)",
+                layout.name, folder, len(train_set), len(test_set), official)
 
 
 def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device) -> dict[str, Any]:
@@ -164,7 +164,7 @@ class Network:
 def setup_model(config: Config, data_setup: DataSetup) -> Network:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
-    model = models.build_model(config.model, config.model_kwargs)
+    model = models.build_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
     if isinstance(model, models.AirbenchNet):
         model.init_whitening(data.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
@@ -554,13 +554,14 @@ class EvaluationWorker:
             precision = engines.choose_precision(device, config.with_amp)
             evaluator = engines.create_evaluator(
                 model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
-                num_classes=models.NUM_CLASSES, tta=config.tta,
+                num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
             )
             metrics = evaluator.run(loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
             return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
-                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist()}
+                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist(),
+                    "classes": list(data.class_names(config.dataset, config.label_mode))}
 
     def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
                    device: torch.device) -> nn.Module:
