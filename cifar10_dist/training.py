@@ -317,8 +317,9 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
     stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
 
     def log_stop(engine: Engine) -> None:
-        logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
-                    engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
+        if engine.state.iteration < engine.state.max_epochs * engine.state.epoch_length:  # not at the very end
+            logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
+                        engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
 
     selection.add_event_handler(Events.COMPLETED, stopper)
     trainer.add_event_handler(Events.TERMINATE, log_stop)  # only EarlyStopping terminates (stops raise)
@@ -488,13 +489,14 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
         validation(trainer)  # Ignite would restart a finished run from iteration 0
     else:
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+    stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
     if data_setup.split == "val" and validation.latest is not None:
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
     return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
-                     stopped_early=trainer.state.epoch if engine_set.stopped_early else None,
+                     stopped_early=trainer.state.epoch if stopped_early else None,
                      **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
                         for split in ("test", "val", "train")})
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from cifar10_dist import data
 from tests.conftest import TINY, run_cli, run_in_process
 
 
@@ -115,5 +116,6 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
         output = capsys.readouterr()
         assert code == 0, output.err[-3000:]
         metrics = json.loads(output.out.strip().splitlines()[-1])
-        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix"}
+        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes"}
+        assert metrics["classes"] == list(data.CLASSES)
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0
