@@ -198,9 +198,10 @@ def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bo
         raise UserError("predict needs image files or folders: cifar10-dist predict --checkpoint=FILE PATH [PATH ...]")
     _require_whole("batch_size", batch_size, 1)
     _require_whole("top_k", top_k, 1)
-    if tta not in (None, 0, 1, 2):
-        raise UserError(f"tta={tta!r} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
     from cifar10_dist import inference
+
+    if tta is not None:
+        inference.check_tta(tta)
 
     trained = inference.load_trained_model(str(checkpoint), device, bool(raw_weights))
     if top_k > len(trained.classes):

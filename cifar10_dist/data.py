@@ -225,8 +225,12 @@ def read_dataset(dataset: str, data_path: Path, label_mode: str = "fine", downlo
                  ) -> tuple[Path, ImageSet, ImageSet]:
     """(folder, train, test) of cifar10 or cifar100 under data_path, extracted or downloaded when missing."""
     folder = ensure_dataset(data_path, LAYOUTS[dataset], download)
-    train, test = read_cifar100(folder, label_mode) if dataset == "cifar100" else read_cifar10(folder)
-    return folder, train, test
+    return (folder, *read_folder(dataset, folder, label_mode))
+
+
+def read_folder(dataset: str, folder: Path, label_mode: str = "fine") -> tuple[ImageSet, ImageSet]:
+    """(train, test) from a dataset's folder (cifar-10-batches-py or cifar-100-python)."""
+    return read_cifar100(folder, label_mode) if dataset == "cifar100" else read_cifar10(folder)
 
 
 def matches_official_release(folder: Path, layout: Layout | None = None) -> bool:

@@ -59,12 +59,20 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
 def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int = 256,
                   tta: int | None = None) -> torch.Tensor:
     """Class probabilities (N, classes) on the CPU of uint8 images (N, 3, 32, 32), in batches."""
-    views = trained.tta if tta is None else tta
+    views = trained.tta if tta is None else check_tta(tta)
+    if batch_size < 1:
+        raise UserError(f"batch_size={batch_size} must be at least 1")
     chunks = []
     for start in range(0, len(images), batch_size):
         batch = data.normalize(images[start:start + batch_size].to(trained.device))
         chunks.append(torch.softmax(engines.predict(trained.model, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
+
+
+def check_tta(tta: Any) -> int:
+    if tta not in (0, 1, 2) or isinstance(tta, bool):
+        raise UserError(f"tta={tta!r} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
+    return int(tta)
 
 
 # ---------------------------------------------------------------- image files

@@ -133,7 +133,7 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
         return data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1), SYNTHETIC_SEED)
     with idist.one_rank_first(local=True):
         folder = data.ensure_dataset(Path(config.data_path), data.LAYOUTS[config.dataset], download=config.download)
-    _, train_set, test_set = data.read_dataset(config.dataset, Path(config.data_path), config.label_mode, False)
+    train_set, test_set = data.read_folder(config.dataset, folder, config.label_mode)
     tracking.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
     return train_set, test_set
 
