@@ -228,6 +228,13 @@ def read_dataset(dataset: str, data_path: Path, label_mode: str = "fine", downlo
     return (folder, *read_folder(dataset, folder, label_mode))
 
 
+def read_test_set(dataset: str, folder: Path, label_mode: str = "fine") -> ImageSet:
+    """The test images alone (no training files read) from a cifar-10-batches-py or cifar-100-python folder."""
+    if dataset == "cifar100":
+        return _read_batch(folder / "test", f"{label_mode}_labels", num_classes(dataset, label_mode), "CIFAR-100")
+    return _read_batch(folder / TEST_FILE)
+
+
 def read_folder(dataset: str, folder: Path, label_mode: str = "fine") -> tuple[ImageSet, ImageSet]:
     """(train, test) from a dataset's folder (cifar-10-batches-py or cifar-100-python)."""
     return read_cifar100(folder, label_mode) if dataset == "cifar100" else read_cifar10(folder)

@@ -284,9 +284,10 @@ class WeightAverage:
 
     def __init__(self, model: nn.Module, trainer: Engine, decay: float, warmup_steps: int, every: int = 1) -> None:
         momentum = 1 - decay
-        warm = warmup_steps > 0 and momentum < self.WARMUP_MOMENTUM
-        self.handler = EMAHandler(model, momentum=momentum, momentum_warmup=self.WARMUP_MOMENTUM if warm else None,
-                                  warmup_iters=warmup_steps if warm else None, handle_buffers="copy")
+        self.warm = warmup_steps > 0 and momentum < self.WARMUP_MOMENTUM
+        self.handler = EMAHandler(model, momentum=momentum,
+                                  momentum_warmup=self.WARMUP_MOMENTUM if self.warm else None,
+                                  warmup_iters=warmup_steps if self.warm else None, handle_buffers="copy")
         self.handler.attach(trainer, event=Events.ITERATION_COMPLETED(every=every))
 
     @property
@@ -294,11 +295,10 @@ class WeightAverage:
         return self.handler.ema_model
 
     def state_dict(self) -> dict[str, Any]:
-        scheduler = self.handler.momentum_scheduler if self.handler._momentum_lambda_obj is not None else None
-        return {"warmup_events": scheduler.event_index if scheduler is not None else 0}
+        return {"warmup_events": self.handler.momentum_scheduler.event_index if self.warm else 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.handler._momentum_lambda_obj is not None:
+        if self.warm:
             self.handler.momentum_scheduler.event_index = state["warmup_events"]
 
 

@@ -90,7 +90,7 @@ def check_images(config: dict[str, Any]) -> tuple[torch.Tensor, str]:
         folder = Path(str(config.get("data_path", ""))) / data.LAYOUTS[dataset].folder
         try:
             if folder.is_dir():
-                test = data.read_dataset(dataset, folder.parent, config.get("label_mode", "fine"), download=False)[2]
+                test = data.read_test_set(dataset, folder, config.get("label_mode", "fine"))
                 images = test.images[:CHECK_IMAGES]
                 return data.normalize(images), f"{len(images)} test images of {folder}"
         except UserError:
