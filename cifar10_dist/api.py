@@ -1,5 +1,5 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate``, ``predict`` and ``export``; the CLI and notebooks
-call these.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate``, ``predict``, ``export`` and ``tune``; the CLI and
+notebooks call these.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second), then checks it against the world once
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cifar10_dist.config import Config, load_config
+from cifar10_dist.errors import UserError
 from cifar10_dist.results import EvaluationResult, ExportResult, RunResult, SeedsResult
 
 # keys that evaluate takes from the checkpoint's recorded config unless given
@@ -111,3 +112,34 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
     from cifar10_dist import exporting
 
     return exporting.export(checkpoint, format, output, raw_weights)
+
+
+def tune(config: Config | str | Path | None = None, space: str | Path | None = None, study: str | None = None,
+         trials: int = 10, storage: str | None = None, sampler: str = "tpe", sampler_seed: int | None = None,
+         pruner: str = "median", pruner_startup_trials: int = 5, pruner_warmup_epochs: int = 0,
+         final_test: bool = True, heartbeat: int = 60, report_only: bool = False, echo: Any = print,
+         **overrides: Any) -> dict[str, Any]:
+    """Tune the config's hyperparameters over ``space`` (a SPACE.yaml) with Optuna: ``trials`` trials in this
+    process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
+    may share it). Returns the study's summary (best trial, value, params, the final test when run); with
+    ``report_only`` only reports an existing study."""
+    from cifar10_dist import tuning
+
+    options = tuning.TuneOptions(study=str(study or ""), trials=trials, storage=storage, sampler=sampler,
+                                 sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
+                                 pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat)
+    resolved = resolve(config, **overrides)
+    if report_only:
+        return tuning.report_only(options.study, storage, resolved.output_path, final_test, echo)
+    if space is None:
+        raise UserError("tune needs --space=SPACE.yaml: the config keys to search and their ranges "
+                        "(see configs/space_fast.yaml)")
+    searched = tuning.read_space(space)
+    tuning.require_optuna()
+    from cifar10_dist import checks
+
+    if checks.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
+        raise UserError("tune starts each trial's processes itself: run one tune process per worker (not under "
+                        "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials")
+    checks.check_before_launch(resolved)
+    return tuning.tune(resolved, searched, options, echo)

@@ -13,7 +13,7 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import data, models
+from cifar10_dist import data, faults, models
 from cifar10_dist.config import Config, planned_world_size
 from cifar10_dist.errors import UserError
 
@@ -24,6 +24,7 @@ def check_before_launch(config: Config) -> None:
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)
+    faults.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
 
 
 def check_files(config: Config) -> None:

@@ -1,4 +1,4 @@
-"""The command line: ``cifar10-dist run | evaluate | predict | export | prepare-data | report``, a thin fire layer
+"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report``, a thin fire layer
 over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
@@ -83,6 +83,36 @@ Needs: pip install 'cifar10-dist[export]'
   --debug                    show tracebacks for errors
 """
 
+TUNE_HELP = """\
+Usage: cifar10-dist tune --config=FILE.yaml --space=SPACE.yaml --study=NAME [--trials=10] [--storage=URL]
+                         [--sampler=tpe|random|grid] [--pruner=median|hyperband|none] [--final_test=True]
+                         [--report_only] [--KEY=VALUE ...] [--debug]
+
+Tune hyperparameters with Optuna. Each trial is an ordinary run in output_path/NAME/trial-<number> (launch keys as
+for run), ranked on its best val accuracy (val_split > 0 is required: no trial sees the test set). Several tune
+processes given the same study and storage share the work. At the end: a table of the trials, best_config.yaml
+and plots in output_path/NAME, and the best trial's best model evaluated once on the test set.
+Needs: pip install 'cifar10-dist[tune]'
+
+  --space=FILE               YAML: key: {{type: float|int|categorical, low, high, log, step, choices}} per config key
+  --study=NAME               study name (also the folder under output_path)
+  --trials=10                trials this process runs (workers sharing a study add theirs up)
+  --storage=None             journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as
+                             postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)
+  --sampler=tpe              tpe, random, or grid (every key categorical or an int range)
+  --sampler_seed=None        seed of the sampler (give each worker its own)
+  --pruner=median            median, hyperband or none; asked after every validation (validate_every)
+  --pruner_startup_trials=5  median pruner: trials that run to the end before any is pruned
+  --pruner_warmup_epochs=0   median pruner: epochs of each trial that are never pruned
+  --final_test=True          after the last trial, the best trial's best model on the test set, once
+  --heartbeat=60             seconds between liveness beats of a running trial (database storages): a trial
+                             silent for 2 beats is failed and run again from its newest checkpoint by a worker
+  --report_only              only print the table and write best_config.yaml and the plots of the study
+  --config=None              YAML file with the keys of the base config (see run --help)
+  --debug                    show tracebacks for errors
+{options}
+"""
+
 PREPARE_HELP = """\
 Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100] [--data_path=DIR] [--synthetic=N] [--synthetic_test=M]
                                  [--seed=S] [--debug]
@@ -118,6 +148,7 @@ Commands:
   evaluate       test-set accuracy and loss of a saved checkpoint
   predict        classify image files with a saved checkpoint
   export         write a checkpoint's model as safetensors, TorchScript or ONNX (verified)
+  tune           search hyperparameters with Optuna (trials ranked on val, one final test)
   prepare-data   download and verify CIFAR-10, or write a synthetic copy
   report         compare run folders: a table and a plot
 """
@@ -141,6 +172,8 @@ def print_run_result(result: RunResult) -> None:
                   f"({metrics.num_samples} images{chosen})")
     if result.stopped_early is not None:
         print(f"stopped early at epoch {result.stopped_early} (early_stopping_patience)")
+    if result.pruned_at is not None:
+        print(f"pruned at epoch {result.pruned_at} (tuning trial)")
     print(f"run folder: {result.run_dir}")
 
 
@@ -316,10 +349,21 @@ def prepare_data(
           f"files {official} the official release's md5 sums")
 
 
-COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "prepare-data": prepare_data,
-            "report": report}
+def tune(config: str | None = None, space: str | None = None, study: str | None = None, trials: int = 10,
+         storage: str | None = None, sampler: str = "tpe", sampler_seed: int | None = None, pruner: str = "median",
+         pruner_startup_trials: int = 5, pruner_warmup_epochs: int = 0, final_test: bool = True,
+         heartbeat: int = 60, report_only: bool = False, **overrides: Any) -> None:
+    """Tune hyperparameters with Optuna (see TUNE_HELP); prints a line per trial, the table and the best."""
+    if study is None:
+        raise UserError("tune needs --study=NAME (the study's name and its folder under output_path)")
+    api.tune(config, space, str(study), trials, storage, sampler, sampler_seed, pruner, pruner_startup_trials,
+             pruner_warmup_epochs, final_test, heartbeat, report_only, **overrides)
+
+
+COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
+            "prepare-data": prepare_data, "report": report}
 HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
-        "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
+        "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
 
 
 def _help_text(argv: list[str]) -> str | None:

@@ -120,6 +120,9 @@ class Config:
     master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)")
     init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file")
     dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing")
+    # set by tune
+    trial: Optional[dict] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, params); "
+                                   "rank 0 reports each val accuracy there and the run may be pruned; no test set")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -329,6 +332,7 @@ def _validate_training_options(c: Config) -> None:
         "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
     )
     _require(c.ema_decay is None or 0 < c.ema_decay < 1, f"ema_decay={c.ema_decay} must be in (0, 1), e.g. 0.999")
+    _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
     _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
 
 

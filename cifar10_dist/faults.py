@@ -4,7 +4,7 @@ outputs that cannot be written; peers that stop answering.
 A signal handler only sets a flag. After every iteration all processes all-reduce three flags (a preemption
 signal arrived somewhere; a Ctrl-C arrived somewhere; the loss is not finite somewhere), so they all take the
 same decision at the same iteration: on a stop request, write a checkpoint and raise Interrupted (Ctrl-C) or
-Preempted (SIGTERM/SIGUSR1); on NaN/inf, raise TrainingDiverged before any checkpoint of the broken state is
+Preempted (SIGTERM/SIGUSR1, or the signals CIFAR10_DIST_PREEMPTION_SIGNALS names); on NaN/inf, raise TrainingDiverged before any checkpoint of the broken state is
 written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process) ends at once.
 """
 
@@ -25,16 +25,37 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import Interrupted, OutputNotWritable, PeerSilent, Preempted, TrainingDiverged
+from cifar10_dist.errors import Interrupted, OutputNotWritable, PeerSilent, Preempted, TrainingDiverged, UserError
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+PREEMPTION_SIGNALS_VARIABLE = "CIFAR10_DIST_PREEMPTION_SIGNALS"  # e.g. SIGUSR2 or SIGTERM,SIGUSR2
+DEFAULT_PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+NOT_FOR_PREEMPTION = ("SIGINT", "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+
+
+def preemption_signals() -> tuple[str, ...]:
+    """The signals that mean "checkpoint and stop, to be continued" (a cluster's preemption or time-limit
+    warning): SIGTERM and SIGUSR1 unless CIFAR10_DIST_PREEMPTION_SIGNALS names others (comma-separated)."""
+    text = os.environ.get(PREEMPTION_SIGNALS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_PREEMPTION_SIGNALS
+    names = tuple(name if name.startswith("SIG") else f"SIG{name}"
+                  for name in (part.strip().upper() for part in text.split(",")) if name)
+    for name in names:
+        if name not in signal.Signals.__members__ or name in NOT_FOR_PREEMPTION:
+            raise UserError(f"{PREEMPTION_SIGNALS_VARIABLE}='{text}': {name} cannot announce a preemption; give "
+                            "signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP (comma-separated)")
+    return names
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """Ctrl-C and the preemption signals: what a run handles (and a launcher passes on to its workers)."""
+    return (signal.SIGINT, *(signal.Signals[name] for name in preemption_signals()))
 
 
 class StopRequest:
-    """Records Ctrl-C (SIGINT) and SIGTERM/SIGUSR1; optionally passes each on to other processes (spawned
+    """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to other processes (spawned
     workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""
 
     def __init__(self, forward_to: Callable[[], list[int]] | None = None,
@@ -47,8 +68,9 @@ class StopRequest:
     def install(self) -> None:
         """Handle the stop signals from now on (the handlers they had are kept for ``uninstall``); a stop signal
         that arrived while they were blocked (a spawned worker starting up) is handled now."""
-        self.previous = {stop_signal: signal.signal(stop_signal, self._handle) for stop_signal in STOP_SIGNALS}
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        handled = stop_signals()
+        self.previous = {stop_signal: signal.signal(stop_signal, self._handle) for stop_signal in handled}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
     def uninstall(self) -> None:
         """Give the stop signals back the handlers they had before ``install``."""
@@ -79,7 +101,7 @@ class StopRequest:
 
     @property
     def preempted(self) -> bool:
-        return any(name in PREEMPTION_SIGNALS for name in self.received)
+        return any(name in preemption_signals() for name in self.received)
 
     @property
     def signal_name(self) -> str | None:

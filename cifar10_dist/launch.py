@@ -165,7 +165,7 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     environment = _spawn_environment(config)
     start_method = "fork" if "__IPYTHON__" in builtins.__dict__ else "spawn"  # a notebook's functions stay reachable
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, faults.STOP_SIGNALS)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, faults.stop_signals())
     try:
         context = torch.multiprocessing.start_processes(
             _spawned_entry, args=(worker, config, exchange, environment), nprocs=config.nproc_per_node, join=False,

@@ -35,6 +35,7 @@ class RunResult:
     train: Optional[SplitMetrics] = None
     seed: Optional[int] = None
     stopped_early: Optional[int] = None  # the epoch early stopping ended training at (None: it did not)
+    pruned_at: Optional[int] = None  # a tuning trial: the epoch its pruner ended it at (None: it was not pruned)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -43,7 +44,8 @@ class RunResult:
     def from_dict(cls, values: dict[str, Any]) -> RunResult:
         splits = {split: SplitMetrics.from_dict(values.get(split)) for split in ("test", "val", "train")}
         return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
-                   seed=values.get("seed"), stopped_early=values.get("stopped_early"), **splits)
+                   seed=values.get("seed"), stopped_early=values.get("stopped_early"),
+                   pruned_at=values.get("pruned_at"), **splits)
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,7 @@ class EngineSet:
     ema: engines.WeightAverage | None = None
     ema_evaluator: Engine | None = None  # the EMA weights on the selection split
     early_stopping: EarlyStopping | None = None
+    trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (tuning.TrialReporter)
 
     @property
     def choosing_evaluator(self) -> Engine:
@@ -304,6 +305,11 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
                                                config.accumulation_steps)
         engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
     engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
+    if config.trial is not None:
+        from cifar10_dist import tuning
+
+        engine_set.trial_reporter = tuning.TrialReporter(config.trial, trainer)
+        engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
     return engine_set
 
 
@@ -317,12 +323,13 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
     stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
 
     def log_stop(engine: Engine) -> None:
-        if engine.state.iteration < engine.state.max_epochs * engine.state.epoch_length:  # not at the very end
+        at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
+        if stopper.counter >= stopper.patience and not at_the_end:
             logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
                         engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
 
     selection.add_event_handler(Events.COMPLETED, stopper)
-    trainer.add_event_handler(Events.TERMINATE, log_stop)  # only EarlyStopping terminates (stops raise)
+    trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)
     return stopper
 
 
@@ -490,13 +497,14 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
     else:
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
     stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
-    if data_setup.split == "val" and validation.latest is not None:
+    if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
     return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
                      stopped_early=trainer.state.epoch if stopped_early else None,
+                     pruned_at=engine_set.trial_reporter.pruned_at if engine_set.trial_reporter else None,
                      **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
                         for split in ("test", "val", "train")})
 
@@ -530,6 +538,8 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
     tracking.write_json(run_dir / "metrics.json", result.to_dict())
     summary = reports.summarize(run_dir, result.to_dict(), record, seconds)
     summary["clearml_offline_folder"] = clearml.offline_folder()
+    if config.trial is not None:
+        summary.update(trial=config.trial, pruned_at_epoch=result.pruned_at)
     tracking.write_json(run_dir / "summary.json", summary)
     tracking.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
     recorder.write_hparams(config.to_dict(), reports.final_scalars(summary))

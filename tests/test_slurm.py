@@ -21,6 +21,7 @@ from tests.conftest import REPO, cli_env, free_slurm_job_id, stop_all, wait_for_
 
 SLURM_DIR = REPO / "scripts" / "slurm"
 JOB_SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
+RUN_SCRIPTS = [script for script in JOB_SCRIPTS if script.name != "tune_array.sbatch"]
 SHELL_FILES = [*JOB_SCRIPTS, SLURM_DIR / "common.sh", *sorted((REPO / "scripts").glob("*.sh")), REPO / ".ci" / "run",
                REPO / "tests" / "fake_slurm" / "scontrol"]
 
@@ -41,7 +42,7 @@ def run_command_of(script: Path) -> str:
     return command[command.index("cifar10_dist run"):]
 
 
-@pytest.mark.parametrize("script", JOB_SCRIPTS, ids=lambda path: path.name)
+@pytest.mark.parametrize("script", RUN_SCRIPTS, ids=lambda path: path.name)
 def test_job_script_passes_known_keys_and_supports_requeue(script):
     keys = re.findall(r"--(\w+)=", run_command_of(script))
     assert keys and set(keys) <= {*FIELDS, "config"}, set(keys) - FIELDS.keys()
@@ -53,7 +54,8 @@ def test_job_script_passes_known_keys_and_supports_requeue(script):
 
 def test_job_scripts_cover_every_documented_mode():
     assert {path.name for path in JOB_SCRIPTS} == {
-        "one_gpu.sbatch", "one_node_gpus.sbatch", "multi_node.sbatch", "cpu_gloo.sbatch", "shared_gpu.sbatch"}
+        "one_gpu.sbatch", "one_node_gpus.sbatch", "multi_node.sbatch", "cpu_gloo.sbatch", "shared_gpu.sbatch",
+        "tune_array.sbatch"}
     assert "--gres-flags=allow-task-sharing" in (SLURM_DIR / "shared_gpu.sbatch").read_text()
 
 

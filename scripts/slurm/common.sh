@@ -19,25 +19,38 @@ stage_dataset() {
   echo "$target"
 }
 
-# Run the training step in the background so that this shell can take USR1 (sent by
-# `#SBATCH --signal=B:USR1@180` before the time limit): forward SIGTERM to the tasks (every process saves a
-# checkpoint at its next iteration and exits with code 75), wait for them, then requeue the job; the
-# requeued job continues from that checkpoint (--resume_from=auto with a run_name fixed per job id).
-# A preemption needs nothing from here: Slurm sends SIGTERM to the tasks itself and requeues a --requeue job.
+# Run the training step in the background so that this shell can take the warning signal (USR1, sent by
+# `#SBATCH --signal=B:USR1@180` before the time limit; set WARNING_SIGNAL to the one your --signal names):
+# forward SIGTERM to the tasks (every process saves a checkpoint at its next iteration and exits with code
+# 75), wait for them, then requeue the job; the requeued job continues from that checkpoint (--resume_from=auto
+# with a run_name fixed per job id). A preemption needs nothing from here: Slurm sends SIGTERM to the tasks
+# itself and requeues a --requeue job (a cluster that announces preemption with another signal: set
+# CIFAR10_DIST_PREEMPTION_SIGNALS, e.g. SIGTERM,SIGUSR2).
 run_step() {
   "$@" &
   step_pid=$!
-  trap stop_and_requeue USR1
+  trap stop_and_requeue "${WARNING_SIGNAL:-USR1}"
   wait "$step_pid"
   local status=$?
-  trap - USR1
+  trap - "${WARNING_SIGNAL:-USR1}"
   return "$status"
 }
 
+# The id to requeue: an array task's own (ARRAYJOB_TASK), so that only this task goes back to the queue.
+job_to_requeue() {
+  if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+    echo "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  else
+    echo "$SLURM_JOB_ID"
+  fi
+}
+
 stop_and_requeue() {
-  echo "time limit near: stopping at a checkpoint, then requeueing job $SLURM_JOB_ID" >&2
+  local job
+  job=$(job_to_requeue)
+  echo "time limit near: stopping at a checkpoint, then requeueing job $job" >&2
   kill -TERM "$step_pid" 2>/dev/null || true  # srun forwards SIGTERM to every task
   wait "$step_pid" || true
-  scontrol requeue "$SLURM_JOB_ID"
+  scontrol requeue "$job"
   exit 0
 }

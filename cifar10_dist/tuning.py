@@ -1,0 +1,621 @@
+"""Hyperparameter tuning with Optuna: a search space over config keys, trials that are ordinary runs, pruning
+agreed by every process of a trial, and a test set that no trial sees.
+
+The study lives in a storage that many ``tune`` processes share (SQLite by default, Optuna's journal file, or any
+SQLAlchemy URL such as PostgreSQL); each process runs ``trials`` trials, one after another, through the usual
+launcher. A trial's processes reach the study through its storage URL (in the trial's config), never through
+pickled objects: rank 0 reports the selection accuracy after each validation and asks whether to prune, and all
+ranks follow its answer. A trial whose worker was killed is failed by Optuna's heartbeat (database storages) and
+retried by another worker from its newest checkpoint; a trial stopped by Ctrl-C or preemption is queued again
+at once and continues from the checkpoint the stop wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from cifar10_dist.config import FIELDS, Config, load_config
+from cifar10_dist.errors import Interrupted, Preempted, UserError
+
+logger = logging.getLogger("cifar10_dist")
+
+SPACE_TYPES = ("float", "int", "categorical")
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("median", "hyperband", "none")
+JOURNAL_PREFIX = "journal:"
+# set by tune for every trial: never searched
+UNTUNABLE = ("output_path", "run_name", "resume_from", "overwrite", "trial", "seeds", "backend", "nproc_per_node",
+             "nnodes", "node_rank", "master_addr", "master_port", "init_method", "dataset", "data_path", "download",
+             "val_split", "val_seed", "synthetic_size", "with_clearml", "clearml_project", "clearml_offline")
+INSTALL_HINT = "pip install 'cifar10-dist[tune]'"
+CREATION_ATTEMPTS = 5  # opening a database whose tables another worker is creating at the same moment
+RETRIES = 3  # how often a failed (killed) trial is queued again
+PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
+
+
+def require_optuna() -> Any:
+    """The optuna module, or one line saying how to install it."""
+    try:
+        import optuna
+    except ImportError as missing:
+        raise UserError(f"tune needs the optuna package, which is not installed: {INSTALL_HINT}") from missing
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+# ---------------------------------------------------------------- the search space
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched config key: float or int in [low, high] (log scale, int step), or categorical choices."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: Any) -> Any:
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.type == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+
+    def extremes(self) -> list[Any]:
+        """The values that bound what this dimension can suggest (checked against the config before any trial)."""
+        if self.type == "categorical":
+            return list(self.choices)
+        if self.type == "int":
+            return [int(self.low), int(self.high)]
+        return [self.low, self.high]
+
+    def grid(self) -> list[Any]:
+        if self.type == "categorical":
+            return list(self.choices)
+        if self.type == "int" and not self.log:
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        raise UserError(f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
+                        f"(give it choices: {{type: categorical, choices: [...]}})")
+
+
+def read_space(path: str | Path) -> dict[str, Dimension]:
+    """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"space file '{path}' does not exist: give a YAML file like configs/space_fast.yaml")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UserError(f"space file '{path}' is not valid YAML: {str(error).splitlines()[0]}") from error
+    if not isinstance(loaded, dict) or not loaded:
+        raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
+                        "{type: float, low: 0.01, high: 1.0, log: true}")
+    return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
+
+
+def _dimension(name: str, entry: Any, path: Path) -> Dimension:
+    where = f"space file '{path}': {name}"
+    if name not in FIELDS:
+        close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else "run cifar10-dist run --help to list the keys"
+        raise UserError(f"space file '{path}': unknown config key '{name}': {hint}")
+    if name in UNTUNABLE:
+        raise UserError(f"{where} cannot be tuned (tune sets it, or it decides the data every trial must share)")
+    if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
+        raise UserError(f"{where} needs type: float, int or categorical (got {entry!r})")
+    known = {"float": {"low", "high", "log", "step"}, "int": {"low", "high", "log", "step"},
+             "categorical": {"choices"}}[entry["type"]] | {"type"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise UserError(f"{where}: '{unknown[0]}' is not accepted for type {entry['type']} "
+                        f"(accepted: {', '.join(sorted(known))})")
+    if entry["type"] == "categorical":
+        choices = entry.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise UserError(f"{where}: choices must be a non-empty list, e.g. choices: [128, 256, 512]")
+        return Dimension(name, "categorical", choices=tuple(choices))
+    low, high, step = entry.get("low"), entry.get("high"), entry.get("step")
+    numbers = [value for value in (low, high) if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    if len(numbers) != 2 or not low < high:
+        raise UserError(f"{where}: low and high must be numbers with low < high (got low={low}, high={high})")
+    if entry["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
+        raise UserError(f"{where}: an int range needs whole low and high (got low={low}, high={high})")
+    log = entry.get("log", False)
+    if log and (low <= 0 or step is not None):
+        raise UserError(f"{where}: log: true needs low > 0 and no step (got low={low}, step={step})")
+    if step is not None and not (isinstance(step, (int, float)) and step > 0):
+        raise UserError(f"{where}: step must be a number > 0 (got {step!r})")
+    return Dimension(name, entry["type"], float(low), float(high), bool(log), step)
+
+
+def check_space(base: Config, space: Mapping[str, Dimension]) -> None:
+    """Every bound and choice of the space must make a valid config with the base config (before any trial)."""
+    for dimension in space.values():
+        for value in dimension.extremes():
+            try:
+                load_config(None, **{**base.to_dict(), dimension.name: value})
+            except UserError as error:
+                raise UserError(f"space: {dimension.name}={value!r} is outside what the config accepts: {error}"
+                                ) from error
+
+
+# ---------------------------------------------------------------- options, storage and the study
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What ``tune`` is asked to do, validated before anything starts."""
+
+    study: str
+    trials: int = 10
+    storage: str | None = None
+    sampler: str = "tpe"
+    sampler_seed: int | None = None
+    pruner: str = "median"
+    pruner_startup_trials: int = 5
+    pruner_warmup_epochs: int = 0
+    final_test: bool = True
+    heartbeat: int = 60
+
+    def __post_init__(self) -> None:
+        if not self.study or "/" in self.study or self.study in (".", ".."):
+            raise UserError(f"study='{self.study}' must be a plain name (it is also the folder under output_path)")
+        for name, value, minimum in (("trials", self.trials, 0), ("heartbeat", self.heartbeat, 1),
+                                     ("pruner_startup_trials", self.pruner_startup_trials, 0),
+                                     ("pruner_warmup_epochs", self.pruner_warmup_epochs, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
+        if self.sampler not in SAMPLERS:
+            raise UserError(f"sampler='{self.sampler}' is unknown: choose one of {', '.join(SAMPLERS)}")
+        if self.pruner not in PRUNERS:
+            raise UserError(f"pruner='{self.pruner}' is unknown: choose one of {', '.join(PRUNERS)}")
+
+
+def storage_url(storage: str | None, study_dir: Path) -> str:
+    """The storage as a URL that every process can open: SQLite in the study folder by default; a journal file
+    path made absolute."""
+    if storage is None:
+        return f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    if storage.startswith(JOURNAL_PREFIX):
+        return JOURNAL_PREFIX + str(Path(storage[len(JOURNAL_PREFIX):]).expanduser().resolve())
+    if "://" not in storage:
+        raise UserError(f"storage='{storage}' is not accepted: give journal:PATH, sqlite:///PATH, or a database URL "
+                        "such as postgresql://user@host/db")
+    return storage
+
+
+def open_storage(url: str, heartbeat: int | None = None) -> Any:
+    """An Optuna storage for the URL; database storages with a heartbeat (a trial whose process stops beating for
+    2 heartbeats is failed and queued again)."""
+    optuna = require_optuna()
+    if url.startswith(JOURNAL_PREFIX):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = Path(url[len(JOURNAL_PREFIX):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    beats = {} if heartbeat is None else {
+        "heartbeat_interval": heartbeat, "grace_period": 2 * heartbeat,
+        "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)}
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # several workers wait their turn
+    for attempt in range(CREATION_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beats)
+        except Exception as error:  # SQLAlchemy's errors: no driver, server down, bad URL
+            if type(error).__name__ == "IntegrityError" and attempt + 1 < CREATION_ATTEMPTS:
+                time.sleep(0.5 + random.random())  # workers starting together race to create the tables
+                continue
+            raise UserError(f"storage '{_without_password(url)}' cannot be opened: {_first_line(error)}") from error
+    raise AssertionError("unreachable")
+
+
+def _without_password(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    if "@" in rest and ":" in rest.split("@", 1)[0]:
+        user = rest.split("@", 1)[0].split(":", 1)[0]
+        return f"{scheme}://{user}:***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def make_sampler(options: TuneOptions, space: Mapping[str, Dimension]) -> Any:
+    optuna = require_optuna()
+    if options.sampler == "grid":
+        return optuna.samplers.GridSampler({name: dim.grid() for name, dim in space.items()}, seed=options.sampler_seed)
+    if options.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=options.sampler_seed)
+    return optuna.samplers.TPESampler(seed=options.sampler_seed)
+
+
+def pruner_spec(options: TuneOptions, num_epochs: int) -> dict[str, Any]:
+    """The pruner as plain data: a study keeps its pruner in the process, not in the storage, so a trial's
+    processes build the same one from this."""
+    return {"name": options.pruner, "startup_trials": options.pruner_startup_trials,
+            "warmup_epochs": options.pruner_warmup_epochs, "max_epochs": num_epochs}
+
+
+def make_pruner(spec: Mapping[str, Any]) -> Any:
+    optuna = require_optuna()
+    if spec["name"] == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec["startup_trials"],
+                                           n_warmup_steps=spec["warmup_epochs"])
+    if spec["name"] == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec["max_epochs"])
+    return optuna.pruners.NopPruner()
+
+
+def study_record(base: Config, space: Mapping[str, Dimension]) -> dict[str, Any]:
+    """What every worker of a study must share: the base config and the space (kept in the study)."""
+    return {"base_config": base.to_dict(), "space": {name: dataclasses.asdict(dim) for name, dim in space.items()}}
+
+
+def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension]) -> tuple[Any, str]:
+    """Create the study, or join it when another worker made it with the same base config and space."""
+    optuna = require_optuna()
+    study_dir = Path(base.output_path) / options.study
+    url = storage_url(options.storage, study_dir)
+    sampler, pruner = make_sampler(options, space), make_pruner(pruner_spec(options, base.num_epochs))
+    study = optuna.create_study(storage=open_storage(url, options.heartbeat), study_name=options.study,
+                                direction="maximize", sampler=sampler, pruner=pruner, load_if_exists=True)
+    record = json_roundtrip(study_record(base, space))
+    if "base_config" not in study.user_attrs:
+        for key, value in {**record, "study_dir": str(study_dir.resolve())}.items():
+            study.set_user_attr(key, value)
+    else:
+        _check_same_study(study, record, options.study)
+    return study, url
+
+
+def json_roundtrip(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value))
+
+
+def _check_same_study(study: Any, record: Mapping[str, Any], name: str) -> None:
+    for part in ("base_config", "space"):
+        stored = study.user_attrs.get(part, {})
+        for key in sorted(set(stored) | set(record[part])):
+            if stored.get(key) != record[part].get(key):
+                raise UserError(f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "
+                                f"{stored.get(key)!r} there and {record[part].get(key)!r} here (use the same "
+                                "--config, --space and flags in every worker, or another --study)")
+
+
+# ---------------------------------------------------------------- one trial
+
+
+class TrialFailed(Exception):
+    """A trial's run ended with a user error (diverged, bad combination of values): the trial fails, tuning goes on."""
+
+
+@dataclass
+class Objective:
+    """Runs one trial as an ordinary run in output_path/STUDY/trial-<number> and returns its best selection
+    accuracy; a pruned run raises optuna.TrialPruned."""
+
+    base: Config
+    space: Mapping[str, Dimension]
+    study_dir: Path
+    url: str
+    study: Any
+    pruner: Mapping[str, Any]
+    current: int | None = None
+
+    def __call__(self, trial: Any) -> float:
+        optuna = require_optuna()
+        from cifar10_dist import api
+
+        self.current = trial.number
+        params = {name: dimension.suggest(trial) for name, dimension in self.space.items()}
+        history = retry_history(self.study, trial.number)
+        resume = retried_checkpoint(history, self.study_dir)
+        config = self.trial_config(trial.number, params, resume)
+        trial.set_user_attr("run_dir", str(self.study_dir / f"trial-{trial.number}"))
+        logger.info("trial %d: %s%s", trial.number, format_params(params),
+                    f" (retry of trial {history[0]}, from {resume})" if resume else "")
+        try:
+            result = api.train(config)
+        except (Preempted, Interrupted):
+            raise
+        except UserError as error:
+            raise TrialFailed(f"trial {trial.number} failed: {error}") from error
+        if result.pruned_at is not None:
+            raise optuna.TrialPruned(f"pruned at epoch {result.pruned_at}")
+        return best_accuracy(Path(result.run_dir))
+
+    def trial_config(self, number: int, params: Mapping[str, Any], resume: str | None) -> Config:
+        trial = {"study": self.study.study_name, "storage": self.url, "number": number, "params": dict(params),
+                 "pruner": dict(self.pruner)}
+        values = {**self.base.to_dict(), **params, "output_path": str(self.study_dir), "run_name": f"trial-{number}",
+                  "resume_from": resume, "overwrite": False, "seeds": 1, "trial": trial}
+        return load_config(None, **values)
+
+
+def retry_history(study: Any, number: int) -> list[int]:
+    """The trials that this one repeats, first the original (RetryHeartbeatStaleTrialCallback records them); [] for a
+    trial of its own."""
+    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    return list(frozen.system_attrs.get("retry_history", []))
+
+
+def retried_checkpoint(history: list[int], study_dir: Path) -> str | None:
+    """For a trial queued again after its worker died or stopped: the newest valid checkpoint of the trials it
+    repeats (the latest first), else None (it starts from zero)."""
+    from cifar10_dist import checkpointing
+
+    for number in reversed(history):
+        newest = checkpointing.newest_valid_checkpoint(study_dir / f"trial-{number}")
+        if newest is not None:
+            return str(newest)
+    return None
+
+
+def best_accuracy(run_dir: Path) -> float:
+    """The objective: the best selection (val) accuracy of a finished trial run, from its summary.json."""
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not summary.get("best"):
+        raise TrialFailed(f"{run_dir} has no validation result: it cannot be ranked")
+    return float(summary["best"]["accuracy"])
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{name}={_short(value)}" for name, value in params.items())
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# ---------------------------------------------------------------- pruning inside the trial's processes
+
+
+class TrialReporter:
+    """Attached by ``training`` to the evaluation that chooses the best model: rank 0 reports its accuracy to the
+    trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
+    the trainer after this validation (it then ends like any finished run)."""
+
+    def __init__(self, spec: Mapping[str, Any], trainer: Any) -> None:
+        self.spec = spec
+        self.trainer = trainer
+        self.pruned_at: int | None = None
+        self._trial: Any = None
+
+    def __call__(self, evaluator: Any) -> None:
+        from cifar10_dist import tracking
+
+        epoch = self.trainer.state.epoch
+        accuracy = float(evaluator.state.metrics["accuracy"])
+        if tracking.from_rank_zero(self._report, accuracy, epoch):
+            self.pruned_at = epoch
+            logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
+                        accuracy, self.spec["number"])
+            self.trainer.terminate()
+
+    def _report(self, accuracy: float, epoch: int) -> bool:
+        trial = self._open()
+        if trial is None or not math.isfinite(accuracy):
+            return False
+        trial.report(accuracy, epoch)
+        return bool(trial.should_prune())
+
+    def _open(self) -> Any:
+        """The running trial, through the storage URL (None, with a warning, when it is not running any more:
+        a trial's config.yaml run again by hand)."""
+        if self._trial is None:
+            optuna = require_optuna()
+            storage = open_storage(self.spec["storage"])
+            study_id = storage.get_study_id_from_name(self.spec["study"])
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.spec["number"])
+            if storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
+                logger.warning("trial %d of study %s is not running: its results are not reported",
+                               self.spec["number"], self.spec["study"])
+                self._trial = False
+                return None
+            study = optuna.load_study(study_name=self.spec["study"], storage=storage,
+                                      pruner=make_pruner(self.spec["pruner"]))
+            self._trial = optuna.trial.Trial(study, trial_id)
+        return self._trial or None
+
+
+# ---------------------------------------------------------------- the tuning loop, the final test, the report
+
+
+def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
+         echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``options.trials`` trials of the study in this process, then report (and the final test)."""
+    optuna = require_optuna()
+    if base.val_split <= 0:
+        raise UserError(f"tune needs val_split > 0 (got {base.val_split}): trials are ranked on held-out training "
+                        "images, never on the test set (e.g. --val_split=0.1)")
+    if base.resume_from is not None or base.seeds != 1:
+        raise UserError("tune sets resume_from and runs one seed per trial: drop resume_from and seeds")
+    check_space(base, space)
+    study, url = open_study(options, base, space)
+    study_dir = Path(study.user_attrs["study_dir"])
+    objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs))
+    echo(f"study {options.study} in {_without_password(url)}: {len(study.trials)} trials so far; running "
+         f"{options.trials} here")
+
+    def announce(done_study: Any, trial: Any) -> None:
+        echo(format_trial_line(trial))
+
+    try:
+        study.optimize(objective, n_trials=options.trials, catch=(TrialFailed,), callbacks=[announce])
+    except (Preempted, Interrupted) as stop:
+        queue_again(study, objective.current)
+        how = str(stop).split(":", 1)[0]  # "stopped at iteration 12 on SIGTERM" / "interrupted at epoch 1, ..."
+        message = (f"trial {objective.current} {how}: checkpoint written and the trial queued again in study "
+                   f"{options.study}; run the same tune command (or any worker of the study) to continue it")
+        raise (Preempted(message) if isinstance(stop, Preempted) else Interrupted(message)) from stop
+    return report(study, echo, final_test=options.final_test)
+
+
+def queue_again(study: Any, number: int | None) -> None:
+    """A trial stopped by Ctrl-C or preemption (its checkpoint written): queue it again, to continue from there."""
+    optuna = require_optuna()
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if trial is not None and trial.state == optuna.trial.TrialState.FAIL:
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)(study, trial)
+        logger.info("trial %d stopped: queued again, the next worker continues it from its checkpoint", number)
+
+
+def format_trial_line(trial: Any) -> str:
+    value = "" if trial.value is None else f" value {trial.value:.4f}"
+    pruned = f" at epoch {trial.last_step}" if trial.state.name == "PRUNED" and trial.last_step is not None else ""
+    return (f"trial {trial.number}: {trial.state.name}{pruned}{value} ({_minutes(trial):.1f} min) "
+            f"{format_params(trial.params)}")
+
+
+def _minutes(trial: Any) -> float:
+    if trial.datetime_start is None:
+        return 0.0
+    end = trial.datetime_complete
+    seconds = (end - trial.datetime_start).total_seconds() if end else 0.0
+    return seconds / 60
+
+
+def trial_table(trials: list[Any]) -> str:
+    """Trials sorted by value (best first; pruned and failed after), one line each."""
+    ranked = sorted(trials, key=lambda t: (t.value is None or t.state.name != "COMPLETE", -(t.value or 0.0), t.number))
+    names = sorted({name for trial in trials for name in trial.params})
+    header = f"{'trial':>5}  {'state':<9}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
+    lines = [header]
+    for trial in ranked:
+        value = f"{trial.value:.4f}" if trial.value is not None else "-"
+        epochs = str(trial.last_step) if trial.last_step is not None else "-"
+        params = "  ".join(f"{_short(trial.params.get(name, '-')):>{len(name)}}" for name in names)
+        lines.append(f"{trial.number:>5}  {trial.state.name:<9}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}")
+    return "\n".join(lines)
+
+
+def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = False) -> dict[str, Any]:
+    """The trial table, best_config.yaml and plots in the study folder; the final test when asked."""
+    from cifar10_dist import tracking
+
+    study_dir = Path(study.user_attrs["study_dir"])
+    trials = study.get_trials(deepcopy=False)
+    states = {state: sum(t.state.name == state for t in trials) for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING",
+                                                                             "WAITING")}
+    echo(trial_table(trials))
+    echo("trials: " + ", ".join(f"{count} {state.lower()}" for state, count in states.items() if count))
+    summary: dict[str, Any] = {"study": study.study_name, "study_dir": str(study_dir), "states": states}
+    completed = [t for t in trials if t.state.name == "COMPLETE"]
+    if completed:
+        best = study.best_trial
+        best_config = best_config_of(study, best)
+        tracking.write_yaml(study_dir / "best_config.yaml", best_config)
+        echo(f"best: trial {best.number}, val accuracy {best.value:.4f}, {format_params(best.params)}")
+        echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run --config={study_dir / 'best_config.yaml'})")
+        summary.update(best_trial=best.number, best_value=best.value, best_params=best.params)
+        summary["plots"] = write_plots(study, study_dir)
+        if final_test:
+            summary["final_test"] = run_final_test(study, best, echo)
+    tracking.write_json(study_dir / "tuning_summary.json", summary)
+    return summary
+
+
+def best_config_of(study: Any, best: Any) -> dict[str, Any]:
+    """The base config with the best trial's values: ``cifar10-dist run --config=`` takes it as it is."""
+    values = {**study.user_attrs["base_config"], **best.params}
+    return load_config(None, **values).to_dict()
+
+
+def write_plots(study: Any, study_dir: Path) -> list[str]:
+    """Optuna's matplotlib plots as PNG (those it can draw with the trials so far)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as plots
+
+    from cifar10_dist import tracking
+
+    written = []
+    for name in PLOTS:
+        try:
+            axes = getattr(plots, f"plot_{name}")(study)
+        except (ValueError, RuntimeError, ZeroDivisionError) as reason:  # too few trials for this plot
+            logger.info("no %s plot yet: %s", name, _first_line(reason))
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+        figure.set_size_inches(9, 5)
+        figure.tight_layout()
+        path = study_dir / f"{name}.png"
+        tracking.write_file(path, lambda target: figure.savefig(target, format="png", dpi=100))
+        plt.close(figure)
+        written.append(str(path))
+    return written
+
+
+def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[str, Any] | None:
+    """The best trial's best model on the test set, once per study and best trial (kept in the study); skipped
+    while other workers still run trials of it (the last one to finish runs it)."""
+    from cifar10_dist import api, checkpointing
+
+    key = f"final_test:trial-{best.number}"
+    if key in study.user_attrs:
+        done = study.user_attrs[key]
+        echo(f"final test (trial {best.number}, evaluated once earlier): accuracy {done['accuracy']:.4f} "
+             f"({done['num_samples']} test images)")
+        return done
+    running = [t.number for t in study.get_trials(deepcopy=False) if t.state.name in ("RUNNING", "WAITING")]
+    if running:
+        echo(f"final test not run: trials {', '.join(map(str, running))} are still running or queued in other "
+             "workers (the last worker to finish runs it)")
+        return None
+    run_dir = Path(best.user_attrs["run_dir"])
+    best_file = checkpointing.best_model_file(run_dir)
+    if best_file is None:
+        raise UserError(f"trial {best.number} has no best-model file in {run_dir}: no final test")
+    base = study.user_attrs["base_config"]
+    launch = {key: base[key] for key in ("backend", "nproc_per_node", "batch_size", "num_workers") if key in base}
+    started = time.perf_counter()
+    result = api.evaluate(best_file, **launch)
+    done = {"trial": best.number, "checkpoint": str(best_file), "accuracy": result.accuracy, "loss": result.loss,
+            "num_samples": result.num_samples, "seconds": time.perf_counter() - started}
+    study.set_user_attr(key, done)
+    used = [name for name in study.user_attrs if name.startswith("final_test:")]
+    echo(f"final test (trial {best.number}'s best model, the test set's only use in this study"
+         f"{'' if len(used) <= 1 else f'; now used by {len(used)} best trials'}): accuracy {result.accuracy:.4f}, "
+         f"loss {result.loss:.4f} ({result.num_samples} test images)")
+    return done
+
+
+def report_only(study_name: str, storage: str | None, output_path: str, final_test: bool,
+                echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """The report of an existing study (while it runs, or after)."""
+    optuna = require_optuna()
+    url = storage_url(storage, Path(output_path) / study_name)
+    if storage is None and not Path(url[len("sqlite:///"):]).is_file():
+        raise UserError(f"no study database at {url[len('sqlite:///'):]}: give --storage (and --output_path) of "
+                        "the study")
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(url))
+    except KeyError as missing:
+        raise UserError(f"study '{study_name}' is not in {_without_password(url)}") from missing
+    return report(study, echo, final_test=final_test)
