@@ -121,3 +121,28 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(sma
         assert int(path.stem.rsplit("_", 1)[1]) < stopped_at
         weights = torch.load(path, weights_only=True)["model"]
         assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point())
+
+
+def test_the_preemption_signal_is_configurable(small_dataset, tmp_path):
+    """A cluster that announces preemption with SIGUSR2: CIFAR10_DIST_PREEMPTION_SIGNALS=SIGUSR2 makes it a stop at
+    a checkpoint with exit code 75, as SIGTERM is by default."""
+    process = start_cli("run", *TINY, "--num_epochs=6", "--checkpoint_every=5", f"--data_path={small_dataset}",
+                        f"--output_path={tmp_path}", "--run_name=usr2",
+                        env={"CIFAR10_DIST_PREEMPTION_SIGNALS": "SIGUSR2"})
+    try:
+        wait_for_file(tmp_path / "usr2", "training_checkpoint_*.pt", process)
+        process.send_signal(signal.SIGUSR2)  # without the variable, SIGUSR2 would end the process at once
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        stop_all(process)
+    assert process.returncode == 75, stderr[-2000:]
+    assert re.search(r"stopped at iteration \d+ on SIGUSR2: checkpoint written", stderr), stderr[-2000:]
+
+
+def test_a_bad_preemption_signal_name_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("CIFAR10_DIST_PREEMPTION_SIGNALS", "SIGTERM,SIGKIL")
+    result = run_in_process("run", *TINY, "--dataset=synthetic", f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr == ("error: CIFAR10_DIST_PREEMPTION_SIGNALS='SIGTERM,SIGKIL': SIGKIL cannot announce a "
+                             "preemption; give signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP (comma-separated)\n")
+    assert not any(tmp_path.iterdir())
