@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import logging
 import math
 import random
@@ -50,7 +51,7 @@ def require_optuna() -> Any:
         import optuna
     except ImportError as missing:
         raise UserError(f"tune needs the optuna package, which is not installed: {INSTALL_HINT}") from missing
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # tune prints a line per trial itself, with any failure
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
@@ -289,8 +290,6 @@ def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension
 
 
 def json_roundtrip(value: Any) -> Any:
-    import json
-
     return json.loads(json.dumps(value))
 
 
@@ -341,6 +340,7 @@ class Objective:
         except (Preempted, Interrupted):
             raise
         except UserError as error:
+            trial.set_user_attr("fail_reason", str(error))
             raise TrialFailed(f"trial {trial.number} failed: {error}") from error
         if result.pruned_at is not None:
             raise optuna.TrialPruned(f"pruned at epoch {result.pruned_at}")
@@ -375,8 +375,6 @@ def retried_checkpoint(history: list[int], study_dir: Path) -> str | None:
 
 def best_accuracy(run_dir: Path) -> float:
     """The objective: the best selection (val) accuracy of a finished trial run, from its summary.json."""
-    import json
-
     summary = json.loads((run_dir / "summary.json").read_text())
     if not summary.get("best"):
         raise TrialFailed(f"{run_dir} has no validation result: it cannot be ranked")
@@ -448,7 +446,7 @@ class TrialReporter:
 def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
          echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``options.trials`` trials of the study in this process, then report (and the final test)."""
-    optuna = require_optuna()
+    require_optuna()
     if base.val_split <= 0:
         raise UserError(f"tune needs val_split > 0 (got {base.val_split}): trials are ranked on held-out training "
                         "images, never on the test set (e.g. --val_split=0.1)")
@@ -487,8 +485,9 @@ def queue_again(study: Any, number: int | None) -> None:
 def format_trial_line(trial: Any) -> str:
     value = "" if trial.value is None else f" value {trial.value:.4f}"
     pruned = f" at epoch {trial.last_step}" if trial.state.name == "PRUNED" and trial.last_step is not None else ""
+    reason = f": {trial.user_attrs['fail_reason']}" if "fail_reason" in trial.user_attrs else ""
     return (f"trial {trial.number}: {trial.state.name}{pruned}{value} ({_minutes(trial):.1f} min) "
-            f"{format_params(trial.params)}")
+            f"{format_params(trial.params)}{reason}")
 
 
 def _minutes(trial: Any) -> float:
@@ -536,6 +535,9 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         if final_test:
             summary["final_test"] = run_final_test(study, best, echo)
     tracking.write_json(study_dir / "tuning_summary.json", summary)
+    if not completed and states["FAIL"]:
+        raise UserError(f"no trial of study {study.study_name} has completed ({states['FAIL']} failed, the reasons "
+                        "are above): no best config")
     return summary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -354,3 +355,14 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     assert trials[1].params == trials[0].params
     assert str(tmp_path / "out" / "array" / "trial-0" / "training_checkpoint_") in requeued.stderr
     assert "final test (trial 1's best model" in requeued.stdout
+
+
+def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
+    space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [1.0e+4]}})
+    result = run_in_process(*tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid"))
+    assert result.returncode == 2
+    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch 1\): "
+                     "the loss became", result.stdout), result.stdout
+    assert result.stderr.splitlines()[-1] == ("error: no trial of study f has completed (1 failed, the reasons are "
+                                              "above): no best config")
+    assert load_study(tmp_path, "f").trials[0].state.name == "FAIL"
