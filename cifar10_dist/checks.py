@@ -25,6 +25,14 @@ def check_before_launch(config: Config) -> None:
     check_launch(config)
     check_batch_fits_world(config)
     faults.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
+    check_amp_dtype(config)
+
+
+def check_amp_dtype(config: Config) -> None:
+    if config.with_amp and config.amp_dtype == "bfloat16" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
+        raise UserError(f"amp_dtype=bfloat16: {torch.cuda.get_device_name()} has no bf16; use amp_dtype=float16 "
+                        "(or auto)")
 
 
 def check_files(config: Config) -> None:

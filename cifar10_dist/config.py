@@ -27,6 +27,7 @@ DATASETS = ("cifar10", "cifar100", "synthetic")
 LABEL_MODES = ("fine", "coarse")
 FLIPS = ("random", "alternating", "none")
 PAD_MODES = ("zeros", "reflect")
+AMP_DTYPES = ("auto", "float16", "bfloat16")
 
 
 def option(default: Any, help: str) -> Any:
@@ -90,6 +91,8 @@ class Config:
     # speed
     with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU and XLA (on CPU faster "
                             "only for wide convolutions with channels_last)")
+    amp_dtype: str = option("auto", "with_amp's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 "
+                            "(with a GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
     channels_last: bool = option(False, "channels-last memory format for model and inputs")
     compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
     tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
@@ -273,6 +276,7 @@ def validate(config: Config) -> None:
     _require(0 <= c.label_smoothing < 1, f"label_smoothing={c.label_smoothing} must be in [0, 1)")
     _require(c.bias_lr_scale > 0, f"bias_lr_scale={c.bias_lr_scale} must be greater than 0")
     _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
+    _require(c.amp_dtype in AMP_DTYPES, f"amp_dtype='{c.amp_dtype}' is unknown: choose one of {', '.join(AMP_DTYPES)}")
     _require(c.tta in (0, 1, 2), f"tta={c.tta} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
     _require(
         not (c.compile and c.backend == "xla-tpu"),

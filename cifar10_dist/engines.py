@@ -42,11 +42,14 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
-def choose_precision(device: torch.device, with_amp: bool) -> Precision:
+def choose_precision(device: torch.device, with_amp: bool, amp_dtype: str = "auto") -> Precision:
     """fp16 autocast + GradScaler on CUDA, bf16 elsewhere (on CPU: AMX/AVX512-BF16 kernels, which pay off for
-    wide convolutions in channels_last; ResNet-18 at 32x32 trains slower with it)."""
+    wide convolutions in channels_last; ResNet-18 at 32x32 trains slower with it); ``amp_dtype`` float16 or
+    bfloat16 chooses (fp16 always with a GradScaler)."""
     if not with_amp:
         return Precision(device.type, None)
+    if amp_dtype != "auto":
+        return Precision(device.type, getattr(torch, amp_dtype))
     if device.type == "cuda":
         return Precision("cuda", torch.float16)
     return Precision(device.type, torch.bfloat16)

@@ -226,7 +226,7 @@ def setup_optimization(config: Config, network: Network, data_setup: DataSetup, 
         total_iterations=data_setup.total_iterations, start=config.lr_start, end=config.lr_end,
         group_schedules=[group.schedule for group in groups],
     )
-    precision = engines.choose_precision(device, config.with_amp)
+    precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
     return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))
 
@@ -563,7 +563,7 @@ class EvaluationWorker:
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
             model = self.load_model(config, train_set, test_set, device)
-            precision = engines.choose_precision(device, config.with_amp)
+            precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
             evaluator = engines.create_evaluator(
                 model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
                 num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,

@@ -35,37 +35,55 @@ sys.path.insert(0, str(REPO))
 
 from cifar10_dist import data, engines, faults, models, tracking  # noqa: E402
 
+CPU = torch.device("cpu")
 
-def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False):
-    precision = engines.choose_precision(torch.device("cpu"), amp)
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False,
+              device: torch.device = CPU):
+    """One plain training step (fp16 with a GradScaler on CUDA, as our trainer does), returning the loss."""
+    precision = engines.choose_precision(device, amp)
+    scaler = engines.make_grad_scaler(precision)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> float:
         model.train()
         with precision.autocast():
             loss = loss_fn(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         return loss.item()
 
     return step
 
 
-def setup(model_name: str):
+def setup(model_name: str, device: torch.device = CPU):
     torch.manual_seed(0)
-    model = models.build_model(model_name)
+    model = models.build_model(model_name).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     return model, optimizer, nn.CrossEntropyLoss()
 
 
-def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
-              channels_last: bool = False, amp: bool = False, compile: bool = False) -> float:
-    model, optimizer, loss_fn = setup(model_name)
-    inputs, targets = batch
+def prepared(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device, channels_last: bool,
+             compile: bool) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """The model and batch on the device, in channels_last and compiled when asked."""
+    inputs, targets = batch[0].to(device), batch[1].to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         inputs = inputs.contiguous(memory_format=torch.channels_last)
-    step = make_step(torch.compile(model) if compile else model, optimizer, loss_fn, amp)
+    return (torch.compile(model) if compile else model), (inputs, targets)
+
+
+def bare_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
+              channels_last: bool = False, amp: bool = False, compile: bool = False, device: torch.device = CPU
+              ) -> float:
+    model, optimizer, loss_fn = setup(model_name, device)
+    model, (inputs, targets) = prepared(model, batch, device, channels_last, compile)
+    step = make_step(model, optimizer, loss_fn, amp, device)
     started = time.perf_counter()
     for _ in range(warmup):
         step(inputs, targets)
@@ -96,11 +114,15 @@ def print_variants(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], st
         print(f"{name:<36}{speed:>8.1f}{speed / baseline:>9.2f}{bare_loop.warmup_seconds:>11.1f}", flush=True)
 
 
-def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> float:
+def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
+                channels_last: bool = False, amp: bool = False, compile: bool = False, device: torch.device = CPU
+                ) -> float:
     """Our trainer and its per-iteration handlers (LR schedule, stop checks, progress, TensorBoard)."""
-    model, optimizer, loss_fn = setup(model_name)
-    precision = engines.choose_precision(torch.device("cpu"), False)
-    trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision, None)
+    model, optimizer, loss_fn = setup(model_name, device)
+    model, batch = prepared(model, batch, device, channels_last, compile)
+    precision = engines.choose_precision(device, amp)
+    trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision,
+                                     engines.make_grad_scaler(precision))
     total = (steps + warmup) * 10
     trainer.add_event_handler(Events.ITERATION_STARTED, engines.create_lr_scheduler(optimizer, 0.01, 5, total))
     faults.attach_stop_checks(trainer, faults.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))

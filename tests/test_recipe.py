@@ -208,6 +208,21 @@ def test_amp_on_cpu_means_bf16_autocast():
     with precision.autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
     assert engines.choose_precision(torch.device("cpu"), with_amp=False).dtype is None
+    assert engines.choose_precision(torch.device("cuda"), with_amp=True).needs_grad_scaler  # fp16 on CUDA
+    assert not engines.choose_precision(torch.device("cuda"), True, "bfloat16").needs_grad_scaler
+
+
+def test_amp_dtype_float16_trains_with_a_checkpointed_grad_scaler(tmp_path):
+    # fp16 autocast on the CPU is slow (no fast kernels): 3 iterations
+    result = run_in_process("run", *TINY, *SMALL, "--num_epochs=1", "--num_warmup_epochs=0.5", "--epoch_length=3",
+                            "--checkpoint_every=3", "--train_eval_size=0", "--with_amp=True", "--amp_dtype=float16",
+                            f"--output_path={tmp_path}", "--run_name=fp16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = torch.load(tmp_path / "fp16" / "training_checkpoint_3.pt", weights_only=True)
+    assert checkpoint["scaler"]["scale"] > 0
+    bad = run_in_process("run", *TINY, *SMALL, "--amp_dtype=fp8", f"--output_path={tmp_path}")
+    assert bad.returncode == 2
+    assert bad.stderr == "error: amp_dtype='fp8' is unknown: choose one of auto, float16, bfloat16\n"
 
 
 # ---------------------------------------------------------------- whole runs through the CLI

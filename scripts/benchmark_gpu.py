@@ -1,0 +1,206 @@
+"""GPU benchmark, run by hand or by scripts/gpu_check.sh: what the Ignite engine and our handlers cost on a fast
+device, and the fast recipe against airbench94's own code; prints tables and writes JSON with --json PATH.
+
+In one run on one device:
+  1. ResNet-18 (batch 512) and airbench (batch 1024) in each speed setting: a bare PyTorch loop and our
+     trainer with its handlers on the same device-resident tensors, img/s;
+  2. one full epoch through the CLI on real data: ResNet-18 (loader) and configs/fast.yaml (data_on_device);
+  3. time to accuracy: configs/fast.yaml trained to the end (validated every epoch, training seconds only, as
+     airbench counts) next to Keller Jordan's airbench94 from PyPI (airbench==0.1.8: its own train94 on the
+     same data, written as its train.pt/test.pt), with the time each needed to reach the other's accuracy.
+Usage: python scripts/benchmark_gpu.py --data_path=DIR [--device=cuda] [--quick] [--skip_peer] [--json=PATH]
+--device=cpu runs the same on the CPU (the peer needs CUDA and is skipped, saying so); --quick makes every part
+a few steps long, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cifar10_dist import data, reports  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+benchmark = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(benchmark)
+
+MODELS = {"resnet18": 512, "airbench": 1024}
+SETTINGS = {
+    "fp32": {},
+    "amp": {"amp": True},
+    "channels_last": {"channels_last": True},
+    "amp + channels_last": {"amp": True, "channels_last": True},
+    "compile + amp + channels_last": {"amp": True, "channels_last": True, "compile": True},
+}
+PEER = "airbench==0.1.8"
+
+
+def throughput(device: torch.device, steps: int, warmup: int, batch_scale: float) -> list[dict[str, Any]]:
+    """Part 1: bare loop and our trainer, each model and setting."""
+    rows = []
+    for model, batch_size in MODELS.items():
+        size = max(8, int(batch_size * batch_scale))
+        batch = (torch.randn(size, 3, 32, 32), torch.randint(0, 10, (size,)))
+        for setting, options in SETTINGS.items():
+            bare = benchmark.bare_loop(model, batch, steps, warmup, device=device, **options)
+            engine = benchmark.engine_loop(model, batch, steps, warmup, device=device, **options)
+            rows.append({"model": model, "batch": size, "setting": setting, "bare_loop": bare, "trainer": engine,
+                         "trainer_over_bare": engine / bare})
+            print(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}", flush=True)
+    return rows
+
+
+def cli_run(flags: list[str], output: Path, device: torch.device) -> tuple[str, Path]:
+    """One run through the CLI on the device (CUDA_VISIBLE_DEVICES hides the GPUs for --device=cpu)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if device.type == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    result = subprocess.run([sys.executable, "-m", "cifar10_dist", "run", *flags, f"--output_path={output}",
+                             "--run_name=bench"], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {result.stderr[-2000:]}")
+    return result.stderr, output / "bench"
+
+
+def epoch_speeds(log: str) -> list[float]:
+    return [float(value) for value in re.findall(r"epoch \d+ done in [0-9.]+ s \(([0-9.]+) img/s\)", log)]
+
+
+def full_epochs(data_path: str, device: torch.device, quick: list[str]) -> dict[str, float]:
+    """Part 2: img/s of a real epoch (the last, when --quick runs several short ones)."""
+    speeds = {}
+    for name, flags in (("resnet18", ["--model=resnet18", "--num_workers=4"]),
+                        ("fast.yaml", [f"--config={REPO / 'configs' / 'fast.yaml'}"])):
+        with tempfile.TemporaryDirectory() as output:
+            log, _ = cli_run([*flags, f"--data_path={data_path}", "--num_epochs=1", "--num_warmup_epochs=0.2",
+                              "--train_eval_size=0", *quick], Path(output), device)
+        speeds[name] = epoch_speeds(log)[-1]
+        print(f"full epoch, {name:<12}{speeds[name]:>10.0f} img/s", flush=True)
+    return speeds
+
+
+def ours_to_the_end(data_path: str, device: torch.device, quick: list[str]) -> dict[str, Any]:
+    """Part 3, ours: configs/fast.yaml validated every epoch (without TTA; the final test with it); the curve is
+    (training seconds so far, test accuracy) at each epoch end."""
+    with tempfile.TemporaryDirectory() as output:
+        _, run_dir = cli_run([f"--config={REPO / 'configs' / 'fast.yaml'}", f"--data_path={data_path}",
+                              "--validate_every=1", *quick], Path(output), device)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        epochs, evaluations = reports.read_metrics(run_dir)
+    elapsed, seconds = 0.0, {}
+    for epoch in sorted(epochs, key=lambda row: row["epoch"]):
+        elapsed += epoch["epoch_time"]
+        seconds[epoch["epoch"]] = elapsed
+    curve = [(seconds[row["epoch"]], row["accuracy"]) for row in sorted(evaluations, key=lambda row: row["epoch"])
+             if row["split"] == "test" and row["epoch"] in seconds]
+    return {"accuracy": summary["final"]["test"]["accuracy"], "training_seconds": summary["training_time"],
+            "curve": curve}
+
+
+def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | str:
+    """Part 3, the peer: airbench94's train94 on our data (its CifarLoader reads cifar10/train.pt in its folder)."""
+    if device.type != "cuda":
+        return "skipped: airbench94 runs on CUDA only (its network is .half().cuda())"
+    if importlib.util.find_spec("airbench") is None:
+        return f"skipped: the airbench package is not installed (pip install {PEER}, or its wheel offline)"
+    _, train_set, test_set = data.read_dataset("cifar10", Path(data_path))
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "cifar10").mkdir()
+        for name, images in (("train", train_set), ("test", test_set)):
+            torch.save({"images": torch.as_tensor(images.images).permute(0, 2, 3, 1).contiguous(),
+                        "labels": torch.as_tensor(images.labels), "classes": list(data.CLASSES)},
+                       Path(folder) / "cifar10" / f"{name}.pt")
+        code = "import airbench; airbench.warmup94(); airbench.train94()"
+        result = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True)
+    if result.returncode != 0:
+        return f"failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"
+    return parse_peer_table(result.stdout)
+
+
+def parse_peer_table(text: str) -> dict[str, Any]:
+    """airbench's printed rows: | run | epoch | train_loss | train_acc | val_acc | tta_val_acc | total_time_seconds |"""
+    curve, final = [], None
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[1] in ("epoch", ""):
+            continue
+        if cells[1] == "eval":
+            final = {"accuracy": float(cells[5]), "training_seconds": float(cells[6])}
+        elif cells[4]:
+            curve.append((float(cells[6]), float(cells[4])))
+    if final is None:
+        raise ValueError("airbench printed no final (eval) row")
+    return {**final, "curve": curve}
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Training seconds when the curve first reached target (None: never)."""
+    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+
+
+def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
+    lines = [f"{'recipe':<32}{'accuracy':>10}{'train s':>10}{'to peer acc s':>15}{'to our acc s':>14}"]
+    entries = {"ours: configs/fast.yaml": ours}
+    if isinstance(peer, dict):
+        entries["peer: airbench94 (train94)"] = peer
+    for name, entry in entries.items():
+        to_peer = time_to(entry["curve"], peer["accuracy"]) if isinstance(peer, dict) else None
+        to_ours = time_to(entry["curve"], ours["accuracy"])
+        lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
+                     f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}")
+    if isinstance(peer, str):
+        lines.append(f"peer: airbench94 ({PEER}): {peer}")
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_path", required=True, help="folder holding cifar-10-batches-py")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the script)")
+    parser.add_argument("--skip_peer", action="store_true")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: use --device=cpu")
+    device = torch.device(args.device)
+    steps, warmup, scale = (2, 1, 1 / 16) if args.quick else (20, 5, 1.0)
+    quick = ["--num_epochs=2", "--num_warmup_epochs=0.5", "--epoch_length=3", "--tta=0"] if args.quick else []
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    header = f"{name}, torch {torch.__version__}, {'quick check' if args.quick else 'full'}"
+    print(header)
+    print(f"{'model':<10}{'batch':>6}  {'setting':<30}{'bare/s':>10}{'ours/s':>10}{'ratio':>8}")
+    rows = throughput(device, steps, warmup, scale)
+    epochs = full_epochs(args.data_path, device, quick)
+    ours = ours_to_the_end(args.data_path, device, quick)
+    peer = "skipped: --skip_peer" if args.skip_peer else peer_to_the_end(args.data_path, device)
+    lines = comparison(ours, peer)
+    print("\n".join(lines))
+    table = "\n".join([header, *(f"{r['model']} {r['setting']}: bare {r['bare_loop']:.0f} img/s, ours "
+                                 f"{r['trainer']:.0f} img/s ({r['trainer_over_bare']:.3f})" for r in rows),
+                       *(f"full epoch {k}: {v:.0f} img/s" for k, v in epochs.items()), *lines])
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"device": name, "torch": torch.__version__, "quick": args.quick,
+                                                    "throughput": rows, "full_epoch": epochs, "ours": ours,
+                                                    "peer": peer, "table": table}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

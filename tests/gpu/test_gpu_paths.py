@@ -1,0 +1,171 @@
+"""Every accelerator path of a run, on a real GPU: nccl under torchrun and spawning, the no-backend path on
+cuda:0, fp16 autocast + GradScaler (accuracy band, exact resume), bf16, data_on_device, pinned memory,
+channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory.
+Skipped without CUDA (see conftest); GPU_CHECK_DEVICE=cpu rehearses the device-independent ones on the CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, assert_same_training_state, cli_env, run_cli, run_torchrun
+from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
+
+pytestmark = pytest.mark.gpu
+
+# a short run: 2 epochs of the data in check_data (real CIFAR-10: 2 x 50,000 images)
+SHORT = [*TINY, "--num_workers=2", "--batch_size=256", "--learning_rate=0.2", "--train_eval_size=500",
+         "--validate_every=2", "--checkpoint_every=20"]
+
+
+def run(data: Path, output: Path, name: str, *extra: str, env: dict | None = None):
+    result = run_cli("run", *SHORT, f"--data_path={data}", f"--output_path={output}", f"--run_name={name}", *extra,
+                     env=env, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def final_test(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())["test"]
+
+
+def newest_checkpoint(run_dir: Path) -> Path:
+    return max(run_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+
+
+def test_no_backend_run_trains_on_cuda0_and_logs_peak_gpu_memory(check_data, tmp_path, record):
+    result = run(check_data, tmp_path, "plain")
+    device = "cuda:0" if ON_CUDA else "cpu"
+    assert f"device {device}" in result.stderr
+    record("test accuracy, 2 epochs fp32", final_test(tmp_path / "plain")["accuracy"])
+    speeds = [float(x) for x in re.findall(r"epoch \d+ done in [0-9.]+ s \(([0-9.]+) img/s\)", result.stderr)]
+    record("training speed, epoch 2", speeds[-1], "img/s")
+    if ON_CUDA:
+        memory = re.search(r"peak GPU memory (\d+) MiB allocated, (\d+) MiB reserved", result.stderr)
+        assert memory, result.stderr[-2000:]
+        record("peak GPU memory allocated, 1 process", float(memory.group(1)), "MiB")
+
+
+def test_nccl_under_torchrun_with_one_process(check_data, tmp_path):
+    cuda_only()
+    result = run_torchrun(1, "run", *SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5", "--backend=nccl",
+                          f"--data_path={check_data}", f"--output_path={tmp_path}", "--run_name=nccl1", timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "distributed: backend nccl, world size 1" in result.stderr
+
+
+def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_world_sizes_1_and_2(
+        check_data, tmp_path, record):
+    cuda_only()
+    gpus(2)
+    mission = run_torchrun(2, "run", *SHORT, "--backend=nccl", f"--data_path={check_data}",
+                           f"--output_path={tmp_path}", "--run_name=torchrun2", timeout=1800)  # the README's command
+    assert mission.returncode == 0, mission.stderr[-3000:]
+    assert "distributed: backend nccl, world size 2" in mission.stderr
+    spawned = run(check_data, tmp_path, "spawn2", "--backend=nccl", "--nproc_per_node=2")
+    assert "distributed: backend nccl, world size 2" in spawned.stderr
+    record("test accuracy, 2 GPUs nccl spawned", final_test(tmp_path / "spawn2")["accuracy"])
+    checkpoint = newest_checkpoint(tmp_path / "spawn2")
+    results = {}
+    for world_size, launch in {1: [], 2: ["--backend=nccl", "--nproc_per_node=2"]}.items():
+        evaluated = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *launch)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        results[world_size] = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert results[1]["confusion_matrix"] == results[2]["confusion_matrix"]
+    assert results[1]["loss"] == pytest.approx(results[2]["loss"], abs=1e-5)
+
+
+def test_mixed_precision_trains_to_the_fp32_band_and_resumes_exactly(check_data, tmp_path, record):
+    """fp16 autocast + GradScaler on CUDA (bf16 on the CPU): within 3 points of fp32 on a short run; a deterministic
+    run resumed mid-epoch from a checkpoint (GradScaler state included) ends bit-identical."""
+    fp32 = run(check_data, tmp_path, "fp32", "--deterministic=True")
+    amp = run(check_data, tmp_path, "amp", "--with_amp=True", "--deterministic=True")
+    accuracies = {name: final_test(tmp_path / name)["accuracy"] for name in ("fp32", "amp")}
+    record("test accuracy fp32", accuracies["fp32"])
+    record("test accuracy with_amp", accuracies["amp"])
+    band = 0.03 if is_real(check_data) else 0.10
+    assert abs(accuracies["amp"] - accuracies["fp32"]) < band, accuracies
+    assert fp32.returncode == amp.returncode == 0
+    final = newest_checkpoint(tmp_path / "amp")
+    state = torch.load(final, weights_only=True)
+    if ON_CUDA:
+        assert state["scaler"]["scale"] > 0, "fp16 on CUDA checkpoints its GradScaler"
+    mid = sorted(int(p.stem.rsplit("_", 1)[1]) for p in (tmp_path / "amp").glob("training_checkpoint_*.pt"))[0]
+    resumed = run(check_data, tmp_path, "amp-resumed", "--with_amp=True", "--deterministic=True",
+                  f"--resume_from={tmp_path / 'amp' / f'training_checkpoint_{mid}.pt'}")
+    assert f"at iteration {mid}" in resumed.stderr
+    assert_same_training_state(final, tmp_path / "amp-resumed" / final.name)
+    if ON_CUDA:
+        assert torch.load(tmp_path / "amp-resumed" / final.name, weights_only=True)["scaler"] == state["scaler"]
+
+
+def test_bf16_autocast_where_the_gpu_supports_it(check_data, tmp_path, record):
+    cuda_only()
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    run(check_data, tmp_path, "bf16", "--with_amp=True", "--amp_dtype=bfloat16")
+    record("test accuracy bf16 autocast", final_test(tmp_path / "bf16")["accuracy"])
+    assert "scaler" not in torch.load(newest_checkpoint(tmp_path / "bf16"), weights_only=True)  # bf16 needs none
+
+
+def test_data_on_device_trains_exactly_as_the_loader_does(check_data, tmp_path, record):
+    for name, flag in (("loader", "False"), ("device", "True")):
+        run(check_data, tmp_path, name, f"--data_on_device={flag}", "--deterministic=True", "--num_epochs=1",
+            "--num_warmup_epochs=0.5")
+    final = newest_checkpoint(tmp_path / "loader").name
+    weights = [torch.load(tmp_path / name / final, weights_only=True)["model"] for name in ("loader", "device")]
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+def test_loaders_pin_memory_on_cuda():
+    cuda_only()
+    from cifar10_dist import data
+
+    train, test = data.make_synthetic(200, 40, 0)
+    loaders = data.make_loaders(train, test, batch_size=32, num_workers=2, train_eval_size=0, seed=0)
+    assert loaders.train.pin_memory and loaders.test.pin_memory
+
+
+def test_channels_last_and_compile_train_and_save_plain_checkpoints(check_data, tmp_path, record):
+    result = run(check_data, tmp_path, "compiled", "--channels_last=True", "--compile=True", "--with_amp=True")
+    keys = torch.load(newest_checkpoint(tmp_path / "compiled"), weights_only=True)["model"].keys()
+    assert not any(key.startswith("_orig_mod") or key.startswith("module.") for key in keys)
+    speeds = [float(x) for x in re.findall(r"epoch \d+ done in [0-9.]+ s \(([0-9.]+) img/s\)", result.stderr)]
+    record("training speed, compile + amp + channels_last, epoch 2", speeds[-1], "img/s")
+
+
+def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
+    cuda_only()
+    from cifar10_dist import training
+    from cifar10_dist.config import load_config
+
+    device = torch.device("cuda", 0)
+    training.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark
+    training.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True), device)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert not torch.backends.cudnn.benchmark  # deterministic mode wins
+
+
+def test_deterministic_runs_are_bit_identical(check_data, tmp_path):
+    for name in ("first", "second"):
+        run(check_data, tmp_path, name, "--deterministic=True", "--num_epochs=1", "--num_warmup_epochs=0.5")
+    final = newest_checkpoint(tmp_path / "first").name
+    assert_same_training_state(tmp_path / "first" / final, tmp_path / "second" / final)
+
+
+def test_evaluation_on_the_gpu_matches_the_cpu(check_data, tmp_path, record):
+    run(check_data, tmp_path, "trained", "--num_epochs=1", "--num_warmup_epochs=0.5")
+    checkpoint = newest_checkpoint(tmp_path / "trained")
+    results = {}
+    for where, env in (("gpu", cli_env()), ("cpu", {**cli_env(), "CUDA_VISIBLE_DEVICES": ""})):
+        evaluated = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", env=env)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        results[where] = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert results["gpu"]["confusion_matrix"] == results["cpu"]["confusion_matrix"]
+    assert results["gpu"]["loss"] == pytest.approx(results["cpu"]["loss"], abs=1e-4)
+    record("evaluation loss |gpu - cpu|", abs(results["gpu"]["loss"] - results["cpu"]["loss"]))

@@ -1,0 +1,100 @@
+"""The GPU check harness on a machine without a GPU: scripts/gpu_check.sh says so in one line and creates
+nothing, the gpu tests skip with that reason, the report writer and the benchmark's peer parsing work."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, cli_env
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run scripts/gpu_check.sh")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_without_cuda_is_one_line_and_creates_nothing(tmp_path):
+    out = tmp_path / "report"
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), f"--out={out}"], cwd=tmp_path,
+                            env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("no CUDA GPU on this machine (torch ") and result.stdout.count("\n") == 1
+    assert result.stdout.endswith("sees none): nothing to check\n") and result.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_check_refuses_a_bad_argument(tmp_path):
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--data=x"], cwd=tmp_path,
+                            env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown argument '--data=x'" in result.stderr
+
+
+def test_gpu_tests_skip_saying_why():
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs",
+                             "-p", "no:cacheprovider"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "11 skipped" in result.stdout
+    assert "no CUDA GPU here (torch.cuda.is_available() is False): the gpu checks need one" in result.stdout
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.gpu.test_gpu_paths" name="test_no_backend_run" time="12.5"/>
+<testcase classname="tests.gpu.test_gpu_paths" name="test_fp16" time="30.1"><failure message="assert 0.61 &lt; 0.03">
+trace</failure></testcase>
+<testcase classname="tests.gpu.test_gpu_paths" name="test_two_gpus" time="0.01"><skipped message="needs 2 GPUs, 1 visible"/>
+</testcase></testsuite></testsuites>"""
+
+
+def test_the_report_lists_every_check_with_its_outcome_and_figures(tmp_path):
+    report_module = load_script("gpu_report")
+    (tmp_path / "pytest.xml").write_text(JUNIT)
+    (tmp_path / "checks.jsonl").write_text(
+        json.dumps({"test": "test_no_backend_run", "name": "peak GPU memory allocated", "value": 812.0,
+                    "unit": "MiB"}) + "\n")
+    (tmp_path / "benchmark.json").write_text(json.dumps({"table": "H100, torch 2.x\nfull epoch fast.yaml: 9000 img/s"}))
+    env = {"date": "2026-11-23", "gpus": ["NVIDIA H100 80GB HBM3"], "driver": "580.1", "cuda": "13.0",
+           "cudnn": 91000, "torch": "2.14.1", "python": "3.11.7", "host": "node1"}
+    report = report_module.build(tmp_path, env)
+    assert (report["passed"], report["failed"], report["skipped"]) == (1, 1, 1)
+    markdown = (tmp_path / "gpu_report.md").read_text()
+    assert "NVIDIA H100 80GB HBM3; driver 580.1, CUDA 13.0, cuDNN 91000, torch 2.14.1" in markdown
+    assert "| test_no_backend_run | passed | peak GPU memory allocated: 812 MiB |" in markdown
+    assert "| test_fp16 | failed (assert 0.61 < 0.03) |  |" in markdown
+    assert "| test_two_gpus | skipped (needs 2 GPUs, 1 visible) |  |" in markdown
+    assert "full epoch fast.yaml: 9000 img/s" in markdown
+    saved = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert saved["checks"][0]["figures"][0]["value"] == 812.0 and saved["environment"]["gpus"] == env["gpus"]
+
+
+PEER_OUTPUT = """---------------------------------------------------------------------------------------------
+|  run     |  epoch  |  train_loss  |  train_acc  |  val_acc  |  tta_val_acc  |  total_time_seconds  |
+---------------------------------------------------------------------------------------------
+|       0  |      0  |      0.0011  |     0.5508  |   0.6038  |               |              0.3790  |
+|          |      1  |      0.0007  |     0.7363  |   0.8140  |               |              0.7311  |
+|          |      9  |      0.0004  |     0.9238  |   0.9350  |               |              3.6411  |
+|          |   eval  |      0.0004  |     0.9238  |   0.9350  |       0.9402  |              3.8299  |
+---------------------------------------------------------------------------------------------
+"""
+
+
+def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accuracy():
+    bench = load_script("benchmark_gpu")
+    peer = bench.parse_peer_table(PEER_OUTPUT)
+    assert peer["accuracy"] == 0.9402 and peer["training_seconds"] == 3.8299
+    assert peer["curve"] == [(0.379, 0.6038), (0.7311, 0.814), (3.6411, 0.935)]
+    ours = {"accuracy": 0.9410, "training_seconds": 3.1, "curve": [(1.0, 0.80), (2.9, 0.9405), (3.1, 0.9410)]}
+    lines = bench.comparison(ours, peer)
+    assert lines[1].split()[-4:] == ["0.9410", "3.1", "2.9", "3.1"]  # reached the peer's 0.9402 after 2.9 s
+    assert lines[2].split()[-4:] == ["0.9402", "3.8", "-", "-"]  # its curve (no TTA) never reached 0.9410
+    assert bench.comparison(ours, "skipped: airbench94 runs on CUDA only")[-1].endswith("runs on CUDA only")
