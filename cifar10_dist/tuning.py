@@ -406,9 +406,10 @@ class TrialReporter:
     def __call__(self, evaluator: Any) -> None:
         from cifar10_dist import tracking
 
-        epoch = self.trainer.state.epoch
-        accuracy = float(evaluator.state.metrics["accuracy"])
-        if tracking.from_rank_zero(self._report, accuracy, epoch):
+        state = self.trainer.state
+        epoch, accuracy = state.epoch, float(evaluator.state.metrics["accuracy"])
+        finished = state.iteration >= state.max_epochs * state.epoch_length  # reported, never pruned: it is done
+        if tracking.from_rank_zero(self._report, accuracy, epoch) and not finished:
             self.pruned_at = epoch
             logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
                         accuracy, self.spec["number"])
