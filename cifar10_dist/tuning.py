@@ -331,12 +331,11 @@ class Objective:
         params = {name: dimension.suggest(trial) for name, dimension in self.space.items()}
         history = retry_history(self.study, trial.number)
         resume = retried_checkpoint(history, self.study_dir)
-        config = self.trial_config(trial.number, params, resume)
         trial.set_user_attr("run_dir", str(self.study_dir / f"trial-{trial.number}"))
         logger.info("trial %d: %s%s", trial.number, format_params(params),
                     f" (retry of trial {history[0]}, from {resume})" if resume else "")
         try:
-            result = api.train(config)
+            result = api.train(self.trial_config(trial.number, params, resume))  # a refused combination fails too
         except (Preempted, Interrupted):
             raise
         except UserError as error:
