@@ -201,8 +201,8 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
     if kind == "postgresql":
         storage = request.getfixturevalue("postgresql")
     space = write_space(tmp_path)
-    extra = ["--trials=2", "--sampler=random", "--pruner=none", "--final_test=False",
-             *([f"--storage={storage}"] if storage else [])]
+    extra = ["--trials=2", "--sampler=random", "--pruner=none", "--final_test=False", "--num_epochs=1",
+             "--num_warmup_epochs=0", *([f"--storage={storage}"] if storage else [])]
     workers = [start_cli(*tune_args(small_dataset, tmp_path, space, "shared", *extra, f"--sampler_seed={seed}"))
                for seed in (1, 2)]
     try:
@@ -223,9 +223,9 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
 
 
 def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tmp_path):
-    space = write_space(tmp_path)
+    space = write_space(tmp_path, {"learning_rate": SPACE["learning_rate"]})
     args = tune_args(small_dataset, tmp_path, space, "k", "--trials=1", "--heartbeat=1", "--final_test=False",
-                     "--num_epochs=4")
+                     "--num_epochs=3")
     worker = start_cli(*args)
     try:
         checkpoint = wait_for_file(tmp_path / "k" / "trial-0", "training_checkpoint_*.pt", worker)
@@ -244,7 +244,7 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
         second.stderr[-3000:]
     assert int(resumed[0].rsplit(" ", 1)[1]) >= int(checkpoint.stem.rsplit("_", 1)[1])  # not from zero
     summary = json.loads((tmp_path / "k" / "trial-1" / "summary.json").read_text())
-    assert summary["iterations"] == 4 * 15  # 480 training images, batch 32
+    assert summary["iterations"] == 3 * 15  # 480 training images, batch 32
 
 
 # ---------------------------------------------------------------- refusals
@@ -325,7 +325,7 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     stops at a checkpoint and is queued again in the study (a journal file), the array task is requeued by its
     own id (ARRAYJOB_TASK), and the requeued task continues the trial from that checkpoint, then tests once."""
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({
-        "model": "simple_cnn", "batch_size": 32, "num_workers": 0, "num_epochs": 4, "num_warmup_epochs": 1,
+        "model": "simple_cnn", "batch_size": 32, "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1,
         "learning_rate": 0.1, "train_eval_size": 0, "validate_every": 1, "checkpoint_every": 5}))
     env = {**cli_env(), "PATH": os.pathsep.join([str(REPO / "tests" / "fake_slurm"), str(Path(sys.executable).parent),
                                                  os.environ["PATH"]]),
