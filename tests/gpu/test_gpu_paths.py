@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, assert_same_training_state, cli_env, run_cli, run_torchrun
+from tests.conftest import assert_same_training_state, cli_env, run_cli, run_torchrun
 from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
 
 pytestmark = pytest.mark.gpu
 
-# a short run: 2 epochs of the data in check_data (real CIFAR-10: 2 x 50,000 images)
-SHORT = [*TINY, "--num_workers=2", "--batch_size=256", "--learning_rate=0.2", "--train_eval_size=500",
-         "--validate_every=2", "--checkpoint_every=20"]
+# a short run of simple_cnn: 2 epochs of the data in check_data (real CIFAR-10: 2 x 50,000 images)
+SHORT = ["--model=simple_cnn", "--batch_size=256", "--num_workers=2", "--num_epochs=2", "--num_warmup_epochs=1",
+         "--learning_rate=0.2", "--train_eval_size=500", "--validate_every=2", "--checkpoint_every=5",
+         "--log_every_iters=50"]
 
 
 def run(data: Path, output: Path, name: str, *extra: str, env: dict | None = None):
@@ -82,14 +83,13 @@ def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_w
 def test_mixed_precision_trains_to_the_fp32_band_and_resumes_exactly(check_data, tmp_path, record):
     """fp16 autocast + GradScaler on CUDA (bf16 on the CPU): within 3 points of fp32 on a short run; a deterministic
     run resumed mid-epoch from a checkpoint (GradScaler state included) ends bit-identical."""
-    fp32 = run(check_data, tmp_path, "fp32", "--deterministic=True")
-    amp = run(check_data, tmp_path, "amp", "--with_amp=True", "--deterministic=True")
+    run(check_data, tmp_path, "fp32", "--deterministic=True")
+    run(check_data, tmp_path, "amp", "--with_amp=True", "--deterministic=True")
     accuracies = {name: final_test(tmp_path / name)["accuracy"] for name in ("fp32", "amp")}
     record("test accuracy fp32", accuracies["fp32"])
     record("test accuracy with_amp", accuracies["amp"])
     band = 0.03 if is_real(check_data) else 0.10
     assert abs(accuracies["amp"] - accuracies["fp32"]) < band, accuracies
-    assert fp32.returncode == amp.returncode == 0
     final = newest_checkpoint(tmp_path / "amp")
     state = torch.load(final, weights_only=True)
     if ON_CUDA:
