@@ -42,7 +42,12 @@ UNTUNABLE = ("output_path", "run_name", "resume_from", "overwrite", "trial", "se
 INSTALL_HINT = "pip install 'cifar10-dist[tune]'"
 CREATION_ATTEMPTS = 5  # opening a database whose tables another worker is creating at the same moment
 RETRIES = 3  # how often a failed (killed) trial is queued again
+RECORD = "cifar10_dist"  # the study's user attribute holding its base config, space and folder
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
+# keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
+WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
+               "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
+               "clearml_offline")
 
 
 def require_optuna() -> Any:
@@ -280,23 +285,29 @@ def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension
     sampler, pruner = make_sampler(options, space), make_pruner(pruner_spec(options, base.num_epochs))
     study = optuna.create_study(storage=open_storage(url, options.heartbeat), study_name=options.study,
                                 direction="maximize", sampler=sampler, pruner=pruner, load_if_exists=True)
-    record = json_roundtrip(study_record(base, space))
-    if "base_config" not in study.user_attrs:
-        for key, value in {**record, "study_dir": str(study_dir.resolve())}.items():
-            study.set_user_attr(key, value)
-    else:
-        _check_same_study(study, record, options.study)
+    record = json_roundtrip({**study_record(base, space), "study_dir": str(study_dir.resolve())})
+    if RECORD not in study.user_attrs:  # one attribute, written at once: a worker joining now sees all or none
+        study.set_user_attr(RECORD, record)
+    _check_same_study(study_of(study), record, options.study)  # also catches a different worker writing at once
     return study, url
+
+
+def study_of(study: Any) -> dict[str, Any]:
+    """What the study records about itself: base_config, space and study_dir."""
+    return study.user_attrs[RECORD]
 
 
 def json_roundtrip(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _check_same_study(study: Any, record: Mapping[str, Any], name: str) -> None:
+def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any], name: str) -> None:
+    """Every worker trains the same thing: base config (but for WORKER_KEYS) and space as the study records."""
     for part in ("base_config", "space"):
-        stored = study.user_attrs.get(part, {})
+        stored = stored_record.get(part, {})
         for key in sorted(set(stored) | set(record[part])):
+            if part == "base_config" and key in WORKER_KEYS:
+                continue
             if stored.get(key) != record[part].get(key):
                 raise UserError(f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "
                                 f"{stored.get(key)!r} there and {record[part].get(key)!r} here (use the same "
@@ -454,7 +465,7 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
         raise UserError("tune sets resume_from and runs one seed per trial: drop resume_from and seeds")
     check_space(base, space)
     study, url = open_study(options, base, space)
-    study_dir = Path(study.user_attrs["study_dir"])
+    study_dir = Path(study_of(study)["study_dir"])
     objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs))
     echo(f"study {options.study} in {_without_password(url)}: {len(study.trials)} trials so far; running "
          f"{options.trials} here")
@@ -516,7 +527,7 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
     """The trial table, best_config.yaml and plots in the study folder; the final test when asked."""
     from cifar10_dist import tracking
 
-    study_dir = Path(study.user_attrs["study_dir"])
+    study_dir = Path(study_of(study)["study_dir"])
     trials = study.get_trials(deepcopy=False)
     states = {state: sum(t.state.name == state for t in trials) for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING",
                                                                              "WAITING")}
@@ -543,7 +554,7 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
 
 def best_config_of(study: Any, best: Any) -> dict[str, Any]:
     """The base config with the best trial's values: ``cifar10-dist run --config=`` takes it as it is."""
-    values = {**study.user_attrs["base_config"], **best.params}
+    values = {**study_of(study)["base_config"], **best.params}
     return load_config(None, **values).to_dict()
 
 
@@ -594,7 +605,7 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
     best_file = checkpointing.best_model_file(run_dir)
     if best_file is None:
         raise UserError(f"trial {best.number} has no best-model file in {run_dir}: no final test")
-    base = study.user_attrs["base_config"]
+    base = study_of(study)["base_config"]
     launch = {key: base[key] for key in ("backend", "nproc_per_node", "batch_size", "num_workers") if key in base}
     started = time.perf_counter()
     result = api.evaluate(best_file, **launch)

@@ -60,7 +60,7 @@ def test_job_scripts_cover_every_documented_mode():
 
 
 def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
-    tiny = {"model": "simple_cnn", "batch_size": 32, "num_epochs": 6, "num_warmup_epochs": 1,
+    tiny = {"model": "simple_cnn", "batch_size": 32, "num_epochs": 3, "num_warmup_epochs": 1,
             "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5, "log_every_iters": 50}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     fake_bin = REPO / "tests" / "fake_slurm"
@@ -90,7 +90,7 @@ def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes
     assert (tmp_path / "slurm.log").read_text() == f"requeue {job_id}\n"
     assert (tmp_path / "node-local" / "cifar10" / "cifar-10-batches-py" / "data_batch_1").is_file()  # staged
     stopped_at = max(int(p.stem.rsplit("_", 1)[1]) for p in run_dir.glob("training_checkpoint_*.pt"))
-    assert 5 <= stopped_at < 108, stopped_at  # 600 images, batch 32: 18 iterations x 6 epochs
+    assert 5 <= stopped_at < 54, stopped_at  # 600 images, batch 32: 18 iterations x 3 epochs
     assert "stopping at a checkpoint" in stderr
 
     requeued = subprocess.run(["bash", str(SLURM_DIR / "cpu_gloo.sbatch")], cwd=REPO, env=env,
@@ -98,5 +98,5 @@ def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert f"at iteration {stopped_at}" in requeued.stderr
     assert "distributed: backend gloo, world size 2" in requeued.stderr
-    final = torch.load(run_dir / "training_checkpoint_108.pt", weights_only=True)
-    assert final["trainer"]["iteration"] == 108 and final["meta"]["world_size"] == 2
+    final = torch.load(run_dir / "training_checkpoint_54.pt", weights_only=True)
+    assert final["trainer"]["iteration"] == 54 and final["meta"]["world_size"] == 2
