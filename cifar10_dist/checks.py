@@ -13,7 +13,7 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import data, faults, models
+from cifar10_dist import data, faults, models, optimizers
 from cifar10_dist.config import Config, planned_world_size
 from cifar10_dist.errors import UserError
 
@@ -26,6 +26,7 @@ def check_before_launch(config: Config) -> None:
     check_batch_fits_world(config)
     faults.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
     check_amp_dtype(config)
+    optimizers.check_muon_available(config.muon_lr)
 
 
 def check_amp_dtype(config: Config) -> None:

@@ -77,6 +77,13 @@ class Config:
     label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)")
     bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
                                   "divided by it, so the decay per step stays)")
+    whitening_bias_lr_scale: float = option(1.0, "learning-rate factor for the airbench whitening bias (trained for "
+                                            "the first 30% of the iterations; weight decay divided by it)")
+    muon_lr: Optional[float] = option(None, "train the convolution filters with torch.optim.Muon at this peak lr "
+                                      "(torch 2.9+; the rest with SGD), as airbench94_muon does; follows the same "
+                                      "schedule")
+    muon_momentum: float = option(0.6, "Muon's Nesterov momentum (with muon_lr)")
+    muon_ns_steps: int = option(3, "Muon's Newton-Schulz iterations per step (with muon_lr)")
     num_epochs: int = option(5, "number of training epochs")
     num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup to learning_rate, then "
                                       "linear decay")
@@ -275,6 +282,8 @@ def validate(config: Config) -> None:
     _require(c.flip in FLIPS, f"flip='{c.flip}' is unknown: choose one of {', '.join(FLIPS)}")
     _require(0 <= c.label_smoothing < 1, f"label_smoothing={c.label_smoothing} must be in [0, 1)")
     _require(c.bias_lr_scale > 0, f"bias_lr_scale={c.bias_lr_scale} must be greater than 0")
+    _require(c.whitening_bias_lr_scale > 0, f"whitening_bias_lr_scale={c.whitening_bias_lr_scale} must be greater "
+                                            "than 0")
     _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
     _require(c.amp_dtype in AMP_DTYPES, f"amp_dtype='{c.amp_dtype}' is unknown: choose one of {', '.join(AMP_DTYPES)}")
     _require(c.tta in (0, 1, 2), f"tta={c.tta} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
@@ -335,6 +344,9 @@ def _validate_training_options(c: Config) -> None:
         f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
         "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen",
     )
+    _require(c.muon_lr is None or c.muon_lr > 0, f"muon_lr={c.muon_lr} must be greater than 0 (or None: SGD only)")
+    _require(0 <= c.muon_momentum < 1, f"muon_momentum={c.muon_momentum} must be in [0, 1)")
+    _require(1 <= c.muon_ns_steps <= 20, f"muon_ns_steps={c.muon_ns_steps} must be in 1..20")
     _require(c.ema_decay is None or 0 < c.ema_decay < 1, f"ema_decay={c.ema_decay} must be in (0, 1), e.g. 0.999")
     _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
     _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")

@@ -22,7 +22,7 @@ from ignite.handlers import EarlyStopping
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, models, provenance, reports, tracking
+from cifar10_dist import checkpointing, data, engines, faults, models, optimizers, provenance, reports, tracking
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -31,7 +31,6 @@ logger = logging.getLogger("cifar10_dist")
 
 SYNTHETIC_SEED = 20240601  # the synthetic dataset is the same whatever the training seed
 WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
-FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
 
 
 # ---------------------------------------------------------------- the training process
@@ -172,40 +171,6 @@ def setup_model(config: Config, data_setup: DataSetup) -> Network:
     return Network(model, torch.compile(model) if config.compile else model)
 
 
-@dataclass(frozen=True)
-class ParamGroup:
-    """One optimizer param group and how the LR schedule treats it."""
-
-    params: list[nn.Parameter]
-    lr: float
-    weight_decay: float
-    schedule: engines.GroupSchedule = engines.GroupSchedule()
-
-    def for_optimizer(self) -> dict[str, Any]:
-        return {"params": self.params, "lr": self.lr, "weight_decay": self.weight_decay}
-
-
-def parameter_groups(model: nn.Module, config: Config, total_iterations: int) -> list[ParamGroup]:
-    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
-    whitening bias (trained for the first FROZEN_AFTER of the iterations), and everything else."""
-    network = models.unwrap(model)
-    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
-    norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
-    frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
-    lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
-    trained = [p for p in model.parameters() if p.requires_grad]
-    if scale == 1.0 and not frozen_later:
-        return [ParamGroup(trained, lr, decay)]
-    groups = [
-        ParamGroup([p for p in trained if id(p) not in norm_biases | frozen_later], lr, decay),
-        ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
-                   engines.GroupSchedule(lr_scale=scale)),
-        ParamGroup([p for p in trained if id(p) in frozen_later], lr, decay,
-                   engines.GroupSchedule(train_until=round(FROZEN_AFTER * total_iterations))),
-    ]
-    return [group for group in groups if group.params]
-
-
 @dataclass
 class Optimization:
     optimizer: torch.optim.Optimizer
@@ -216,15 +181,12 @@ class Optimization:
 
 
 def setup_optimization(config: Config, network: Network, data_setup: DataSetup, device: torch.device) -> Optimization:
-    groups = parameter_groups(network.model, config, data_setup.total_iterations)
-    optimizer = idist.auto_optim(torch.optim.SGD(
-        [group.for_optimizer() for group in groups], lr=config.learning_rate, momentum=config.momentum,
-        weight_decay=config.weight_decay, nesterov=config.nesterov and config.momentum > 0,
-    ))
+    optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
+    optimizer = idist.auto_optim(optimizer)
     lr_scheduler = engines.create_lr_scheduler(
         optimizer, config.learning_rate, warmup_iterations=round(config.num_warmup_epochs * data_setup.iterations_per_epoch),
         total_iterations=data_setup.total_iterations, start=config.lr_start, end=config.lr_end,
-        group_schedules=[group.schedule for group in groups],
+        group_schedules=group_schedules,
     )
     precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)

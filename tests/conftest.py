@@ -172,12 +172,26 @@ def assert_same_training_state(path_a: Path, path_b: Path) -> None:
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), f"model {key} differs"
-    state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
-    assert state_a.keys() == state_b.keys()
-    for index in state_a:
-        for name, value in state_a[index].items():
-            assert torch.equal(value, state_b[index][name]), f"optimizer state {index}.{name} differs"
+    assert_same_nested(a["optimizer"], b["optimizer"], "optimizer")
     assert a["lr_scheduler"] == b["lr_scheduler"]
+
+
+def assert_same_nested(a, b, where: str) -> None:
+    """Nested dicts/lists of tensors and plain values, equal everywhere (tensors with torch.equal)."""
+    import torch
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for key in a:
+            assert_same_nested(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: lengths differ"
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_same_nested(x, y, f"{where}[{index}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where} differs"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def stop_all(process: subprocess.Popen) -> None:

@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import data, engines, models, training
+from cifar10_dist import data, engines, models, optimizers, training
 from cifar10_dist.config import load_config
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
@@ -70,7 +70,7 @@ def lrs_during(optimizer: torch.optim.Optimizer, scheduler, iterations: int) -> 
 def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_way():
     config = dataclasses.replace(load_config(REPO / "configs" / "fast.yaml"), learning_rate=1.0)
     model = models.build_model("airbench")
-    groups = training.parameter_groups(model, config, total_iterations=100)
+    groups = optimizers.parameter_groups(model, config, total_iterations=100)
     others, norm_biases, whitening = groups
     assert [p is model.whiten.bias for p in whitening.params] == [True]
     assert whitening.schedule == engines.GroupSchedule(lr_scale=1.0, train_until=30)
@@ -93,7 +93,7 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
 def test_a_single_group_keeps_the_plain_schedule():
     model = models.build_model("simple_cnn")
     config = load_config()
-    groups = training.parameter_groups(model, config, total_iterations=10)
+    groups = optimizers.parameter_groups(model, config, total_iterations=10)
     assert len(groups) == 1 and groups[0].schedule == engines.GroupSchedule()
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=0.4)
     scheduler = engines.create_lr_scheduler(optimizer, 0.4, 2, 10, group_schedules=[g.schedule for g in groups])
