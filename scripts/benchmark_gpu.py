@@ -31,11 +31,19 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data, reports  # noqa: E402
+from cifar10_dist import reports  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
-benchmark = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(benchmark)
+
+
+def _load_script(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = _load_script("benchmark")
+recipes = _load_script("benchmark_recipes")
 
 MODELS = {"resnet18": 512, "airbench": 1024}
 SETTINGS = {
@@ -45,7 +53,6 @@ SETTINGS = {
     "amp + channels_last": {"amp": True, "channels_last": True},
     "compile + amp + channels_last": {"amp": True, "channels_last": True, "compile": True},
 }
-PEER = "airbench==0.1.8"
 
 
 def throughput(device: torch.device, steps: int, warmup: int, batch_scale: float) -> list[dict[str, Any]]:
@@ -111,39 +118,15 @@ def ours_to_the_end(data_path: str, device: torch.device, quick: list[str]) -> d
 
 
 def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | str:
-    """Part 3, the peer: airbench94's train94 on our data (its CifarLoader reads cifar10/train.pt in its folder)."""
+    """Part 3, the peer: airbench94's train94 on our data (scripts/benchmark_recipes.py runs it)."""
     if device.type != "cuda":
-        return "skipped: airbench94 runs on CUDA only (its network is .half().cuda())"
+        return "skipped: airbench94 runs on CUDA only here (scripts/benchmark_recipes.py adapts it to a CPU)"
     if importlib.util.find_spec("airbench") is None:
-        return f"skipped: the airbench package is not installed (pip install {PEER}, or its wheel offline)"
-    _, train_set, test_set = data.read_dataset("cifar10", Path(data_path))
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "cifar10").mkdir()
-        for name, images in (("train", train_set), ("test", test_set)):
-            torch.save({"images": torch.as_tensor(images.images).permute(0, 2, 3, 1).contiguous(),
-                        "labels": torch.as_tensor(images.labels), "classes": list(data.CLASSES)},
-                       Path(folder) / "cifar10" / f"{name}.pt")
-        code = "import airbench; airbench.warmup94(); airbench.train94()"
-        result = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True)
-    if result.returncode != 0:
-        return f"failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"
-    return parse_peer_table(result.stdout)
-
-
-def parse_peer_table(text: str) -> dict[str, Any]:
-    """airbench's printed rows: | run | epoch | train_loss | train_acc | val_acc | tta_val_acc | total_time_seconds |"""
-    curve, final = [], None
-    for line in text.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) != 7 or cells[1] in ("epoch", ""):
-            continue
-        if cells[1] == "eval":
-            final = {"accuracy": float(cells[5]), "training_seconds": float(cells[6])}
-        elif cells[4]:
-            curve.append((float(cells[6]), float(cells[4])))
-    if final is None:
-        raise ValueError("airbench printed no final (eval) row")
-    return {**final, "curve": curve}
+        return f"skipped: the airbench package is not installed (pip install {recipes.PEER}, or its wheel offline)"
+    try:
+        return recipes.run_peer(data_path, "cuda", seed=0, quick=False)
+    except SystemExit as failure:
+        return f"failed: {str(failure).strip().splitlines()[-1]}"
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
@@ -162,7 +145,7 @@ def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
         lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
                      f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}")
     if isinstance(peer, str):
-        lines.append(f"peer: airbench94 ({PEER}): {peer}")
+        lines.append(f"peer: airbench94 ({recipes.PEER}): {peer}")
     return lines
 
 

@@ -90,11 +90,35 @@ PEER_OUTPUT = """---------------------------------------------------------------
 
 def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accuracy():
     bench = load_script("benchmark_gpu")
-    peer = bench.parse_peer_table(PEER_OUTPUT)
-    assert peer["accuracy"] == 0.9402 and peer["training_seconds"] == 3.8299
+    peer = load_script("benchmark_recipes").parse_peer_table(PEER_OUTPUT)
+    assert peer["accuracy"] == 0.9402 and peer["training_seconds"] == 3.6411  # the last epoch row: without TTA
+    assert peer["tta_seconds"] == pytest.approx(3.8299 - 3.6411) and peer["accuracy_without_tta"] == 0.935
     assert peer["curve"] == [(0.379, 0.6038), (0.7311, 0.814), (3.6411, 0.935)]
     ours = {"accuracy": 0.9410, "training_seconds": 3.1, "curve": [(1.0, 0.80), (2.9, 0.9405), (3.1, 0.9410)]}
     lines = bench.comparison(ours, peer)
     assert lines[1].split()[-4:] == ["0.9410", "3.1", "2.9", "3.1"]  # reached the peer's 0.9402 after 2.9 s
-    assert lines[2].split()[-4:] == ["0.9402", "3.8", "-", "-"]  # its curve (no TTA) never reached 0.9410
+    assert lines[2].split()[-4:] == ["0.9402", "3.6", "-", "-"]  # its curve (no TTA) never reached 0.9410
     assert bench.comparison(ours, "skipped: airbench94 runs on CUDA only")[-1].endswith("runs on CUDA only")
+
+
+def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invocation(tmp_path):
+    recipes = load_script("benchmark_recipes")
+    path = tmp_path / "runs.json"
+
+    def run(recipe, invocation, accuracy, seconds, **extra):
+        recipes.append_run(path, {"recipe": recipe, "invocation": invocation, "accuracy": accuracy,
+                                  "training_seconds": seconds, "outside": {"evaluation": 10.0, "other": 5.0}, **extra})
+
+    run("peer", "A", 0.9069, 2700.0)
+    run("muon", "A", 0.9080, 1800.0)
+    run("fast", "B", 0.9059, 1000.0)  # another invocation: another phase of the machine
+    run("fast", "B", 0.9061, 1100.0)
+    run("muon", "C", 0.1, 1.0, quick=True)
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon"]
+    lines = recipes.table(runs).splitlines()
+    assert lines[1].split() == ["peer", "1", "90.69%", "nan%", "45.0", "15", "-"]
+    assert lines[2].split() == ["fast", "2", "90.60%", "0.01%", "17.5", "15", "no"]
+    assert lines[3].split() == ["muon", "1", "90.80%", "nan%", "30.0", "15", "peer"]
+    assert lines[4:] == ["training-time ratios in invocation A: muon/peer 0.67"]  # none across A and B
+    assert recipes.table(runs, quick=True).splitlines()[1].split()[:3] == ["muon", "1", "10.00%"]
