@@ -401,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(interrupt, file=sys.stderr)
         return interrupt.exit_code
-    except KeyboardInterrupt:  # Ctrl-C before the run could handle it (start-up, data loading in a launcher)
+    except KeyboardInterrupt as late:  # Ctrl-C before the run could handle it (start-up, data loading in a launcher)
         if debug:
             raise
+        if isinstance(late.__context__, Interrupted):  # a further Ctrl-C while the stopped run was cleaning up
+            print(late.__context__, file=sys.stderr)
+            return late.__context__.exit_code
         print("interrupted (Ctrl-C) before the run could take it in hand: no checkpoint was written", file=sys.stderr)
         return EXIT_INTERRUPTED
     except fire.core.FireExit as exit_request:

@@ -102,7 +102,9 @@ def caller_state_kept() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) \
+                != deterministic:  # setting it imports torch._inductor: a second or more, only when needed
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
 
 

@@ -73,7 +73,7 @@ def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(s
 def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_dataset, tmp_path):
     def twice(job):
         job.send_signal(signal.SIGINT)
-        time.sleep(0.05)
+        time.sleep(0.01)  # while the workers agree on their checkpoint
         job.send_signal(signal.SIGINT)
 
     code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice)
@@ -82,6 +82,23 @@ def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_datase
     assert last_line.startswith("interrupted again: every process stopped at once, without a new checkpoint"), last_line
     assert "Traceback" not in stderr, stderr[-3000:]
     assert gone(workers) and seconds < 10
+
+
+def test_a_ctrl_c_while_a_stopped_run_cleans_up_still_reports_its_checkpoint(monkeypatch):
+    """A further Ctrl-C after the workers agreed and stopped, while the launcher tidies up, is not "before the
+    run could take it in hand": the run's own line and exit code stay."""
+    stopped = "interrupted at epoch 1, iteration 2: checkpoint out/job/training_checkpoint_2.pt written; " \
+              "continue with --resume_from=auto --run_name=job"
+
+    def train(config):
+        try:
+            raise Interrupted(stopped, "out/job/training_checkpoint_2.pt")
+        finally:
+            raise KeyboardInterrupt  # what the signal handler raises in the middle of the clean-up
+
+    monkeypatch.setattr(api, "train", train)
+    result = run_in_process("run", "--model=simple_cnn")
+    assert (result.returncode, result.stderr) == (130, stopped + "\n")
 
 
 def test_train_in_process_raises_interrupted_with_the_checkpoint_after_the_workers_are_gone(small_dataset, tmp_path):
