@@ -122,7 +122,8 @@ def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | st
     if device.type != "cuda":
         return "skipped: airbench94 runs on CUDA only here (scripts/benchmark_recipes.py adapts it to a CPU)"
     if importlib.util.find_spec("airbench") is None:
-        return f"skipped: the airbench package is not installed (pip install {recipes.PEER}, or its wheel offline)"
+        return (f"skipped: the airbench package is not installed (pip install 'cifar10-dist[bench]', or the sdist "
+                f"of {recipes.PEER} offline)")
     try:
         return recipes.run_peer(data_path, "cuda", seed=0, quick=False)
     except SystemExit as failure:

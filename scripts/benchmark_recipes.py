@@ -5,7 +5,7 @@ Entries (--only chooses, in this order):
   peer  Keller Jordan's airbench94 from PyPI (airbench==0.1.8): its own train94, run in a subprocess in a folder
         where its CifarLoader finds cifar10/train.pt and test.pt written from our data. On a CPU it is adapted at
         run time, without changing its code: .cuda()/.half() become no-ops (fp32 weights), torch.cuda.Event becomes
-        a CPU timer, and it runs under bf16 autocast (as our recipes do on a CPU).
+        a CPU timer, and its network's forward runs under bf16 autocast (as our recipes do on a CPU).
   fast  python -m cifar10_dist run --config=configs/fast.yaml
   muon  python -m cifar10_dist run --config=configs/fast_muon.yaml
 Each is run --seeds times (seed 0, 1, ...). Training seconds are each recipe's own count of its training steps
@@ -86,16 +86,31 @@ def adapt_to_cpu() -> None:
     torch.Tensor.half = lambda self, *args, **kwargs: self.float()
 
 
+def with_bf16_forward(net: torch.nn.Module) -> torch.nn.Module:
+    """The network computing its forward under CPU bf16 autocast and returning fp32 logits, as autocast does for
+    our recipes; everything else (the whitening init's covariance and eigendecomposition, the optimizer) stays
+    fp32. Autocast around the whole of train94 would compute the patch covariance in bf16: its eigenvalues go
+    negative and the run is NaN from the first step."""
+    forward = net.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(*args, **kwargs).float()
+
+    net.forward = autocast_forward
+    return net
+
+
 def peer_worker(device: str, seed: int, epochs: float | None) -> None:
     """In the subprocess (cwd holds cifar10/): airbench94's train94, printing its table."""
     import airbench
+    from airbench import lib_airbench94
 
     torch.manual_seed(seed)
     options = {} if epochs is None else {"epochs": epochs}
     if device == "cpu":
         adapt_to_cpu()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            airbench.train94(**options)
+        airbench.train94(make_net=lambda: with_bf16_forward(lib_airbench94.make_net94()), **options)
     else:
         airbench.warmup94()
         airbench.train94(**options)
@@ -110,18 +125,20 @@ def parse_peer_table(text: str) -> dict[str, Any]:
         if len(cells) != 7 or cells[1] in ("epoch", ""):
             continue
         if cells[1] == "eval":
-            final = {"accuracy": float(cells[5]), "seconds_with_tta": float(cells[6])}
+            final = {"accuracy": float(cells[5]), "seconds_with_tta": float(cells[6]), "train_loss": float(cells[2])}
         elif cells[4]:
             curve.append((float(cells[6]), float(cells[4])))
     if final is None or not curve:
         raise ValueError("airbench printed no epoch or final (eval) row")
-    return {"accuracy": final["accuracy"], "accuracy_without_tta": curve[-1][1], "training_seconds": curve[-1][0],
+    return {"accuracy": final["accuracy"], "accuracy_without_tta": curve[-1][1], "train_loss": final["train_loss"],
+            "training_seconds": curve[-1][0],
             "tta_seconds": final["seconds_with_tta"] - curve[-1][0], "curve": curve}
 
 
 def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, Any]:
     if importlib.util.find_spec("airbench") is None:
-        raise SystemExit(f"the peer needs the airbench package: pip install {PEER} (or its wheel offline)")
+        raise SystemExit(f"the peer needs the airbench package: pip install 'cifar10-dist[bench]' ({PEER}, or its "
+                         "sdist offline)")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         write_peer_data(data_path, Path(folder))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -93,6 +94,7 @@ def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accur
     peer = load_script("benchmark_recipes").parse_peer_table(PEER_OUTPUT)
     assert peer["accuracy"] == 0.9402 and peer["training_seconds"] == 3.6411  # the last epoch row: without TTA
     assert peer["tta_seconds"] == pytest.approx(3.8299 - 3.6411) and peer["accuracy_without_tta"] == 0.935
+    assert peer["train_loss"] == 0.0004
     assert peer["curve"] == [(0.379, 0.6038), (0.7311, 0.814), (3.6411, 0.935)]
     ours = {"accuracy": 0.9410, "training_seconds": 3.1, "curve": [(1.0, 0.80), (2.9, 0.9405), (3.1, 0.9410)]}
     lines = bench.comparison(ours, peer)
@@ -122,3 +124,17 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     assert lines[3].split() == ["muon", "1", "90.80%", "nan%", "30.0", "15", "peer"]
     assert lines[4:] == ["training-time ratios in invocation A: muon/peer 0.67"]  # none across A and B
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:3] == ["muon", "1", "10.00%"]
+
+
+def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_path):
+    """airbench94's train94 from the installed package, adapted to the CPU in its own process, on our on-disk
+    data (1,024 training images: one step of its batch), then its printed table read back."""
+    from tests.conftest import write_dataset
+
+    recipes = load_script("benchmark_recipes")
+    data_path = write_dataset(tmp_path / "data", 1024, 200)
+    peer = recipes.run_peer(str(data_path), "cpu", seed=0, quick=True)
+    assert len(peer["curve"]) == 1 and 0 <= peer["accuracy"] <= 1
+    assert math.isfinite(peer["train_loss"])  # autocast around the whitening init made it NaN from the start
+    assert peer["training_seconds"] > 0 and peer["tta_seconds"] > 0 and peer["wall_seconds"] > peer["training_seconds"]
+    assert torch.nn.Module.half is not None and torch.zeros(1).half().dtype == torch.float16  # this process untouched
