@@ -204,7 +204,7 @@ def _start_method() -> str:
         return "fork"
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(["torch", "ignite.distributed", "cifar10_dist.training"])
+    multiprocessing.set_forkserver_preload(["cifar10_dist.training"])  # with torch and Ignite
     return "forkserver"
 
 

@@ -35,8 +35,7 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
                      leave_out: frozenset[int] = frozenset()) -> list[ParamGroup]:
     """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
     whitening bias (lr x whitening_bias_lr_scale, trained for the first FROZEN_AFTER of the iterations), and
-    everything else; parameters whose
-    id is in ``leave_out`` are in none of them (another optimizer trains them)."""
+    everything else; parameters whose id is in ``leave_out`` are in none of them (another optimizer trains them)."""
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
@@ -92,12 +91,13 @@ def as_matrix(filters: torch.Tensor) -> torch.Tensor:
     """A 4D filter tensor as the (out, in*kh*kw) matrix Muon orthogonalises, its columns in the tensor's memory
     order (channels_last: kh, kw, in), so for a parameter it is a view of the same memory. Orthogonalisation
     commutes with a permutation of the columns, so the order does not change Muon's update."""
-    if memory_format(filters) == torch.channels_last:
+    if _layout(filters) == torch.channels_last:
         return filters.permute(0, 2, 3, 1).reshape(len(filters), -1)
     return filters.reshape(len(filters), -1)
 
 
-def memory_format(tensor: torch.Tensor) -> torch.memory_format:
+def _layout(tensor: torch.Tensor) -> torch.memory_format:
+    """channels_last for a tensor stored that way, else contiguous_format."""
     channels_last = tensor.is_contiguous(memory_format=torch.channels_last) and not tensor.is_contiguous()
     return torch.channels_last if channels_last else torch.contiguous_format
 
@@ -136,7 +136,7 @@ class SGDWithMuon(torch.optim.Optimizer):
         for tensor, matrix in zip(self.filter_group["params"], self.matrices):
             if tensor.grad is None:
                 continue
-            matrix.grad = as_matrix(tensor.grad.contiguous(memory_format=memory_format(tensor)))  # columns as matrix's
+            matrix.grad = as_matrix(tensor.grad.contiguous(memory_format=_layout(tensor)))  # columns as matrix's
             tensor.mul_(math.sqrt(len(tensor)) / tensor.norm())
         self.sgd.step()
         self.muon.step()
@@ -156,4 +156,3 @@ class SGDWithMuon(torch.optim.Optimizer):
         self.muon.load_state_dict(state_dict["muon"])
         self.param_groups[:-1] = self.sgd.param_groups  # loading made new group dicts: share them again
         self.filter_group["lr"] = state_dict["filter_lr"]
-

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cifar10_dist import reports  # noqa: E402
-
 
 
 def _load_script(name: str) -> Any:
@@ -70,18 +67,6 @@ def throughput(device: torch.device, steps: int, warmup: int, batch_scale: float
     return rows
 
 
-def cli_run(flags: list[str], output: Path, device: torch.device) -> tuple[str, Path]:
-    """One run through the CLI on the device (CUDA_VISIBLE_DEVICES hides the GPUs for --device=cpu)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if device.type == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    result = subprocess.run([sys.executable, "-m", "cifar10_dist", "run", *flags, f"--output_path={output}",
-                             "--run_name=bench"], capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"benchmark run failed: {result.stderr[-2000:]}")
-    return result.stderr, output / "bench"
-
-
 def epoch_speeds(log: str) -> list[float]:
     return [float(value) for value in re.findall(r"epoch \d+ done in [0-9.]+ s \(([0-9.]+) img/s\)", log)]
 
@@ -92,8 +77,8 @@ def full_epochs(data_path: str, device: torch.device, quick: list[str]) -> dict[
     for name, flags in (("resnet18", ["--model=resnet18", "--num_workers=4"]),
                         ("fast.yaml", [f"--config={REPO / 'configs' / 'fast.yaml'}"])):
         with tempfile.TemporaryDirectory() as output:
-            log, _ = cli_run([*flags, f"--data_path={data_path}", "--num_epochs=1", "--num_warmup_epochs=0.2",
-                              "--train_eval_size=0", *quick], Path(output), device)
+            log, _ = recipes.cli_run([*flags, f"--data_path={data_path}", "--num_epochs=1", "--num_warmup_epochs=0.2",
+                              "--train_eval_size=0", *quick], Path(output), device.type)
         speeds[name] = epoch_speeds(log)[-1]
         print(f"full epoch, {name:<12}{speeds[name]:>10.0f} img/s", flush=True)
     return speeds
@@ -103,8 +88,8 @@ def ours_to_the_end(data_path: str, device: torch.device, quick: list[str]) -> d
     """Part 3, ours: configs/fast.yaml validated every epoch (without TTA; the final test with it); the curve is
     (training seconds so far, test accuracy) at each epoch end."""
     with tempfile.TemporaryDirectory() as output:
-        _, run_dir = cli_run([f"--config={REPO / 'configs' / 'fast.yaml'}", f"--data_path={data_path}",
-                              "--validate_every=1", *quick], Path(output), device)
+        _, run_dir = recipes.cli_run([f"--config={REPO / 'configs' / 'fast.yaml'}", f"--data_path={data_path}",
+                              "--validate_every=1", *quick], Path(output), device.type)
         summary = json.loads((run_dir / "summary.json").read_text())
         epochs, evaluations = reports.read_metrics(run_dir)
     elapsed, seconds = 0.0, {}

@@ -157,20 +157,26 @@ def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, A
 # ---------------------------------------------------------------- ours
 
 
-def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) -> dict[str, Any]:
-    """One run of our recipe through the CLI in a temporary folder; its summary and evaluation times."""
+def cli_run(flags: list[str], output: Path, device: str) -> tuple[str, Path]:
+    """``python -m cifar10_dist run FLAGS`` into output/bench on the device (CUDA_VISIBLE_DEVICES hides the GPUs
+    for cpu); its log (stderr) and run folder."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    result = subprocess.run([sys.executable, "-m", "cifar10_dist", "run", *flags, f"--output_path={output}",
+                             "--run_name=bench"], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {result.stderr.strip()[-2000:]}")
+    return result.stderr, output / "bench"
+
+
+def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) -> dict[str, Any]:
+    """One run of our recipe through the CLI in a temporary folder; its summary and evaluation times."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as output:
         flags = [f"--config={REPO / 'configs' / OURS[entry]}", f"--data_path={data_path}", "--download=False",
-                 f"--seed={seed}", f"--output_path={output}", "--run_name=bench", *(QUICK_OURS if quick else [])]
-        result = subprocess.run([sys.executable, "-m", "cifar10_dist", "run", *flags], capture_output=True,
-                                text=True, env=env)
-        if result.returncode != 0:
-            raise SystemExit(f"{entry} failed: {result.stderr.strip()[-2000:]}")
-        run_dir = Path(output) / "bench"
+                 f"--seed={seed}", *(QUICK_OURS if quick else [])]
+        _, run_dir = cli_run(flags, Path(output), device)
         summary = json.loads((run_dir / "summary.json").read_text())
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     wall = time.perf_counter() - started
