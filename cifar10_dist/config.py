@@ -101,6 +101,9 @@ class Config:
     amp_dtype: str = option("auto", "with_amp's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 "
                             "(with a GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
     channels_last: bool = option(False, "channels-last memory format for model and inputs")
+    keep_freed_memory: bool = option(True, "CPU training on Linux (glibc): freed memory stays in the process for reuse "
+                                     "instead of going back to the OS after every step (wide batches train up to "
+                                     "1.4x faster; the process keeps its peak memory until it exits)")
     compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
     tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
     cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")

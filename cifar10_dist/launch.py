@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
 import json
 import multiprocessing
 import os
@@ -35,6 +36,7 @@ from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, Worke
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
 NATIVE_BACKENDS = ("gloo", "nccl")
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
@@ -322,6 +324,18 @@ def configure_cpu_threads() -> None:
     if "OMP_NUM_THREADS" in os.environ or idist.device().type != "cpu":
         return
     torch.set_num_threads(cpu_threads_per_process())
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory in this process for good: no block of its own mapping (glibc maps
+    each block over 32 MiB, a batch of activations, afresh and unmaps it when freed, so every step faults its pages
+    in again), no trimming of the heap. False where the C library has no mallopt (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
 
 
 def cpu_threads_per_process() -> int:

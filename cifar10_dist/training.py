@@ -22,7 +22,7 @@ from ignite.handlers import EarlyStopping
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, models, optimizers, provenance, reports, tracking
+from cifar10_dist import checkpointing, data, engines, faults, launch, models, optimizers, provenance, reports, tracking
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -198,7 +198,10 @@ def memory_format(channels_last: bool) -> torch.memory_format:
 
 
 def configure_device_speed(config: Config, device: torch.device) -> None:
-    """TF32 and cuDNN autotuning on CUDA (no effect elsewhere); deterministic mode overrides autotuning."""
+    """On CPU, glibc keeps freed memory for reuse (keep_freed_memory); TF32 and cuDNN autotuning on CUDA;
+    deterministic mode overrides autotuning."""
+    if device.type == "cpu" and config.keep_freed_memory and launch.keep_freed_memory():
+        logger.info("keep_freed_memory: freed memory stays in this process for reuse (glibc)")
     if device.type != "cuda":
         return
     torch.backends.cuda.matmul.allow_tf32 = config.tf32

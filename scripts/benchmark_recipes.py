@@ -5,17 +5,18 @@ Entries (--only chooses, in this order):
   peer  Keller Jordan's airbench94 from PyPI (airbench==0.1.8): its own train94, run in a subprocess in a folder
         where its CifarLoader finds cifar10/train.pt and test.pt written from our data. On a CPU it is adapted at
         run time, without changing its code: .cuda()/.half() become no-ops (fp32 weights), torch.cuda.Event becomes
-        a CPU timer, and its network's forward runs under bf16 autocast (as our recipes do on a CPU).
+        a CPU timer, and its network's forward runs under bf16 autocast (as our recipes do on a CPU). Its process
+        keeps freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
   fast  python -m cifar10_dist run --config=configs/fast.yaml
   muon  python -m cifar10_dist run --config=configs/fast_muon.yaml
-Each is run --seeds times (seed 0, 1, ...). Training seconds are each recipe's own count of its training steps
+Each is run --seeds times (seed --first_seed, then the next ones). Training seconds are each recipe's own count of its training steps
 (airbench: its timers around the epochs and the whitening init; ours: summary.json's training_time); "outside"
 is the rest of the wall time: start-up, data preparation, whitening, evaluation (split in the JSON).
 Every run is appended to --json at once (the peer alone takes about 45 minutes on 2 CPU cores), so a table can
 be built from runs made in several invocations; training-time ratios are only taken between runs of the same
 invocation (this machine's speed drifts up to 2x between hours).
 
-Usage: python scripts/benchmark_recipes.py --data_path=DIR [--only=peer,fast,muon] [--seeds=3]
+Usage: python scripts/benchmark_recipes.py --data_path=DIR [--only=peer,fast,muon] [--seeds=3] [--first_seed=0]
        [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
 --quick trains every entry for a few steps (checks the script); --table only prints the table of the JSON.
 """
@@ -47,6 +48,9 @@ OURS = {"fast": "fast.yaml", "muon": "fast_muon.yaml"}
 ENTRIES = ("peer", *OURS)
 QUICK_OURS = ["--num_epochs=2", "--epoch_length=2", "--tta=0", "--num_warmup_epochs=0"]
 QUICK_PEER_EPOCHS = 0.01  # a few steps of train94
+# the peer's process gets the glibc setting our runs make themselves (keep_freed_memory, on by default), so that
+# times compare recipes, not allocators (it makes both about 1.1x faster at batch 1024 on this machine)
+KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
 
 
 # ---------------------------------------------------------------- the peer
@@ -144,14 +148,14 @@ def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, A
         write_peer_data(data_path, Path(folder))
         command = [sys.executable, str(Path(__file__).resolve()), "--peer_worker", f"--device={device}",
                    f"--peer_seed={seed}", *([f"--peer_epochs={QUICK_PEER_EPOCHS}"] if quick else [])]
-        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+        result = subprocess.run(command, cwd=folder, capture_output=True, text=True, env={**os.environ, **KEEP_FREED})
     if result.returncode != 0:
         raise SystemExit(f"airbench94 failed: {result.stderr.strip()[-2000:]}")
     peer = parse_peer_table(result.stdout)
     wall = time.perf_counter() - started
     # airbench evaluates without TTA after every epoch, outside its timers: that is in "other" here
     outside = {"tta_evaluation": peer["tta_seconds"], "other": wall - peer["training_seconds"] - peer["tta_seconds"]}
-    return {**peer, "wall_seconds": wall, "outside": outside}
+    return {**peer, "wall_seconds": wall, "outside": outside, "environment": KEEP_FREED}
 
 
 # ---------------------------------------------------------------- ours
@@ -212,16 +216,17 @@ def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
     with --quick are left out, unless ``quick`` (then only they count)."""
     runs = [r for r in runs if r.get("quick", False) == quick]
     by_recipe = {name: [r for r in runs if r["recipe"] == name] for name in ENTRIES}
-    lines = [f"{'recipe':<8}{'runs':>5}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}  reaches"]
-    peer_mean = _mean([r["accuracy"] for r in by_recipe["peer"]])
+    by_seed = {name: list({r["seed"]: r["accuracy"] for r in chosen}.values()) for name, chosen in by_recipe.items()}
+    lines = [f"{'recipe':<8}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}  reaches"]
+    peer_mean = _mean(by_seed["peer"])
     for name, chosen in by_recipe.items():
         if not chosen:
             continue
-        accuracies = [r["accuracy"] for r in chosen]
+        accuracies = by_seed[name]  # a seed run again (the same accuracy: runs are deterministic) counts once
         std = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
         outside = _mean([sum(r["outside"].values()) for r in chosen])
         reaches = "-" if peer_mean is None or name == "peer" else ("peer" if _mean(accuracies) >= peer_mean else "no")
-        lines.append(f"{name:<8}{len(chosen):>5}{100 * _mean(accuracies):>9.2f}%{100 * std:>7.2f}%"
+        lines.append(f"{name:<8}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{100 * std:>7.2f}%"
                      f"{_mean([r['training_seconds'] for r in chosen]) / 60:>11.1f}{outside:>11.0f}  {reaches}")
     lines.extend(same_invocation_ratios(runs))
     return "\n".join(lines)
@@ -240,6 +245,14 @@ def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def commit() -> str:
+    """This checkout's commit (with + when it has changes), so runs of different code stay apart."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
+
+
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -248,7 +261,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path", help="folder holding cifar-10-batches-py")
     parser.add_argument("--only", default=",".join(ENTRIES), help="comma-separated entries: peer, fast, muon")
-    parser.add_argument("--seeds", type=int, default=1, help="runs of each entry (seeds 0, 1, ...)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each entry (seeds first_seed, first_seed+1, ...)")
+    parser.add_argument("--first_seed", type=int, default=0, help="the first seed (to add seeds to an earlier JSON)")
     parser.add_argument("--json", dest="json_path", default="benchmark_recipes.json", help="runs are appended here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="a few steps of every entry (checks the script)")
@@ -269,11 +283,11 @@ def main() -> None:
         parser.error(f"--only={args.only} (entries: {', '.join(ENTRIES)}), --seeds >= 1 and --data_path are needed")
     invocation = time.strftime("%Y-%m-%dT%H:%M:%S")
     print(f"{machine()}, torch {torch.__version__}; runs appended to {path}", flush=True)
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for entry in entries:
             run = run_peer if entry == "peer" else lambda *a: run_ours(entry, *a)
             result = run(args.data_path, args.device, seed, args.quick)
-            record = {"recipe": entry, "seed": seed, "invocation": invocation, "machine": machine(),
+            record = {"recipe": entry, "seed": seed, "invocation": invocation, "commit": commit(), "machine": machine(),
                       "torch": torch.__version__, "quick": args.quick, **result}
             append_run(path, record)
             print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training {result['training_seconds']:.0f} s,"

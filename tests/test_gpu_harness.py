@@ -107,23 +107,24 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     recipes = load_script("benchmark_recipes")
     path = tmp_path / "runs.json"
 
-    def run(recipe, invocation, accuracy, seconds, **extra):
-        recipes.append_run(path, {"recipe": recipe, "invocation": invocation, "accuracy": accuracy,
+    def run(recipe, invocation, accuracy, seconds, seed=0, **extra):
+        recipes.append_run(path, {"recipe": recipe, "seed": seed, "invocation": invocation, "accuracy": accuracy,
                                   "training_seconds": seconds, "outside": {"evaluation": 10.0, "other": 5.0}, **extra})
 
     run("peer", "A", 0.9069, 2700.0)
     run("muon", "A", 0.9080, 1800.0)
     run("fast", "B", 0.9059, 1000.0)  # another invocation: another phase of the machine
-    run("fast", "B", 0.9061, 1100.0)
+    run("fast", "B", 0.9061, 1100.0, seed=1)
+    run("muon", "D", 0.9080, 1500.0)  # seed 0 again: its accuracy counts once, its time again
     run("muon", "C", 0.1, 1.0, quick=True)
     runs = json.loads(path.read_text())["runs"]
-    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon"]
+    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon", "muon"]
     lines = recipes.table(runs).splitlines()
-    assert lines[1].split() == ["peer", "1", "90.69%", "nan%", "45.0", "15", "-"]
-    assert lines[2].split() == ["fast", "2", "90.60%", "0.01%", "17.5", "15", "no"]
-    assert lines[3].split() == ["muon", "1", "90.80%", "nan%", "30.0", "15", "peer"]
+    assert lines[1].split() == ["peer", "1", "1", "90.69%", "nan%", "45.0", "15", "-"]
+    assert lines[2].split() == ["fast", "2", "2", "90.60%", "0.01%", "17.5", "15", "no"]
+    assert lines[3].split() == ["muon", "2", "1", "90.80%", "nan%", "27.5", "15", "peer"]
     assert lines[4:] == ["training-time ratios in invocation A: muon/peer 0.67"]  # none across A and B
-    assert recipes.table(runs, quick=True).splitlines()[1].split()[:3] == ["muon", "1", "10.00%"]
+    assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 
 def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_path):

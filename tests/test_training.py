@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 
 from cifar10_dist import data
-from tests.conftest import TINY, run_cli, run_in_process
+from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
 
 def final_test_accuracy(stdout: str) -> float:
@@ -36,6 +39,7 @@ def test_training_exits_zero_and_prints_final_metrics_and_run_folder(trained_run
     assert f"run folder: {run_dir}" in result.stdout
     assert "(1001 images)" in result.stdout  # the whole test set, once
     assert "final train subset: accuracy" in result.stdout
+    assert "keep_freed_memory: freed memory stays in this process for reuse (glibc)" in result.stderr  # the default
 
 
 def test_validation_accuracy_rises_well_above_chance(trained_run):
@@ -96,13 +100,37 @@ def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp
     _, first_dir = trained_run
     result = run_in_process(
         "run", *TINY, "--num_epochs=3", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-        "--run_name=resumed", f"--resume_from={first_dir / 'training_checkpoint_50.pt'}",
+        "--run_name=resumed", f"--resume_from={first_dir / 'training_checkpoint_50.pt'}", "--keep_freed_memory=False",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "keep_freed_memory" not in result.stderr.replace("keep_freed_memory=False", "")
     assert "at iteration 50" in result.stderr
     assert "epoch 3 done" in result.stderr
     assert "epoch 1/3" not in result.stderr and "epoch 2 done" not in result.stderr  # nothing trained twice
     assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["iterations"] == 54
+
+
+KEPT_BLOCKS = """
+import ctypes, sys, torch
+from cifar10_dist import launch
+class MallocInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallocInfo
+def mapped_blocks_of_a_64_mib_tensor():
+    before = mallinfo2().hblks
+    tensor = torch.empty(64 * 2**20, dtype=torch.uint8)
+    return mallinfo2().hblks - before
+print(mapped_blocks_of_a_64_mib_tensor(), launch.keep_freed_memory(), mapped_blocks_of_a_64_mib_tensor())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_keep_freed_memory_puts_a_big_tensor_on_the_heap_instead_of_its_own_mapping():
+    result = subprocess.run([sys.executable, "-c", KEPT_BLOCKS], capture_output=True, text=True, env=cli_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "True", "0"]
 
 
 def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsys):
