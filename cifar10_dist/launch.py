@@ -37,6 +37,7 @@ Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
 NATIVE_BACKENDS = ("gloo", "nccl")
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
+NEVER_TRIM = 2**31 - 1  # the largest M_TRIM_THRESHOLD: freed heap memory is not given back to the OS
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
@@ -335,7 +336,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
 
 
 def cpu_threads_per_process() -> int:

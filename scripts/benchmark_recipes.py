@@ -9,8 +9,8 @@ Entries (--only chooses, in this order):
         keeps freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
   fast  python -m cifar10_dist run --config=configs/fast.yaml
   muon  python -m cifar10_dist run --config=configs/fast_muon.yaml
-Each is run --seeds times (seed --first_seed, then the next ones). Training seconds are each recipe's own count of its training steps
-(airbench: its timers around the epochs and the whitening init; ours: summary.json's training_time); "outside"
+Each is run --seeds times (seed --first_seed, then the next ones). Training seconds are each recipe's own count
+of its training steps (airbench: its timers around the epochs and the whitening init; ours: summary.json's training_time); "outside"
 is the rest of the wall time: start-up, data preparation, whitening, evaluation (split in the JSON).
 Every run is appended to --json at once (the peer alone takes about 45 minutes on 2 CPU cores), so a table can
 be built from runs made in several invocations; training-time ratios are only taken between runs of the same
@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data  # noqa: E402
+from cifar10_dist import data, launch  # noqa: E402
 
 PEER = "airbench==0.1.8"
 OURS = {"fast": "fast.yaml", "muon": "fast_muon.yaml"}
@@ -50,7 +50,7 @@ QUICK_OURS = ["--num_epochs=2", "--epoch_length=2", "--tta=0", "--num_warmup_epo
 QUICK_PEER_EPOCHS = 0.01  # a few steps of train94
 # the peer's process gets the glibc setting our runs make themselves (keep_freed_memory, on by default), so that
 # times compare recipes, not allocators (it makes both about 1.1x faster at batch 1024 on this machine)
-KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(launch.NEVER_TRIM)}
 
 
 # ---------------------------------------------------------------- the peer
