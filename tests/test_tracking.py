@@ -29,7 +29,11 @@ def tracked_run(small_dataset, tmp_path_factory):
     """2 gloo processes, validation every epoch, ClearML in offline mode (session kept under tmp); a global batch
     of 33 that 2 processes cannot split: each takes 16, so 32 images are trained on per step."""
     output = tmp_path_factory.mktemp("tracked")
-    env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache")}
+    # ClearML's reporting subprocess makes an offline task's close wait 10 s for an answer that never comes;
+    # its documented setting for thread-based reporting closes at once and records the same session.
+    conf = output / "clearml.conf"
+    conf.write_text("sdk { development { report_use_subprocess: false } }\n")
+    env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache"), "CLEARML_CONFIG_FILE": str(conf)}
     result = run_cli("run", *TINY, "--batch_size=33", "--backend=gloo", "--nproc_per_node=2", "--validate_every=1",
                      "--with_clearml=True", "--clearml_offline=True", "--clearml_project=tests",
                      f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=tracked", env=env)
