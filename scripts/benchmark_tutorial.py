@@ -1,0 +1,128 @@
+"""Tutorial benchmark, run by hand: the Ignite CIFAR-10 tutorial's own script next to `cifar10-dist run` (its
+defaults are the tutorial's: ResNet-18, 5 epochs, batch 512), one after the other on the same data and machine.
+
+Entries (--only chooses, in this order):
+  tutorial  the tutorial's script as published (pytorch-ignite/examples, tutorials/intermediate/cifar10-distributed.py;
+            give your copy with --tutorial, it is not shipped here), imported in a subprocess and run through its own
+            run() with one process. One change at run time, none to its code: torchvision's CIFAR10 md5 check is
+            skipped (files and meta), because this machine's copy of the data is re-encoded and no checksum matches.
+  ours      python -m cifar10_dist run --data_path=DATA (all defaults)
+Both run as shipped: ours with its default speed settings (keep_freed_memory on a CPU), the tutorial with none.
+Reported: final test accuracy, wall seconds of the whole run, seconds of the epochs that trained only (the
+tutorial evaluates the whole training set and the test set after epochs 3 and 5; ours a 5,000-image training
+subset and the test set after epoch 5), and the ratio ours / tutorial of each, from the same invocation.
+
+Usage: python scripts/benchmark_tutorial.py --data_path=DIR --tutorial=PATH [--only=tutorial,ours]
+       [--json=benchmark_tutorial.json] [--num_epochs=5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+TUTORIAL_DRIVER = """
+import importlib.util, sys
+import torchvision.datasets.cifar
+torchvision.datasets.cifar.check_integrity = lambda *args, **kwargs: True  # re-encoded copy: no md5 matches
+spec = importlib.util.spec_from_file_location("tutorial", sys.argv[1])
+tutorial = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tutorial)
+tutorial.config.update(data_path=sys.argv[2], output_path=sys.argv[3], num_epochs=int(sys.argv[4]))
+tutorial.run()
+"""
+
+
+def hms_seconds(text: str) -> int:
+    hours, minutes, seconds = (int(part) for part in text.split(":"))
+    return 3600 * hours + 60 * minutes + seconds
+
+
+def run_tutorial(tutorial: str, data_path: str, output: Path, num_epochs: int) -> dict[str, Any]:
+    """The tutorial's run() in its own process; its log gives the epoch times and the last test accuracy."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", TUTORIAL_DRIVER, tutorial, data_path, str(output), str(num_epochs)],
+                            capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"the tutorial failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    log = result.stderr + result.stdout
+    epochs = {int(n): hms_seconds(t) for n, t in re.findall(r"Epoch\[(\d+)\] Complete\. Time taken: ([\d:]+)", log)}
+    validated = {int(n) for n in re.findall(r"Epoch (\d+) - Evaluation time", log)}
+    accuracy = float(re.findall(r"val metrics:\s*\n\s*Accuracy: ([0-9.]+)", log)[-1])
+    return {"entry": "tutorial", "accuracy": accuracy, "wall_seconds": wall, "epoch_seconds": epochs,
+            "training_only_epochs": sorted(set(epochs) - validated)}
+
+
+def run_ours(data_path: str, output: Path, num_epochs: int) -> dict[str, Any]:
+    """``cifar10-dist run`` with its defaults; summary.json gives accuracy and each epoch's training time."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "cifar10_dist", "run", f"--data_path={data_path}", f"--output_path={output}",
+               "--run_name=ours", f"--num_epochs={num_epochs}"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"cifar10-dist failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    run_dir = output / "ours"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = {e["epoch"]: e["epoch_time"] for e in events if e.get("event") == "epoch"}
+    return {"entry": "ours", "accuracy": summary["final"]["test"]["accuracy"], "wall_seconds": wall,
+            "epoch_seconds": epochs, "training_only_epochs": sorted(epochs)}
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    lines = [f"{'entry':<9} {'accuracy':>9} {'wall s':>8} {'train-only epoch s (mean)':>26}"]
+    for run in runs:
+        only = [run["epoch_seconds"][e] for e in run["training_only_epochs"]]
+        run["training_only_epoch_mean"] = sum(only) / len(only)
+        lines.append(f"{run['entry']:<9} {100 * run['accuracy']:8.2f}% {run['wall_seconds']:8.1f} "
+                     f"{run['training_only_epoch_mean']:26.1f}")
+    by_entry = {run["entry"]: run for run in runs}
+    if {"ours", "tutorial"} <= set(by_entry):
+        ours, tutorial = by_entry["ours"], by_entry["tutorial"]
+        lines.append(f"ours / tutorial: wall {ours['wall_seconds'] / tutorial['wall_seconds']:.3f}, training-only "
+                     f"epoch {ours['training_only_epoch_mean'] / tutorial['training_only_epoch_mean']:.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_path", required=True)
+    parser.add_argument("--tutorial", help="path of the tutorial's cifar10-distributed.py")
+    parser.add_argument("--only", default="tutorial,ours")
+    parser.add_argument("--num_epochs", type=int, default=5)
+    parser.add_argument("--json", dest="json_path", default="benchmark_tutorial.json")
+    args = parser.parse_args()
+    entries = args.only.split(",")
+    if not set(entries) <= {"tutorial", "ours"}:
+        sys.exit(f"error: --only={args.only!r}: entries are tutorial and ours")
+    if "tutorial" in entries and not (args.tutorial and Path(args.tutorial).is_file()):
+        sys.exit(f"error: --tutorial={args.tutorial!r} is not a file: give the tutorial's cifar10-distributed.py")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="benchmark-tutorial-") as folder:
+        for entry in entries:
+            output = Path(folder) / entry
+            if entry == "tutorial":
+                runs.append(run_tutorial(args.tutorial, args.data_path, output, args.num_epochs))
+            else:
+                runs.append(run_ours(args.data_path, output, args.num_epochs))
+            print(f"{entry}: {100 * runs[-1]['accuracy']:.2f}% in {runs[-1]['wall_seconds']:.0f} s", flush=True)
+    print(table(runs))
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "num_epochs": args.num_epochs, "runs": runs}
+    Path(args.json_path).write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
