@@ -8,9 +8,13 @@ DistributedDataParallel. Here every process has one thread and the same per-proc
                all-reduce: gradient_as_bucket_view, static_graph, bucket_cap_mb (1: many small all-reduces
                overlapped with the backward pass; 200: one all-reduce after it).
 "DDP cost" is a case's step time over "two alone"'s: the all-reduce and its synchronisation, with the contention
-of sharing the machine taken out; "vs one" adds that contention back.
+of sharing the machine taken out; "vs one" adds that contention back. Every case runs in fresh processes. With
+--rounds=N all cases run N times, interleaved (round 1: every case in order, then round 2 ...), and each ratio
+is taken within a round, then the median over rounds is printed with its range: this machine's speed drifts
+over minutes, which swamps the settings when cases run once, one after another.
 
-Usage: python scripts/benchmark_ddp.py [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3] [--json=PATH]
+Usage: python scripts/benchmark_ddp.py [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3]
+       [--rounds=3] [--json=PATH]
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +40,7 @@ from benchmark import make_step, setup  # noqa: E402
 from cifar10_dist.launch import free_port  # noqa: E402
 
 CASES: dict[str, dict[str, Any] | None] = {  # None: no DDP
+    "one": None,
     "two alone": None,
     "ddp defaults (bucket 25 MB)": {},
     "ddp gradient_as_bucket_view": {"gradient_as_bucket_view": True},
@@ -65,9 +71,13 @@ def timed_steps(model_name: str, batch_size: int, steps: int, warmup: int, ddp: 
     return (time.perf_counter() - started) / steps
 
 
-def _worker(rank: int, port: int, args: argparse.Namespace, ddp: dict[str, Any] | None, results: Any) -> None:
+def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, ddp: dict[str, Any] | None,
+            results: Any) -> None:
+    if world_size == 1:
+        results[rank] = timed_steps(args.model, args.batch_size, args.steps, args.warmup, None)
+        return
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         results[rank] = timed_steps(args.model, args.batch_size, args.steps, args.warmup, ddp)
         dist.barrier()
@@ -75,12 +85,19 @@ def _worker(rank: int, port: int, args: argparse.Namespace, ddp: dict[str, Any] 
         dist.destroy_process_group()
 
 
-def two_processes(args: argparse.Namespace, ddp: dict[str, Any] | None) -> float:
-    """Seconds per step of the slower of two processes started together."""
+def run_case(name: str, args: argparse.Namespace) -> float:
+    """Seconds per step of the slower process of a case, in processes started for it."""
+    world_size = 1 if name == "one" else 2
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(free_port(), args, ddp, results), nprocs=2, join=True)
+        mp.spawn(_worker, args=(world_size, free_port(), args, CASES[name], results), nprocs=world_size, join=True)
         return max(results.values())
+
+
+def spread(values: list[float]) -> str:
+    """Median, and the range when there is more than one value."""
+    middle = statistics.median(values)
+    return f"{middle:.3f}" if len(values) == 1 else f"{middle:.3f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:
@@ -89,22 +106,25 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=128, help="per process")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="every case this many times, interleaved")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-    seconds = {"one": timed_steps(args.model, args.batch_size, args.steps, args.warmup, None)}
-    for name, ddp in CASES.items():
-        seconds[name] = two_processes(args, ddp)
-    alone = seconds["two alone"]
+    rounds = []
+    for number in range(args.rounds):
+        rounds.append({name: run_case(name, args) for name in CASES})
+        print(f"round {number + 1}: " + ", ".join(f"{name} {value:.3f}" for name, value in rounds[-1].items()),
+              flush=True)
     print(f"{args.model}, {args.batch_size} images per process and step, 1 thread per process, "
-          f"torch {torch.__version__}")
-    print(f"{'case':<38}{'s/step':>8}{'img/s':>8}{'DDP cost':>10}{'vs one':>8}")
-    for name, value in seconds.items():
+          f"torch {torch.__version__}, {args.rounds} round(s); medians over rounds (range)")
+    print(f"{'case':<38}{'s/step':>20}{'img/s':>8}{'DDP cost':>22}{'vs one':>22}")
+    for name in CASES:
+        per_step = [r[name] for r in rounds]
         processes = 1 if name == "one" else 2
-        cost = "-" if name in ("one", "two alone") else f"{value / alone:.3f}"
-        print(f"{name:<38}{value:>8.3f}{processes * args.batch_size / value:>8.0f}{cost:>10}"
-              f"{value / seconds['one']:>8.3f}")
+        cost = "-" if name in ("one", "two alone") else spread([r[name] / r["two alone"] for r in rounds])
+        print(f"{name:<38}{spread(per_step):>20}{processes * args.batch_size / statistics.median(per_step):>8.0f}"
+              f"{cost:>22}{spread([r[name] / r['one'] for r in rounds]):>22}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"arguments": vars(args), "seconds_per_step": seconds}, indent=2))
+        Path(args.json_path).write_text(json.dumps({"arguments": vars(args), "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
