@@ -101,6 +101,7 @@ VARIANTS = {
     "bf16 autocast": {"amp": True},
     "bf16 autocast + channels_last": {"amp": True, "channels_last": True},
     "torch.compile": {"compile": True},
+    "bf16 autocast + channels_last + compile": {"amp": True, "channels_last": True, "compile": True},
 }
 
 
