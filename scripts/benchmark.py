@@ -107,12 +107,12 @@ VARIANTS = {
 
 def print_variants(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int) -> None:
     print(f"{model_name}, batch {len(batch[1])}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"{'bare loop setting':<36}{'img/s':>8}{'vs fp32':>9}{'warm-up s':>11}")
+    print(f"{'bare loop setting':<42}{'img/s':>8}{'vs fp32':>9}{'warm-up s':>11}")
     baseline = None
     for name, options in VARIANTS.items():
         speed = bare_loop(model_name, batch, steps, warmup, **options)
         baseline = baseline or speed
-        print(f"{name:<36}{speed:>8.1f}{speed / baseline:>9.2f}{bare_loop.warmup_seconds:>11.1f}", flush=True)
+        print(f"{name:<42}{speed:>8.1f}{speed / baseline:>9.2f}{bare_loop.warmup_seconds:>11.1f}", flush=True)
 
 
 def engine_loop(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
