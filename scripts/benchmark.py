@@ -10,7 +10,7 @@ Measures, in one run on this machine, images per second of:
 Usage: python scripts/benchmark.py --data_path=DIR [--model=resnet18] [--batch_size=512] [--steps=10] [--json=PATH]
 
 With --variants, only the bare loop in each speed setting (fp32, channels_last, bf16 autocast with and
-without channels_last, torch.compile, with its warm-up time): the measurement behind the CPU defaults.
+without channels_last, torch.compile alone and on top of both, with its warm-up time): the measurement behind the CPU defaults.
 With --profile [--amp] [--channels_last], torch.profiler's top operators of a few bare training steps.
 """
 
