@@ -9,6 +9,7 @@ Entries (--only chooses, in this order):
         keeps freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
   fast  python -m cifar10_dist run --config=configs/fast.yaml
   muon  python -m cifar10_dist run --config=configs/fast_muon.yaml
+  muon7 the same cut to 7 epochs (--num_epochs=7 --validate_every=7): a candidate for the 0.7x time goal
 Each is run --seeds times (seed --first_seed, then the next ones). Training seconds are each recipe's own count
 of its training steps (airbench: its timers around the epochs and the whitening init; ours: summary.json's training_time); "outside"
 is the rest of the wall time: start-up, data preparation, whitening, evaluation (split in the JSON).
@@ -16,7 +17,7 @@ Every run is appended to --json at once (the peer alone takes about 45 minutes o
 be built from runs made in several invocations; training-time ratios are only taken between runs of the same
 invocation (this machine's speed drifts up to 2x between hours).
 
-Usage: python scripts/benchmark_recipes.py --data_path=DIR [--only=peer,fast,muon] [--seeds=3] [--first_seed=0]
+Usage: python scripts/benchmark_recipes.py --data_path=DIR [--only=peer,fast,muon,muon7] [--seeds=3] [--first_seed=0]
        [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
 --quick trains every entry for a few steps (checks the script); --table only prints the table of the JSON.
 """
@@ -44,7 +45,9 @@ sys.path.insert(0, str(REPO))
 from cifar10_dist import data, launch  # noqa: E402
 
 PEER = "airbench==0.1.8"
-OURS = {"fast": "fast.yaml", "muon": "fast_muon.yaml"}
+# entry: (config, flags on top of it)
+OURS = {"fast": ("fast.yaml", []), "muon": ("fast_muon.yaml", []),
+        "muon7": ("fast_muon.yaml", ["--num_epochs=7", "--validate_every=7"])}
 ENTRIES = ("peer", *OURS)
 QUICK_OURS = ["--num_epochs=2", "--epoch_length=2", "--tta=0", "--num_warmup_epochs=0"]
 QUICK_PEER_EPOCHS = 0.01  # a few steps of train94
@@ -178,7 +181,8 @@ def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) ->
     """One run of our recipe through the CLI in a temporary folder; its summary and evaluation times."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as output:
-        flags = [f"--config={REPO / 'configs' / OURS[entry]}", f"--data_path={data_path}", "--download=False",
+        config, overrides = OURS[entry]
+        flags = [f"--config={REPO / 'configs' / config}", *overrides, f"--data_path={data_path}", "--download=False",
                  f"--seed={seed}", *(QUICK_OURS if quick else [])]
         _, run_dir = cli_run(flags, Path(output), device)
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -237,8 +241,8 @@ def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
     for invocation in sorted({r["invocation"] for r in runs}):
         together = {name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation
                                  and r["recipe"] == name]) for name in ENTRIES}
-        pairs = [(a, b) for a, b in (("muon", "fast"), ("muon", "peer"), ("fast", "peer"))
-                 if together[a] is not None and together[b] is not None]
+        pairs = [(a, b) for a in OURS for b in ("fast", "peer")
+                 if a != b and together[a] is not None and together[b] is not None]
         if pairs:
             ratios = ", ".join(f"{a}/{b} {together[a] / together[b]:.2f}" for a, b in pairs)
             lines.append(f"training-time ratios in invocation {invocation}: {ratios}")
@@ -260,7 +264,7 @@ def _mean(values: list[float]) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path", help="folder holding cifar-10-batches-py")
-    parser.add_argument("--only", default=",".join(ENTRIES), help="comma-separated entries: peer, fast, muon")
+    parser.add_argument("--only", default=",".join(ENTRIES), help="comma-separated entries: " + ", ".join(ENTRIES))
     parser.add_argument("--seeds", type=int, default=1, help="runs of each entry (seeds first_seed, first_seed+1, ...)")
     parser.add_argument("--first_seed", type=int, default=0, help="the first seed (to add seeds to an earlier JSON)")
     parser.add_argument("--json", dest="json_path", default="benchmark_recipes.json", help="runs are appended here")
