@@ -117,13 +117,15 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     run("fast", "B", 0.9061, 1100.0, seed=1)
     run("muon", "D", 0.9080, 1500.0)  # seed 0 again: its accuracy counts once, its time again
     run("muon", "C", 0.1, 1.0, quick=True)
+    run("muon7", "A", 0.9050, 1350.0)
     runs = json.loads(path.read_text())["runs"]
-    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon", "muon"]
+    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon", "muon", "muon7"]
     lines = recipes.table(runs).splitlines()
     assert lines[1].split() == ["peer", "1", "1", "90.69%", "nan%", "45.0", "15", "-"]
     assert lines[2].split() == ["fast", "2", "2", "90.60%", "0.01%", "17.5", "15", "no"]
     assert lines[3].split() == ["muon", "2", "1", "90.80%", "nan%", "27.5", "15", "peer"]
-    assert lines[4:] == ["training-time ratios in invocation A: muon/peer 0.67"]  # none across A and B
+    assert lines[4].split() == ["muon7", "1", "1", "90.50%", "nan%", "22.5", "15", "no"]
+    assert lines[5:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/peer 0.50"]  # none across A and B
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 
