@@ -77,8 +77,12 @@ class Config:
     label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)")
     bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
                                   "divided by it, so the decay per step stays)")
-    whitening_bias_lr_scale: float = option(1.0, "learning-rate factor for the airbench whitening bias (trained for "
-                                            "the first 30% of the iterations; weight decay divided by it)")
+    whitening_bias_lr_scale: float = option(1.0, "learning-rate factor for the airbench whitening bias (weight decay "
+                                            "divided by it)")
+    whitening_bias_epochs: float = option(3.0, "epochs the airbench whitening bias trains before it freezes, as "
+                                          "airbench does")
+    whitening_bias_decay: bool = option(False, "the whitening bias's lr falls linearly from its peak to 0 over "
+                                        "whitening_bias_epochs (airbench94_muon) instead of following the schedule")
     muon_lr: Optional[float] = option(None, "train the convolution filters with torch.optim.Muon at this peak lr "
                                       "(torch 2.9+; the rest with SGD), as airbench94_muon does; follows the same "
                                       "schedule")
@@ -287,6 +291,7 @@ def validate(config: Config) -> None:
     _require(c.bias_lr_scale > 0, f"bias_lr_scale={c.bias_lr_scale} must be greater than 0")
     _require(c.whitening_bias_lr_scale > 0, f"whitening_bias_lr_scale={c.whitening_bias_lr_scale} must be greater "
                                             "than 0")
+    _require(c.whitening_bias_epochs > 0, f"whitening_bias_epochs={c.whitening_bias_epochs} must be greater than 0")
     _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
     _require(c.amp_dtype in AMP_DTYPES, f"amp_dtype='{c.amp_dtype}' is unknown: choose one of {', '.join(AMP_DTYPES)}")
     _require(c.tta in (0, 1, 2), f"tta={c.tta} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")

@@ -192,23 +192,29 @@ def lr_milestones(
     return [(0, learning_rate), (total_iterations, end * learning_rate)]
 
 
-def _scaled(milestones: list[tuple[int, float]], scale: float, until: int | None) -> list[tuple[int, float]]:
-    """The milestones times ``scale``, and 0 after iteration ``until`` (a parameter frozen part-way)."""
+def _scaled(milestones: list[tuple[int, float]], schedule: GroupSchedule) -> list[tuple[int, float]]:
+    """The milestones times the group's lr scale, and 0 after its ``train_until`` (a parameter frozen part-way),
+    or a linear decay from the scaled peak to 0 there."""
+    scale, until, last = schedule.lr_scale, schedule.train_until, milestones[-1][0]
+    if schedule.decay_to_until and until is not None and 0 < until < last:
+        return [(0, scale * max(value for _, value in milestones)), (until, 0.0), (last, 0.0)]
     scaled = [(iteration, value * scale) for iteration, value in milestones]
-    if until is None or until >= milestones[-1][0]:
+    if until is None or until >= last:
         return scaled
     kept = [(iteration, value) for iteration, value in scaled if iteration < until]
     value_at_until = float(np.interp(until, [i for i, _ in scaled], [v for _, v in scaled]))
-    return [*kept, (until, value_at_until), (until + 1, 0.0), (milestones[-1][0], 0.0)]
+    return [*kept, (until, value_at_until), (until + 1, 0.0), (last, 0.0)]
 
 
 @dataclass(frozen=True)
 class GroupSchedule:
     """How one parameter group follows the schedule: its lr is ``lr_scale`` times the others', and 0 after
-    iteration ``train_until`` (a parameter frozen part-way; None: trained to the end)."""
+    iteration ``train_until`` (a parameter frozen part-way; None: trained to the end); with ``decay_to_until``
+    it falls instead linearly from ``lr_scale`` times the peak lr at the start to 0 at ``train_until``."""
 
     lr_scale: float = 1.0
     train_until: int | None = None
+    decay_to_until: bool = False
 
 
 def create_lr_scheduler(
@@ -228,7 +234,7 @@ def create_lr_scheduler(
     if len(group_schedules) != len(optimizer.param_groups):
         raise ValueError(f"{len(group_schedules)} group schedules for {len(optimizer.param_groups)} param groups")
     schedulers = [
-        PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule.lr_scale, schedule.train_until),
+        PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule),
                         param_group_index=index)
         for index, schedule in enumerate(group_schedules)
     ]

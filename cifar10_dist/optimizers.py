@@ -15,8 +15,6 @@ from cifar10_dist import engines, models
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 
-FROZEN_AFTER = 0.3  # fraction of training after which the airbench whitening bias stops training
-
 
 @dataclass(frozen=True)
 class ParamGroup:
@@ -34,7 +32,7 @@ class ParamGroup:
 def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
                      leave_out: frozenset[int] = frozenset()) -> list[ParamGroup]:
     """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
-    whitening bias (lr x whitening_bias_lr_scale, trained for the first FROZEN_AFTER of the iterations), and
+    whitening bias (lr x whitening_bias_lr_scale, trained for its first whitening_bias_epochs), and
     everything else; parameters whose id is in ``leave_out`` are in none of them (another optimizer trains them)."""
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
@@ -42,6 +40,7 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
     whitening_scale = config.whitening_bias_lr_scale
+    whitening_until = round(total_iterations * config.whitening_bias_epochs / config.num_epochs)
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in leave_out]
     if scale == 1.0 and not frozen_later:
         return [ParamGroup(trained, lr, decay)]
@@ -50,7 +49,7 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
         ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
                    engines.GroupSchedule(lr_scale=scale)),
         ParamGroup([p for p in trained if id(p) in frozen_later], lr * whitening_scale, decay / whitening_scale,
-                   engines.GroupSchedule(whitening_scale, train_until=round(FROZEN_AFTER * total_iterations))),
+                   engines.GroupSchedule(whitening_scale, whitening_until, config.whitening_bias_decay)),
     ]
     return [group for group in groups if group.params]
 

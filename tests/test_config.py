@@ -85,6 +85,7 @@ def test_shipped_configs_are_valid():
         ({"tta": 3}, "tta=3 is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)"),
         ({"label_smoothing": 1.0}, "label_smoothing=1.0 must be in [0, 1)"),
         ({"bias_lr_scale": 0}, "bias_lr_scale=0.0 must be greater than 0"),
+        ({"whitening_bias_epochs": -1}, "whitening_bias_epochs=-1.0 must be greater than 0"),
         ({"lr_end": -0.1}, "lr_start=0.0 and lr_end=-0.1 must be 0 or more"),
         ({"compile": True, "backend": "xla-tpu"}, "compile=True is not supported with backend xla-tpu"),
         ({"accumulation_steps": 0}, "accumulation_steps=0 must be at least 1"),

@@ -90,6 +90,28 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
     assert lrs[99][:2] == pytest.approx([0.07 + 0.93 * 1 / 77, 64 * (0.07 + 0.93 * 1 / 77)])
 
 
+def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_them_as_the_muon_record_does():
+    """airbench94_muon: the whitening bias's lr falls linearly from its peak to 0 over 3 epochs while the rest
+    follow the main schedule; here 8 epochs of 25 iterations, so 75 iterations."""
+    config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), muon_lr=None, learning_rate=2.0,
+                                 whitening_bias_lr_scale=4.0, whitening_bias_decay=True)
+    model = models.build_model("airbench")
+    groups = optimizers.parameter_groups(model, config, total_iterations=200)
+    assert groups[2].schedule == engines.GroupSchedule(lr_scale=4.0, train_until=75, decay_to_until=True)
+    optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=2.0)
+    scheduler = engines.create_lr_scheduler(optimizer, 2.0, 0, 200, start=1.0, end=0.0,
+                                            group_schedules=[g.schedule for g in groups])
+    lrs = lrs_during(optimizer, scheduler, 200)
+    whitening = [lr[2] for lr in lrs]
+    assert whitening[0] == pytest.approx(8.0) and whitening[30] == pytest.approx(8.0 * (1 - 30 / 75))
+    assert whitening[75:] == [0.0] * 125
+    assert lrs[100][:2] == pytest.approx([1.0, 64.0])  # the others follow the main schedule, halfway down
+
+    two_epochs = dataclasses.replace(config, whitening_bias_epochs=2.0, whitening_bias_decay=False)
+    assert optimizers.parameter_groups(model, two_epochs, total_iterations=200)[2].schedule == engines.GroupSchedule(
+        lr_scale=4.0, train_until=50)
+
+
 def test_a_single_group_keeps_the_plain_schedule():
     model = models.build_model("simple_cnn")
     config = load_config()
