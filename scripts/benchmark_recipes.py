@@ -20,6 +20,8 @@ invocation (this machine's speed drifts up to 2x between hours).
 Usage: python scripts/benchmark_recipes.py --data_path=DIR [--only=peer,fast,muon,muon7] [--seeds=3] [--first_seed=0]
        [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
 --quick trains every entry for a few steps (checks the script); --table only prints the table of the JSON.
+--per_step [--batch_size=1024 --steps=5 --rounds=4]: only seconds per bare training step of the peer's network and
+ours on the CPU, interleaved in rounds (do the networks themselves differ in speed?).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -161,6 +163,58 @@ def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, A
     return {**peer, "wall_seconds": wall, "outside": outside, "environment": KEEP_FREED}
 
 
+# ---------------------------------------------------------------- one training step: the peer's network and ours
+
+
+def _bare_step(net: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
+    trained = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trained, lr=0.01, momentum=0.85, nesterov=True)
+
+    def step() -> float:
+        loss = torch.nn.functional.cross_entropy(net(inputs), targets, label_smoothing=0.2)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def per_step_table(batch_size: int, steps: int, rounds: int) -> str:
+    """Seconds per bare training step of airbench94's network (the package's make_net94) and of ours, on the
+    CPU: the same batch, Nesterov SGD and label-smoothed loss, both under with_bf16_forward and in channels_last,
+    interleaved in rounds. Tells whether the networks differ in speed, apart from the trainers around them.
+    Adapts torch in this process to the peer (adapt_to_cpu): run it on its own."""
+    from airbench import lib_airbench94
+
+    from cifar10_dist import models
+
+    adapt_to_cpu()
+    torch.manual_seed(0)
+    inputs = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    targets = torch.randint(0, 10, (batch_size,))
+    nets = {"peer: airbench make_net94": lib_airbench94.make_net94(),
+            "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last)}
+    steppers = {name: _bare_step(with_bf16_forward(net), inputs, targets) for name, net in nets.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in nets}
+    for step in steppers.values():
+        step(), step()  # warm-up
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            for _ in range(steps):
+                step()
+            seconds[name].append((time.perf_counter() - started) / steps)
+    peer = statistics.median(seconds["peer: airbench make_net94"])
+    lines = [f"batch {batch_size}, {steps} steps x {rounds} interleaved rounds, {machine()}, torch {torch.__version__}",
+             f"{'network':<28}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}"]
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        lines.append(f"{name:<28}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}  {batch_size / median:>7.0f}"
+                     f"{median / peer:>9.3f}")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- ours
 
 
@@ -271,12 +325,20 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="a few steps of every entry (checks the script)")
     parser.add_argument("--table", action="store_true", help="print the table of --json and exit")
+    parser.add_argument("--per_step", action="store_true",
+                        help="only seconds per bare training step of the peer's network and ours (CPU), interleaved")
+    parser.add_argument("--batch_size", type=int, default=1024, help="with --per_step")
+    parser.add_argument("--steps", type=int, default=5, help="with --per_step: steps per round")
+    parser.add_argument("--rounds", type=int, default=4, help="with --per_step")
     parser.add_argument("--peer_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peer_seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--peer_epochs", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer_worker:
         return peer_worker(args.device, args.peer_seed, args.peer_epochs)
+    if args.per_step:
+        print(per_step_table(args.batch_size, args.steps, args.rounds))
+        return None
     path = Path(args.json_path)
     if args.table:
         print(table(json.loads(path.read_text())["runs"]))
