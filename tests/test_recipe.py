@@ -94,7 +94,8 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
     """airbench94_muon: the whitening bias's lr falls linearly from its peak to 0 over 3 epochs while the rest
     follow the main schedule; here 8 epochs of 25 iterations, so 75 iterations."""
     config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), muon_lr=None, learning_rate=2.0,
-                                 whitening_bias_lr_scale=4.0, whitening_bias_decay=True)
+                                 whitening_bias_lr_scale=4.0, whitening_bias_epochs=3.0,
+                                 whitening_bias_decay=True)
     model = models.build_model("airbench")
     groups = optimizers.parameter_groups(model, config, total_iterations=200)
     assert groups[2].schedule == engines.GroupSchedule(lr_scale=4.0, train_until=75, decay_to_until=True)
