@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -30,9 +30,9 @@ PAD_MODES = ("zeros", "reflect")
 AMP_DTYPES = ("auto", "float16", "bfloat16")
 
 
-def option(default: Any, help: str) -> Any:
-    """A config field with its one-line help text."""
-    return field(default=default, metadata={"help": help})
+def option(default: Any, help: str, also: tuple[str, ...] = ()) -> Any:
+    """A config field with its one-line help text; ``also``: words accepted besides the field's type."""
+    return field(default=default, metadata={"help": help, "also": also})
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,12 @@ class Config:
                              "to an EMA of them whose decay grows to 0.77")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)")
     # speed
-    with_amp: bool = option(False, "mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU and XLA (on CPU faster "
-                            "only for wide convolutions with channels_last)")
-    amp_dtype: str = option("auto", "with_amp's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 "
-                            "(with a GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
+    with_amp: Union[bool, str] = option(False, "mixed precision: auto (what the hardware runs fast: bf16 on CPUs with "
+                                        "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "
+                                        "8.0+, else fp16 + GradScaler; bf16 on XLA), True (fp16 + GradScaler on CUDA, "
+                                        "bf16 elsewhere, even where slow) or False (fp32)", also=("auto",))
+    amp_dtype: str = option("auto", "with_amp=True's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), "
+                            "float16 (with a GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
     channels_last: bool = option(False, "channels-last memory format for model and inputs")
     keep_freed_memory: bool = option(True, "CPU training on Linux (glibc): freed memory stays in the process for reuse "
                                      "instead of going back to the OS after every step (wide batches train up to "
@@ -194,15 +196,20 @@ def _field_type(name: str) -> tuple[type, bool]:
     """(base type, accepts None) of a field, from its annotation."""
     annotation = typing.get_type_hints(Config)[name]
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
-        (base,) = [arg for arg in args if arg is not type(None)]
-        return base, True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        if type(None) in args:
+            (base,) = [arg for arg in args if arg is not type(None)]
+            return base, True
+        return args[0], False  # bool | str: a bool, or one of the field's ``also`` words
     return annotation, False
 
 
 def _coerce(name: str, value: Any) -> Any:
     """Convert a YAML/command-line value to the field's type, or raise a UserError naming both."""
     base, optional = _field_type(name)
+    also = FIELDS[name].metadata["also"]
+    if isinstance(value, str) and value.lower() in also:
+        return value.lower()
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
             return None
@@ -225,7 +232,7 @@ def _coerce(name: str, value: Any) -> Any:
             return str(value)  # fire turns --run_name=7 into the int 7
     elif base is dict:
         return _json_object(name, value)
-    type_name = f"{base.__name__} or None" if optional else base.__name__
+    type_name = " or ".join([base.__name__, *also, *(["None"] if optional else [])])
     raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
 
 
@@ -294,6 +301,8 @@ def validate(config: Config) -> None:
     _require(c.whitening_bias_epochs > 0, f"whitening_bias_epochs={c.whitening_bias_epochs} must be greater than 0")
     _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
     _require(c.amp_dtype in AMP_DTYPES, f"amp_dtype='{c.amp_dtype}' is unknown: choose one of {', '.join(AMP_DTYPES)}")
+    _require(c.with_amp != "auto" or c.amp_dtype == "auto",
+             f"amp_dtype={c.amp_dtype} with with_amp=auto: auto chooses the type itself; give with_amp=True to choose it")
     _require(c.tta in (0, 1, 2), f"tta={c.tta} is not accepted: choose 0 (none), 1 (mirror) or 2 (mirror + shifts)")
     _require(
         not (c.compile and c.backend == "xla-tpu"),

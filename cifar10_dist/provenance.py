@@ -17,13 +17,14 @@ import ignite
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import data
+from cifar10_dist import data, hardware
 
 PACKAGE = "cifar10-dist"
 
 
-def collect(dataset: str, dataset_sha256: str | None, device: torch.device) -> dict[str, Any]:
-    """The record for this run; every process must call it (device names are gathered from all ranks)."""
+def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> dict[str, Any]:
+    """The record for this run; every process must call it (device names are gathered from all ranks).
+    ``precision`` is what training computes in (fp32, bf16, fp16), ``hardware`` this process's CPU and GPUs."""
     return {
         "package": {"name": PACKAGE, "version": package_version(), **git_state()},
         "versions": {
@@ -35,6 +36,8 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device) -> d
         "backend": idist.backend(),
         "world_size": idist.get_world_size(),
         "devices": device_names(device),
+        "precision": precision,
+        "hardware": hardware.describe(device),
         "dataset": {"name": dataset, "sha256": dataset_sha256},
     }
 
@@ -82,21 +85,11 @@ def device_names(device: torch.device) -> dict[str, int]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     elif device.type == "cpu":
-        name = f"cpu: {cpu_model()}"
+        name = f"cpu: {hardware.cpu_model()}"
     else:
         name = str(device.type)
     names = idist.all_gather(name) if idist.get_world_size() > 1 else [name]
     return {each: names.count(each) for each in sorted(set(names))}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def dataset_sha256(train: data.ImageSet, test: data.ImageSet) -> str:

@@ -82,6 +82,8 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
         "world_size": record.get("world_size"),
         "backend": record.get("backend"),
         "devices": record.get("devices"),
+        "precision": record.get("precision"),
+        "hardware": record.get("hardware"),
         "versions": {**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
         "checkpoints": sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         "best_models": sorted(str(path) for path in run_dir.glob("best_model_*.pt")),

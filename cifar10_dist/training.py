@@ -41,9 +41,10 @@ def training(config: Config) -> dict[str, Any]:
     started = time.perf_counter()
     with tracking.package_logging(), faults.StopRequest(on_second_interrupt=second_interrupt_ends_at_once()) as stop:
         device = setup_process(config)
-        data_setup = setup_data(config, device)
+        precision = setup_precision(config, device)
+        data_setup = setup_data(config, device, precision)
         network = setup_model(config, data_setup)
-        optimization = setup_optimization(config, network, data_setup, device)
+        optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         with tracking.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                       resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir, \
@@ -86,6 +87,16 @@ def setup_process(config: Config) -> torch.device:
     return device
 
 
+def setup_precision(config: Config, device: torch.device) -> engines.Precision:
+    """The autocast type of this run (with_amp), logged with why it was chosen, and a warning where an explicit
+    choice runs slowly on this hardware."""
+    precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
+    tracking.on_rank_zero(logger.info, "precision: %s", precision.reason)
+    if precision.warning:
+        tracking.on_rank_zero(logger.warning, "%s", precision.warning)
+    return precision
+
+
 # ---------------------------------------------------------------- data
 
 
@@ -103,9 +114,9 @@ class DataSetup:
     images_per_iteration: int  # what all processes together train on per step
 
 
-def setup_data(config: Config, device: torch.device) -> DataSetup:
+def setup_data(config: Config, device: torch.device, precision: engines.Precision) -> DataSetup:
     train_set, test_set = load_datasets(config)
-    record = describe_run(config, train_set, test_set, device)
+    record = describe_run(config, train_set, test_set, device, precision)
     held_out = data.hold_out(train_set, config.val_split, config.val_seed)
     train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
     loaders = data.make_loaders(
@@ -143,10 +154,11 @@ def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, tes
                 layout.name, folder, len(train_set), len(test_set), official)
 
 
-def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device) -> dict[str, Any]:
+def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device,
+                 precision: engines.Precision) -> dict[str, Any]:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
     checksum = tracking.on_rank_zero(provenance.dataset_sha256, train, test)
-    record = provenance.collect(config.dataset, checksum, device)
+    record = provenance.collect(config.dataset, checksum, device, precision.name)
     logger.info("provenance: %s", provenance.describe(record))
     return record
 
@@ -180,7 +192,8 @@ class Optimization:
     scaler: torch.amp.GradScaler | None
 
 
-def setup_optimization(config: Config, network: Network, data_setup: DataSetup, device: torch.device) -> Optimization:
+def setup_optimization(config: Config, network: Network, data_setup: DataSetup, device: torch.device,
+                       precision: engines.Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
     lr_scheduler = engines.create_lr_scheduler(
@@ -188,7 +201,6 @@ def setup_optimization(config: Config, network: Network, data_setup: DataSetup, 
         total_iterations=data_setup.total_iterations, start=config.lr_start, end=config.lr_end,
         group_schedules=group_schedules,
     )
-    precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
     return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))
 
@@ -527,8 +539,8 @@ class EvaluationWorker:
                 train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
-            model = self.load_model(config, train_set, test_set, device)
-            precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
+            precision = setup_precision(config, device)
+            model = self.load_model(config, train_set, test_set, device, precision)
             evaluator = engines.create_evaluator(
                 model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
                 num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
@@ -541,13 +553,13 @@ class EvaluationWorker:
                     "classes": list(data.class_names(config.dataset, config.label_mode))}
 
     def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
-                   device: torch.device) -> nn.Module:
+                   device: torch.device, precision: engines.Precision) -> nn.Module:
         """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
         was made with another package version or other data."""
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
         model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
                                             self.raw_weights)
-        present = describe_run(config, train_set, test_set, device)
+        present = describe_run(config, train_set, test_set, device, precision)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             tracking.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
