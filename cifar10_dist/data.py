@@ -506,6 +506,8 @@ def augment(
 
     Random numbers come from ``generator`` (a CPU generator), so results do not depend on the device.
     """
+    if padding == 0 and flip == "none":
+        return images  # nothing to draw or move
     count, size = images.shape[0], images.shape[-1]
     mode = "constant" if pad_mode == "zeros" else "reflect"
     padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images

@@ -107,7 +107,8 @@ def create_trainer(
     scaler: torch.amp.GradScaler | None,
     accumulation: Accumulation | None = None,
 ) -> Engine:
-    """An Engine whose step trains on one batch and returns the batch loss (a float).
+    """An Engine whose step trains on one batch and returns the batch loss, a detached tensor on the device: the
+    step never waits for the device (reading the loss is for the handlers that log, see ``faults.LossWatch``).
 
     With ``accumulation``, the gradients of N consecutive batches are summed (each loss divided by N) and the
     optimizer steps after the Nth (and after the last iteration of training); under DDP the N-1 batches in
@@ -133,7 +134,7 @@ def create_trainer(
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach()
 
     trainer = Engine(train_step)
     trainer.logger = logging.getLogger("cifar10_dist.trainer")

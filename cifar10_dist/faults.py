@@ -1,11 +1,12 @@
 """Stopping safely: Ctrl-C and preemption signals, NaN loss, all processes agreeing at an iteration boundary;
 outputs that cannot be written; peers that stop answering.
 
-A signal handler only sets a flag. After every iteration all processes all-reduce three flags (a preemption
-signal arrived somewhere; a Ctrl-C arrived somewhere; the loss is not finite somewhere), so they all take the
-same decision at the same iteration: on a stop request, write a checkpoint and raise Interrupted (Ctrl-C) or
-Preempted (SIGTERM/SIGUSR1, or the signals CIFAR10_DIST_PREEMPTION_SIGNALS names); on NaN/inf, raise TrainingDiverged before any checkpoint of the broken state is
-written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process) ends at once.
+A signal handler only sets a flag. After every iteration all processes agree on two flags (a preemption signal
+arrived somewhere; a Ctrl-C arrived somewhere), and at log, checkpoint and epoch-end iterations on a third (the
+loss became NaN/inf somewhere since the last such check), so they all take the same decision at the same
+iteration: on a stop request, write a checkpoint and raise Interrupted (Ctrl-C) or Preempted (SIGTERM/SIGUSR1, or
+the signals CIFAR10_DIST_PREEMPTION_SIGNALS names); on NaN/inf, raise TrainingDiverged before any checkpoint of the
+broken state is written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process) ends at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
 import os
 import re
 import shutil
@@ -108,41 +108,89 @@ class StopRequest:
         return self.received[0] if self.received else None
 
 
+class LossWatch:
+    """The training losses since the last read, kept as tensors on their device: appending costs no host-device
+    synchronisation; ``first_non_finite`` reads them all at once (one synchronisation) and forgets them."""
+
+    def __init__(self) -> None:
+        self.pending: list[torch.Tensor] = []
+        self.first_iteration = 0
+
+    def add(self, loss: torch.Tensor | float, iteration: int) -> None:
+        if not self.pending:
+            self.first_iteration = iteration
+        self.pending.append(torch.as_tensor(loss))
+
+    def first_non_finite(self) -> tuple[int, float] | None:
+        """(iteration, loss) of the first NaN/inf loss since the last call, or None."""
+        if not self.pending:
+            return None
+        losses, self.pending = torch.stack(self.pending), []
+        bad = ~torch.isfinite(losses)
+        if not bool(bad.any()):
+            return None
+        index = int(bad.nonzero()[0, 0])
+        return self.first_iteration + index, float(losses[index])
+
+
 def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None],
-                       run_dir: Path, step_every: int = 1) -> None:
-    """After each iteration: agree on NaN, Ctrl-C and preemption across processes, then act on them; a stop
+                       run_dir: Path, step_every: int = 1, reads_at: Callable[[int], bool] = lambda _: True) -> None:
+    """After each iteration: agree on Ctrl-C and preemption across processes, and on NaN where ``reads_at`` the
+    iteration (log, checkpoint and epoch-end iterations) or before a stop's checkpoint, then act on them; a stop
     waits for the next optimizer step (every ``step_every`` iterations), so that no accumulated gradient is lost.
 
-    Attach before the checkpoint handlers, so that a NaN iteration is never saved.
+    No iteration reads the device otherwise: the losses wait on it (``LossWatch``), and the stop requests, which
+    live on the host, are agreed every iteration by one process alone or by CPU processes (gloo), and by
+    processes on accelerators at the iterations that read anyway. Attach before the checkpoint handlers, so
+    that a NaN iteration is never saved.
     """
     device = idist.device()
+    agrees_every_iteration = idist.get_world_size() == 1 or device.type == "cpu"
+    watch = LossWatch()
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def check(engine: Engine) -> None:
-        loss = engine.state.output
-        flags = torch.tensor([float(stop.preempted), float(stop.interrupted), float(not math.isfinite(loss))],
-                             device=device)
-        if idist.get_world_size() > 1:
-            flags = idist.all_reduce(flags)
         iteration, epoch = engine.state.iteration, engine.state.epoch
-        if flags[2] > 0:
-            raise TrainingDiverged(
-                f"training stopped at iteration {iteration} (epoch {epoch}): the loss became {loss} "
-                "on at least one process; the checkpoints on disk are from before it (try a lower learning_rate)"
-            )
+        watch.add(engine.state.output, iteration)
+        reading = reads_at(iteration)
+        if not (reading or agrees_every_iteration):
+            return
+        preempted, interrupted = agree(stop.preempted, stop.interrupted)
+        if reading or preempted or interrupted:
+            raise_if_diverged(watch, iteration, epoch)
         if iteration % step_every:
             return  # mid-accumulation: stop after the optimizer step
-        if flags[1] > 0:
+        if interrupted:
             save_checkpoint(engine)
             checkpoint = run_dir / f"training_checkpoint_{iteration}.pt"
             raise Interrupted(f"interrupted at epoch {epoch}, iteration {iteration}: checkpoint {checkpoint} written; "
                               f"continue with --resume_from=auto --run_name={run_dir.name}", str(checkpoint))
-        if flags[0] > 0:
+        if preempted:
             save_checkpoint(engine)
             raise Preempted(
                 f"stopped at iteration {iteration} on {stop.signal_name or 'a signal to another process'}: "
                 "checkpoint written; run the same command with --resume_from=auto to continue"
             )
+
+
+def agree(*flags: bool) -> list[bool]:
+    """Each flag, true when it is true on any process (one all-reduce; none in a single process)."""
+    if idist.get_world_size() == 1:
+        return list(flags)
+    summed = idist.all_reduce(torch.tensor([float(flag) for flag in flags], device=idist.device()))
+    return [value > 0 for value in summed.tolist()]
+
+
+def raise_if_diverged(watch: LossWatch, iteration: int, epoch: int) -> None:
+    """TrainingDiverged on every process when the loss became NaN/inf on any since the last read."""
+    found = watch.first_non_finite()
+    (diverged,) = agree(found is not None)
+    if diverged:
+        where = f"{found[1]} at iteration {found[0]}" if found else "NaN/inf"
+        raise TrainingDiverged(
+            f"training stopped at iteration {iteration} (epoch {epoch}): the loss became {where} on at least one "
+            "process; the checkpoints on disk are from before it (try a lower learning_rate)"
+        )
 
 
 def finite_weights_only(save: Callable[[Engine], None], model: torch.nn.Module) -> Callable[[Engine], None]:

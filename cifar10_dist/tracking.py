@@ -316,8 +316,14 @@ def _attach_progress(trainer: Engine, optimizer: torch.optim.Optimizer, log_ever
     if sys.stderr.isatty():
         from ignite.handlers import ProgressBar
 
+        shown = {"loss": float("nan")}  # read at log iterations only: the bar itself never waits for the device
+
+        @trainer.on(Events.ITERATION_COMPLETED(every=log_every))
+        def read_loss(engine: Engine) -> None:
+            shown["loss"] = float(engine.state.output)
+
         ProgressBar(persist=False, bar_format=None).attach(
-            trainer, output_transform=lambda loss: {"loss": loss, "lr": current_lr(optimizer)}
+            trainer, output_transform=lambda _: {"loss": shown["loss"], "lr": current_lr(optimizer)}
         )
     else:
         _attach_progress_lines(trainer, optimizer, log_every, images_per_iteration, num_epochs)
@@ -348,7 +354,7 @@ def _attach_progress_lines(
         remaining = num_epochs * epoch_length - engine.state.iteration
         logger.info(
             "epoch %d/%d iter %d/%d: loss %.4f, lr %.4g, %.0f img/s, ETA %s",
-            engine.state.epoch, num_epochs, in_epoch, epoch_length, engine.state.output, current_lr(optimizer),
+            engine.state.epoch, num_epochs, in_epoch, epoch_length, float(engine.state.output), current_lr(optimizer),
             images_per_iteration / max(seconds_per_iteration, 1e-9), format_duration(remaining * seconds_per_iteration),
         )
 
@@ -453,7 +459,7 @@ class Recorder:
         if self.writer is None:
             return
         started = {"iteration": 0}
-        epoch_losses: list[float] = []
+        epoch_losses: list[torch.Tensor] = []  # on the device, summed at every log: no iteration waits for it
 
         @trainer.on(Events.EPOCH_STARTED)
         def remember_start(engine: Engine) -> None:
@@ -462,19 +468,21 @@ class Recorder:
 
         @trainer.on(Events.ITERATION_COMPLETED)
         def collect_loss(engine: Engine) -> None:
-            epoch_losses.append(float(engine.state.output))
+            epoch_losses.append(engine.state.output)
 
         @trainer.on(Events.ITERATION_COMPLETED(every=every))
         def write_batch(engine: Engine) -> None:
-            self._scalars("training", {"batch_loss": engine.state.output, "lr": current_lr(optimizer)},
+            epoch_losses[:] = [torch.stack(epoch_losses).sum()]
+            self._scalars("training", {"batch_loss": float(engine.state.output), "lr": current_lr(optimizer)},
                           engine.state.iteration)
 
         @trainer.on(Events.EPOCH_COMPLETED)
         def write_epoch(engine: Engine) -> None:
             seconds = engine.state.times.get("EPOCH_COMPLETED") or 0.0
-            speed = (engine.state.iteration - started["iteration"]) * images_per_iteration / max(seconds, 1e-9)
-            values = {"epoch_loss": sum(epoch_losses) / max(len(epoch_losses), 1), "epoch_time": seconds,
-                      "images_per_second": speed}
+            iterations = engine.state.iteration - started["iteration"]
+            speed = iterations * images_per_iteration / max(seconds, 1e-9)
+            total = float(torch.stack(epoch_losses).sum()) if epoch_losses else 0.0
+            values = {"epoch_loss": total / max(iterations, 1), "epoch_time": seconds, "images_per_second": speed}
             self._scalars("training", values, engine.state.epoch)
             self._append({"event": "epoch", "epoch": engine.state.epoch, "iteration": engine.state.iteration,
                           "lr": current_lr(optimizer), **values})

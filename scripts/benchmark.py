@@ -17,14 +17,18 @@ With --profile [--amp] [--channels_last], torch.profiler's top operators of a fe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from ignite.engine import Events
@@ -33,7 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data, engines, faults, models, tracking  # noqa: E402
+from cifar10_dist import data, engines, faults, hardware, models, tracking  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -222,11 +226,129 @@ def print_profile(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], ste
     print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+def tiny_linear() -> nn.Module:
+    """A model whose training step costs microseconds (--overhead): only the framework around it shows."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+
+
+OVERHEAD_BATCH = 8
+
+
+def bare_overhead_loop(iterations: int) -> float:
+    """Seconds of a bare PyTorch loop over in-memory uint8 images: shuffled batches of 8, normalised, one SGD
+    step each, the loss never read (what a careful hand-written loop does; the measure of --overhead)."""
+    torch.manual_seed(0)
+    train, _ = data.make_synthetic(OVERHEAD_BATCH * iterations, 1, 0)
+    model = tiny_linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    order = torch.randperm(len(train.labels))
+    start = time.perf_counter()
+    for index in range(iterations):
+        chosen = order[index * OVERHEAD_BATCH:(index + 1) * OVERHEAD_BATCH]
+        inputs, targets = data.normalize(train.images[chosen]), train.labels[chosen]
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def our_overhead_run(iterations: int, profiler: Any = None) -> float:
+    """Seconds of the training epoch of a real run (api.train in this process, the default handlers: LR schedule,
+    stop and NaN checks, checkpoints every 200 iterations, progress and TensorBoard/metrics.jsonl every 15) with
+    the same model, batch and data, no augmentation; ``profiler`` (Ignite's HandlersTimeProfiler) is attached
+    to its trainer when given."""
+    from cifar10_dist import api, reports, training
+
+    setup_engines = training.setup_engines
+
+    def with_profiler(*args: Any, **kwargs: Any) -> Any:
+        engine_set = setup_engines(*args, **kwargs)
+        profiler.attach(engine_set.trainer)
+        return engine_set
+
+    with tempfile.TemporaryDirectory() as output:
+        config = api.resolve(None, dataset="synthetic", synthetic_size=OVERHEAD_BATCH * iterations,
+                             model=f"{Path(__file__).resolve()}:tiny_linear", batch_size=OVERHEAD_BATCH,
+                             num_epochs=1, num_warmup_epochs=0.1, num_workers=0, data_on_device=True,
+                             train_eval_size=0, crop_padding=0, flip="none", output_path=output, run_name="overhead")
+        training.setup_engines = with_profiler if profiler is not None else setup_engines
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                result = api.train(config)
+        finally:
+            training.setup_engines = setup_engines
+        epochs, _ = reports.read_metrics(Path(result.run_dir))
+    return epochs[-1]["epoch_time"]
+
+
+def measure_overhead(rounds: int, short: int, long: int) -> dict[str, Any]:
+    """Microseconds per iteration of the bare loop and of our run, from the difference between a long and a short
+    run (start-up and warm-up cancel out), in ``rounds`` interleaved rounds after one unrecorded warm-up round
+    (the first runs of a process pay its one-time costs); medians and ranges."""
+    bare_overhead_loop(short), our_overhead_run(short)
+    per_iteration: dict[str, list[float]] = {"bare": [], "ours": []}
+    for round_index in range(rounds):
+        for name, run in (("bare", bare_overhead_loop), ("ours", our_overhead_run)):
+            seconds = run(long) - run(short)
+            per_iteration[name].append(seconds / (long - short) * 1e6)
+        print(f"round {round_index + 1}: bare {per_iteration['bare'][-1]:.1f} us, ours {per_iteration['ours'][-1]:.1f} "
+              f"us per iteration", flush=True)
+    above = [ours - bare for bare, ours in zip(per_iteration["bare"], per_iteration["ours"])]
+    return {"bare_us": statistics.median(per_iteration["bare"]), "ours_us": statistics.median(per_iteration["ours"]),
+            "above_bare_us": statistics.median(above), "above_bare_range_us": [min(above), max(above)],
+            "rounds": per_iteration, "short": short, "long": long}
+
+
+def handler_costs(iterations: int) -> dict[str, float]:
+    """Microseconds per iteration of each handler of our trainer (all its events), of the step and of the data,
+    from Ignite's HandlersTimeProfiler in one run (the profiler's own cost is not in these numbers)."""
+    from ignite.handlers import HandlersTimeProfiler
+
+    profiler = HandlersTimeProfiler()
+    our_overhead_run(iterations, profiler)
+    costs: dict[str, float] = {}
+    for handlers in profiler.event_handlers_times.values():
+        for name, times in handlers.items():
+            costs[name] = costs.get(name, 0.0) + sum(times) / iterations * 1e6
+    costs["(the step: batch preparation, forward, backward, optimizer)"] = sum(profiler.processing_times) / iterations * 1e6
+    costs["(the data: the next batch from the loader)"] = sum(profiler.dataflow_times) / iterations * 1e6
+    return dict(sorted(costs.items(), key=lambda item: -item[1]))
+
+
+def print_overhead(rounds: int, short: int, long: int, json_path: str | None) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"  # our run keeps it (else it takes a thread per core)
+    torch.set_num_threads(1)
+    print(f"per-iteration cost of our trainer over a bare loop: a linear model, batch {OVERHEAD_BATCH}, 1 thread, "
+          f"runs of {short} and {long} iterations, {rounds} interleaved rounds; torch {torch.__version__}; "
+          f"{hardware.one_line()}")
+    measured = measure_overhead(rounds, short, long)
+    costs = handler_costs(long)
+    print(f"{'median per iteration':<60}{'us':>10}")
+    for key, label in (("bare_us", "bare loop"), ("ours_us", "our run (default handlers)"),
+                       ("above_bare_us", "ours above the bare loop")):
+        print(f"{label:<60}{measured[key]:>10.1f}")
+    low, high = measured["above_bare_range_us"]
+    print(f"{'  range over the rounds':<60}{f'{low:.0f}..{high:.0f}':>10}")
+    print(f"\n{'handler (one profiled run of ' + str(long) + ' iterations)':<60}{'us/iter':>10}")
+    for name, micros in costs.items():
+        print(f"{name[:59]:<60}{micros:>10.1f}")
+    if json_path:
+        Path(json_path).write_text(json.dumps({"overhead": measured, "handlers_us": costs, "torch": torch.__version__,
+                                               "hardware": hardware.describe(CPU)}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path")
     parser.add_argument("--variants", action="store_true", help="only the bare loop in each speed setting")
     parser.add_argument("--profile", action="store_true", help="only a profile of bare training steps")
+    parser.add_argument("--overhead", action="store_true",
+                        help="only the per-iteration cost of our trainer over a bare loop, and of each handler")
+    parser.add_argument("--rounds", type=int, default=5, help="with --overhead: interleaved rounds")
+    parser.add_argument("--short", type=int, default=300, help="with --overhead: iterations of the short runs")
+    parser.add_argument("--long", type=int, default=1800, help="with --overhead: iterations of the long runs")
     parser.add_argument("--amp", action="store_true", help="with --profile: bf16 autocast")
     parser.add_argument("--channels_last", action="store_true", help="with --profile: channels_last")
     parser.add_argument("--model", default="resnet18")
@@ -240,6 +362,9 @@ def main() -> None:
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
     if args.variants:
         print_variants(args.model, batch, args.steps, args.warmup)
+        return
+    if args.overhead:
+        print_overhead(args.rounds, args.short, args.long, args.json_path)
         return
     if args.profile:
         print_profile(args.model, batch, args.steps, args.channels_last, args.amp)

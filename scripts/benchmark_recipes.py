@@ -5,7 +5,8 @@ Entries (--only chooses, in this order):
   peer  Keller Jordan's airbench94 from PyPI (airbench==0.1.8): its own train94, run in a subprocess in a folder
         where its CifarLoader finds cifar10/train.pt and test.pt written from our data. On a CPU it is adapted at
         run time, without changing its code: .cuda()/.half() become no-ops (fp32 weights), torch.cuda.Event becomes
-        a CPU timer, and its network's forward runs under bf16 autocast (as our recipes do on a CPU). Its process
+        a CPU timer, and its network's forward runs under bf16 autocast where the CPU has native bf16 (AMX or
+        AVX512-BF16), in fp32 elsewhere (as our recipes' with_amp=auto does on a CPU). Its process
         keeps freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
   fast  python -m cifar10_dist run --config=configs/fast.yaml
   muon  python -m cifar10_dist run --config=configs/fast_muon.yaml
@@ -97,9 +98,14 @@ def adapt_to_cpu() -> None:
 
 def with_bf16_forward(net: torch.nn.Module) -> torch.nn.Module:
     """The network computing its forward under CPU bf16 autocast and returning fp32 logits, as autocast does for
-    our recipes; everything else (the whitening init's covariance and eigendecomposition, the optimizer) stays
-    fp32. Autocast around the whole of train94 would compute the patch covariance in bf16: its eigenvalues go
-    negative and the run is NaN from the first step."""
+    our recipes, where this CPU has native bf16 (else unchanged, fp32, as with_amp=auto trains ours); everything
+    else (the whitening init's covariance and eigendecomposition, the optimizer) stays fp32. Autocast around the
+    whole of train94 would compute the patch covariance in bf16: its eigenvalues go negative and the run is NaN
+    from the first step."""
+    from cifar10_dist import hardware
+
+    if not hardware.native_bf16_cpu():
+        return net
     forward = net.forward
 
     def autocast_forward(*args: Any, **kwargs: Any) -> torch.Tensor:
