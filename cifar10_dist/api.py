@@ -1,5 +1,5 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate``, ``predict``, ``export`` and ``tune``; the CLI and
-notebooks call these.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate``, ``predict``, ``export``, ``tune`` and ``doctor``; the
+CLI and notebooks call these.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second), then checks it against the world once
@@ -143,3 +143,17 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
                         "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials")
     checks.check_before_launch(resolved)
     return tuning.tune(resolved, searched, options, echo)
+
+
+def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> Any:
+    """What this machine is and what will be fast on it (a ``doctor.DoctorReport``): versions, CPU and its native
+    bf16, GPUs, backends, a measured probe of ``model``'s training steps in each precision and memory format
+    (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
+    if batch_size < 1 or budget_seconds <= 0:
+        raise UserError(f"doctor needs batch_size >= 1 and budget_seconds > 0, not {batch_size} and {budget_seconds}")
+    from cifar10_dist import doctor as doctor_module, models
+    from cifar10_dist.config import absolute_model_reference
+
+    model = absolute_model_reference(str(model))
+    models.check_model(model, None, models.NUM_CLASSES)
+    return doctor_module.examine(model, batch_size, budget_seconds)

@@ -1,4 +1,4 @@
-"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report``, a thin fire layer
+"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report | doctor``, a thin fire layer
 over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
@@ -128,6 +128,21 @@ or write a synthetic dataset in the same on-disk format.
   --debug                    show tracebacks for errors
 """
 
+DOCTOR_HELP = """\
+Usage: cifar10-dist doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json] [--debug]
+
+What this machine is and what will be fast on it, in about 15 s: versions; CPU model, cores, threads, kernels
+(AVX2/AVX512) and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the
+distributed backends; a measured probe (training steps of --model in fp32, fp32 + channels_last and bf16/fp16
+autocast + channels_last); what with_amp=auto picks here, and advice. Attach --json's output to bug reports.
+
+  --model=airbench           the probe's model: a built-in name or package.module:factory / file.py:factory
+  --batch_size=32            the probe's batch
+  --budget_seconds=2         about how long each probed setting runs
+  --json                     print the report as one JSON object
+  --debug                    show tracebacks for errors
+"""
+
 REPORT_HELP = """\
 Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--debug]
 
@@ -151,6 +166,7 @@ Commands:
   tune           search hyperparameters with Optuna (trials ranked on val, one final test)
   prepare-data   download and verify CIFAR-10, or write a synthetic copy
   report         compare run folders: a table and a plot
+  doctor         what this machine is and which settings train fast on it (a measured probe)
 """
 
 
@@ -360,10 +376,19 @@ def tune(config: str | None = None, space: str | None = None, study: str | None 
              pruner_warmup_epochs, final_test, heartbeat, report_only, **overrides)
 
 
+def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0, json: bool = False) -> None:
+    """Print what this machine is and what will be fast on it (JSON with --json)."""
+    from cifar10_dist import doctor as doctor_module
+
+    report = api.doctor(str(model), int(batch_size), float(budget_seconds))
+    print(json_module.dumps(report.to_dict(), indent=2) if json else doctor_module.render(report))
+
+
 COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
-            "prepare-data": prepare_data, "report": report}
+            "prepare-data": prepare_data, "report": report, "doctor": doctor}
 HELP = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
-        "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP}
+        "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
+        "doctor": DOCTOR_HELP}
 
 
 def _help_text(argv: list[str]) -> str | None:

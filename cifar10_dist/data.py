@@ -9,6 +9,7 @@ models or the command line.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import pickle
@@ -527,6 +528,13 @@ def augment(
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 (N, 3, H, W) to float32 normalised with the CIFAR-10 channel mean and std."""
-    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1) * 255
+    mean, std = _normalization(images.device)
     return (images.float() - mean) / std
+
+
+@functools.lru_cache(maxsize=8)
+def _normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch)."""
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+    return mean, std

@@ -47,8 +47,11 @@ class Precision:
     def needs_grad_scaler(self) -> bool:
         return self.dtype == torch.float16
 
-    def autocast(self) -> torch.autocast:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """torch.autocast for this type, or a null context in fp32 (a disabled autocast costs microseconds)."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
 
 def choose_precision(device: torch.device, with_amp: bool | str, amp_dtype: str = "auto") -> Precision:
@@ -89,8 +92,8 @@ def automatic_precision(device: torch.device) -> Precision:
         info = hardware.cpu_info()
         if info.native_bf16:
             return Precision("cpu", torch.bfloat16, f"bf16 autocast (with_amp=auto: {info.describe()})")
-        return Precision("cpu", None, f"fp32 (with_amp=auto: {info.describe()}, where bf16 autocast is emulated "
-                                      "and many times slower)")
+        return Precision("cpu", None, f"fp32 (with_amp=auto: {info.describe()}; bf16 autocast would be emulated "
+                                      "here, many times slower)")
     return Precision(device.type, None, f"fp32 (with_amp=auto: no mixed precision chosen for {device.type})")
 
 
@@ -117,8 +120,9 @@ def create_trainer(
     """
     accumulation = accumulation or Accumulation(1)
 
-    def train_step(engine: Engine, batch: Batch) -> float:
-        model.train()
+    def train_step(engine: Engine, batch: Batch) -> torch.Tensor:
+        if not model.training:  # after an evaluation (model.train() visits every module: ~1 us each)
+            model.train()
         iteration = engine.state.iteration
         inputs, targets = prepare_batch(batch, iteration)
         stepping = accumulation.steps_at(iteration, engine.state.max_epochs * engine.state.epoch_length)

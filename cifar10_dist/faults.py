@@ -119,13 +119,13 @@ class LossWatch:
     def add(self, loss: torch.Tensor | float, iteration: int) -> None:
         if not self.pending:
             self.first_iteration = iteration
-        self.pending.append(torch.as_tensor(loss))
+        self.pending.append(loss)
 
     def first_non_finite(self) -> tuple[int, float] | None:
         """(iteration, loss) of the first NaN/inf loss since the last call, or None."""
         if not self.pending:
             return None
-        losses, self.pending = torch.stack(self.pending), []
+        losses, self.pending = torch.stack([torch.as_tensor(loss) for loss in self.pending]), []
         bad = ~torch.isfinite(losses)
         if not bool(bad.any()):
             return None

@@ -437,6 +437,7 @@ class Recorder:
         self.run_dir = run_dir
         self.clearml = clearml
         self.writer: Any = None
+        self.events_file: Path | None = None  # TensorBoard's file, named once its writer opened it
         self.lines = run_dir / "metrics.jsonl"
         on_rank_zero(self._open)
 
@@ -445,6 +446,8 @@ class Recorder:
 
         with self._writing_events():
             self.writer = SummaryWriter(log_dir=str(self.run_dir))
+        events = sorted(self.run_dir.glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime)
+        self.events_file = events[-1] if events else None  # the writer's new file (a resumed run adds one)
         self.excepthook = threading.excepthook
         threading.excepthook = self._quiet_event_writer_failure
 
@@ -474,7 +477,7 @@ class Recorder:
         def write_batch(engine: Engine) -> None:
             epoch_losses[:] = [torch.stack(epoch_losses).sum()]
             self._scalars("training", {"batch_loss": float(engine.state.output), "lr": current_lr(optimizer)},
-                          engine.state.iteration)
+                          engine.state.iteration, flush=False)
 
         @trainer.on(Events.EPOCH_COMPLETED)
         def write_epoch(engine: Engine) -> None:
@@ -510,17 +513,19 @@ class Recorder:
                 self.writer.add_scalar(name, value)
             self.writer.flush()
 
-    def _scalars(self, group: str, values: Mapping[str, float], step: int) -> None:
+    def _scalars(self, group: str, values: Mapping[str, float], step: int, flush: bool = True) -> None:
+        """Write scalars; ``flush`` them to disk at once (epochs, evaluations; batch scalars wait for the next
+        flush: a flush costs about 0.4 ms, 28 us per iteration at a log every 15 iterations of a tiny model)."""
         with self._writing_events():
             for name, value in values.items():
                 self.writer.add_scalar(f"{group}/{name}", value, step)
                 if self.clearml is not None:
                     self.clearml.report_scalar(f"{group}/{name}", value, step)
-            self.writer.flush()
+            if flush:
+                self.writer.flush()
 
     def _writing_events(self) -> contextlib.AbstractContextManager:
-        events = sorted(self.run_dir.glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime)
-        return faults.writing(events[-1] if events else self.run_dir / "events.out.tfevents.*")
+        return faults.writing(self.events_file or self.run_dir / "events.out.tfevents.*")
 
     def _append(self, line: Mapping[str, Any]) -> None:
         """Append one line; after a failed write the file is cut back to its earlier length (no partial line)."""

@@ -413,10 +413,11 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
 def reading_iterations(config: Config, data_setup: DataSetup) -> Callable[[int], bool]:
     """The iterations at which the training loss is read from the device anyway (logs, checkpoints, epoch ends,
     the last): the NaN check reads there too, so that no other iteration waits for the device."""
-    every = (config.log_every_iters, config.checkpoint_every, data_setup.iterations_per_epoch)
+    log, checkpoint, epoch = config.log_every_iters, config.checkpoint_every, data_setup.iterations_per_epoch
+    last = data_setup.total_iterations
 
     def reads_at(iteration: int) -> bool:
-        return iteration == data_setup.total_iterations or any(iteration % interval == 0 for interval in every)
+        return not (iteration % log and iteration % checkpoint and iteration % epoch) or iteration == last
 
     return reads_at
 

@@ -302,14 +302,16 @@ def measure_overhead(rounds: int, short: int, long: int) -> dict[str, Any]:
 
 
 def handler_costs(iterations: int) -> dict[str, float]:
-    """Microseconds per iteration of each handler of our trainer (all its events), of the step and of the data,
+    """Microseconds per iteration of each per-iteration handler of our trainer, of the step and of the data,
     from Ignite's HandlersTimeProfiler in one run (the profiler's own cost is not in these numbers)."""
     from ignite.handlers import HandlersTimeProfiler
 
     profiler = HandlersTimeProfiler()
     our_overhead_run(iterations, profiler)
     costs: dict[str, float] = {}
-    for handlers in profiler.event_handlers_times.values():
+    for event, handlers in profiler.event_handlers_times.items():
+        if not str(getattr(event, "name", event)).startswith(("ITERATION", "GET_BATCH")):
+            continue  # epoch-level handlers (validation, epoch logs): not a per-iteration cost
         for name, times in handlers.items():
             costs[name] = costs.get(name, 0.0) + sum(times) / iterations * 1e6
     costs["(the step: batch preparation, forward, backward, optimizer)"] = sum(profiler.processing_times) / iterations * 1e6

@@ -1,0 +1,150 @@
+"""Fast on the machine you have: precision chosen by what the CPU (or GPU) runs fast, ``doctor``, and a training
+loop that never waits for the device between the iterations that log.
+
+The CPU's capabilities are faked (``hardware.cpu_info``) so that both decisions are tested on any machine; no
+test here computes in bf16, so an AVX2-only CPU runs them as fast as any.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cifar10_dist import api, engines, hardware
+from cifar10_dist.config import load_config
+from cifar10_dist.errors import UserError
+from tests.conftest import TINY, run_in_process
+from tests.test_recipe import FAST_TINY
+
+AVX2_ONLY = hardware.CpuInfo("Fake EPYC 7B12", "AVX2", amx_bf16=False, avx512_bf16=False, logical_cores=2,
+                             torch_threads=2)
+AMX = hardware.CpuInfo("Fake Xeon 8488C", "AVX512", amx_bf16=True, avx512_bf16=True, logical_cores=2, torch_threads=2)
+ZEN4 = hardware.CpuInfo("Fake EPYC 9R14", "AVX512", amx_bf16=False, avx512_bf16=True, logical_cores=2,
+                        torch_threads=2)
+
+
+def fake_cpu(monkeypatch: pytest.MonkeyPatch, info: hardware.CpuInfo) -> None:
+    monkeypatch.setattr(hardware, "cpu_info", lambda: info)
+
+
+@pytest.mark.parametrize("info, dtype, words", [
+    (AVX2_ONLY, None, "fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast would be emulated "
+                      "here, many times slower)"),
+    (AMX, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake Xeon 8488C, AVX512, native bf16 (AMX, AVX512-BF16))"),
+    (ZEN4, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake EPYC 9R14, AVX512, native bf16 (AVX512-BF16))"),
+])
+def test_auto_precision_on_a_cpu_is_bf16_only_with_native_bf16_kernels(monkeypatch, info, dtype, words):
+    fake_cpu(monkeypatch, info)
+    precision = engines.choose_precision(torch.device("cpu"), "auto")
+    assert precision.dtype == dtype and precision.warning is None
+    assert precision.reason.startswith(words)
+    assert not precision.needs_grad_scaler
+
+
+def test_explicit_amp_on_a_cpu_without_native_bf16_trains_bf16_but_warns(monkeypatch):
+    fake_cpu(monkeypatch, AVX2_ONLY)
+    precision = engines.choose_precision(torch.device("cpu"), True)
+    assert precision.dtype == torch.bfloat16 and precision.reason == "bf16 autocast (with_amp=True)"
+    assert precision.warning.startswith("with_amp=True on a CPU without native bf16 (Fake EPYC 7B12, AVX2, no native "
+                                        "bf16): bf16 autocast is emulated here, typically 5-15x slower than fp32")
+    assert precision.warning.endswith("--with_amp=auto trains in fp32 on this CPU")
+    fake_cpu(monkeypatch, AMX)
+    assert engines.choose_precision(torch.device("cpu"), True).warning is None
+    assert engines.choose_precision(torch.device("cpu"), False).reason == "fp32 (with_amp=False)"
+
+
+def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
+    assert [load_config(with_amp=value).with_amp for value in ("auto", "AUTO", "true", True, False)] == [
+        "auto", "auto", True, True, False]
+    with pytest.raises(UserError, match=r"^with_amp='fast' has the wrong type: expected bool or auto$"):
+        load_config(with_amp="fast")
+    with pytest.raises(UserError, match="^amp_dtype=float16 with with_amp=auto: auto chooses the type itself"):
+        load_config(with_amp="auto", amp_dtype="float16")
+    assert load_config("configs/fast.yaml").with_amp == "auto" and load_config("configs/fast_muon.yaml").with_amp == "auto"
+
+
+def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records_why(monkeypatch, tmp_path):
+    fake_cpu(monkeypatch, AVX2_ONLY)
+    result = run_in_process("run", *FAST_TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--validate_every=1",
+                            "--tta=0", f"--output_path={tmp_path}", "--run_name=avx2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"INFO precision: fp32 \(with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast "
+                     r"would be emulated here, many times slower\)\n", result.stderr), result.stderr[-3000:]
+    summary = json.loads((tmp_path / "avx2" / "summary.json").read_text())
+    provenance = json.loads((tmp_path / "avx2" / "provenance.json").read_text())
+    assert summary["precision"] == provenance["precision"] == "fp32"
+    assert summary["hardware"]["cpu"] == provenance["hardware"]["cpu"] == {
+        "model": "Fake EPYC 7B12", "capability": "AVX2", "amx_bf16": False, "avx512_bf16": False,
+        "logical_cores": 2, "torch_threads": 2, "native_bf16": False}
+
+
+def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
+    fake_cpu(monkeypatch, AVX2_ONLY)
+    result = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["versions"]["torch"] == torch.__version__ and report["cpu"]["model"] == "Fake EPYC 7B12"
+    assert report["device"] == "cpu" and report["gpus"] == [] and report["backends"]["gloo"] is True
+    assert report["auto_precision"].startswith("fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16;")
+    assert [probe["setting"] for probe in report["probes"]] == ["fp32", "fp32 + channels_last",
+                                                               "bf16 autocast + channels_last"]
+    assert all(probe["images_per_second"] > 0 for probe in report["probes"])
+    assert report["probes"][0]["relative_to_fp32"] == 1.0
+    assert report["advice"][0].startswith("with_amp=auto picks fp32 here; fp32 + channels_last ")
+    text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
+    assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
+    assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
+    bad = run_in_process("doctor", "--model=no_such_net")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no_such_net" in bad.stderr
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the operations that make the host wait for the device: a tensor's value read into Python
+    (``.item()``, ``float()``, ``bool()``, ``.tolist()`` of a scalar) and copies from another device to the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            self.count += 1
+        elif func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
+            if isinstance(source, torch.Tensor) and source.device.type != "cpu" and str(target) == "cpu":
+                self.count += 1
+        return func(*args, **kwargs)
+
+
+def test_training_iterations_never_wait_for_the_device_between_logs():
+    """Runs of 40 and 80 iterations with no log, checkpoint or epoch end in between: the same number of device
+    reads (set-up and the one evaluation), none per training iteration."""
+
+    def reads(iterations: int) -> int:
+        with tempfile.TemporaryDirectory() as output, DeviceReads() as counter:
+            api.train(api.resolve("configs/demo.yaml", synthetic_size=1000, batch_size=8, epoch_length=iterations,
+                                  num_epochs=1, num_warmup_epochs=0, log_every_iters=1000, checkpoint_every=1000,
+                                  train_eval_size=0, output_path=output))
+        return counter.count
+
+    assert reads(80) == reads(40) > 0
+
+
+def test_nan_between_reads_is_found_at_the_next_read_with_its_iteration(small_dataset, tmp_path):
+    result = run_in_process("run", *TINY, "--learning_rate=1e30", "--log_every_iters=4", "--checkpoint_every=4",
+                            f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=nan")
+    assert result.returncode == 3, result.stderr[-3000:]
+    match = re.fullmatch(r"error: training stopped at iteration (\d+) \(epoch 1\): the loss became (nan|inf) at "
+                         r"iteration (\d+) on at least one process; the checkpoints on disk are from before it \(try "
+                         r"a lower learning_rate\)", result.stderr.strip().splitlines()[-1])
+    assert match, result.stderr[-2000:]
+    stopped, first = int(match[1]), int(match[3])
+    assert stopped % 4 == 0 and stopped - 4 < first <= stopped
+    assert all(int(path.stem.rsplit("_", 1)[1]) < first for path in (tmp_path / "nan").glob("training_checkpoint_*"))
