@@ -37,7 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data, engines, faults, hardware, models, tracking  # noqa: E402
+from cifar10_dist import data, engines, faults, hardware, launch, models, tracking  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -341,6 +341,20 @@ def print_overhead(rounds: int, short: int, long: int, json_path: str | None) ->
                                                "hardware": hardware.describe(CPU)}, indent=2) + "\n")
 
 
+def print_loops(model_name: str, batch: tuple[torch.Tensor, torch.Tensor], steps: int, warmup: int,
+                rounds: int) -> None:
+    """Our trainer against the bare loop on the same batches, in interleaved rounds: the ratio of each round."""
+    print(f"{model_name}, batch {len(batch[1])}, {steps} steps after {warmup}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}; {hardware.one_line()}")
+    ratios = []
+    for round_index in range(rounds):
+        bare, engine = bare_loop(model_name, batch, steps, warmup), engine_loop(model_name, batch, steps, warmup)
+        ratios.append(engine / bare)
+        print(f"round {round_index + 1}: bare {bare:.1f} img/s, trainer {engine:.1f} img/s, trainer/bare "
+              f"{ratios[-1]:.3f}", flush=True)
+    print(f"trainer/bare: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}..{max(ratios):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path")
@@ -348,7 +362,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="only a profile of bare training steps")
     parser.add_argument("--overhead", action="store_true",
                         help="only the per-iteration cost of our trainer over a bare loop, and of each handler")
-    parser.add_argument("--rounds", type=int, default=5, help="with --overhead: interleaved rounds")
+    parser.add_argument("--loops", action="store_true",
+                        help="only the bare loop and our trainer (1. and 2.) in --rounds interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="with --overhead or --loops: interleaved rounds")
     parser.add_argument("--short", type=int, default=300, help="with --overhead: iterations of the short runs")
     parser.add_argument("--long", type=int, default=1800, help="with --overhead: iterations of the long runs")
     parser.add_argument("--amp", action="store_true", help="with --profile: bf16 autocast")
@@ -358,8 +374,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--default_allocator", action="store_true",
+                        help="leave glibc's allocator as it is (runs apply keep_freed_memory on CPU, so this process "
+                             "does too unless told not to)")
     args = parser.parse_args()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if not args.default_allocator and launch.keep_freed_memory():
+        print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
 
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
     if args.variants:
@@ -367,6 +388,9 @@ def main() -> None:
         return
     if args.overhead:
         print_overhead(args.rounds, args.short, args.long, args.json_path)
+        return
+    if args.loops:
+        print_loops(args.model, batch, args.steps, args.warmup, args.rounds)
         return
     if args.profile:
         print_profile(args.model, batch, args.steps, args.channels_last, args.amp)

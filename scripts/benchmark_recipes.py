@@ -31,7 +31,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -252,18 +251,25 @@ def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) ->
     outside = {"evaluation": evaluation, "in_process_other": summary["total_time"] - summary["training_time"] - evaluation,
                "process_start_and_exit": wall - summary["total_time"]}
     return {"accuracy": summary["final"]["test"]["accuracy"], "training_seconds": summary["training_time"],
-            "wall_seconds": wall, "outside": outside}
+            "wall_seconds": wall, "outside": outside, "precision": summary.get("precision")}
 
 
 # ---------------------------------------------------------------- the table
 
 
 def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{model}, {torch.get_num_threads()} threads"
+    """The machine in a few words: the GPU, or the CPU with its kernels and native bf16, and torch's threads."""
+    from cifar10_dist import hardware
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return f"{hardware.one_line(device)}, {torch.get_num_threads()} threads"
+
+
+def hardware_record(device: str) -> dict[str, Any]:
+    """The CPU (model, kernels, native bf16) and GPUs of this machine, as run folders record them."""
+    from cifar10_dist import hardware
+
+    return hardware.describe(torch.device(device))
 
 
 def append_run(path: Path, record: dict[str, Any]) -> None:
@@ -360,7 +366,8 @@ def main() -> None:
             run = run_peer if entry == "peer" else lambda *a: run_ours(entry, *a)
             result = run(args.data_path, args.device, seed, args.quick)
             record = {"recipe": entry, "seed": seed, "invocation": invocation, "commit": commit(), "machine": machine(),
-                      "torch": torch.__version__, "quick": args.quick, **result}
+                      "hardware": hardware_record(args.device), "torch": torch.__version__, "quick": args.quick,
+                      **result}
             append_run(path, record)
             print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training {result['training_seconds']:.0f} s,"
                   f" outside {sum(result['outside'].values()):.0f} s", flush=True)
