@@ -24,7 +24,7 @@ INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "label_mode", "data
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
     """A validated Config: ``config`` itself (with ``overrides`` applied) or built from a YAML path."""
     if isinstance(config, Config):
-        return load_config(None, **{**config.to_dict(), **overrides}) if overrides else config
+        return load_config(None, given=overrides, **{**config.to_dict(), **overrides}) if overrides else config
     return load_config(config, **overrides)
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -183,7 +184,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, Any] | None = None) -> None:
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run continued from: the checkpoint, its iteration, and the world size and global batch (images
+    per optimizer step over all processes) it was written at (None in files that do not record them)."""
+
+    path: str
+    iteration: int
+    world_size: int | None
+    batch_size: int | None
+
+
+def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, Any] | None = None) -> Resumed:
     """Restore every object in ``to_load`` from a training checkpoint. A checkpoint that does not fit this run
     (another model, optimizer or number of param groups) is one line naming what it records against what this
     run builds."""
@@ -203,13 +215,16 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
         Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
         raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)[:300]}") from error
-    logger.info("Resumed from %s at iteration %d", path, checkpoint["trainer"].get("iteration", 0))
+    iteration = checkpoint["trainer"].get("iteration", 0)
+    logger.info("Resumed from %s at iteration %d", path, iteration)
+    meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
+    return Resumed(str(path), iteration, meta.get("world_size"), checkpoint_config(checkpoint).get("batch_size"))
 
 
-def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Mapping[str, Any]) -> None:
-    """``resume`` from path, when there is one (a fresh run otherwise)."""
-    if path is not None:
-        resume(to_load, path, config)
+def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Mapping[str, Any]
+                    ) -> Resumed | None:
+    """``resume`` from path, when there is one (a fresh run otherwise: None)."""
+    return resume(to_load, path, config) if path is not None else None
 
 
 def check_model_name(checkpoint: Mapping[str, Any], model: str | None, path: str | Path) -> None:

@@ -317,12 +317,17 @@ def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> N
         if not folder.is_dir():
             raise UserError(f"run folder '{folder}' does not exist")
     goals = _parse_targets(targets)
-    print(reports.format_table(reports.compare(folders)))
+    comparison = reports.compare(folders)
+    for problem in comparison.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not comparison.rows:
+        raise UserError(f"nothing to report: none of the {len(folders)} run folder(s) could be read (see above)")
+    print(reports.format_table(comparison.rows))
     if goals:
         print()
-        rows = [reports.time_to_accuracy(folder, goals) for folder in folders]
+        rows = [reports.time_to_accuracy(folder, goals) for folder in comparison.folders]
         print(reports.format_time_to_accuracy(rows, goals))
-    reports.render_comparison(folders, Path(output))
+    reports.render_comparison(comparison.folders, Path(output))
     print(f"plot: {output}")
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Collection, Optional, Union
 
 import yaml
 
@@ -150,8 +153,10 @@ class Config:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 
 
-def load_config(config_file: str | Path | None = None, **overrides: Any) -> Config:
-    """Build and validate a Config: defaults, then the YAML file, then ``overrides``."""
+def load_config(config_file: str | Path | None = None, *, given: Collection[str] | None = None,
+                **overrides: Any) -> Config:
+    """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
+    set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
     values: dict[str, Any] = {}
     if config_file is not None:
         values.update(_read_yaml(Path(config_file)))
@@ -161,9 +166,36 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Conf
     typed = {key: _coerce(key, value) for key, value in values.items()}
     if "model" in typed:
         typed["model"] = absolute_model_reference(typed["model"])
+    explicit = set(overrides if given is None else given)
+    if "checkpoint_every" not in explicit:
+        source = ("the default" if "checkpoint_every" not in values
+                  else f"from {config_file}" if config_file is not None else "from the config given")
+        _checkpoints_after_steps(typed, source)
     config = Config(**typed)
     validate(config)
     return config
+
+
+def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
+    """A checkpoint_every the user did not set (a config file's or the default) rounded up to a multiple of
+    accumulation_steps, with one INFO line; one set explicitly is refused by ``validate`` instead."""
+    steps = typed.get("accumulation_steps", FIELDS["accumulation_steps"].default)
+    every = typed.get("checkpoint_every", FIELDS["checkpoint_every"].default)
+    if steps < 1 or every < 1 or every % steps == 0:
+        return  # validate() names a bad value
+    typed["checkpoint_every"] = -(-every // steps) * steps
+    note(f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
+         f"accumulation_steps={steps}: checkpoints are taken after optimizer steps")
+
+
+def note(message: str) -> None:
+    """An INFO line about the config, before any run logs: through the package's logger when the caller set it up,
+    else on stderr in the runs' format."""
+    package_logger = logging.getLogger("cifar10_dist")
+    if package_logger.handlers:
+        package_logger.info(message)
+    else:
+        print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

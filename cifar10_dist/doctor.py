@@ -14,7 +14,7 @@ import importlib.metadata
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -105,22 +105,12 @@ def time_training_steps(model_name: str, batch_size: int, device: torch.device, 
     layout = torch.channels_last if channels_last else torch.contiguous_format
     model = models.build_model(model_name).to(device, memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    precision = engines.Precision(device.type, dtype)
-    scaler = engines.make_grad_scaler(precision)
     inputs = torch.randn(batch_size, 3, 32, 32, device=device).contiguous(memory_format=layout)
     targets = torch.randint(0, 10, (batch_size,), device=device)
+    train_on = plain_training_step(model, optimizer, nn.CrossEntropyLoss(), engines.Precision(device.type, dtype))
 
     def step() -> None:
-        with precision.autocast():
-            loss = nn.functional.cross_entropy(model(inputs), targets)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        train_on(inputs, targets)
 
     warm_up = timed(step, device)
     if warm_up > WARM_UP_ONLY_SHARE * budget_seconds:
@@ -130,6 +120,29 @@ def time_training_steps(model_name: str, batch_size: int, device: torch.device, 
         spent += timed(step, device)
         steps += 1
     return steps * batch_size / spent, steps
+
+
+def plain_training_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
+                        precision: engines.Precision) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A bare training step in ``precision`` (a GradScaler for fp16), no framework around it: the probe's, and
+    ``scripts/benchmark.py``'s bare loop. Returns the loss tensor (reading it is the caller's choice)."""
+    scaler = engines.make_grad_scaler(precision)
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        model.train()
+        with precision.autocast():
+            loss = loss_fn(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        return loss.detach()
+
+    return step
 
 
 def timed(action: Any, device: torch.device) -> float:

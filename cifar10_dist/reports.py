@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,30 +15,64 @@ from cifar10_dist.errors import UserError
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
-def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(epoch lines, evaluation lines) of metrics.jsonl, a later line superseding an earlier one for the same
-    epoch (and split), as after a resume."""
+class DamagedFile(UserError):
+    """A run-folder file that exists but cannot be read as what it should be (a full disk, a truncated copy)."""
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a run folder; a damaged one is a one-line DamagedFile naming it and what is wrong."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise DamagedFile(f"{path} is damaged: not valid JSON ({error.msg} at line {error.lineno}, column "
+                          f"{error.colno}; {path.stat().st_size} bytes)") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise DamagedFile(f"{path} cannot be read: {error}") from error
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of metrics.jsonl, in order; a damaged line is a one-line DamagedFile naming the file and line."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"'{run_dir}' is not a run folder: it has no metrics.jsonl")
-    epochs: dict[int, dict[str, Any]] = {}
-    evaluations: dict[tuple[str, int], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
+    events = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
-        record = json.loads(line)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DamagedFile(f"{path} is damaged at line {number}: not valid JSON ({error.msg}): "
+                              f"{line[:60]!r}") from error
+        if not isinstance(record, dict) or "event" not in record:
+            raise DamagedFile(f"{path} is damaged at line {number}: not a metrics record: {line[:60]!r}")
+        events.append(record)
+    return events
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(epoch lines, evaluation lines) of metrics.jsonl, a later line superseding an earlier one for the same
+    epoch (and split), as after a resume; other events (a resume) are left out."""
+    epochs: dict[int, dict[str, Any]] = {}
+    evaluations: dict[tuple[str, int], dict[str, Any]] = {}
+    for record in read_events(run_dir):
         if record["event"] == "epoch":
             record.setdefault("epoch_loss", record.get("train_loss"))  # its name in older run folders
             epochs[record["epoch"]] = record
-        else:
+        elif record["event"] == "evaluation":
             evaluations[(record["split"], record["epoch"])] = record
     return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json of a finished run, or {} for a run that has not finished."""
+    """summary.json of a finished run, or {} for a run that has not finished; DamagedFile when it is damaged."""
     path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    summary = read_json(path)
+    if not isinstance(summary, dict):
+        raise DamagedFile(f"{path} is damaged: a JSON {type(summary).__name__}, not the run's summary object")
+    return summary
 
 
 def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
@@ -70,6 +105,7 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
     """summary.json: best and final accuracy, times, world size, backend, devices, versions, checkpoint paths."""
     epochs, evaluations = read_metrics(run_dir)
     selection, _, best = selection_split(evaluations)
+    resumes = [event for event in read_events(run_dir) if event["event"] == "resume"]
     return {
         "run_dir": str(run_dir),
         "best": {"split": selection, "accuracy": best["accuracy"], "epoch": best["epoch"]} if best else None,
@@ -80,6 +116,8 @@ def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any
         "total_time": seconds,
         "training_time": sum(e["epoch_time"] for e in epochs),
         "world_size": record.get("world_size"),
+        "world_size_changes": [{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
+                                                            "same_images")} for event in resumes],
         "backend": record.get("backend"),
         "devices": record.get("devices"),
         "precision": record.get("precision"),
@@ -200,26 +238,49 @@ def render_curves(run_dir: Path, path: Path) -> None:
     figure.savefig(path, dpi=100, format="png")
 
 
-def compare(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """One row per run from its summary.json (or metrics.jsonl alone for a run that has not finished)."""
-    rows = []
+@dataclass(frozen=True)
+class Comparison:
+    """What ``compare`` could read: a row per readable run, its folder, and one line per problem met."""
+
+    rows: list[dict[str, Any]]
+    folders: list[Path]
+    problems: list[str]
+
+
+def compare(run_dirs: Sequence[Path]) -> Comparison:
+    """One row per run from its summary.json (or metrics.jsonl alone for a run that has not finished, or whose
+    summary.json is damaged); a folder whose metrics.jsonl cannot be read is left out with one line saying why."""
+    rows, folders, problems = [], [], []
     for run_dir in run_dirs:
-        _, evaluations = read_metrics(run_dir)
-        summary = read_summary(run_dir)
-        last = {e["split"]: e for e in evaluations}
-        selection, _, best = selection_split(evaluations)
-        final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))
-        rows.append({
-            "run": run_dir.name,
-            "finished": bool(summary),
-            "world_size": summary.get("world_size"),
-            "epochs": summary.get("epochs", max((e["epoch"] for e in evaluations), default=0)),
-            "best_split": selection,
-            "best_accuracy": best["accuracy"] if best else None,
-            "final_test_accuracy": final_test,
-            "training_time": summary.get("training_time"),
-        })
-    return rows
+        try:
+            _, evaluations = read_metrics(run_dir)
+        except UserError as error:
+            problems.append(f"{error}: {run_dir.name} left out")
+            continue
+        try:
+            summary = read_summary(run_dir)
+        except DamagedFile as error:
+            problems.append(f"{error}: {run_dir.name} reported from metrics.jsonl alone")
+            summary = {}
+        rows.append(_row(run_dir, summary, evaluations))
+        folders.append(run_dir)
+    return Comparison(rows, folders, problems)
+
+
+def _row(run_dir: Path, summary: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    last = {e["split"]: e for e in evaluations}
+    selection, _, best = selection_split(evaluations)
+    final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))
+    return {
+        "run": run_dir.name,
+        "finished": bool(summary),
+        "world_size": summary.get("world_size"),
+        "epochs": summary.get("epochs", max((e["epoch"] for e in evaluations), default=0)),
+        "best_split": selection,
+        "best_accuracy": best["accuracy"] if best else None,
+        "final_test_accuracy": final_test,
+        "training_time": summary.get("training_time"),
+    }
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -236,7 +297,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"{name:<{width}}  {cell(row['world_size']):>5}  {cell(row['epochs']):>6}  {best:>15}  "
                      f"{cell(row['final_test_accuracy']):>10}  {cell(row['training_time'], 1):>8}")
     if not all(row["finished"] for row in rows):
-        lines.append("* not finished (no summary.json): numbers so far")
+        lines.append("* not finished (no readable summary.json): numbers so far")
     return "\n".join(lines)
 
 

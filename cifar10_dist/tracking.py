@@ -498,8 +498,14 @@ class Recorder:
                       "accuracy": metrics["accuracy"], "loss": metrics["loss"],
                       "num_samples": metrics["num_samples"], "duration": seconds})
 
-    def write_hparams(self, config: Mapping[str, Any], final: Mapping[str, float]) -> None:
-        """The config as hyperparameters and the final metrics, for TensorBoard's HParams tab."""
+    def write_event(self, line: Mapping[str, Any]) -> None:
+        """One more line of metrics.jsonl (``"event"`` says what it records; rank 0 only)."""
+        if self.writer is not None:
+            self._append(line)
+
+    def write_hparams(self, config: Mapping[str, Any], final: Mapping[str, float], step: int) -> None:
+        """The config as hyperparameters and the final metrics, for TensorBoard's HParams tab; the metrics are
+        also scalars at ``step`` (the run's last iteration), at the right end of the charts."""
         if self.writer is None:
             return
         from torch.utils.tensorboard.summary import hparams
@@ -510,7 +516,7 @@ class Recorder:
             for summary in hparams(values, dict(final)):
                 self.writer._get_file_writer().add_summary(summary)
             for name, value in final.items():
-                self.writer.add_scalar(name, value)
+                self.writer.add_scalar(name, value, step)
             self.writer.flush()
 
     def _scalars(self, group: str, values: Mapping[str, float], step: int, flush: bool = True) -> None:

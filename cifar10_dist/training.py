@@ -54,7 +54,8 @@ def training(config: Config) -> dict[str, Any]:
             with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
                 validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
                 engines.attach_validation(engine_set.trainer, config.validate_every, validation)
-                checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+                resumed = checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+                note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
                 tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
@@ -446,6 +447,35 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
     return tracking.from_rank_zero(newest)
 
 
+def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: DataSetup,
+                           recorder: tracking.Recorder) -> None:
+    """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
+    metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
+    process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the
+    images an uninterrupted run would still see; the result differs all the same (augmentation is drawn per
+    process, BatchNorm statistics are per process, sums are taken in another order)."""
+    now = idist.get_world_size()
+    if resumed is None or resumed.world_size is None or resumed.world_size == now:
+        return
+    before = resumed.world_size
+    per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
+    epoch, done = resumed.iteration // data_setup.iterations_per_epoch + 1, resumed.iteration % data_setup.iterations_per_epoch
+    same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
+    if not done:
+        rest = f"epoch {epoch} starts afresh"
+    elif same_images:
+        rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
+    else:
+        rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
+                f"size {before}, {data_setup.images_per_iteration} now{', with epoch_length set' if config.epoch_length else ''})")
+    tracking.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
+                          "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
+                          "the result will differ from an uninterrupted run at world size %d", now, before,
+                          resumed.iteration, epoch, rest, before)
+    recorder.write_event({"event": "resume", "iteration": resumed.iteration, "epoch": epoch, "world_size": now,
+                          "checkpoint_world_size": before, "same_images": same_images})
+
+
 # ---------------------------------------------------------------- running and reporting
 
 
@@ -541,7 +571,7 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
         summary.update(trial=config.trial, pruned_at_epoch=result.pruned_at)
     tracking.write_json(run_dir / "summary.json", summary)
     tracking.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
-    recorder.write_hparams(config.to_dict(), reports.final_scalars(summary))
+    recorder.write_hparams(config.to_dict(), reports.final_scalars(summary), result.iterations)
 
 
 # ---------------------------------------------------------------- evaluating a checkpoint

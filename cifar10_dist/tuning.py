@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from cifar10_dist import reports
 from cifar10_dist.config import FIELDS, Config, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 
@@ -385,7 +386,7 @@ def retried_checkpoint(history: list[int], study_dir: Path) -> str | None:
 
 def best_accuracy(run_dir: Path) -> float:
     """The objective: the best selection (val) accuracy of a finished trial run, from its summary.json."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = reports.read_summary(run_dir)
     if not summary.get("best"):
         raise TrialFailed(f"{run_dir} has no validation result: it cannot be ranked")
     return float(summary["best"]["accuracy"])

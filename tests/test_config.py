@@ -10,6 +10,7 @@ import yaml
 
 from cifar10_dist.config import Config, describe_options, load_config
 from cifar10_dist.errors import UserError
+from tests.conftest import TINY, run_in_process
 
 
 def test_defaults_are_the_ignite_tutorials():
@@ -140,3 +141,28 @@ def test_help_lists_every_key_with_default_and_meaning():
 def test_docs_list_the_options_exactly_as_help_does():
     readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     assert describe_options() in readme, "regenerate the option block of docs/configuration.md from config.describe_options()"
+
+
+def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optimizer_steps(capsys):
+    assert load_config("configs/demo.yaml", accumulation_steps=3).checkpoint_every == 51
+    assert capsys.readouterr().err.endswith(
+        " INFO checkpoint_every=50 (from configs/demo.yaml) rounded up to 51, a multiple of accumulation_steps=3: "
+        "checkpoints are taken after optimizer steps\n")
+    assert load_config(accumulation_steps=4).checkpoint_every == 200  # already a multiple: no line
+    assert capsys.readouterr().err == ""
+    assert load_config(accumulation_steps=3).checkpoint_every == 201
+    assert "checkpoint_every=200 (the default) rounded up to 201" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"^checkpoint_every=50 must be a multiple of accumulation_steps=3: "):
+        load_config("configs/demo.yaml", accumulation_steps=3, checkpoint_every=50)  # given: refused as before
+
+
+def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
+    config = tmp_path / "every4.yaml"
+    config.write_text("checkpoint_every: 4\n")
+    result = run_in_process("run", f"--config={config}", *TINY, "--dataset=synthetic", "--synthetic_size=320",
+                            "--accumulation_steps=3", "--epoch_length=6", "--train_eval_size=0",
+                            f"--output_path={tmp_path}", "--run_name=acc")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"INFO checkpoint_every=4 (from {config}) rounded up to 6, a multiple of accumulation_steps=3" in result.stderr
+    assert sorted(path.name for path in (tmp_path / "acc").glob("training_checkpoint_*.pt")) == [
+        "training_checkpoint_12.pt", "training_checkpoint_6.pt"]

@@ -4,12 +4,15 @@ and the environment that srun gives its tasks. The "nodes" are two launchers on 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 
-from tests.conftest import TINY, assert_same_training_state, free_slurm_job_id, run_in_process, start_cli, stop_all
+from tests.conftest import (TINY, assert_same_training_state, cli_env, free_slurm_job_id, run_in_process, start_cli,
+                            stop_all)
 
 FINAL = "training_checkpoint_36.pt"  # 600 images, global batch 32, 2 epochs
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # as each of the 2 spawned reference processes has on 2 cores
@@ -134,3 +137,33 @@ def test_local_ranks_beyond_the_gpu_count_share_gpus_round_robin(monkeypatch):
             torch.cuda.set_device(local_rank)
     torch.cuda.set_device(7)  # outside: untouched
     assert chosen == [0, 1, 0, 1, 0, 7]
+
+
+def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_starts(small_dataset, tmp_path):
+    """Python's spawn and forkserver import the script again in every worker: without the guard each worker would
+    start the launch anew. The launcher says so in one line, and nothing starts or is written."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from cifar10_dist import train\n\n"
+                      f"result = train(model='simple_cnn', data_path='{small_dataset}', num_workers=0, "
+                      f"backend='gloo', nproc_per_node=2, output_path='{tmp_path / 'out'}')\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                            env=cli_env(), timeout=120)
+    assert result.returncode == 1
+    quoted = script.read_text().splitlines()[2][:57] + "..."
+    assert result.stderr.splitlines()[-1] == (
+        f"cifar10_dist.errors.UserError: unguarded.py line 3 ({quoted}) starts 2 worker processes without `if __name__ == \"__main__\":`: each worker "
+        "imports unguarded.py again and would run that line itself; put the call under "
+        "`if __name__ == \"__main__\":` (Python's rule for spawned processes)")
+    assert "WorkerLost" not in result.stderr and "Timeout" not in result.stderr
+    assert not (tmp_path / "out").exists()
+    guarded = tmp_path / "guarded.py"
+    lines = script.read_text().splitlines()
+    guarded.write_text("\n".join([*lines[:2], 'if __name__ == "__main__":',
+                                   "    " + lines[2].replace(")", ", num_epochs=2, epoch_length=2, train_eval_size=0)"),
+                                   "    print(result.test.num_samples)"]) + "\n")
+    trained = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, cwd=tmp_path,
+                             env=cli_env(), timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (run_dir,) = (tmp_path / "out").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and trained.stdout.strip().splitlines()[-1] == str(summary["final"]["test"]["num_samples"])

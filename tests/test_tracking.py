@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -171,6 +172,36 @@ def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tm
         assert f"{summary['best']['accuracy']:.4f} (test)" in row
         assert f"{summary['final']['test']['accuracy']:.4f}" in row and f"{summary['training_time']:.1f}" in row
     assert png_size(tmp_path / "cmp.png") == (1000, 400)
+
+
+def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(tracked_run, spawned_run, tmp_path):
+    """A summary.json cut short (a full disk) and a metrics.jsonl with a broken line: one line each naming the
+    file; the first run is still reported from its metrics.jsonl, the second left out, the third reported."""
+    _, run_dir = tracked_run
+    _, spawn_output = spawned_run
+    (other,) = spawn_output.iterdir()
+    cut, broken = tmp_path / "cut", tmp_path / "broken"
+    shutil.copytree(run_dir, cut)
+    shutil.copytree(other, broken)
+    (cut / "summary.json").write_text('{"run_dir": ')
+    with (broken / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"event": "epo\n')
+    lines = len((broken / "metrics.jsonl").read_text().splitlines())
+    result = run_in_process("report", str(cut), str(broken), str(other), f"--output={tmp_path / 'cmp.png'}")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: {cut / 'summary.json'} is damaged: not valid JSON (Expecting value at line 1, column 13; 12 bytes): "
+        "cut reported from metrics.jsonl alone",
+        f"error: {broken / 'metrics.jsonl'} is damaged at line {lines}: not valid JSON (Unterminated string starting "
+        "at): '{\"event\": \"epo': broken left out"]
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(("*", "plot:"))]
+    assert names == ["cut", other.name]  # in the order given, the unreadable one left out
+    assert result.stdout.splitlines()[1].startswith("cut *")  # numbers so far, as for an unfinished run
+    assert png_size(tmp_path / "cmp.png") == (1000, 400)
+    nothing = run_in_process("report", str(broken), f"--output={tmp_path / 'none.png'}")
+    assert nothing.returncode == 2 and not (tmp_path / "none.png").exists()
+    assert nothing.stderr.splitlines()[-1] == ("error: nothing to report: none of the 1 run folder(s) could be read "
+                                               "(see above)")
 
 
 def test_progress_in_a_log_is_a_line_every_n_iterations_with_the_eta(tracked_run):

@@ -76,6 +76,9 @@ def test_tensorboard_has_loss_lr_and_validation_scalars(trained_run):
     tags = set(events.Tags()["scalars"])
     assert {"training/batch_loss", "training/lr", "test/accuracy", "test/loss", "train_subset/accuracy"} <= tags
     assert [event.step for event in events.Scalars("test/accuracy")] == [2, 3]
+    last = json.loads((run_dir / "summary.json").read_text())["iterations"]
+    for name in ("final/test_accuracy", "final/test_loss", "final/train_accuracy", "best/test_accuracy"):
+        assert [event.step for event in events.Scalars(name)] == [last], name  # at the right end of the charts
 
 
 def test_validation_runs_every_n_epochs_and_once_at_the_end(trained_run):

@@ -97,3 +97,76 @@ def test_auto_resume_skips_a_truncated_newest_checkpoint(reference, tmp_path):
     assert "skipping training_checkpoint_72.pt: checkpoint" in result.stderr
     assert f"continuing from {run_dir / 'training_checkpoint_50.pt'}" in result.stderr
     assert_same_training_state(ref_dir / "training_checkpoint_72.pt", newest)
+
+
+# A linear model that writes, per rank and training step, a fingerprint of every image it is fed (no crop, no
+# flip: the fingerprint of an image is the same in every run)
+SEEN_MODEL = '''
+import torch.distributed as dist
+from torch import nn
+
+
+class Seen(nn.Module):
+    def __init__(self, folder):
+        super().__init__()
+        self.folder, self.net = folder, nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+
+    def forward(self, images):
+        if self.training:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            prints = [",".join(f"{value:.4f}" for value in row) for row in images.flatten(1)[:, :12].tolist()]
+            with open(f"{self.folder}/rank{rank}.txt", "a") as seen:
+                seen.write(" ".join(prints) + "\\n")
+        return self.net(images)
+
+
+def seen(folder):
+    return Seen(folder)
+'''
+# 960 synthetic training images, global batch 96 (48 per process at 2, 32 at 3): 10 steps an epoch either way
+SEEN_RUN = ["--dataset=synthetic", "--synthetic_size=960", "--batch_size=96", "--num_epochs=2", "--num_warmup_epochs=0",
+            "--crop_padding=0", "--flip=none", "--train_eval_size=0", "--num_workers=0", "--validate_every=2",
+            "--learning_rate=0.01", "--backend=gloo"]
+
+
+def seen_images(folder, steps):
+    """Fingerprints of the images the processes trained on at the given steps (1-based, counted in this run)."""
+    images = []
+    for path in sorted(folder.glob("rank*.txt")):
+        lines = path.read_text().splitlines()
+        images += [image for step in steps for image in lines[step - 1].split()]
+    return images
+
+
+def run_seen(tmp_path, name, processes, *extra):
+    folder = tmp_path / f"seen-{name}"
+    folder.mkdir()
+    return folder, run_cli("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
+                           f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen",
+                           f'--model_kwargs={{"folder": "{folder}"}}', *extra)
+
+
+def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says_so(tmp_path):
+    """2 processes to 3 (after step 18 of 20: 8 of epoch 2's 10 steps done) and 3 to 2 (after step 14): epoch 2
+    trains on every one of the 960 images exactly once, a warning says so, and summary.json records the change."""
+    (tmp_path / "seen.py").write_text(SEEN_MODEL)
+    runs = {}
+    for name, processes, resume, every in (("two", 2, None, 18), ("two-to-three", 3, "two/training_checkpoint_18.pt", 100),
+                                           ("three", 3, None, 14), ("three-to-two", 2, "three/training_checkpoint_14.pt", 100)):
+        extra = [f"--checkpoint_every={every}"] + ([f"--resume_from={tmp_path / resume}"] if resume else [])
+        runs[name] = run_seen(tmp_path, name, processes, *extra)
+        assert runs[name][1].returncode == 0, runs[name][1].stderr[-3000:]
+    everything = sorted(seen_images(runs["two"][0], range(11, 21)))
+    assert len(everything) == len(set(everything)) == 960  # an uninterrupted epoch: every image once
+    for first, then, done in (("two", "two-to-three", 18), ("three", "three-to-two", 14)):
+        epoch_2 = seen_images(runs[first][0], range(11, done + 1)) + seen_images(runs[then][0], range(1, 21 - done))
+        assert sorted(epoch_2) == everything, f"{first} -> {then}: images repeated or skipped"
+    warning = [line for line in runs["two-to-three"][1].stderr.splitlines() if "resuming at world size" in line]
+    assert len(warning) == 1 and warning[0].endswith(
+        "WARNING resuming at world size 3 from a checkpoint written at world size 2 (iteration 18, epoch 2): the rest "
+        "of epoch 2 sees exactly the images an uninterrupted run would, each once; augmentation and BatchNorm "
+        "statistics are per process, so the result will differ from an uninterrupted run at world size 2"), warning
+    summary = json.loads((tmp_path / "three-to-two" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["world_size_changes"] == [
+        {"iteration": 14, "checkpoint_world_size": 3, "world_size": 2, "same_images": True}]
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size_changes"] == []
