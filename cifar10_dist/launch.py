@@ -10,12 +10,10 @@ it (signal handlers, torch threads and deterministic flags, logging).
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import ctypes
 import json
-import linecache
 import multiprocessing
 import os
 import signal
@@ -174,7 +172,7 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     environment = {**os.environ, **_spawn_environment(config)}  # the whole environment: a forkserver's is older
     start_method = _start_method()
     if start_method != "fork":
-        require_main_guard(config.nproc_per_node)
+        checks.require_main_guard(config.nproc_per_node)
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, faults.stop_signals())
     try:
@@ -213,56 +211,6 @@ def _start_method() -> str:
         return "spawn"
     multiprocessing.set_forkserver_preload(["cifar10_dist.training"])  # with torch and Ignite
     return "forkserver"
-
-
-def require_main_guard(workers: int | None) -> None:
-    """Refuse, before any process starts, a script that launches at its top level without
-    ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver
-    do), so each would start the launch anew."""
-    script, line = _main_script_call()
-    if script is None or _is_guarded(script, line):
-        return
-    source = linecache.getline(script, line).strip()
-    source = source if len(source) <= 60 else source[:57] + "..."
-    raise UserError(f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
-                    f"`if __name__ == \"__main__\":`: each worker imports {Path(script).name} again and would run "
-                    "that line itself; put the call under `if __name__ == \"__main__\":` (Python's rule for spawned "
-                    "processes)")
-
-
-def _main_script_call() -> tuple[str | None, int]:
-    """The file of the __main__ module and the line of it that led here (its outermost frame), or (None, 0) when
-    __main__ is no file (a REPL, python -c)."""
-    frame, found = sys._getframe(), None
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
-            found = frame
-        frame = frame.f_back
-    script = found.f_globals.get("__file__") if found is not None else None
-    return (script, found.f_lineno) if script and Path(script).is_file() else (None, 0)
-
-
-def _is_guarded(script: str, line: int) -> bool:
-    """Whether ``line`` of ``script`` lies inside an ``if __name__ == "__main__":`` block."""
-    try:
-        tree = ast.parse(Path(script).read_text(), filename=script)
-    except (OSError, SyntaxError, ValueError):
-        return True  # cannot tell: do not stand in the way
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _tests_main(node.test):
-            if any(child.lineno <= line <= (child.end_lineno or child.lineno) for child in node.body):
-                return True
-    return False
-
-
-def _tests_main(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either way round)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, *test.comparators]
-    names = [side.id for side in sides if isinstance(side, ast.Name)]
-    values = [side.value for side in sides if isinstance(side, ast.Constant)]
-    return names == ["__name__"] and values == ["__main__"]
 
 
 def _spawn_environment(config: Config) -> dict[str, str]:
