@@ -15,7 +15,7 @@ from typing import Any
 
 from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import UserError
-from cifar10_dist.results import EvaluationResult, ExportResult, RunResult, SeedsResult
+from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, RunResult, SeedsResult
 
 # keys that evaluate takes from the checkpoint's recorded config unless given
 INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "label_mode", "data_path", "synthetic_size", "tta")
@@ -145,8 +145,8 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
     return tuning.tune(resolved, searched, options, echo)
 
 
-def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> Any:
-    """What this machine is and what will be fast on it (a ``doctor.DoctorReport``): versions, CPU and its native
+def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:
+    """What this machine is and what will be fast on it (a ``DoctorReport``): versions, CPU and its native
     bf16, GPUs, backends, a measured probe of ``model``'s training steps in each precision and memory format
     (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
     if batch_size < 1 or budget_seconds <= 0:

@@ -13,44 +13,16 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from cifar10_dist import engines, hardware, models
+from cifar10_dist.results import DoctorReport, ProbeResult
 
 WARM_UP_ONLY_SHARE = 0.5  # a warm-up step over this share of a setting's budget is its only measurement
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """Training throughput of the probe model in one setting."""
-
-    setting: str  # e.g. "fp32", "fp32 + channels_last", "bf16 autocast + channels_last"
-    images_per_second: float
-    steps: int  # timed steps (after one warm-up step; 0: only the warm-up step, which is then the figure)
-    relative_to_fp32: float
-
-
-@dataclass(frozen=True)
-class DoctorReport:
-    versions: dict[str, str]
-    cpu: dict[str, Any]
-    gpus: list[dict[str, Any]]
-    nccl: str | None
-    backends: dict[str, bool]
-    device: str  # where the probe ran and a run would train: cuda or cpu
-    auto_precision: str  # what with_amp=auto picks on that device, and why
-    probe_model: str
-    probe_batch_size: int
-    probes: list[ProbeResult] = field(default_factory=list)
-    advice: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def examine(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:

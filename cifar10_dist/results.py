@@ -1,4 +1,4 @@
-"""What ``train``, ``evaluate`` and ``export`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export`` and ``doctor`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -93,6 +93,37 @@ class ExportResult:
     same_top1: int  # images whose top-1 class agrees, of num_images
     num_images: int
     tensors_equal: Optional[int] = None  # safetensors: tensors read back that are torch.equal to the model's
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Training throughput of the probe model in one setting."""
+
+    setting: str  # e.g. "fp32", "fp32 + channels_last", "bf16 autocast + channels_last"
+    images_per_second: float
+    steps: int  # timed steps (after one warm-up step; 0: only the warm-up step, which is then the figure)
+    relative_to_fp32: float
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What ``doctor`` found: versions, the machine, the probe's figures, what with_amp=auto picks, advice."""
+
+    versions: dict[str, str]
+    cpu: dict[str, Any]
+    gpus: list[dict[str, Any]]
+    nccl: str | None
+    backends: dict[str, bool]
+    device: str  # where the probe ran and a run would train: cuda or cpu
+    auto_precision: str  # what with_amp=auto picks on that device, and why
+    probe_model: str
+    probe_batch_size: int
+    probes: list[ProbeResult] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
