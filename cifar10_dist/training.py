@@ -22,7 +22,8 @@ from ignite.handlers import EarlyStopping
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines, faults, launch, models, optimizers, provenance, reports, tracking
+from cifar10_dist import (checkpointing, data, engines, faults, launch, models, optimizers, provenance, reports,
+                          tracking, trials)
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -243,7 +244,7 @@ class EngineSet:
     ema: engines.WeightAverage | None = None
     ema_evaluator: Engine | None = None  # the EMA weights on the selection split
     early_stopping: EarlyStopping | None = None
-    trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (tuning.TrialReporter)
+    trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
 
     @property
     def choosing_evaluator(self) -> Engine:
@@ -284,9 +285,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
         engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
     engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
     if config.trial is not None:
-        from cifar10_dist import tuning
-
-        engine_set.trial_reporter = tuning.TrialReporter(config.trial, trainer)
+        engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer)
         engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
     return engine_set
 

@@ -16,10 +16,7 @@ import dataclasses
 import difflib
 import json
 import logging
-import math
-import random
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -29,37 +26,24 @@ import yaml
 from cifar10_dist import reports
 from cifar10_dist.config import FIELDS, Config, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
+from cifar10_dist.trials import (JOURNAL_PREFIX, RETRIES, first_line, make_pruner, open_storage, require_optuna,
+                                 without_password)
 
 logger = logging.getLogger("cifar10_dist")
 
 SPACE_TYPES = ("float", "int", "categorical")
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "hyperband", "none")
-JOURNAL_PREFIX = "journal:"
 # set by tune for every trial: never searched
 UNTUNABLE = ("output_path", "run_name", "resume_from", "overwrite", "trial", "seeds", "backend", "nproc_per_node",
              "nnodes", "node_rank", "master_addr", "master_port", "init_method", "dataset", "data_path", "download",
              "val_split", "val_seed", "synthetic_size", "with_clearml", "clearml_project", "clearml_offline")
-INSTALL_HINT = "pip install 'cifar10-dist[tune]'"
-CREATION_ATTEMPTS = 5  # opening a database whose tables another worker is creating at the same moment
-RETRIES = 3  # how often a failed (killed) trial is queued again
 RECORD = "cifar10_dist"  # the study's user attribute holding its base config, space and folder
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 # keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
 WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
                "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
                "clearml_offline")
-
-
-def require_optuna() -> Any:
-    """The optuna module, or one line saying how to install it."""
-    try:
-        import optuna
-    except ImportError as missing:
-        raise UserError(f"tune needs the optuna package, which is not installed: {INSTALL_HINT}") from missing
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # tune prints a line per trial itself, with any failure
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna
 
 
 # ---------------------------------------------------------------- the search space
@@ -207,46 +191,6 @@ def storage_url(storage: str | None, study_dir: Path) -> str:
     return storage
 
 
-def open_storage(url: str, heartbeat: int | None = None) -> Any:
-    """An Optuna storage for the URL; database storages with a heartbeat (a trial whose process stops beating for
-    2 heartbeats is failed and queued again)."""
-    optuna = require_optuna()
-    if url.startswith(JOURNAL_PREFIX):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        path = Path(url[len(JOURNAL_PREFIX):])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    beats = {} if heartbeat is None else {
-        "heartbeat_interval": heartbeat, "grace_period": 2 * heartbeat,
-        "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)}
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # several workers wait their turn
-    for attempt in range(CREATION_ATTEMPTS):
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beats)
-        except Exception as error:  # SQLAlchemy's errors: no driver, server down, bad URL
-            if type(error).__name__ == "IntegrityError" and attempt + 1 < CREATION_ATTEMPTS:
-                time.sleep(0.5 + random.random())  # workers starting together race to create the tables
-                continue
-            raise UserError(f"storage '{_without_password(url)}' cannot be opened: {_first_line(error)}") from error
-    raise AssertionError("unreachable")
-
-
-def _without_password(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    if "@" in rest and ":" in rest.split("@", 1)[0]:
-        user = rest.split("@", 1)[0].split(":", 1)[0]
-        return f"{scheme}://{user}:***@{rest.split('@', 1)[1]}"
-    return url
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def make_sampler(options: TuneOptions, space: Mapping[str, Dimension]) -> Any:
     optuna = require_optuna()
     if options.sampler == "grid":
@@ -261,16 +205,6 @@ def pruner_spec(options: TuneOptions, num_epochs: int) -> dict[str, Any]:
     processes build the same one from this."""
     return {"name": options.pruner, "startup_trials": options.pruner_startup_trials,
             "warmup_epochs": options.pruner_warmup_epochs, "max_epochs": num_epochs}
-
-
-def make_pruner(spec: Mapping[str, Any]) -> Any:
-    optuna = require_optuna()
-    if spec["name"] == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=spec["startup_trials"],
-                                           n_warmup_steps=spec["warmup_epochs"])
-    if spec["name"] == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec["max_epochs"])
-    return optuna.pruners.NopPruner()
 
 
 def study_record(base: Config, space: Mapping[str, Dimension]) -> dict[str, Any]:
@@ -337,7 +271,7 @@ class Objective:
 
     def __call__(self, trial: Any) -> float:
         optuna = require_optuna()
-        from cifar10_dist import api
+        from cifar10_dist import runs
 
         self.current = trial.number
         params = {name: dimension.suggest(trial) for name, dimension in self.space.items()}
@@ -347,7 +281,7 @@ class Objective:
         logger.info("trial %d: %s%s", trial.number, format_params(params),
                     f" (retry of trial {history[0]}, from {resume})" if resume else "")
         try:
-            result = api.train(self.trial_config(trial.number, params, resume))  # a refused combination fails too
+            result = runs.train(self.trial_config(trial.number, params, resume))  # a refused combination fails too
         except (Preempted, Interrupted):
             raise
         except UserError as error:
@@ -400,58 +334,6 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-# ---------------------------------------------------------------- pruning inside the trial's processes
-
-
-class TrialReporter:
-    """Attached by ``training`` to the evaluation that chooses the best model: rank 0 reports its accuracy to the
-    trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
-    the trainer after this validation (it then ends like any finished run)."""
-
-    def __init__(self, spec: Mapping[str, Any], trainer: Any) -> None:
-        self.spec = spec
-        self.trainer = trainer
-        self.pruned_at: int | None = None
-        self._trial: Any = None
-
-    def __call__(self, evaluator: Any) -> None:
-        from cifar10_dist import tracking
-
-        state = self.trainer.state
-        epoch, accuracy = state.epoch, float(evaluator.state.metrics["accuracy"])
-        finished = state.iteration >= state.max_epochs * state.epoch_length  # reported, never pruned: it is done
-        if tracking.from_rank_zero(self._report, accuracy, epoch) and not finished:
-            self.pruned_at = epoch
-            logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
-                        accuracy, self.spec["number"])
-            self.trainer.terminate()
-
-    def _report(self, accuracy: float, epoch: int) -> bool:
-        trial = self._open()
-        if trial is None or not math.isfinite(accuracy):
-            return False
-        trial.report(accuracy, epoch)
-        return bool(trial.should_prune())
-
-    def _open(self) -> Any:
-        """The running trial, through the storage URL (None, with a warning, when it is not running any more:
-        a trial's config.yaml run again by hand)."""
-        if self._trial is None:
-            optuna = require_optuna()
-            storage = open_storage(self.spec["storage"])
-            study_id = storage.get_study_id_from_name(self.spec["study"])
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.spec["number"])
-            if storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
-                logger.warning("trial %d of study %s is not running: its results are not reported",
-                               self.spec["number"], self.spec["study"])
-                self._trial = False
-                return None
-            study = optuna.load_study(study_name=self.spec["study"], storage=storage,
-                                      pruner=make_pruner(self.spec["pruner"]))
-            self._trial = optuna.trial.Trial(study, trial_id)
-        return self._trial or None
-
-
 # ---------------------------------------------------------------- the tuning loop, the final test, the report
 
 
@@ -468,7 +350,7 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
     study, url = open_study(options, base, space)
     study_dir = Path(study_of(study)["study_dir"])
     objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs))
-    echo(f"study {options.study} in {_without_password(url)}: {len(study.trials)} trials so far; running "
+    echo(f"study {options.study} in {without_password(url)}: {len(study.trials)} trials so far; running "
          f"{options.trials} here")
 
     def announce(done_study: Any, trial: Any) -> None:
@@ -574,7 +456,7 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
         try:
             axes = getattr(plots, f"plot_{name}")(study)
         except (ValueError, RuntimeError, ZeroDivisionError) as reason:  # too few trials for this plot
-            logger.info("no %s plot yet: %s", name, _first_line(reason))
+            logger.info("no %s plot yet: %s", name, first_line(reason))
             continue
         figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
         figure.set_size_inches(9, 5)
@@ -589,7 +471,7 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
 def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[str, Any] | None:
     """The best trial's best model on the test set, once per study and best trial (kept in the study); skipped
     while other workers still run trials of it (the last one to finish runs it)."""
-    from cifar10_dist import api, checkpointing
+    from cifar10_dist import checkpointing, runs
 
     key = f"final_test:trial-{best.number}"
     if key in study.user_attrs:
@@ -609,7 +491,7 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
     base = study_of(study)["base_config"]
     launch = {key: base[key] for key in ("backend", "nproc_per_node", "batch_size", "num_workers") if key in base}
     started = time.perf_counter()
-    result = api.evaluate(best_file, **launch)
+    result = runs.evaluate(best_file, **launch)
     done = {"trial": best.number, "checkpoint": str(best_file), "accuracy": result.accuracy, "loss": result.loss,
             "num_samples": result.num_samples, "seconds": time.perf_counter() - started}
     study.set_user_attr(key, done)
@@ -631,5 +513,5 @@ def report_only(study_name: str, storage: str | None, output_path: str, final_te
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(url))
     except KeyError as missing:
-        raise UserError(f"study '{study_name}' is not in {_without_password(url)}") from missing
+        raise UserError(f"study '{study_name}' is not in {without_password(url)}") from missing
     return report(study, echo, final_test=final_test)
