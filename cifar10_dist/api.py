@@ -76,9 +76,9 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
     (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
     if batch_size < 1 or budget_seconds <= 0:
         raise UserError(f"doctor needs batch_size >= 1 and budget_seconds > 0, not {batch_size} and {budget_seconds}")
-    from cifar10_dist import doctor as doctor_module, models
+    from cifar10_dist import diagnostics, models
     from cifar10_dist.config import absolute_model_reference
 
     model = absolute_model_reference(str(model))
     models.check_model(model, None, models.NUM_CLASSES)
-    return doctor_module.examine(model, batch_size, budget_seconds)
+    return diagnostics.examine(model, batch_size, budget_seconds)

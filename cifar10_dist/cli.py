@@ -211,7 +211,7 @@ def evaluate(
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
-    from cifar10_dist import reports, tracking
+    from cifar10_dist import files, reports
 
     metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), **overrides)
     if metrics is None:
@@ -222,10 +222,10 @@ def evaluate(
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
-    tracking.write_json(folder / f"{stem}.json", {
+    files.write_json(folder / f"{stem}.json", {
         "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
         "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
-    tracking.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
+    files.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
         metrics.confusion_matrix, path, Path(checkpoint).name, metrics.classes))
     if json:
         print(json_module.dumps(metrics.to_dict()))
@@ -383,10 +383,10 @@ def tune(config: str | None = None, space: str | None = None, study: str | None 
 
 def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0, json: bool = False) -> None:
     """Print what this machine is and what will be fast on it (JSON with --json)."""
-    from cifar10_dist import doctor as doctor_module
+    from cifar10_dist import diagnostics
 
     report = api.doctor(str(model), int(batch_size), float(budget_seconds))
-    print(json_module.dumps(report.to_dict(), indent=2) if json else doctor_module.render(report))
+    print(json_module.dumps(report.to_dict(), indent=2) if json else diagnostics.render(report))
 
 
 COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from cifar10_dist import data, inference, models, tracking
+from cifar10_dist import data, files, inference, models
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import ExportResult
 
@@ -58,9 +58,9 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
     images, source = check_images(trained.config)
     exporter = {"safetensors": write_safetensors, "torchscript": write_torchscript, "onnx": write_onnx}[format]
     found: dict[str, Any] = {}
-    tracking.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
+    files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
     sidecar = path.with_name(path.name + ".json")
-    tracking.write_json(sidecar, {**metadata, "format": format, "file": path.name})
+    files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
     return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
 
 

@@ -29,7 +29,7 @@ import ignite.distributed as idist
 import torch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from cifar10_dist import checks, faults, tracking, xla_compat
+from cifar10_dist import checks, faults, ranks, tracking, xla_compat
 from cifar10_dist.config import Config
 from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost
 
@@ -317,7 +317,7 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
         silent = faults.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
         WorkerReport.of(silent).write(exchange)
         raise silent from error
-    tracking.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
+    ranks.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
     if idist.get_world_size() > 1:
         idist.barrier()  # leave the group together: rank 0 may still be writing while the others are done
 

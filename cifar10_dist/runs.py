@@ -57,7 +57,7 @@ def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> 
 
 
 def _train_seeds(config: Config) -> SeedsResult | None:
-    from cifar10_dist import launch, reports, tracking, training
+    from cifar10_dist import files, launch, reports, training
 
     runs = []
     for seed in range(config.seed, config.seed + config.seeds):
@@ -70,7 +70,7 @@ def _train_seeds(config: Config) -> SeedsResult | None:
     name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(config.output_path) / f"seeds_{name}.json"
     result = SeedsResult(runs=runs, summary=summary, summary_file=str(path))
-    tracking.write_json(path, {"config": config.to_dict(), **result.to_dict()})
+    files.write_json(path, {"config": config.to_dict(), **result.to_dict()})
     return result
 
 

@@ -1,8 +1,5 @@
-"""Everything rank 0 reports and writes: log lines, the run folder and its files, TensorBoard, metrics.jsonl,
-ClearML. Other ranks only log warnings.
-
-This module is the one seam for rank-0-only work: ``on_rank_zero`` and ``from_rank_zero`` are the only places
-that test the rank; callers elsewhere never do.
+"""What rank 0 reports while a run goes: log lines, progress on the console, TensorBoard, metrics.jsonl, ClearML.
+Other ranks only log warnings (the rank itself is tested in ``ranks`` alone; the run folder is ``run_folder``).
 
 One name per quantity, the same in TensorBoard, ClearML (title/series) and metrics.jsonl (event/key):
 ``training/batch_loss`` and ``training/lr`` every log_every_iters iterations; ``training/epoch_loss``,
@@ -20,21 +17,18 @@ import platform
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Iterator, Mapping
 
 import ignite
 import ignite.distributed as idist
 import torch
-import yaml
 from ignite.engine import Engine, Events
 
 from cifar10_dist import faults
-from cifar10_dist.errors import KINDS, OutputNotWritable, UserError
+from cifar10_dist.ranks import on_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
-T = TypeVar("T")
 
 QUIET_IGNITE_LOGGERS = (
     "ignite.distributed.auto.auto_dataloader",
@@ -42,32 +36,6 @@ QUIET_IGNITE_LOGGERS = (
     "ignite.distributed.launcher.Parallel",
     "ignite.distributed.utils",
 )
-
-
-# ---------------------------------------------------------------- the rank seam
-
-
-def on_rank_zero(action: Callable[..., T], *args: Any) -> T | None:
-    """``action(*args)`` on rank 0 only; None on the other ranks."""
-    return action(*args) if idist.get_rank() == 0 else None
-
-
-def from_rank_zero(compute: Callable[..., Any], *args: Any) -> Any:
-    """``compute(*args)`` on rank 0, its JSON-able result handed to every rank (all ranks must call this).
-    A UserError raised by ``compute`` is raised on every rank, so all of them stop with the same message."""
-    outcome: dict[str, Any] = {}
-    if idist.get_rank() == 0:
-        try:
-            outcome = {"value": compute(*args)}
-        except UserError as error:
-            if idist.get_world_size() == 1:
-                raise
-            outcome = {"error": type(error).__name__, "message": str(error)}
-    if idist.get_world_size() > 1:
-        outcome = json.loads(idist.broadcast(json.dumps(outcome), src=0, safe_mode=True))
-    if "error" in outcome:
-        raise KINDS.get(outcome["error"], UserError)(outcome["message"])
-    return outcome["value"]
 
 
 # ---------------------------------------------------------------- logging
@@ -140,159 +108,6 @@ def log_peak_memory() -> None:
         logger.info("peak GPU memory %.0f MiB allocated, %.0f MiB reserved (cuda:%d, this process)",
                     torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.max_memory_reserved(device) / 2**20,
                     device)
-
-
-# ---------------------------------------------------------------- the run folder and its files
-
-
-def default_run_name(model: str, backend: str | None, world_size: int) -> str:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    model = model.rsplit(":", 1)[-1]  # a user model (module:factory, file.py:factory) by its factory's name
-    return f"{model}_backend-{backend}-{world_size}_{stamp}"
-
-
-LOCK_FILE = ".run.lock"  # held (flock) by rank 0 for the life of the run; the OS releases it when the holder dies
-HOLDER_FILE = ".run.lock.json"  # who holds it: host, pid, start time
-
-
-@contextlib.contextmanager
-def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None, resuming: bool,
-                    overwrite: bool) -> Iterator[Path]:
-    """The run folder, created and locked by rank 0 for as long as the run lasts; every rank gets its path.
-
-    A folder in use by another run is refused (naming the holder); a folder that already holds a run is refused
-    unless the run resumes (``resuming``) or ``overwrite`` moves the old folder aside (NAME.replaced-<time>).
-    A file of the run that cannot be written ends it with one line saying how to continue.
-    """
-    held: list[Any] = []
-
-    def claim() -> str:
-        name = run_name or default_run_name(model, backend, idist.get_world_size())
-        held.append(_claim(Path(output_path), name, resuming, overwrite))
-        return name
-
-    name = from_rank_zero(claim)
-    try:
-        yield Path(output_path) / name
-    except OutputNotWritable as error:
-        raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
-                                f"--resume_from=auto --run_name={name}") from error
-    finally:
-        for lock in held:
-            if lock is not None:
-                lock.release()
-
-
-def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any:
-    folder = output_path / name
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"output_path='{output_path}' is not writable: {error.strerror} ({error.filename})") from error
-    lock = _lock(folder)
-    existing = describe_existing_run(folder)
-    if existing and not resuming:
-        if not overwrite:
-            _release(lock)
-            raise UserError(
-                f"run folder '{folder}' already holds a run ({existing}): continue it with --resume_from=auto, "
-                f"choose another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)"
-            )
-        aside = folder.with_name(f"{name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-        folder.rename(aside)
-        logger.info("overwrite: the earlier run in %s was moved to %s", folder, aside)
-        _release(lock)
-        folder.mkdir()
-        lock = _lock(folder)
-    holder = {"host": platform.node(), "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
-    write_json(folder / HOLDER_FILE, holder)
-    return lock
-
-
-def _lock(folder: Path) -> Any:
-    """An exclusive flock on folder/.run.lock, or a UserError naming the run that holds it. Where the filesystem
-    has no flock (Lustre mounted without -o flock), a warning and no lock."""
-    from filelock import Timeout, UnixFileLock
-
-    lock = UnixFileLock(str(folder / LOCK_FILE), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout as busy:
-        raise UserError(f"run folder '{folder}' is in use by another run ({_holder(folder)}): wait for it to end, "
-                        "or choose another --run_name") from busy
-    except (NotImplementedError, OSError) as unsupported:
-        logger.warning("run folder %s cannot be locked on this filesystem (%s): nothing keeps a second run out",
-                       folder, unsupported)
-        return None
-    return lock
-
-
-def _release(lock: Any) -> None:
-    if lock is not None:
-        lock.release()
-
-
-def _holder(folder: Path) -> str:
-    try:
-        holder = json.loads((folder / HOLDER_FILE).read_text())
-        return f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}"
-    except (OSError, ValueError, KeyError):
-        return "holder unknown"
-
-
-def describe_existing_run(folder: Path) -> str | None:
-    """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
-    from cifar10_dist import checkpointing, reports
-
-    checkpoints = checkpointing.training_checkpoints(folder)  # newest first
-    has_metrics = (folder / "metrics.jsonl").exists()
-    if not (checkpoints or has_metrics or checkpointing.best_model_file(folder) or (folder / "config.yaml").exists()):
-        return None
-    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[0].name}" if checkpoints else "")]
-    epochs = reports.read_metrics(folder)[0] if has_metrics else []
-    parts.append(f"last epoch recorded {epochs[-1]['epoch']}" if epochs else "no epoch recorded")
-    if (folder / "summary.json").exists():
-        parts.append("finished")
-    return ", ".join(parts)
-
-
-def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:
-    """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
-    or absent. A full disk or a read-only folder ends the run with one line (``errors.OutputNotWritable``) and
-    leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with faults.writing(path):
-        try:
-            if callable(content):
-                content(temporary)
-            elif isinstance(content, bytes):
-                temporary.write_bytes(content)
-            else:
-                temporary.write_text(content)
-            temporary.replace(path)
-        finally:
-            temporary.unlink(missing_ok=True)
-
-
-def write_json(path: Path, content: Any) -> None:
-    write_file(path, json.dumps(content, indent=2) + "\n")
-
-
-def write_yaml(path: Path, content: Mapping[str, Any]) -> None:
-    write_file(path, yaml.safe_dump(dict(content), sort_keys=False))
-
-
-def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: Mapping[str, Any],
-                    held_out_indices: list[int] | None) -> None:
-    """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
-
-    def write() -> None:
-        write_yaml(run_dir / "config.yaml", config)
-        write_json(run_dir / "provenance.json", provenance)
-        if held_out_indices is not None:
-            write_json(run_dir / "held_out_indices.json", held_out_indices)
-
-    on_rank_zero(write)
 
 
 # ---------------------------------------------------------------- progress on the console

@@ -22,8 +22,8 @@ from ignite.handlers import EarlyStopping
 from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import (checkpointing, data, engines, faults, launch, models, optimizers, provenance, reports,
-                          tracking, trials)
+from cifar10_dist import (checkpointing, data, engines, faults, files, launch, models, optimizers, provenance, ranks,
+                          reports, run_folder, tracking, trials)
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -47,10 +47,10 @@ def training(config: Config) -> dict[str, Any]:
         network = setup_model(config, data_setup)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
-        with tracking.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
+        with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                       resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir, \
                 tracking.ClearML(config.to_dict(), run_dir) as clearml:
-            tracking.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
+            run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
             with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
                 validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
@@ -59,7 +59,7 @@ def training(config: Config) -> dict[str, Any]:
                 note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
-                tracking.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
+                ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
                                       recorder, time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
@@ -93,9 +93,9 @@ def setup_precision(config: Config, device: torch.device) -> engines.Precision:
     """The autocast type of this run (with_amp), logged with why it was chosen, and a warning where an explicit
     choice runs slowly on this hardware."""
     precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
-    tracking.on_rank_zero(logger.info, "precision: %s", precision.reason)
+    ranks.on_rank_zero(logger.info, "precision: %s", precision.reason)
     if precision.warning:
-        tracking.on_rank_zero(logger.warning, "%s", precision.warning)
+        ranks.on_rank_zero(logger.warning, "%s", precision.warning)
     return precision
 
 
@@ -128,7 +128,7 @@ def setup_data(config: Config, device: torch.device, precision: engines.Precisio
     iterations_per_epoch = config.epoch_length or len(loaders.train)
     images_per_iteration = loaders.train.batch_size * idist.get_world_size()
     if images_per_iteration != config.batch_size:
-        tracking.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
+        ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
                               "%d per step", config.batch_size, idist.get_world_size(), loaders.train.batch_size,
                               images_per_iteration)
     return DataSetup(
@@ -146,7 +146,7 @@ def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
     with idist.one_rank_first(local=True):
         folder = data.ensure_dataset(Path(config.data_path), data.LAYOUTS[config.dataset], download=config.download)
     train_set, test_set = data.read_folder(config.dataset, folder, config.label_mode)
-    tracking.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
+    ranks.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
     return train_set, test_set
 
 
@@ -159,7 +159,7 @@ def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, tes
 def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device,
                  precision: engines.Precision) -> dict[str, Any]:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
-    checksum = tracking.on_rank_zero(provenance.dataset_sha256, train, test)
+    checksum = ranks.on_rank_zero(provenance.dataset_sha256, train, test)
     record = provenance.collect(config.dataset, checksum, device, precision.name)
     logger.info("provenance: %s", provenance.describe(record))
     return record
@@ -443,7 +443,7 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
         logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
         return str(found) if found else None
 
-    return tracking.from_rank_zero(newest)
+    return ranks.from_rank_zero(newest)
 
 
 def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: DataSetup,
@@ -467,7 +467,7 @@ def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config
     else:
         rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
                 f"size {before}, {data_setup.images_per_iteration} now{', with epoch_length set' if config.epoch_length else ''})")
-    tracking.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
+    ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
                           "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
                           "the result will differ from an uninterrupted run at world size %d", now, before,
                           resumed.iteration, epoch, rest, before)
@@ -550,7 +550,7 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
                                          str(best))
         return best.name
 
-    name = tracking.from_rank_zero(load_best)
+    name = ranks.from_rank_zero(load_best)
     if idist.get_world_size() > 1:
         for tensor in network.state_dict().values():
             tensor.copy_(idist.broadcast(tensor, src=0))
@@ -563,13 +563,13 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
                   clearml: tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
-    tracking.write_json(run_dir / "metrics.json", result.to_dict())
+    files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = reports.summarize(run_dir, result.to_dict(), record, seconds)
     summary["clearml_offline_folder"] = clearml.offline_folder()
     if config.trial is not None:
         summary.update(trial=config.trial, pruned_at_epoch=result.pruned_at)
-    tracking.write_json(run_dir / "summary.json", summary)
-    tracking.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
+    files.write_json(run_dir / "summary.json", summary)
+    files.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
     recorder.write_hparams(config.to_dict(), reports.final_scalars(summary), result.iterations)
 
 
@@ -612,6 +612,6 @@ class EvaluationWorker:
                                             self.raw_weights)
         present = describe_run(config, train_set, test_set, device, precision)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
-            tracking.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
+            ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
         return idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))

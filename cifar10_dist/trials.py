@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist import tracking
+from cifar10_dist import ranks
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger("cifar10_dist")
@@ -100,7 +100,7 @@ class TrialReporter:
         state = self.trainer.state
         epoch, accuracy = state.epoch, float(evaluator.state.metrics["accuracy"])
         finished = state.iteration >= state.max_epochs * state.epoch_length  # reported, never pruned: it is done
-        if tracking.from_rank_zero(self._report, accuracy, epoch) and not finished:
+        if ranks.from_rank_zero(self._report, accuracy, epoch) and not finished:
             self.pruned_at = epoch
             logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
                         accuracy, self.spec["number"])

@@ -408,7 +408,7 @@ def trial_table(trials: list[Any]) -> str:
 
 def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = False) -> dict[str, Any]:
     """The trial table, best_config.yaml and plots in the study folder; the final test when asked."""
-    from cifar10_dist import tracking
+    from cifar10_dist import files
 
     study_dir = Path(study_of(study)["study_dir"])
     trials = study.get_trials(deepcopy=False)
@@ -421,14 +421,14 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
     if completed:
         best = study.best_trial
         best_config = best_config_of(study, best)
-        tracking.write_yaml(study_dir / "best_config.yaml", best_config)
+        files.write_yaml(study_dir / "best_config.yaml", best_config)
         echo(f"best: trial {best.number}, val accuracy {best.value:.4f}, {format_params(best.params)}")
         echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run --config={study_dir / 'best_config.yaml'})")
         summary.update(best_trial=best.number, best_value=best.value, best_params=best.params)
         summary["plots"] = write_plots(study, study_dir)
         if final_test:
             summary["final_test"] = run_final_test(study, best, echo)
-    tracking.write_json(study_dir / "tuning_summary.json", summary)
+    files.write_json(study_dir / "tuning_summary.json", summary)
     if not completed and states["FAIL"]:
         raise UserError(f"no trial of study {study.study_name} has completed ({states['FAIL']} failed, the reasons "
                         "are above): no best config")
@@ -449,7 +449,7 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as plots
 
-    from cifar10_dist import tracking
+    from cifar10_dist import files
 
     written = []
     for name in PLOTS:
@@ -462,7 +462,7 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
         figure.set_size_inches(9, 5)
         figure.tight_layout()
         path = study_dir / f"{name}.png"
-        tracking.write_file(path, lambda target: figure.savefig(target, format="png", dpi=100))
+        files.write_file(path, lambda target: figure.savefig(target, format="png", dpi=100))
         plt.close(figure)
         written.append(str(path))
     return written

@@ -37,7 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data, doctor, engines, faults, hardware, launch, models, tracking  # noqa: E402
+from cifar10_dist import data, diagnostics, engines, faults, hardware, launch, models, tracking  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -46,7 +46,7 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Mo
               device: torch.device = CPU):
     """One plain training step (fp16 with a GradScaler on CUDA, as our trainer does), returning the loss as a float
     (the bare loop reads it, as most hand-written loops do)."""
-    step = doctor.plain_training_step(model, optimizer, loss_fn, engines.choose_precision(device, amp))
+    step = diagnostics.plain_training_step(model, optimizer, loss_fn, engines.choose_precision(device, amp))
     return lambda inputs, targets: step(inputs, targets).item()
 
 

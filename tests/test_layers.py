@@ -13,14 +13,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cifar10_dist"
 FLOORS = [
     ("cli",),
     ("api",),
-    ("tuning", "doctor"),
+    ("tuning", "diagnostics"),
     ("runs", "exporting"),
     ("training", "inference"),
     ("launch", "trials", "provenance"),
-    ("checks", "tracking"),
-    ("optimizers", "checkpointing", "reports"),
+    ("checks", "tracking", "run_folder"),
+    ("optimizers", "checkpointing", "reports", "files"),
     ("engines", "models", "data", "faults", "xla_compat"),
-    ("config", "hardware", "results"),
+    ("config", "hardware", "results", "ranks"),
     ("errors",),
 ]
 FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in modules}

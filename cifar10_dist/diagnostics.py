@@ -1,6 +1,6 @@
-"""``doctor``: what this machine is and what will be fast on it: versions, the CPU and its bf16, GPUs, backends,
-and a measured probe (a few training steps of a model in each precision and memory format), with what
-``with_amp=auto`` picks here and why.
+"""The machine report behind ``doctor``: what this machine is and what will be fast on it: versions, the CPU and
+its bf16, GPUs, backends, and a measured probe (a few training steps of a model in each precision and memory
+format), with what ``with_amp=auto`` picks here and why.
 
 The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of
 each setting; a setting whose warm-up step alone takes most of its time budget (bf16 emulated on an AVX2 CPU) is
