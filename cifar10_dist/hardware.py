@@ -51,8 +51,13 @@ def cpu_info() -> CpuInfo:
     flags = _cpu_flags()
     return CpuInfo(model=cpu_model(), capability=torch.backends.cpu.get_cpu_capability(),
                    amx_bf16="amx_bf16" in flags, avx512_bf16="avx512_bf16" in flags,
-                   logical_cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                   logical_cores=usable_cores(),
                    torch_threads=torch.get_num_threads())
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _cpu_flags() -> set[str]:

@@ -79,7 +79,7 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     """Test-set accuracy, loss, per-class accuracy and confusion matrix of a saved model (a training checkpoint
     or a best-model file). The model and data keys recorded in the checkpoint are used unless given; a training
     checkpoint of a run with ema_decay is evaluated with its EMA weights unless ``raw_weights``."""
-    from cifar10_dist import checkpointing, checks, launch, training
+    from cifar10_dist import checkpointing, checks, evaluation, launch
 
     recorded = checkpointing.checkpoint_config(checkpointing.load_checkpoint(checkpoint))
     inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
@@ -88,5 +88,5 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     else:
         resolved = load_config(config, **{**inherited, **overrides})
     checks.check_before_launch(resolved)
-    reported = launch.run(training.EvaluationWorker(str(checkpoint), raw_weights), resolved)
+    reported = launch.run(evaluation.EvaluationWorker(str(checkpoint), raw_weights), resolved)
     return EvaluationResult.from_dict(reported) if reported else None

@@ -1,15 +1,14 @@
-"""What runs inside each process: ``training`` (one of world_size training processes) and ``EvaluationWorker``.
+"""What runs inside each training process: ``training`` (one of world_size processes).
 
-Read ``training`` top-down: each line builds one thing (data, model, optimisation, engines, run folder,
-checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it runs and reports.
-The Python API that launches these is in ``api``.
+Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
+engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
+runs and reports. ``runs`` launches it in every process; evaluating a checkpoint is ``evaluation``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +18,15 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import EarlyStopping
-from ignite.utils import manual_seed
 from torch import nn
 
-from cifar10_dist import (checkpointing, data, engines, faults, files, launch, models, optimizers, provenance, ranks,
-                          reports, run_folder, tracking, trials)
+from cifar10_dist import (batches, checkpointing, data, engines, faults, files, models, optimizers, process_setup,
+                          ranks, reports, run_data, run_folder, tracking, trials)
 from cifar10_dist.config import Config
-from cifar10_dist.errors import Interrupted
 from cifar10_dist.results import RunResult, SplitMetrics
 
 logger = logging.getLogger("cifar10_dist")
 
-SYNTHETIC_SEED = 20240601  # the synthetic dataset is the same whatever the training seed
 WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
 
 
@@ -40,15 +36,17 @@ WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening f
 def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
-    with tracking.package_logging(), faults.StopRequest(on_second_interrupt=second_interrupt_ends_at_once()) as stop:
-        device = setup_process(config)
-        precision = setup_precision(config, device)
-        data_setup = setup_data(config, device, precision)
+    second_interrupt = process_setup.second_interrupt_ends_at_once()
+    with tracking.package_logging(), faults.StopRequest(on_second_interrupt=second_interrupt) as stop:
+        device = process_setup.setup_process(config)
+        precision = process_setup.setup_precision(config, device)
+        data_setup = run_data.setup_data(config, device, precision)
         network = setup_model(config, data_setup)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
+        resuming = config.resume_from is not None
         with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                      resuming=config.resume_from is not None, overwrite=config.overwrite) as run_dir, \
+                                        resuming=resuming, overwrite=config.overwrite) as run_dir, \
                 tracking.ClearML(config.to_dict(), run_dir) as clearml:
             run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
@@ -60,109 +58,9 @@ def training(config: Config) -> dict[str, Any]:
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
                 ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
-                                      recorder, time.perf_counter() - started)
+                                   recorder, time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
-
-
-def second_interrupt_ends_at_once() -> Callable[[], None] | None:
-    """In a single process of its own (no launcher above it), a second Ctrl-C stops at once; a worker leaves
-    that to its launcher (our spawning parent, torchrun or srun), which ends every worker."""
-    if idist.get_world_size() > 1 or idist.backend() is not None:
-        return None
-
-    def stop_now() -> None:
-        raise Interrupted("interrupted again: stopped at once, without a new checkpoint; continue from the newest "
-                          "one with --resume_from=auto and the same --run_name")
-
-    return stop_now
-
-
-def setup_process(config: Config) -> torch.device:
-    """Device, seeds and the numerics settings of this process; logs the environment."""
-    device = idist.device()
-    tracking.log_environment(config.to_dict(), device)
-    manual_seed(config.seed)
-    if config.deterministic:
-        use_deterministic_algorithms()
-    configure_device_speed(config, device)
-    return device
-
-
-def setup_precision(config: Config, device: torch.device) -> engines.Precision:
-    """The autocast type of this run (with_amp), logged with why it was chosen, and a warning where an explicit
-    choice runs slowly on this hardware."""
-    precision = engines.choose_precision(device, config.with_amp, config.amp_dtype)
-    ranks.on_rank_zero(logger.info, "precision: %s", precision.reason)
-    if precision.warning:
-        ranks.on_rank_zero(logger.warning, "%s", precision.warning)
-    return precision
-
-
-# ---------------------------------------------------------------- data
-
-
-@dataclass
-class DataSetup:
-    """The images, their loaders and the numbers derived from them, the same on every rank."""
-
-    train: data.ImageSet  # the training images left after holding out
-    loaders: data.Loaders
-    split: str  # where the best model is chosen: "val" (held-out images) or "test"
-    held_out_indices: list[int] | None
-    provenance: dict[str, Any]
-    iterations_per_epoch: int
-    total_iterations: int
-    images_per_iteration: int  # what all processes together train on per step
-
-
-def setup_data(config: Config, device: torch.device, precision: engines.Precision) -> DataSetup:
-    train_set, test_set = load_datasets(config)
-    record = describe_run(config, train_set, test_set, device, precision)
-    held_out = data.hold_out(train_set, config.val_split, config.val_seed)
-    train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    loaders = data.make_loaders(
-        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
-        train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
-    )
-    iterations_per_epoch = config.epoch_length or len(loaders.train)
-    images_per_iteration = loaders.train.batch_size * idist.get_world_size()
-    if images_per_iteration != config.batch_size:
-        ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
-                              "%d per step", config.batch_size, idist.get_world_size(), loaders.train.batch_size,
-                              images_per_iteration)
-    return DataSetup(
-        train=held_out.train, loaders=loaders, split="val" if held_out.val is not None else "test",
-        held_out_indices=held_out.indices.tolist() if held_out.val is not None else None, provenance=record,
-        iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration,
-    )
-
-
-def load_datasets(config: Config) -> tuple[data.ImageSet, data.ImageSet]:
-    """(train, test) images: synthetic, or CIFAR-10/100 from data_path (downloaded by one process per node)."""
-    if config.dataset == "synthetic":
-        return data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1), SYNTHETIC_SEED)
-    with idist.one_rank_first(local=True):
-        folder = data.ensure_dataset(Path(config.data_path), data.LAYOUTS[config.dataset], download=config.download)
-    train_set, test_set = data.read_folder(config.dataset, folder, config.label_mode)
-    ranks.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
-    return train_set, test_set
-
-
-def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, test_set: data.ImageSet) -> None:
-    official = "match" if data.matches_official_release(folder, layout) else "differ from"  # hashes the files
-    logger.info("%s from %s: %d train, %d test images (files %s the official release)",
-                layout.name, folder, len(train_set), len(test_set), official)
-
-
-def describe_run(config: Config, train: data.ImageSet, test: data.ImageSet, device: torch.device,
-                 precision: engines.Precision) -> dict[str, Any]:
-    """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary)."""
-    checksum = ranks.on_rank_zero(provenance.dataset_sha256, train, test)
-    record = provenance.collect(config.dataset, checksum, device, precision.name)
-    logger.info("provenance: %s", provenance.describe(record))
-    return record
 
 
 # ---------------------------------------------------------------- model and optimisation
@@ -174,14 +72,14 @@ class Network:
     forward: nn.Module  # what the engines call: the model, compiled when compile=True
 
 
-def setup_model(config: Config, data_setup: DataSetup) -> Network:
+def setup_model(config: Config, data_setup: run_data.DataSetup) -> Network:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     model = models.build_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
     if isinstance(model, models.AirbenchNet):
         model.init_whitening(data.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
-    model = idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))
+    model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
     return Network(model, torch.compile(model) if config.compile else model)
 
 
@@ -194,7 +92,7 @@ class Optimization:
     scaler: torch.amp.GradScaler | None
 
 
-def setup_optimization(config: Config, network: Network, data_setup: DataSetup, device: torch.device,
+def setup_optimization(config: Config, network: Network, data_setup: run_data.DataSetup, device: torch.device,
                        precision: engines.Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
@@ -205,30 +103,6 @@ def setup_optimization(config: Config, network: Network, data_setup: DataSetup, 
     )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
     return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))
-
-
-def memory_format(channels_last: bool) -> torch.memory_format:
-    return torch.channels_last if channels_last else torch.contiguous_format
-
-
-def configure_device_speed(config: Config, device: torch.device) -> None:
-    """On CPU, glibc keeps freed memory for reuse (keep_freed_memory); TF32 and cuDNN autotuning on CUDA;
-    deterministic mode overrides autotuning."""
-    if device.type == "cpu" and config.keep_freed_memory and launch.keep_freed_memory():
-        logger.info("keep_freed_memory: freed memory stays in this process for reuse (glibc)")
-    if device.type != "cuda":
-        return
-    torch.backends.cuda.matmul.allow_tf32 = config.tf32
-    torch.backends.cudnn.allow_tf32 = config.tf32
-    torch.backends.cudnn.benchmark = config.cudnn_benchmark and not config.deterministic
-
-
-def use_deterministic_algorithms() -> None:
-    """Bit-reproducible runs (same seed, world size and hardware): deterministic kernels only."""
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    logger.info("deterministic algorithms: on (CUBLAS_WORKSPACE_CONFIG=%s)", os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
 # ---------------------------------------------------------------- engines
@@ -257,21 +131,21 @@ class EngineSet:
 
 
 def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
-                  data_setup: DataSetup) -> EngineSet:
+                  data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = engines.create_trainer(
         network.forward, optimization.optimizer, optimization.loss_fn,
-        train_batch_preparer(device, config, data_setup.iterations_per_epoch), optimization.precision,
+        batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch), optimization.precision,
         optimization.scaler, engines.Accumulation(config.accumulation_steps, network.model),
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
-    position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
+    batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
     lookahead = engines.Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
     if lookahead is not None:
         lookahead.attach(trainer)
 
     def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
-        prepare = eval_batch_preparer(device, config.channels_last)
+        prepare = batches.eval_batch_preparer(device, config.channels_last)
         return engines.create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare,
                                         optimization.precision, device, tta=tta)
 
@@ -310,79 +184,11 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
     return stopper
 
 
-def iteration_seed(seed: int, rank: int, iteration: int) -> int:
-    """A distinct, reproducible seed for each (run seed, rank, iteration): a resumed run draws the same numbers."""
-    return ((seed * 1_000_003 + rank) * 1_000_000_007 + iteration) % 2**63
-
-
-def seed_default_generators(seed: int, device: torch.device) -> torch.Generator:
-    """Seed the CPU's default generator (returned) and, training on a GPU, that GPU's."""
-    if device.type == "cuda":
-        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()
-                                      ].manual_seed(seed)
-    return torch.default_generator.manual_seed(seed)
-
-
-def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int) -> engines.PrepareBatch:
-    """Moves a uint8 batch to the device, augments and normalises it there.
-
-    The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation and any
-    dropout depend only on (seed, rank, iteration), not on what ran before: the basis of exact resume. Only those
-    two: ``torch.manual_seed`` would also seed every CUDA, XPU and MTIA device, which on a machine without them
-    records a stack trace for their lazy start at each call (1.3 ms per iteration, issue 29). With alternating
-    flip the training set is pre-flipped (``data.pre_flip``) and whole batches are mirrored in every second epoch.
-    """
-    rank = idist.get_rank()
-    layout = memory_format(config.channels_last)
-
-    def flip_mode(iteration: int) -> str:
-        if config.flip != "alternating":
-            return config.flip
-        return "all" if ((iteration - 1) // iterations_per_epoch) % 2 else "none"
-
-    def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
-        images, labels = batch
-        images = images.to(device, non_blocking=True)
-        generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
-        images = data.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
-        inputs = data.normalize(images).contiguous(memory_format=layout)
-        return inputs, labels.to(device, non_blocking=True)
-
-    return prepare
-
-
-def eval_batch_preparer(device: torch.device, channels_last: bool = False) -> engines.PrepareBatch:
-    layout = memory_format(channels_last)
-
-    def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
-        images, labels = batch
-        inputs = data.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=layout)
-        return inputs, labels.to(device, non_blocking=True)
-
-    return prepare
-
-
-def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader, exact_resume: bool) -> None:
-    """A new shuffle each epoch (same on every rank); after a mid-epoch resume, skip the batches already seen.
-
-    Skipping is exact when an epoch is one pass over the loader (epoch_length unset).
-    """
-    sampler = loader.sampler
-    batch_size = loader.batch_size
-
-    @trainer.on(Events.EPOCH_STARTED)
-    def set_epoch(engine: Engine) -> None:
-        sampler.set_epoch(engine.state.epoch - 1)
-        done_in_epoch = engine.state.iteration % (engine.state.epoch_length or 1)
-        if exact_resume and done_in_epoch:
-            sampler.start_next_pass_at(done_in_epoch * batch_size)
-
-
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
 def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, network: Network,
-                      optimization: Optimization, engine_set: EngineSet, data_setup: DataSetup,
+                      optimization: Optimization, engine_set: EngineSet, data_setup: run_data.DataSetup,
                       stop_request: faults.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split; returns the objects a checkpoint holds (for resuming)."""
@@ -410,7 +216,7 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
     return to_save
 
 
-def reading_iterations(config: Config, data_setup: DataSetup) -> Callable[[int], bool]:
+def reading_iterations(config: Config, data_setup: run_data.DataSetup) -> Callable[[int], bool]:
     """The iterations at which the training loss is read from the device anyway (logs, checkpoints, epoch ends,
     the last): the NaN check reads there too, so that no other iteration waits for the device."""
     log, checkpoint, epoch = config.log_every_iters, config.checkpoint_every, data_setup.iterations_per_epoch
@@ -423,7 +229,7 @@ def reading_iterations(config: Config, data_setup: DataSetup) -> Callable[[int],
 
 
 def setup_trackers(config: Config, run_dir: Path, clearml: tracking.ClearML, optimization: Optimization,
-                   engine_set: EngineSet, data_setup: DataSetup) -> tracking.Recorder:
+                   engine_set: EngineSet, data_setup: run_data.DataSetup) -> tracking.Recorder:
     """TensorBoard, ClearML and metrics.jsonl (through one Recorder), and progress on the console."""
     recorder = tracking.Recorder(run_dir, clearml)
     recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
@@ -446,7 +252,7 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
     return ranks.from_rank_zero(newest)
 
 
-def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: DataSetup,
+def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: run_data.DataSetup,
                            recorder: tracking.Recorder) -> None:
     """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
     metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
@@ -458,15 +264,17 @@ def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config
         return
     before = resumed.world_size
     per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
-    epoch, done = resumed.iteration // data_setup.iterations_per_epoch + 1, resumed.iteration % data_setup.iterations_per_epoch
+    epoch, done = divmod(resumed.iteration, data_setup.iterations_per_epoch)
+    epoch += 1
     same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
     if not done:
         rest = f"epoch {epoch} starts afresh"
     elif same_images:
         rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
     else:
+        because = ", with epoch_length set" if config.epoch_length else ""
         rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
-                f"size {before}, {data_setup.images_per_iteration} now{', with epoch_length set' if config.epoch_length else ''})")
+                f"size {before}, {data_setup.images_per_iteration} now{because})")
     ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
                           "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
                           "the result will differ from an uninterrupted run at world size %d", now, before,
@@ -514,7 +322,7 @@ class Validation:
 
 
 def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
-                   data_setup: DataSetup) -> RunResult:
+                   data_setup: run_data.DataSetup) -> RunResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
     """
     trainer = engine_set.trainer
@@ -571,47 +379,3 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
     files.write_json(run_dir / "summary.json", summary)
     files.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
     recorder.write_hparams(config.to_dict(), reports.final_scalars(summary), result.iterations)
-
-
-# ---------------------------------------------------------------- evaluating a checkpoint
-
-
-class EvaluationWorker:
-    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
-
-    def __init__(self, checkpoint: str, raw_weights: bool = False) -> None:
-        self.checkpoint, self.raw_weights = checkpoint, raw_weights
-
-    def __call__(self, config: Config) -> dict[str, Any]:
-        with tracking.package_logging():
-            device = idist.device()
-            train_set, test_set = load_datasets(config)
-            loaders = data.make_loaders(
-                train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
-                train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
-            )
-            precision = setup_precision(config, device)
-            model = self.load_model(config, train_set, test_set, device, precision)
-            evaluator = engines.create_evaluator(
-                model, nn.CrossEntropyLoss(), eval_batch_preparer(device, config.channels_last), precision, device,
-                num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
-            )
-            metrics = evaluator.run(loaders.test).metrics
-            matrix = metrics["confusion_matrix"].long()
-            per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
-            return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
-                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist(),
-                    "classes": list(data.class_names(config.dataset, config.label_mode))}
-
-    def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
-                   device: torch.device, precision: engines.Precision) -> nn.Module:
-        """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
-        was made with another package version or other data."""
-        checkpoint = checkpointing.load_checkpoint(self.checkpoint)
-        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
-                                            self.raw_weights)
-        present = describe_run(config, train_set, test_set, device, precision)
-        for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
-            ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
-                                  self.checkpoint, difference)
-        return idist.auto_model(model.to(memory_format=memory_format(config.channels_last)))

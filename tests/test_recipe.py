@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import data, engines, models, optimizers, training
+from cifar10_dist import batches, data, engines, models, optimizers
 from cifar10_dist.config import load_config
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
@@ -213,7 +213,7 @@ def test_flip_all_and_none_and_pre_flip():
 
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
-    prepare = training.train_batch_preparer(torch.device("cpu"), config, iterations_per_epoch=3)
+    prepare = batches.train_batch_preparer(torch.device("cpu"), config, iterations_per_epoch=3)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]

@@ -140,13 +140,13 @@ def test_channels_last_and_compile_train_and_save_plain_checkpoints(check_data, 
 
 def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
     cuda_only()
-    from cifar10_dist import training
+    from cifar10_dist import process_setup
     from cifar10_dist.config import load_config
 
     device = torch.device("cuda", 0)
-    training.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
+    process_setup.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark
-    training.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True), device)
+    process_setup.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True), device)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert not torch.backends.cudnn.benchmark  # deterministic mode wins
 

@@ -1,0 +1,56 @@
+"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``runs.evaluate`` launches it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from torch import nn
+
+from cifar10_dist import batches, checkpointing, data, engines, process_setup, provenance, ranks, run_data, tracking
+from cifar10_dist.config import Config
+
+logger = logging.getLogger("cifar10_dist")
+
+
+class EvaluationWorker:
+    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
+
+    def __init__(self, checkpoint: str, raw_weights: bool = False) -> None:
+        self.checkpoint, self.raw_weights = checkpoint, raw_weights
+
+    def __call__(self, config: Config) -> dict[str, Any]:
+        with tracking.package_logging():
+            device = idist.device()
+            train_set, test_set = run_data.load_datasets(config)
+            loaders = data.make_loaders(
+                train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
+                train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
+            )
+            precision = process_setup.setup_precision(config, device)
+            model = self.load_model(config, train_set, test_set, device, precision)
+            evaluator = engines.create_evaluator(
+                model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last), precision, device,
+                num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
+            )
+            metrics = evaluator.run(loaders.test).metrics
+            matrix = metrics["confusion_matrix"].long()
+            per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
+            return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
+                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist(),
+                    "classes": list(data.class_names(config.dataset, config.label_mode))}
+
+    def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
+                   device: torch.device, precision: engines.Precision) -> nn.Module:
+        """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
+        was made with another package version or other data."""
+        checkpoint = checkpointing.load_checkpoint(self.checkpoint)
+        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
+                                            self.raw_weights)
+        present = run_data.describe_run(config, train_set, test_set, device, precision)
+        for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
+            ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
+                                  self.checkpoint, difference)
+        return idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
