@@ -48,7 +48,7 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
     may share it). Returns the study's summary (best trial, value, params, the final test when run); with
     ``report_only`` only reports an existing study."""
-    from cifar10_dist import tuning
+    from cifar10_dist import search_space, tuning
 
     options = tuning.TuneOptions(study=str(study or ""), trials=trials, storage=storage, sampler=sampler,
                                  sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
@@ -59,7 +59,7 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
     if space is None:
         raise UserError("tune needs --space=SPACE.yaml: the config keys to search and their ranges "
                         "(see configs/space_fast.yaml)")
-    searched = tuning.read_space(space)
+    searched = search_space.read_space(space)
     tuning.require_optuna()
     from cifar10_dist import checks
 

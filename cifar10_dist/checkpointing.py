@@ -26,7 +26,7 @@ from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import data, faults, models
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
     try:
         Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
-        raise UserError(f"checkpoint '{path}' does not match this run: {_first_line(error)[:300]}") from error
+        raise UserError(f"checkpoint '{path}' does not match this run: {first_line(error)}") from error
     iteration = checkpoint["trainer"].get("iteration", 0)
     logger.info("Resumed from %s at iteration %d", path, iteration)
     meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
@@ -311,7 +311,7 @@ def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
-        raise UserError(f"checkpoint '{source}' does not fit the model: {_first_line(error)[:300]}") from error
+        raise UserError(f"checkpoint '{source}' does not fit the model: {first_line(error)}") from error
 
 
 def _load_failure(error: BaseException) -> str:
@@ -322,9 +322,5 @@ def _load_failure(error: BaseException) -> str:
         return f"it asks to import {refused.group(1)}, refused (only tensors and plain data are loaded)"
     if "weights_only" in text and "WeightsUnpickler error:" in text:
         return "refused by the safe loader: " + text.split("WeightsUnpickler error:")[1].strip().splitlines()[0][:200]
-    return f"the file is truncated or not a PyTorch checkpoint ({_first_line(error)[:200]})"
+    return f"the file is truncated or not a PyTorch checkpoint ({first_line(error, 200)})"
 
-
-def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text[:400] if text else type(error).__name__

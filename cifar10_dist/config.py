@@ -23,7 +23,7 @@ from typing import Any, Collection, Optional, Union
 
 import yaml
 
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
 
 BACKENDS = ("gloo", "nccl", "xla-tpu", "horovod")
 DATASETS = ("cifar10", "cifar100", "synthetic")
@@ -206,8 +206,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UserError(f"config file '{path}' is not valid YAML: {first_line}") from error
+        raise UserError(f"config file '{path}' is not valid YAML: {first_line(error)}") from error
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -67,3 +67,15 @@ class Interrupted(KeyboardInterrupt):
 
 KINDS: dict[str, type[BaseException]] = {kind.__name__: kind for kind in (
     UserError, AlreadyReported, TrainingDiverged, Preempted, WorkerLost, PeerSilent, OutputNotWritable, Interrupted)}
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An exception as one line: the first line of its message with white space folded (cut at ``limit``
+    characters), or its type's name when it says nothing. Libraries' messages can run to pages."""
+    lines = [" ".join(line.split()) for line in str(error).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else type(error).__name__
+
+
+def resume_hint(run_name: str | None) -> str:
+    """The flags that continue a run from its newest checkpoint (NAME where the run's name is not known)."""
+    return f"--resume_from=auto --run_name={run_name or 'NAME'}"

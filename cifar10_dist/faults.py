@@ -25,7 +25,8 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import Interrupted, OutputNotWritable, PeerSilent, Preempted, TrainingDiverged, UserError
+from cifar10_dist.errors import (Interrupted, OutputNotWritable, PeerSilent, Preempted, TrainingDiverged, UserError,
+                                 resume_hint)
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
             save_checkpoint(engine)
             checkpoint = run_dir / f"training_checkpoint_{iteration}.pt"
             raise Interrupted(f"interrupted at epoch {epoch}, iteration {iteration}: checkpoint {checkpoint} written; "
-                              f"continue with --resume_from=auto --run_name={run_dir.name}", str(checkpoint))
+                              f"continue with {resume_hint(run_dir.name)}", str(checkpoint))
         if preempted:
             save_checkpoint(engine)
             raise Preempted(

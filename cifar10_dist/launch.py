@@ -31,7 +31,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from cifar10_dist import checks, faults, ranks, tracking, xla_compat
 from cifar10_dist.config import Config
-from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost
+from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost, resume_hint
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
@@ -194,7 +194,7 @@ def _supervise_with_signals(context: Any, config: Config, exchange: Path) -> Non
             process.kill()
             process.join(timeout=5)
         raise Interrupted("interrupted again: every process stopped at once, without a new checkpoint; continue "
-                          f"from the newest one with --resume_from=auto --run_name={config.run_name or 'NAME'}")
+                          f"from the newest one with {resume_hint(config.run_name)}")
 
     with faults.StopRequest(forward_to=context.pids, on_second_interrupt=end_at_once):
         _supervise(context, config, exchange)
@@ -287,7 +287,7 @@ def _supervise(context: Any, config: Config, exchange: Path) -> None:
 
 def _explain_failure(failure: Exception, pids: list[int], config: Config, exchange: Path) -> BaseException:
     reports = WorkerReport.read_all(exchange)
-    rerun = f"rerun with --resume_from=auto --run_name={config.run_name or 'NAME'} to continue from the last checkpoint"
+    rerun = f"rerun with {resume_hint(config.run_name)} to continue from the last checkpoint"
     first = reports[0] if reports else None
     if first is not None and first.kind == PeerSilent.__name__:
         offset = (config.node_rank or 0) * len(pids)

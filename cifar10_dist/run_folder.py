@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping
 import ignite.distributed as idist
 
 from cifar10_dist import checkpointing, reports
-from cifar10_dist.errors import OutputNotWritable, UserError
+from cifar10_dist.errors import OutputNotWritable, UserError, resume_hint
 from cifar10_dist.files import write_json, write_yaml
 from cifar10_dist.ranks import from_rank_zero, on_rank_zero
 
@@ -53,7 +53,7 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
         yield Path(output_path) / name
     except OutputNotWritable as error:
         raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
-                                f"--resume_from=auto --run_name={name}") from error
+                                f"{resume_hint(name)}") from error
     finally:
         for lock in held:
             if lock is not None:

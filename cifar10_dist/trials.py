@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cifar10_dist import ranks
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -69,10 +69,6 @@ def without_password(url: str) -> str:
         return f"{scheme}://{user}:***@{rest.split('@', 1)[1]}"
     return url
 
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def make_pruner(spec: Mapping[str, Any]) -> Any:

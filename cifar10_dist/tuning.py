@@ -13,7 +13,6 @@ at once and continues from the checkpoint the stop wrote.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import time
@@ -21,129 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from cifar10_dist import reports
-from cifar10_dist.config import FIELDS, Config, load_config
+from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
-from cifar10_dist.trials import (JOURNAL_PREFIX, RETRIES, first_line, make_pruner, open_storage, require_optuna,
-                                 without_password)
+from cifar10_dist.search_space import Dimension, check_space
+from cifar10_dist.study_report import format_params, format_trial_line, trial_table, write_plots
+from cifar10_dist.trials import JOURNAL_PREFIX, RETRIES, make_pruner, open_storage, require_optuna, without_password
 
 logger = logging.getLogger("cifar10_dist")
 
-SPACE_TYPES = ("float", "int", "categorical")
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "hyperband", "none")
-# set by tune for every trial: never searched
-UNTUNABLE = ("output_path", "run_name", "resume_from", "overwrite", "trial", "seeds", "backend", "nproc_per_node",
-             "nnodes", "node_rank", "master_addr", "master_port", "init_method", "dataset", "data_path", "download",
-             "val_split", "val_seed", "synthetic_size", "with_clearml", "clearml_project", "clearml_offline")
 RECORD = "cifar10_dist"  # the study's user attribute holding its base config, space and folder
-PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 # keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
 WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
                "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
                "clearml_offline")
-
-
-# ---------------------------------------------------------------- the search space
-
-
-@dataclass(frozen=True)
-class Dimension:
-    """One searched config key: float or int in [low, high] (log scale, int step), or categorical choices."""
-
-    name: str
-    type: str
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: int | float | None = None
-    choices: tuple[Any, ...] = ()
-
-    def suggest(self, trial: Any) -> Any:
-        if self.type == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices))
-        if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
-        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
-
-    def extremes(self) -> list[Any]:
-        """The values that bound what this dimension can suggest (checked against the config before any trial)."""
-        if self.type == "categorical":
-            return list(self.choices)
-        if self.type == "int":
-            return [int(self.low), int(self.high)]
-        return [self.low, self.high]
-
-    def grid(self) -> list[Any]:
-        if self.type == "categorical":
-            return list(self.choices)
-        if self.type == "int" and not self.log:
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
-        raise UserError(f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
-                        f"(give it choices: {{type: categorical, choices: [...]}})")
-
-
-def read_space(path: str | Path) -> dict[str, Dimension]:
-    """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"space file '{path}' does not exist: give a YAML file like configs/space_fast.yaml")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise UserError(f"space file '{path}' is not valid YAML: {str(error).splitlines()[0]}") from error
-    if not isinstance(loaded, dict) or not loaded:
-        raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
-                        "{type: float, low: 0.01, high: 1.0, log: true}")
-    return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
-
-
-def _dimension(name: str, entry: Any, path: Path) -> Dimension:
-    where = f"space file '{path}': {name}"
-    if name not in FIELDS:
-        close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'?" if close else "run cifar10-dist run --help to list the keys"
-        raise UserError(f"space file '{path}': unknown config key '{name}': {hint}")
-    if name in UNTUNABLE:
-        raise UserError(f"{where} cannot be tuned (tune sets it, or it decides the data every trial must share)")
-    if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
-        raise UserError(f"{where} needs type: float, int or categorical (got {entry!r})")
-    known = {"float": {"low", "high", "log", "step"}, "int": {"low", "high", "log", "step"},
-             "categorical": {"choices"}}[entry["type"]] | {"type"}
-    unknown = sorted(set(entry) - known)
-    if unknown:
-        raise UserError(f"{where}: '{unknown[0]}' is not accepted for type {entry['type']} "
-                        f"(accepted: {', '.join(sorted(known))})")
-    if entry["type"] == "categorical":
-        choices = entry.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise UserError(f"{where}: choices must be a non-empty list, e.g. choices: [128, 256, 512]")
-        return Dimension(name, "categorical", choices=tuple(choices))
-    low, high, step = entry.get("low"), entry.get("high"), entry.get("step")
-    numbers = [value for value in (low, high) if isinstance(value, (int, float)) and not isinstance(value, bool)]
-    if len(numbers) != 2 or not low < high:
-        raise UserError(f"{where}: low and high must be numbers with low < high (got low={low}, high={high})")
-    if entry["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
-        raise UserError(f"{where}: an int range needs whole low and high (got low={low}, high={high})")
-    log = entry.get("log", False)
-    if log and (low <= 0 or step is not None):
-        raise UserError(f"{where}: log: true needs low > 0 and no step (got low={low}, step={step})")
-    if step is not None and not (isinstance(step, (int, float)) and step > 0):
-        raise UserError(f"{where}: step must be a number > 0 (got {step!r})")
-    return Dimension(name, entry["type"], float(low), float(high), bool(log), step)
-
-
-def check_space(base: Config, space: Mapping[str, Dimension]) -> None:
-    """Every bound and choice of the space must make a valid config with the base config (before any trial)."""
-    for dimension in space.values():
-        for value in dimension.extremes():
-            try:
-                load_config(None, **{**base.to_dict(), dimension.name: value})
-            except UserError as error:
-                raise UserError(f"space: {dimension.name}={value!r} is outside what the config accepts: {error}"
-                                ) from error
 
 
 # ---------------------------------------------------------------- options, storage and the study
@@ -326,14 +218,6 @@ def best_accuracy(run_dir: Path) -> float:
     return float(summary["best"]["accuracy"])
 
 
-def format_params(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{name}={_short(value)}" for name, value in params.items())
-
-
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 # ---------------------------------------------------------------- the tuning loop, the final test, the report
 
 
@@ -376,36 +260,6 @@ def queue_again(study: Any, number: int | None) -> None:
         logger.info("trial %d stopped: queued again, the next worker continues it from its checkpoint", number)
 
 
-def format_trial_line(trial: Any) -> str:
-    value = "" if trial.value is None else f" value {trial.value:.4f}"
-    pruned = f" at epoch {trial.last_step}" if trial.state.name == "PRUNED" and trial.last_step is not None else ""
-    reason = f": {trial.user_attrs['fail_reason']}" if "fail_reason" in trial.user_attrs else ""
-    return (f"trial {trial.number}: {trial.state.name}{pruned}{value} ({_minutes(trial):.1f} min) "
-            f"{format_params(trial.params)}{reason}")
-
-
-def _minutes(trial: Any) -> float:
-    if trial.datetime_start is None:
-        return 0.0
-    end = trial.datetime_complete
-    seconds = (end - trial.datetime_start).total_seconds() if end else 0.0
-    return seconds / 60
-
-
-def trial_table(trials: list[Any]) -> str:
-    """Trials sorted by value (best first; pruned and failed after), one line each."""
-    ranked = sorted(trials, key=lambda t: (t.value is None or t.state.name != "COMPLETE", -(t.value or 0.0), t.number))
-    names = sorted({name for trial in trials for name in trial.params})
-    header = f"{'trial':>5}  {'state':<9}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
-    lines = [header]
-    for trial in ranked:
-        value = f"{trial.value:.4f}" if trial.value is not None else "-"
-        epochs = str(trial.last_step) if trial.last_step is not None else "-"
-        params = "  ".join(f"{_short(trial.params.get(name, '-')):>{len(name)}}" for name in names)
-        lines.append(f"{trial.number:>5}  {trial.state.name:<9}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}")
-    return "\n".join(lines)
-
-
 def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = False) -> dict[str, Any]:
     """The trial table, best_config.yaml and plots in the study folder; the final test when asked."""
     from cifar10_dist import files
@@ -439,33 +293,6 @@ def best_config_of(study: Any, best: Any) -> dict[str, Any]:
     """The base config with the best trial's values: ``cifar10-dist run --config=`` takes it as it is."""
     values = {**study_of(study)["base_config"], **best.params}
     return load_config(None, **values).to_dict()
-
-
-def write_plots(study: Any, study_dir: Path) -> list[str]:
-    """Optuna's matplotlib plots as PNG (those it can draw with the trials so far)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import optuna.visualization.matplotlib as plots
-
-    from cifar10_dist import files
-
-    written = []
-    for name in PLOTS:
-        try:
-            axes = getattr(plots, f"plot_{name}")(study)
-        except (ValueError, RuntimeError, ZeroDivisionError) as reason:  # too few trials for this plot
-            logger.info("no %s plot yet: %s", name, first_line(reason))
-            continue
-        figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
-        figure.set_size_inches(9, 5)
-        figure.tight_layout()
-        path = study_dir / f"{name}.png"
-        files.write_file(path, lambda target: figure.savefig(target, format="png", dpi=100))
-        plt.close(figure)
-        written.append(str(path))
-    return written
 
 
 def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[str, Any] | None:

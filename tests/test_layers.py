@@ -18,9 +18,9 @@ FLOORS = [
     ("training", "inference", "evaluation"),
     ("process_setup", "run_data", "batches"),
     ("launch", "trials", "provenance"),
-    ("checks", "tracking", "run_folder"),
+    ("checks", "tracking", "run_folder", "study_report"),
     ("optimizers", "checkpointing", "reports", "files"),
-    ("engines", "models", "data", "faults", "xla_compat"),
+    ("engines", "models", "data", "faults", "xla_compat", "search_space"),
     ("config", "hardware", "results", "ranks"),
     ("errors",),
 ]

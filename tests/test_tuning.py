@@ -314,12 +314,12 @@ def test_missing_optuna_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_shipped_spaces_fit_their_configs():
-    from cifar10_dist import tuning
+    from cifar10_dist import search_space
 
     for config, space in (("default.yaml", "space_resnet18.yaml"), ("fast.yaml", "space_fast.yaml")):
         base = load_config(REPO / "configs" / config, val_split=0.1)
-        dimensions = tuning.read_space(REPO / "configs" / space)
-        tuning.check_space(base, dimensions)
+        dimensions = search_space.read_space(REPO / "configs" / space)
+        search_space.check_space(base, dimensions)
         assert len(dimensions) >= 3
 
 
