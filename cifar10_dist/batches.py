@@ -8,7 +8,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist import data, engines
+from cifar10_dist import augmentation, engines
 from cifar10_dist.config import Config
 
 
@@ -36,7 +36,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     dropout depend only on (seed, rank, iteration), not on what ran before: the basis of exact resume. Only those
     two: ``torch.manual_seed`` would also seed every CUDA, XPU and MTIA device, which on a machine without them
     records a stack trace for their lazy start at each call (1.3 ms per iteration, issue 29). With alternating
-    flip the training set is pre-flipped (``data.pre_flip``) and whole batches are mirrored in every second epoch.
+    flip the training set is pre-flipped (``loaders.pre_flip``) and whole batches are mirrored in every second epoch.
     """
     rank = idist.get_rank()
     layout = memory_format(config.channels_last)
@@ -50,8 +50,8 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         images, labels = batch
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
-        images = data.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
-        inputs = data.normalize(images).contiguous(memory_format=layout)
+        images = augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
+        inputs = augmentation.normalize(images).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare
@@ -62,7 +62,7 @@ def eval_batch_preparer(device: torch.device, channels_last: bool = False) -> en
 
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
-        inputs = data.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=layout)
+        inputs = augmentation.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare

@@ -9,7 +9,8 @@ import ignite.distributed as idist
 import torch
 from torch import nn
 
-from cifar10_dist import batches, checkpointing, data, engines, process_setup, provenance, ranks, run_data, tracking
+from cifar10_dist import (batches, checkpointing, data, engines, loaders, process_setup, provenance, ranks, run_data,
+                          tracking)
 from cifar10_dist.config import Config
 
 logger = logging.getLogger("cifar10_dist")
@@ -25,7 +26,7 @@ class EvaluationWorker:
         with tracking.package_logging():
             device = idist.device()
             train_set, test_set = run_data.load_datasets(config)
-            loaders = data.make_loaders(
+            batch_loaders = loaders.make_loaders(
                 train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
@@ -35,7 +36,7 @@ class EvaluationWorker:
                 model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last), precision, device,
                 num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
             )
-            metrics = evaluator.run(loaders.test).metrics
+            metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
             return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from cifar10_dist import data, files, inference, models
+from cifar10_dist import augmentation, data, files, inference, models
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import ExportResult
 
@@ -92,11 +92,11 @@ def check_images(config: dict[str, Any]) -> tuple[torch.Tensor, str]:
             if folder.is_dir():
                 test = data.read_test_set(dataset, folder, config.get("label_mode", "fine"))
                 images = test.images[:CHECK_IMAGES]
-                return data.normalize(images), f"{len(images)} test images of {folder}"
+                return augmentation.normalize(images), f"{len(images)} test images of {folder}"
         except UserError:
             pass
     images = data.make_synthetic(1, CHECK_IMAGES, seed=0)[1].images
-    return data.normalize(images), f"{len(images)} synthetic images"
+    return augmentation.normalize(images), f"{len(images)} synthetic images"
 
 
 def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from cifar10_dist import checkpointing, data, engines
+from cifar10_dist import augmentation, checkpointing, data, engines
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int =
         raise UserError(f"batch_size={batch_size} must be at least 1")
     chunks = []
     for start in range(0, len(images), batch_size):
-        batch = data.normalize(images[start:start + batch_size].to(trained.device))
+        batch = augmentation.normalize(images[start:start + batch_size].to(trained.device))
         chunks.append(torch.softmax(engines.predict(trained.model, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
 

@@ -11,7 +11,7 @@ from typing import Any
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import data, engines, provenance, ranks
+from cifar10_dist import data, engines, loaders, provenance, ranks
 from cifar10_dist.config import Config
 
 logger = logging.getLogger("cifar10_dist")
@@ -25,7 +25,7 @@ class DataSetup:
     """The images, their loaders and the numbers derived from them, the same on every rank."""
 
     train: data.ImageSet  # the training images left after holding out
-    loaders: data.Loaders
+    loaders: loaders.Loaders
     split: str  # where the best model is chosen: "val" (held-out images) or "test"
     held_out_indices: list[int] | None
     provenance: dict[str, Any]
@@ -37,20 +37,20 @@ class DataSetup:
 def setup_data(config: Config, device: torch.device, precision: engines.Precision) -> DataSetup:
     train_set, test_set = load_datasets(config)
     record = describe_run(config, train_set, test_set, device, precision)
-    held_out = data.hold_out(train_set, config.val_split, config.val_seed)
-    train_images = data.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    loaders = data.make_loaders(
+    held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
+    train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
+    batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
     )
-    iterations_per_epoch = config.epoch_length or len(loaders.train)
-    images_per_iteration = loaders.train.batch_size * idist.get_world_size()
+    iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
+    images_per_iteration = batch_loaders.train.batch_size * idist.get_world_size()
     if images_per_iteration != config.batch_size:
         ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
-                              "%d per step", config.batch_size, idist.get_world_size(), loaders.train.batch_size,
-                              images_per_iteration)
+                           "%d per step", config.batch_size, idist.get_world_size(), batch_loaders.train.batch_size,
+                           images_per_iteration)
     return DataSetup(
-        train=held_out.train, loaders=loaders, split="val" if held_out.val is not None else "test",
+        train=held_out.train, loaders=batch_loaders, split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None else None, provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration,

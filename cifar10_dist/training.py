@@ -20,8 +20,8 @@ from ignite.engine import Engine, Events
 from ignite.handlers import EarlyStopping
 from torch import nn
 
-from cifar10_dist import (batches, checkpointing, data, engines, faults, files, models, optimizers, process_setup,
-                          ranks, reports, run_data, run_folder, tracking, trials)
+from cifar10_dist import (augmentation, batches, checkpointing, data, engines, faults, files, models, optimizers,
+                          process_setup, ranks, reports, run_data, run_folder, tracking, trials)
 from cifar10_dist.config import Config
 from cifar10_dist.results import RunResult, SplitMetrics
 
@@ -77,7 +77,7 @@ def setup_model(config: Config, data_setup: run_data.DataSetup) -> Network:
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     model = models.build_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
     if isinstance(model, models.AirbenchNet):
-        model.init_whitening(data.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
+        model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
     model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
     return Network(model, torch.compile(model) if config.compile else model)
@@ -293,7 +293,7 @@ class Validation:
 
     engine_set: EngineSet
     split: str  # "val" or "test"
-    loaders: data.Loaders
+    loaders: loaders.Loaders
     recorder: tracking.Recorder
     latest: dict[str, Any] | None = None
     iteration: int = 0

@@ -37,7 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cifar10_dist import data, diagnostics, engines, faults, hardware, launch, models, tracking  # noqa: E402
+from cifar10_dist import augmentation, data, diagnostics, engines, faults, hardware, launch, models, tracking
 
 CPU = torch.device("cpu")
 
@@ -231,7 +231,7 @@ def bare_overhead_loop(iterations: int) -> float:
     start = time.perf_counter()
     for index in range(iterations):
         chosen = order[index * OVERHEAD_BATCH:(index + 1) * OVERHEAD_BATCH]
-        inputs, targets = data.normalize(train.images[chosen]), train.labels[chosen]
+        inputs, targets = augmentation.normalize(train.images[chosen]), train.labels[chosen]
         loss = loss_fn(model(inputs), targets)
         loss.backward()
         optimizer.step()

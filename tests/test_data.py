@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from cifar10_dist import data
+from cifar10_dist import augmentation, data, loaders
 from cifar10_dist.errors import UserError
 from tests.conftest import run_in_process, write_dataset
 
@@ -118,9 +118,9 @@ def test_archive_is_extracted_when_present(tmp_path):
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_shard_sampler_yields_every_index_exactly_once(world_size):
     dataset = list(range(1001))
-    shards = [list(data.ShardSampler(dataset, world_size, rank)) for rank in range(world_size)]
+    shards = [list(loaders.ShardSampler(dataset, world_size, rank)) for rank in range(world_size)]
     assert sorted(index for shard in shards for index in shard) == list(range(1001))
-    assert [len(data.ShardSampler(dataset, world_size, r)) for r in range(world_size)] == [len(s) for s in shards]
+    assert [len(loaders.ShardSampler(dataset, world_size, r)) for r in range(world_size)] == [len(s) for s in shards]
 
 
 def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
@@ -130,7 +130,7 @@ def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
     coordinate = torch.arange(1, 33, dtype=torch.uint8)
     images = torch.stack([coordinate.view(32, 1).expand(32, 32), coordinate.view(1, 32).expand(32, 32),
                           torch.zeros(32, 32, dtype=torch.uint8)]).expand(count, 3, 32, 32).contiguous()
-    out = data.augment(images, torch.Generator().manual_seed(1))
+    out = augmentation.augment(images, torch.Generator().manual_seed(1))
     flipped = out[:, 1, 16, 17] < out[:, 1, 16, 16]  # columns run backwards in a mirrored crop
     row_offset = out[:, 0, 16, 16].long() - 1 - 12  # output row 16 shows padded row 16 + offset
     column_offset = out[:, 1, 16, 16].long() - 1 - torch.where(flipped, 11, 12)
@@ -147,9 +147,9 @@ def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
 
 def test_augment_is_reproducible_from_the_generator_seed():
     images = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
-    first = data.augment(images, torch.Generator().manual_seed(5))
-    again = data.augment(images, torch.Generator().manual_seed(5))
-    other = data.augment(images, torch.Generator().manual_seed(6))
+    first = augmentation.augment(images, torch.Generator().manual_seed(5))
+    again = augmentation.augment(images, torch.Generator().manual_seed(5))
+    other = augmentation.augment(images, torch.Generator().manual_seed(6))
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
 
@@ -157,7 +157,7 @@ def test_augment_is_reproducible_from_the_generator_seed():
 def test_normalize_uses_the_cifar_channel_statistics():
     images = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
     expected = [(1 - m) / s for m, s in zip(data.MEAN, data.STD)]
-    assert np.allclose(data.normalize(images)[0, :, 0, 0].numpy(), expected, atol=1e-5)
+    assert np.allclose(augmentation.normalize(images)[0, :, 0, 0].numpy(), expected, atol=1e-5)
 
 
 def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the_folder(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ FLOORS = [
     ("process_setup", "run_data", "batches"),
     ("launch", "trials", "provenance"),
     ("checks", "tracking", "run_folder", "study_report"),
-    ("optimizers", "checkpointing", "reports", "files"),
+    ("optimizers", "checkpointing", "reports", "files", "loaders", "augmentation"),
     ("engines", "models", "data", "faults", "xla_compat", "search_space"),
     ("config", "hardware", "results", "ranks"),
     ("errors",),

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cifar10_dist import data, models
+from cifar10_dist import augmentation, data, models
 from tests.conftest import run_in_process
 
 
@@ -97,7 +97,7 @@ def test_predict_api_takes_paths_pil_images_and_uint8_tensors_alike(trained, tmp
     model = models.build_model("simple_cnn")
     model.load_state_dict(torch.load(trained, weights_only=True)["model"])
     with torch.no_grad():
-        expected = torch.softmax(model.eval()(data.normalize(images)), dim=1)
+        expected = torch.softmax(model.eval()(augmentation.normalize(images)), dim=1)
     assert torch.allclose(from_tensor, expected, atol=1e-6)
     mirrored = cifar10_dist.predict(trained, images, tta=1)
     assert not torch.allclose(mirrored, from_tensor)  # tta=1 averages in the mirror images
@@ -137,7 +137,7 @@ def saved_model(folder: Path, model: str, model_kwargs: dict | None = None) -> t
     torch.manual_seed(0)
     network = models.build_model(model, model_kwargs)
     if isinstance(network, models.AirbenchNet):
-        network.init_whitening(data.normalize(data.make_synthetic(1, 256)[1].images))
+        network.init_whitening(augmentation.normalize(data.make_synthetic(1, 256)[1].images))
     with torch.no_grad():
         network.train()(torch.randn(16, 3, 32, 32) * 2 + 0.5)  # moves the running statistics
     path = folder / f"best_model_1_val_accuracy=0.5000_{model.replace('/', '_').replace(':', '_')}.pt"
@@ -178,7 +178,7 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     from safetensors.torch import load_file
 
     checkpoint, model = checkpoints[family]
-    images = data.normalize(data.make_synthetic(1, 7, seed=5)[1].images)
+    images = augmentation.normalize(data.make_synthetic(1, 7, seed=5)[1].images)
     with torch.no_grad():
         expected = model(images)
 

@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import batches, data, engines, models, optimizers
+from cifar10_dist import augmentation, batches, data, engines, loaders, models, optimizers
 from cifar10_dist.config import load_config
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
@@ -187,7 +187,7 @@ def test_test_time_augmentation_averages_mirrors_and_one_pixel_shifts():
 
 def test_reflect_crops_are_windows_of_the_reflect_padded_image():
     images = torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8)
-    out = data.augment(images, torch.Generator().manual_seed(3), padding=2, pad_mode="reflect", flip="none")
+    out = augmentation.augment(images, torch.Generator().manual_seed(3), padding=2, pad_mode="reflect", flip="none")
     padded = nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
     offsets = set()
     for index in range(32):
@@ -201,11 +201,11 @@ def test_reflect_crops_are_windows_of_the_reflect_padded_image():
 def test_flip_all_and_none_and_pre_flip():
     images = torch.randint(0, 256, (200, 3, 32, 32), dtype=torch.uint8)
     generator = torch.Generator().manual_seed(0)
-    assert torch.equal(data.augment(images, generator, padding=0, flip="none"), images)
-    assert torch.equal(data.augment(images, generator, padding=0, flip="all"), images.flip(-1))
+    assert torch.equal(augmentation.augment(images, generator, padding=0, flip="none"), images)
+    assert torch.equal(augmentation.augment(images, generator, padding=0, flip="all"), images.flip(-1))
     labels = torch.zeros(200, dtype=torch.long)
-    first = data.pre_flip(data.ImageSet(images, labels), seed=7).images
-    assert torch.equal(first, data.pre_flip(data.ImageSet(images, labels), seed=7).images)
+    first = loaders.pre_flip(data.ImageSet(images, labels), seed=7).images
+    assert torch.equal(first, loaders.pre_flip(data.ImageSet(images, labels), seed=7).images)
     flipped = [torch.equal(first[i], images[i].flip(-1)) for i in range(200)]
     kept = [torch.equal(first[i], images[i]) for i in range(200)]
     assert all(f or k for f, k in zip(flipped, kept)) and 70 < sum(flipped) < 130
@@ -219,7 +219,7 @@ def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]
     epoch_2 = [prepare((images, labels), iteration)[0] for iteration in (4, 6)]
     epoch_3, _ = prepare((images, labels), 7)
-    plain = data.normalize(images)
+    plain = augmentation.normalize(images)
     assert all(torch.equal(x, plain) for x in epoch_1) and torch.equal(epoch_3, plain)
     assert all(torch.equal(x, plain.flip(-1)) for x in epoch_2)
     assert epoch_3.is_contiguous(memory_format=torch.channels_last)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from cifar10_dist import data
+from cifar10_dist import data, loaders
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]
@@ -38,8 +38,8 @@ def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
     assert len(chosen[1]) == 60 and chosen[1] == sorted(set(chosen[1]))
     assert chosen[1] == chosen[3]
     full = data.ImageSet(torch.zeros(600, 1, 1, 1, dtype=torch.uint8), torch.zeros(600, dtype=torch.long))
-    assert data.hold_out(full, 0.1, seed=0).indices.tolist() == chosen[1]  # training seed plays no part
-    assert data.hold_out(full, 0.1, seed=1).indices.tolist() != chosen[1]
+    assert loaders.hold_out(full, 0.1, seed=0).indices.tolist() == chosen[1]  # training seed plays no part
+    assert loaders.hold_out(full, 0.1, seed=1).indices.tolist() != chosen[1]
 
 
 def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_runs):
@@ -59,18 +59,18 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
     images = torch.zeros(count, 3, 32, 32, dtype=torch.uint8)
     images[:, 0, 0, 0] = torch.arange(count) % 256  # each image carries its index
     images[:, 0, 0, 1] = torch.arange(count) // 256
-    split = data.hold_out(data.ImageSet(images, torch.zeros(count, dtype=torch.long)), 0.1, seed=0)
-    loaders = data.make_loaders(split.train, split.val, val=split.val, batch_size=32, num_workers=0,
+    split = loaders.hold_out(data.ImageSet(images, torch.zeros(count, dtype=torch.long)), 0.1, seed=0)
+    made = loaders.make_loaders(split.train, split.val, val=split.val, batch_size=32, num_workers=0,
                                 train_eval_size=100, seed=5)
     seen = set()
     for epoch in range(3):
-        loaders.train.sampler.set_epoch(epoch)
-        for batch, _ in loaders.train:
+        made.train.sampler.set_epoch(epoch)
+        for batch, _ in made.train:
             seen.update((batch[:, 0, 0, 0].long() + 256 * batch[:, 0, 0, 1].long()).tolist())
     held = set(split.indices.tolist())
     assert len(held) == 70 and not seen & held
     assert len(seen) >= 600  # the other 630 images are trained on (drop_last leaves out up to 31 per epoch)
-    train_subset = {int(a) + 256 * int(b) for a, b in next(iter(loaders.train_eval))[0][:, 0, 0, :2].tolist()}
+    train_subset = {int(a) + 256 * int(b) for a, b in next(iter(made.train_eval))[0][:, 0, 0, :2].tolist()}
     assert not train_subset & held
 
 

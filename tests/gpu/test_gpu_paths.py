@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import assert_same_training_state, cli_env, run_cli, run_torchrun
 from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
+from cifar10_dist import loaders
 
 pytestmark = pytest.mark.gpu
 
@@ -126,8 +127,8 @@ def test_loaders_pin_memory_on_cuda():
     from cifar10_dist import data
 
     train, test = data.make_synthetic(200, 40, 0)
-    loaders = data.make_loaders(train, test, batch_size=32, num_workers=2, train_eval_size=0, seed=0)
-    assert loaders.train.pin_memory and loaders.test.pin_memory
+    made = loaders.make_loaders(train, test, batch_size=32, num_workers=2, train_eval_size=0, seed=0)
+    assert made.train.pin_memory and made.test.pin_memory
 
 
 def test_channels_last_and_compile_train_and_save_plain_checkpoints(check_data, tmp_path, record):
