@@ -1,5 +1,5 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``runs``), ``predict``, ``export``, ``tune`` and
-``doctor``; the CLI and notebooks call these, and nothing below calls up into it.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``runs``), ``predict``, ``export``, ``tune``,
+``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second).
@@ -8,14 +8,16 @@ torch is imported (a bad value fails in well under a second).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
-from cifar10_dist.results import DoctorReport, ExportResult
-from cifar10_dist.runs import INHERITED_BY_EVALUATE, evaluate, resolve, train, train_seeds
+from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult
+from cifar10_dist import runs
+from cifar10_dist.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "export", "tune", "doctor"]
+__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "export", "tune", "doctor",
+           "report", "prepare_data"]
 
 
 def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,
@@ -82,3 +84,77 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
     model = absolute_model_reference(str(model))
     models.check_model(model, None, models.NUM_CLASSES)
     return diagnostics.examine(model, batch_size, budget_seconds)
+
+
+def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
+             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
+    """``runs.evaluate`` (test-set metrics, per-class accuracy, confusion matrix of a saved model); with
+    ``output_dir`` the confusion matrix is also written there as confusion_<checkpoint name>.json and .png."""
+    metrics = runs.evaluate(checkpoint, config, raw_weights=raw_weights, **overrides)
+    if metrics is not None and output_dir is not None:
+        _write_confusion(metrics, Path(checkpoint), Path(output_dir))
+    return metrics
+
+
+def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", targets: Sequence[float] = (),
+           warn: Callable[[str], None] = print) -> ReportResult:
+    """Compare run folders: a table, one plot overlaying their curves in ``output`` and, with ``targets``, the time
+    each run took to reach those accuracies. A folder that cannot be read in full is one line through ``warn``;
+    a UserError when none can be read."""
+    from cifar10_dist import reports
+
+    folders = [Path(str(run_dir)) for run_dir in run_dirs]
+    if not folders:
+        raise UserError("report needs at least one run folder: cifar10-dist report RUN_DIR [RUN_DIR ...]")
+    for folder in folders:
+        if not folder.is_dir():
+            raise UserError(f"run folder '{folder}' does not exist")
+    comparison = reports.compare(folders)
+    for problem in comparison.problems:
+        warn(problem)
+    if not comparison.rows:
+        raise UserError(f"nothing to report: none of the {len(folders)} run folder(s) could be read (see above)")
+    times = None
+    if targets:
+        rows = [reports.time_to_accuracy(folder, list(targets)) for folder in comparison.folders]
+        times = reports.format_time_to_accuracy(rows, list(targets))
+    reports.render_comparison(comparison.folders, Path(output))
+    return ReportResult(reports.format_table(comparison.rows), str(output), times, list(comparison.problems))
+
+
+def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", synthetic: int | None = None,
+                 synthetic_test: int | None = None, seed: int = 0) -> PreparedData:
+    """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
+    (and ``synthetic_test``, default a fifth) in the same on-disk format."""
+    from cifar10_dist import data
+
+    if dataset not in data.LAYOUTS:
+        raise UserError(f"dataset={dataset!r} is not accepted here: choose {' or '.join(data.LAYOUTS)}")
+    layout = data.LAYOUTS[dataset]
+    if synthetic is not None:
+        folder = Path(str(data_path)) / layout.folder
+        num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
+        if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
+            raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")
+        train_set, test_set = data.make_synthetic(synthetic, num_test, seed, data.num_classes(dataset))
+        (data.write_cifar100 if dataset == "cifar100" else data.write_cifar10)(folder, train_set, test_set)
+        return PreparedData(str(folder), len(train_set), len(test_set), synthetic=True)
+    folder, train_set, test_set = data.read_dataset(dataset, Path(str(data_path)))
+    return PreparedData(str(folder), len(train_set), len(test_set), synthetic=False,
+                        official=data.matches_official_release(folder, layout))
+
+
+def _write_confusion(metrics: Any, checkpoint: Path, folder: Path) -> None:
+    """An evaluation's confusion matrix as confusion_<checkpoint name>.json and .png in ``folder``."""
+    from cifar10_dist import files, reports
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
+    stem = reports.confusion_stem(checkpoint)
+    files.write_json(folder / f"{stem}.json", {
+        "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
+        "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
+    files.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
+        metrics.confusion_matrix, path, checkpoint.name, metrics.classes))

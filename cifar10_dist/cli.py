@@ -211,22 +211,13 @@ def evaluate(
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
-    from cifar10_dist import files, reports
+    from cifar10_dist import reports
 
-    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), **overrides)
+    folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
+    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), output_dir=folder, **overrides)
     if metrics is None:
         return
-    folder = Path(output_dir) if output_dir is not None else Path(checkpoint).parent
-    stem = f"confusion_{Path(checkpoint).stem}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
-    files.write_json(folder / f"{stem}.json", {
-        "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
-        "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
-    files.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
-        metrics.confusion_matrix, path, Path(checkpoint).name, metrics.classes))
+    stem = reports.confusion_stem(Path(str(checkpoint)))
     if json:
         print(json_module.dumps(metrics.to_dict()))
         return
@@ -308,27 +299,13 @@ def export(checkpoint: str | None = None, format: str | None = None, output: str
 def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:
     """Compare run folders: a table on stdout and one plot overlaying their curves; with --targets=0.9,0.93,0.94
     also the time each run took to reach those accuracies (mean and std over the runs)."""
-    from cifar10_dist import reports
-
-    if not run_dirs:
-        raise UserError("report needs at least one run folder: cifar10-dist report RUN_DIR [RUN_DIR ...]")
-    folders = [Path(str(run_dir)) for run_dir in run_dirs]
-    for folder in folders:
-        if not folder.is_dir():
-            raise UserError(f"run folder '{folder}' does not exist")
-    goals = _parse_targets(targets)
-    comparison = reports.compare(folders)
-    for problem in comparison.problems:
-        print(f"error: {problem}", file=sys.stderr)
-    if not comparison.rows:
-        raise UserError(f"nothing to report: none of the {len(folders)} run folder(s) could be read (see above)")
-    print(reports.format_table(comparison.rows))
-    if goals:
+    result = api.report(run_dirs, str(output), _parse_targets(targets),
+                        warn=lambda problem: print(f"error: {problem}", file=sys.stderr))
+    print(result.table)
+    if result.times:
         print()
-        rows = [reports.time_to_accuracy(folder, goals) for folder in comparison.folders]
-        print(reports.format_time_to_accuracy(rows, goals))
-    reports.render_comparison(comparison.folders, Path(output))
-    print(f"plot: {output}")
+        print(result.times)
+    print(f"plot: {result.plot}")
 
 
 def _parse_targets(targets: Any) -> list[float]:
@@ -350,24 +327,14 @@ def prepare_data(
     dataset: str = "cifar10",
 ) -> None:
     """Download and verify CIFAR-10 (or CIFAR-100), or write a synthetic dataset in the same format."""
-    from cifar10_dist import data
-
-    if dataset not in data.LAYOUTS:
-        raise UserError(f"dataset={dataset!r} is not accepted here: choose {' or '.join(data.LAYOUTS)}")
-    layout = data.LAYOUTS[dataset]
-    folder = Path(str(data_path)) / layout.folder
-    if synthetic is not None:
-        num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
-        if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
-            raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")
-        train_set, test_set = data.make_synthetic(synthetic, num_test, seed, data.num_classes(dataset))
-        (data.write_cifar100 if dataset == "cifar100" else data.write_cifar10)(folder, train_set, test_set)
-        print(f"wrote {len(train_set)} synthetic training and {len(test_set)} test images to {folder}")
+    prepared = api.prepare_data(str(data_path), str(dataset), synthetic, synthetic_test, int(seed))
+    if prepared.synthetic:
+        print(f"wrote {prepared.train_images} synthetic training and {prepared.test_images} test images to "
+              f"{prepared.folder}")
         return
-    folder, train_set, test_set = data.read_dataset(dataset, Path(str(data_path)))
-    official = "match" if data.matches_official_release(folder, layout) else "do not match"
-    print(f"{folder}: {len(train_set)} training and {len(test_set)} test images, valid structure; "
-          f"files {official} the official release's md5 sums")
+    official = "match" if prepared.official else "do not match"
+    print(f"{prepared.folder}: {prepared.train_images} training and {prepared.test_images} test images, valid "
+          f"structure; files {official} the official release's md5 sums")
 
 
 def tune(config: str | None = None, space: str | None = None, study: str | None = None, trials: int = 10,

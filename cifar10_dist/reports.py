@@ -343,3 +343,7 @@ def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100, format="png")
+
+
+def confusion_stem(checkpoint: Path) -> str:
+    return f"confusion_{checkpoint.stem}"

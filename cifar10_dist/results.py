@@ -1,4 +1,4 @@
-"""What ``train``, ``evaluate``, ``export`` and ``doctor`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -127,3 +127,26 @@ class DoctorReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """A comparison of run folders: the table, the time-to-accuracy table (with targets), the plot written, and a
+    line for each folder that could not be read in full."""
+
+    table: str
+    plot: str
+    times: Optional[str] = None
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A dataset made ready in ``folder``: downloaded and checked, or written synthetic."""
+
+    folder: str
+    train_images: int
+    test_images: int
+    synthetic: bool
+    official: Optional[bool] = None  # the files' md5 sums match the official release (None: synthetic)
+

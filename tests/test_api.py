@@ -67,3 +67,27 @@ def test_a_yaml_path_with_overrides_and_a_config_object_resolve_alike(tmp_path):
     from_path = api.resolve(path, num_epochs=9)
     from_object = api.resolve(load_config(batch_size=64, num_epochs=7), num_epochs=9)
     assert from_path == from_object and from_path.num_epochs == 9 and from_path.batch_size == 64
+
+
+def test_prepare_data_report_and_evaluate_files_are_api_calls_the_cli_only_prints(tmp_path):
+    """The CLI's prepare-data, report and evaluate's confusion files go through api.prepare_data, api.report and
+    api.evaluate(output_dir=...): typed results, the same files."""
+    from cifar10_dist.results import PreparedData, ReportResult
+
+    prepared = api.prepare_data(tmp_path / "data", synthetic=320, synthetic_test=64, seed=1)
+    assert prepared == PreparedData(str(tmp_path / "data" / "cifar-10-batches-py"), 320, 64, synthetic=True)
+    run = api.train(load_config(None, **{**SMALL, "dataset": "cifar10"}, data_path=str(tmp_path / "data"),
+                                output_path=str(tmp_path / "out"), run_name="r", checkpoint_every=5))
+    checked = api.prepare_data(tmp_path / "data")
+    assert (checked.train_images, checked.test_images, checked.synthetic, checked.official) == (320, 64, False, False)
+    problems = []
+    result = api.report([run.run_dir], tmp_path / "cmp.png", targets=[0.05], warn=problems.append)
+    assert isinstance(result, ReportResult) and problems == [] and result.plot == str(tmp_path / "cmp.png")
+    assert result.table.splitlines()[1].startswith("r ") and "reached" not in result.table and result.times
+    checkpoint = f"{run.run_dir}/training_checkpoint_10.pt"
+    metrics = api.evaluate(checkpoint, output_dir=tmp_path / "confusion", num_workers=0, batch_size=32)
+    assert isinstance(metrics, EvaluationResult) and metrics.num_samples == 64
+    assert sorted(path.name for path in (tmp_path / "confusion").iterdir()) == [
+        "confusion_training_checkpoint_10.json", "confusion_training_checkpoint_10.png"]
+    with pytest.raises(api.UserError, match="^run folder '.*missing' does not exist$"):
+        api.report([tmp_path / "missing"])
