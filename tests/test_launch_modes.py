@@ -4,6 +4,7 @@ and the environment that srun gives its tasks. The "nodes" are two launchers on 
 
 from __future__ import annotations
 
+import pytest
 import json
 import socket
 import subprocess
@@ -50,6 +51,7 @@ def training_args(data: Path, output: Path) -> list[str]:
     return ["run", *TINY, "--backend=gloo", f"--data_path={data}", f"--output_path={output}", "--run_name=same"]
 
 
+@pytest.mark.slow
 def test_two_torchrun_nodes_with_static_master_match_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [
@@ -74,6 +76,7 @@ def srun_environment(task: int, tasks: int, nodes: int, job_id: str, local_task:
     }
 
 
+@pytest.mark.slow
 def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawned_run, small_dataset, tmp_path):
     """scripts/slurm/multi_node.sbatch: one srun task per node runs torchrun with a c10d rendezvous.
     Ignite alone would refuse (RANK from torchrun differs from SLURM_PROCID in a multi-node job)."""
@@ -90,6 +93,7 @@ def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawne
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
 
 
+@pytest.mark.slow
 def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [

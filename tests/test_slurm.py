@@ -74,6 +74,7 @@ def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes(small_dataset, tmp_path):
     job_id = free_slurm_job_id()
     env = job_environment(tmp_path, small_dataset, job_id)

@@ -140,6 +140,7 @@ def _get_json(url: str, server: subprocess.Popen, timeout: float = 60) -> dict:
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_pruning_is_agreed_by_spawned_gloo_workers_reaching_a_journal_study(small_dataset, tmp_path):
     """Two workers of one study on a journal file, each with its own launch: the first trains learning_rate 0.2
     in its own process; the second, with 2 spawned gloo processes, gets 1e-6 (a grid, seed 1), which cannot beat
@@ -200,6 +201,7 @@ def postgresql(tmp_path_factory):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal", "postgresql"])
 def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
     storage = {"sqlite": None, "journal": f"journal:{tmp_path / 'study.journal'}"}.get(kind)
@@ -227,6 +229,7 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
         assert config["trial"]["params"] == trial.params
 
 
+@pytest.mark.slow
 def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tmp_path):
     space = write_space(tmp_path, {"learning_rate": SPACE["learning_rate"]})
     args = tune_args(small_dataset, tmp_path, space, "k", "--trials=1", "--heartbeat=1", "--final_test=False",
@@ -326,6 +329,7 @@ def test_shipped_spaces_fit_their_configs():
 # ---------------------------------------------------------------- Slurm job arrays
 
 
+@pytest.mark.slow
 def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_dataset, tmp_path):
     """scripts/slurm/tune_array.sbatch with the stand-in scontrol: USR1 before the time limit -> the running trial
     stops at a checkpoint and is queued again in the study (a journal file), the array task is requeued by its

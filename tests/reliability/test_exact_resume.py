@@ -39,6 +39,7 @@ def test_resume_mid_epoch_ends_with_identical_state_and_metrics(reference, tmp_p
     assert resumed_metrics["train"] == reference_metrics["train"]
 
 
+@pytest.mark.slow
 def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference, tmp_path):
     """A stop signal at whatever iteration the run has reached, then the identical command with resume_from=auto.
 
@@ -146,6 +147,7 @@ def run_seen(tmp_path, name, processes, *extra):
                            f'--model_kwargs={{"folder": "{folder}"}}', *extra)
 
 
+@pytest.mark.slow
 def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says_so(tmp_path):
     """2 processes to 3 (after step 18 of 20: 8 of epoch 2's 10 steps done) and 3 to 2 (after step 14): epoch 2
     trains on every one of the 960 images exactly once, a warning says so, and summary.json records the change."""

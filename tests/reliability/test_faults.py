@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ def command_line(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path,
                                                                                     long_spawned_reference):
     common = [*LONG, "--backend=gloo", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
@@ -89,6 +91,7 @@ def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_
     assert gone(workers)
 
 
+@pytest.mark.slow
 def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_dataset, tmp_path):
     """A worker that stops answering (SIGSTOP: alive, silent) - the survivor gives up after dist_timeout, the
     launcher names the silent rank and ends every process, exit 4; the newest checkpoint stays loadable."""

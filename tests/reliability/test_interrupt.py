@@ -42,6 +42,7 @@ def interrupt(data: Path, output: Path, send) -> tuple[int, str, float, list[int
         stop_all(job)
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(small_dataset, tmp_path,
                                                                                   long_spawned_reference):
     code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT))
