@@ -159,7 +159,7 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
     values: dict[str, Any] = {}
     if config_file is not None:
-        values.update(_read_yaml(Path(config_file)))
+        values.update(read_yaml_mapping(Path(config_file)))
     values.update(overrides)
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
@@ -198,19 +198,21 @@ def note(message: str) -> None:
         print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml_mapping(path: Path, what: str = "config file", example: str = "configs/default.yaml") -> dict[str, Any]:
+    """A YAML file holding a mapping ({} when empty); every other case one line naming the file (``what``) and
+    what is wanted (a YAML file like ``example``)."""
     if path.is_dir():
-        raise UserError(f"config file '{path}' is a folder: give a YAML file (e.g. configs/default.yaml)")
+        raise UserError(f"{what} '{path}' is a folder: give a YAML file (e.g. {example})")
     if not path.is_file():
-        raise UserError(f"config file '{path}' does not exist (choose one in configs/ or give a path to a YAML file)")
+        raise UserError(f"{what} '{path}' does not exist: give a path to a YAML file (e.g. {example})")
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
-        raise UserError(f"config file '{path}' is not valid YAML: {first_line(error)}") from error
+        raise UserError(f"{what} '{path}' is not valid YAML: {first_line(error)}") from error
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise UserError(f"config file '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
+        raise UserError(f"{what} '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
     return loaded
 
 

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from cifar10_dist.config import FIELDS, Config, load_config
-from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.config import FIELDS, Config, load_config, read_yaml_mapping
+from cifar10_dist.errors import UserError
 
 
 SPACE_TYPES = ("float", "int", "categorical")
@@ -62,13 +60,8 @@ class Dimension:
 def read_space(path: str | Path) -> dict[str, Dimension]:
     """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"space file '{path}' does not exist: give a YAML file like configs/space_fast.yaml")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise UserError(f"space file '{path}' is not valid YAML: {first_line(error)}") from error
-    if not isinstance(loaded, dict) or not loaded:
+    loaded = read_yaml_mapping(path, "space file", "configs/space_fast.yaml")
+    if not loaded:
         raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
                         "{type: float, low: 0.01, high: 1.0, log: true}")
     return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
