@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
-from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult
+from cifar10_dist.results import (DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult,
+                                  TuneResult)
 from cifar10_dist import runs
 from cifar10_dist.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
 
@@ -45,10 +46,10 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
          trials: int = 10, storage: str | None = None, sampler: str = "tpe", sampler_seed: int | None = None,
          pruner: str = "median", pruner_startup_trials: int = 5, pruner_warmup_epochs: int = 0,
          final_test: bool = True, heartbeat: int = 60, report_only: bool = False, echo: Any = print,
-         **overrides: Any) -> dict[str, Any]:
+         **overrides: Any) -> TuneResult:
     """Tune the config's hyperparameters over ``space`` (a SPACE.yaml) with Optuna: ``trials`` trials in this
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
-    may share it). Returns the study's summary (best trial, value, params, the final test when run); with
+    may share it). Returns a TuneResult (best trial, value, params, the final test when run); with
     ``report_only`` only reports an existing study."""
     from cifar10_dist import search_space, tuning
 

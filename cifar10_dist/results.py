@@ -1,4 +1,4 @@
-"""What ``train``, ``evaluate``, ``export``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -149,4 +149,22 @@ class PreparedData:
     test_images: int
     synthetic: bool
     official: Optional[bool] = None  # the files' md5 sums match the official release (None: synthetic)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A tuning study after this process's trials (also its tuning_summary.json): trial counts by state, the best
+    trial with its val accuracy and values, the plots written, and the final test when it ran."""
+
+    study: str
+    study_dir: str
+    states: dict[str, int]
+    best_trial: Optional[int] = None
+    best_value: Optional[float] = None
+    best_params: dict[str, Any] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
+    final_test: Optional[dict[str, Any]] = None  # trial, checkpoint, accuracy, loss, num_samples, seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 

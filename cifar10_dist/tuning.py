@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from cifar10_dist import reports
 from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
+from cifar10_dist.results import TuneResult
 from cifar10_dist.search_space import Dimension, check_space
 from cifar10_dist.study_report import format_params, format_trial_line, trial_table, write_plots
 from cifar10_dist.trials import JOURNAL_PREFIX, RETRIES, make_pruner, open_storage, require_optuna, without_password
@@ -222,7 +223,7 @@ def best_accuracy(run_dir: Path) -> float:
 
 
 def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
-         echo: Callable[[str], None] = print) -> dict[str, Any]:
+         echo: Callable[[str], None] = print) -> TuneResult:
     """Run ``options.trials`` trials of the study in this process, then report (and the final test)."""
     require_optuna()
     if base.val_split <= 0:
@@ -260,7 +261,7 @@ def queue_again(study: Any, number: int | None) -> None:
         logger.info("trial %d stopped: queued again, the next worker continues it from its checkpoint", number)
 
 
-def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = False) -> dict[str, Any]:
+def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = False) -> TuneResult:
     """The trial table, best_config.yaml and plots in the study folder; the final test when asked."""
     from cifar10_dist import files
 
@@ -270,7 +271,7 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
                                                                              "WAITING")}
     echo(trial_table(trials))
     echo("trials: " + ", ".join(f"{count} {state.lower()}" for state, count in states.items() if count))
-    summary: dict[str, Any] = {"study": study.study_name, "study_dir": str(study_dir), "states": states}
+    summary = TuneResult(study.study_name, str(study_dir), states)
     completed = [t for t in trials if t.state.name == "COMPLETE"]
     if completed:
         best = study.best_trial
@@ -278,11 +279,11 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         files.write_yaml(study_dir / "best_config.yaml", best_config)
         echo(f"best: trial {best.number}, val accuracy {best.value:.4f}, {format_params(best.params)}")
         echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run --config={study_dir / 'best_config.yaml'})")
-        summary.update(best_trial=best.number, best_value=best.value, best_params=best.params)
-        summary["plots"] = write_plots(study, study_dir)
+        summary = dataclasses.replace(summary, best_trial=best.number, best_value=best.value,
+                                      best_params=dict(best.params), plots=write_plots(study, study_dir))
         if final_test:
-            summary["final_test"] = run_final_test(study, best, echo)
-    files.write_json(study_dir / "tuning_summary.json", summary)
+            summary = dataclasses.replace(summary, final_test=run_final_test(study, best, echo))
+    files.write_json(study_dir / "tuning_summary.json", summary.to_dict())
     if not completed and states["FAIL"]:
         raise UserError(f"no trial of study {study.study_name} has completed ({states['FAIL']} failed, the reasons "
                         "are above): no best config")
@@ -330,7 +331,7 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
 
 
 def report_only(study_name: str, storage: str | None, output_path: str, final_test: bool,
-                echo: Callable[[str], None] = print) -> dict[str, Any]:
+                echo: Callable[[str], None] = print) -> TuneResult:
     """The report of an existing study (while it runs, or after)."""
     optuna = require_optuna()
     url = storage_url(storage, Path(output_path) / study_name)

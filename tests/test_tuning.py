@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cifar10_dist import api
 from cifar10_dist.config import load_config
+from cifar10_dist.results import TuneResult
 from tests.conftest import REPO, TINY, cli_env, run_cli, run_in_process, start_cli, stop_all, wait_for_file
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed")
@@ -96,6 +98,10 @@ def test_best_config_runs_as_is_and_plots_are_written(finished_study):
         assert (output / "s" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((output / "s" / "tuning_summary.json").read_text())
     assert summary["best_trial"] == study.best_trial.number and summary["states"]["COMPLETE"] == 3
+    reported = api.tune(None, study="s", output_path=str(output), report_only=True, final_test=False,
+                        echo=lambda line: None)  # the API's typed result: what tuning_summary.json holds
+    assert isinstance(reported, TuneResult) and reported.best_trial == summary["best_trial"]
+    assert reported.best_params == study.best_params and reported.states == summary["states"]
 
 
 def test_report_only_does_not_use_the_test_set_again(finished_study):
