@@ -12,6 +12,7 @@ from torch import nn
 from cifar10_dist import (batches, checkpointing, data, engines, loaders, process_setup, provenance, ranks, run_data,
                           tracking)
 from cifar10_dist.config import Config
+from cifar10_dist.results import EvaluationResult
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -39,9 +40,11 @@ class EvaluationWorker:
             metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
-            return {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "num_samples": metrics["num_samples"],
-                    "per_class_accuracy": per_class, "confusion_matrix": matrix.tolist(),
-                    "classes": list(data.class_names(config.dataset, config.label_mode))}
+            return EvaluationResult(
+                accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
+                per_class_accuracy=per_class, confusion_matrix=matrix.tolist(),
+                classes=list(data.class_names(config.dataset, config.label_mode)),
+            ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 
     def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
                    device: torch.device, precision: engines.Precision) -> nn.Module:
