@@ -24,8 +24,10 @@ def _short(value: Any) -> str:
 
 
 def format_trial_line(trial: Any) -> str:
+    from optuna.trial import TrialState
+
     value = "" if trial.value is None else f" value {trial.value:.4f}"
-    pruned = f" at epoch {trial.last_step}" if trial.state.name == "PRUNED" and trial.last_step is not None else ""
+    pruned = f" at epoch {trial.last_step}" if trial.state == TrialState.PRUNED and trial.last_step is not None else ""
     reason = f": {trial.user_attrs['fail_reason']}" if "fail_reason" in trial.user_attrs else ""
     return (f"trial {trial.number}: {trial.state.name}{pruned}{value} ({_minutes(trial):.1f} min) "
             f"{format_params(trial.params)}{reason}")
@@ -41,7 +43,9 @@ def _minutes(trial: Any) -> float:
 
 def trial_table(trials: list[Any]) -> str:
     """Trials sorted by value (best first; pruned and failed after), one line each."""
-    ranked = sorted(trials, key=lambda t: (t.value is None or t.state.name != "COMPLETE", -(t.value or 0.0), t.number))
+    from optuna.trial import TrialState
+
+    ranked = sorted(trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0), t.number))
     names = sorted({name for trial in trials for name in trial.params})
     header = f"{'trial':>5}  {'state':<9}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
     lines = [header]

@@ -267,12 +267,13 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
 
     study_dir = Path(study_of(study)["study_dir"])
     trials = study.get_trials(deepcopy=False)
-    states = {state: sum(t.state.name == state for t in trials) for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING",
-                                                                             "WAITING")}
+    trial_state = require_optuna().trial.TrialState
+    shown = (trial_state.COMPLETE, trial_state.PRUNED, trial_state.FAIL, trial_state.RUNNING, trial_state.WAITING)
+    states = {each.name: sum(t.state == each for t in trials) for each in shown}
     echo(trial_table(trials))
     echo("trials: " + ", ".join(f"{count} {state.lower()}" for state, count in states.items() if count))
     summary = TuneResult(study.study_name, str(study_dir), states)
-    completed = [t for t in trials if t.state.name == "COMPLETE"]
+    completed = [t for t in trials if t.state == trial_state.COMPLETE]
     if completed:
         best = study.best_trial
         best_config = best_config_of(study, best)
@@ -307,7 +308,9 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
         echo(f"final test (trial {best.number}, evaluated once earlier): accuracy {done['accuracy']:.4f} "
              f"({done['num_samples']} test images)")
         return done
-    running = [t.number for t in study.get_trials(deepcopy=False) if t.state.name in ("RUNNING", "WAITING")]
+    trial_state = require_optuna().trial.TrialState
+    running = [t.number for t in study.get_trials(deepcopy=False)
+               if t.state in (trial_state.RUNNING, trial_state.WAITING)]
     if running:
         echo(f"final test not run: trials {', '.join(map(str, running))} are still running or queued in other "
              "workers (the last worker to finish runs it)")
