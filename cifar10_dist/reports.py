@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.results import BestResult, RunResult, RunSummary
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -64,15 +65,18 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json of a finished run, or {} for a run that has not finished; DamagedFile when it is damaged."""
+def read_summary(run_dir: Path) -> RunSummary | None:
+    """summary.json of a finished run, or None for a run that has not finished; DamagedFile when it is damaged."""
     path = run_dir / "summary.json"
     if not path.is_file():
-        return {}
+        return None
     summary = read_json(path)
     if not isinstance(summary, dict):
         raise DamagedFile(f"{path} is damaged: a JSON {type(summary).__name__}, not the run's summary object")
-    return summary
+    try:
+        return RunSummary.from_dict(summary)
+    except (TypeError, KeyError) as error:
+        raise DamagedFile(f"{path} is damaged: not a run summary ({first_line(error)})") from error
 
 
 def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
@@ -101,42 +105,38 @@ def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, fl
     return summary
 
 
-def summarize(run_dir: Path, result: Mapping[str, Any], record: Mapping[str, Any], seconds: float) -> dict[str, Any]:
-    """summary.json: best and final accuracy, times, world size, backend, devices, versions, checkpoint paths."""
+def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float) -> RunSummary:
+    """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
+    precision, hardware, versions, checkpoint paths."""
     epochs, evaluations = read_metrics(run_dir)
     selection, _, best = selection_split(evaluations)
     resumes = [event for event in read_events(run_dir) if event["event"] == "resume"]
-    return {
-        "run_dir": str(run_dir),
-        "best": {"split": selection, "accuracy": best["accuracy"], "epoch": best["epoch"]} if best else None,
-        "final": {split: result.get(split) for split in ("train", "val", "test") if result.get(split)},
-        "epochs": result.get("epochs"),
-        "iterations": result.get("iterations"),
-        "stopped_early": result.get("stopped_early"),
-        "total_time": seconds,
-        "training_time": sum(e["epoch_time"] for e in epochs),
-        "world_size": record.get("world_size"),
-        "world_size_changes": [{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
-                                                            "same_images")} for event in resumes],
-        "backend": record.get("backend"),
-        "devices": record.get("devices"),
-        "precision": record.get("precision"),
-        "hardware": record.get("hardware"),
-        "versions": {**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
-        "checkpoints": sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
-        "best_models": sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
-    }
+    return RunSummary(
+        run_dir=str(run_dir),
+        best=BestResult(selection, best["accuracy"], best["epoch"]) if best else None,
+        final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
+        epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
+        total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),
+        world_size=record.get("world_size"),
+        world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
+                                                         "same_images")} for event in resumes],
+        backend=record.get("backend"), devices=record.get("devices") or {}, precision=record.get("precision"),
+        hardware=record.get("hardware") or {},
+        versions={**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
+        checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
+        best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
+    )
 
 
-def final_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
+def final_scalars(summary: RunSummary) -> dict[str, float]:
     """The headline numbers of a finished run for TensorBoard's HParams tab: final/<split>_accuracy and _loss,
     best/<split>_accuracy."""
     scalars = {}
-    for split, metrics in summary.get("final", {}).items():
-        scalars[f"final/{split}_accuracy"] = metrics["accuracy"]
-        scalars[f"final/{split}_loss"] = metrics["loss"]
-    if summary.get("best"):
-        scalars[f"best/{summary['best']['split']}_accuracy"] = summary["best"]["accuracy"]
+    for split, metrics in summary.final.items():
+        scalars[f"final/{split}_accuracy"] = metrics.accuracy
+        scalars[f"final/{split}_loss"] = metrics.loss
+    if summary.best is not None:
+        scalars[f"best/{summary.best.split}_accuracy"] = summary.best.accuracy
     return scalars
 
 
@@ -159,10 +159,13 @@ def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
         training = sum(train_seconds[epoch] for epoch in done)
         reached[target] = {"epoch": first["epoch"], "training_time": training,
                            "with_evaluation": training + sum(eval_seconds.get(epoch, 0.0) for epoch in done)}
-    summary = read_summary(run_dir)
+    try:
+        summary = read_summary(run_dir)
+    except DamagedFile:  # compare() has said so already
+        summary = None
     final = points[-1]["accuracy"] if points else None
     return {"run": run_dir.name, "split": split, "final_accuracy": final, "reached": reached,
-            "total_time": summary.get("total_time")}
+            "total_time": summary.total_time if summary else None}
 
 
 def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
@@ -261,25 +264,28 @@ def compare(run_dirs: Sequence[Path]) -> Comparison:
             summary = read_summary(run_dir)
         except DamagedFile as error:
             problems.append(f"{error}: {run_dir.name} reported from metrics.jsonl alone")
-            summary = {}
+            summary = None
         rows.append(_row(run_dir, summary, evaluations))
         folders.append(run_dir)
     return Comparison(rows, folders, problems)
 
 
-def _row(run_dir: Path, summary: Mapping[str, Any], evaluations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _row(run_dir: Path, summary: RunSummary | None, evaluations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     last = {e["split"]: e for e in evaluations}
     selection, _, best = selection_split(evaluations)
-    final_test = (summary.get("final", {}).get("test") or {}).get("accuracy", last.get("test", {}).get("accuracy"))
+    final_test = last.get("test", {}).get("accuracy")
+    if summary is not None and "test" in summary.final:
+        final_test = summary.final["test"].accuracy
+    epochs_so_far = max((e["epoch"] for e in evaluations), default=0)
     return {
         "run": run_dir.name,
-        "finished": bool(summary),
-        "world_size": summary.get("world_size"),
-        "epochs": summary.get("epochs", max((e["epoch"] for e in evaluations), default=0)),
+        "finished": summary is not None,
+        "world_size": summary.world_size if summary else None,
+        "epochs": summary.epochs if summary and summary.epochs is not None else epochs_so_far,
         "best_split": selection,
         "best_accuracy": best["accuracy"] if best else None,
         "final_test_accuracy": final_test,
-        "training_time": summary.get("training_time"),
+        "training_time": summary.training_time if summary else None,
     }
 
 

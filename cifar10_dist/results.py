@@ -168,3 +168,55 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+
+@dataclass(frozen=True)
+class BestResult:
+    """The best evaluation of a run on the split that chose its best model (val, test, or their EMA's)."""
+
+    split: str
+    accuracy: float
+    epoch: int
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """summary.json of a finished run, written (``to_dict``) and read (``from_dict``) through this one record:
+    the best and final numbers, times, where and how it ran, its files; for a tuning trial its trial and the
+    epoch it was pruned at. Read from older folders, the fields they lack keep their defaults."""
+
+    run_dir: str
+    best: Optional[BestResult] = None
+    final: dict[str, SplitMetrics] = field(default_factory=dict)
+    epochs: Optional[int] = None
+    iterations: Optional[int] = None
+    stopped_early: Optional[int] = None
+    total_time: Optional[float] = None  # this launch, seconds
+    training_time: Optional[float] = None  # the sum of the epoch times
+    world_size: Optional[int] = None
+    world_size_changes: list[dict[str, Any]] = field(default_factory=list)
+    backend: Optional[str] = None
+    devices: dict[str, int] = field(default_factory=dict)
+    precision: Optional[str] = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[str] = field(default_factory=list)
+    best_models: list[str] = field(default_factory=list)
+    clearml_offline_folder: Optional[str] = None
+    trial: Optional[dict[str, Any]] = None  # set by tune: study, storage, number, params
+    pruned_at_epoch: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        if self.trial is None:  # only trials carry these two
+            del values["trial"], values["pruned_at_epoch"]
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunSummary:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kept = {key: value for key, value in values.items() if key in known and value is not None}
+        if "best" in kept:
+            kept["best"] = BestResult(**kept["best"])
+        kept["final"] = {split: SplitMetrics(**metrics) for split, metrics in kept.get("final", {}).items()}
+        return cls(**kept)
+

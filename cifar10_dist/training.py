@@ -7,6 +7,7 @@ runs and reports. ``runs`` launches it in every process; evaluating a checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -372,10 +373,9 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
                   clearml: tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
-    summary = reports.summarize(run_dir, result.to_dict(), record, seconds)
-    summary["clearml_offline_folder"] = clearml.offline_folder()
-    if config.trial is not None:
-        summary.update(trial=config.trial, pruned_at_epoch=result.pruned_at)
-    files.write_json(run_dir / "summary.json", summary)
+    summary = dataclasses.replace(reports.summarize(run_dir, result, record, seconds),
+                                  clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
+                                  pruned_at_epoch=result.pruned_at if config.trial is not None else None)
+    files.write_json(run_dir / "summary.json", summary.to_dict())
     files.write_file(run_dir / "curves.png", lambda path: reports.render_curves(run_dir, path))
     recorder.write_hparams(config.to_dict(), reports.final_scalars(summary), result.iterations)

@@ -214,9 +214,9 @@ def retried_checkpoint(history: list[int], study_dir: Path) -> str | None:
 def best_accuracy(run_dir: Path) -> float:
     """The objective: the best selection (val) accuracy of a finished trial run, from its summary.json."""
     summary = reports.read_summary(run_dir)
-    if not summary.get("best"):
+    if summary is None or summary.best is None:
         raise TrialFailed(f"{run_dir} has no validation result: it cannot be ranked")
-    return float(summary["best"]["accuracy"])
+    return float(summary.best.accuracy)
 
 
 # ---------------------------------------------------------------- the tuning loop, the final test, the report

@@ -273,3 +273,24 @@ def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
     result = run_in_process("report", str(run), "--targets=93")
     assert result.returncode == 2
     assert "targets=93 must be accuracies in (0, 1]" in result.stderr
+
+
+def test_summary_json_is_written_and_read_through_one_record(tracked_run, tmp_path):
+    """RunSummary writes summary.json and reads it back unchanged; a summary from an older version (without the
+    newer keys) reads with their defaults, and one that is not a summary is a DamagedFile naming the file."""
+    from cifar10_dist import reports
+    from cifar10_dist.results import RunSummary
+
+    _, run_dir = tracked_run
+    written = json.loads((run_dir / "summary.json").read_text())
+    summary = reports.read_summary(run_dir)
+    assert isinstance(summary, RunSummary) and summary.to_dict() == written
+    assert "trial" not in written and summary.best.split == "test" and summary.final["test"].num_samples > 0
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "summary.json").write_text(json.dumps({key: written[key] for key in ("run_dir", "best", "final", "epochs")}))
+    old = reports.read_summary(older)
+    assert (old.precision, old.hardware, old.world_size_changes, old.best) == (None, {}, [], summary.best)
+    (older / "summary.json").write_text(json.dumps({"best": {"split": "test"}}))
+    with pytest.raises(reports.DamagedFile, match=r"summary.json is damaged: not a run summary"):
+        reports.read_summary(older)
