@@ -293,13 +293,14 @@ def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
-def test_compiled_bf16_channels_last_run_saves_plain_checkpoints_that_evaluate_alike(tmp_path):
-    """compile + bf16 autocast + channels_last + tta=1 in one run of a user's model (a file reference); `evaluate`
-    (eager, inheriting the model and tta from the checkpoint) reproduces its test accuracy, and checkpoints carry
-    the plain module's keys."""
+def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evaluate_alike(tmp_path):
+    """compile + with_amp=auto (bf16 autocast on a CPU with native bf16; fp32 elsewhere, so that no machine pays for
+    emulated bf16) + channels_last + tta=1 in one run of a user's model (a file reference); `evaluate` (eager,
+    inheriting the model and tta from the checkpoint) reproduces its test accuracy, and checkpoints carry the plain
+    module's keys."""
     (tmp_path / "user_model.py").write_text("from cifar10_dist.models import simple_cnn\n\n\n"
                                             "def net(width):\n    return simple_cnn(width)\n")
-    result = run_cli("run", *TINY, *SMALL, "--compile=True", "--with_amp=True", "--channels_last=True", "--tta=1",
+    result = run_cli("run", *TINY, *SMALL, "--compile=True", "--with_amp=auto", "--channels_last=True", "--tta=1",
                      f"--model={tmp_path / 'user_model.py'}:net", '--model_kwargs={"width": 16}',
                      f"--output_path={tmp_path}", "--run_name=fast")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -307,7 +308,7 @@ def test_compiled_bf16_channels_last_run_saves_plain_checkpoints_that_evaluate_a
     checkpoint = tmp_path / "fast" / "training_checkpoint_40.pt"
     model_keys = list(torch.load(checkpoint, weights_only=True)["model"])
     assert model_keys == list(models.build_model("simple_cnn").state_dict())  # no "_orig_mod." prefix
-    same = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=True",
+    same = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=auto",
                           "--channels_last=True")  # dataset, synthetic_size and tta=1 come from the checkpoint
     assert same.returncode == 0, same.stderr[-3000:]
     assert abs(json.loads(same.stdout.strip().splitlines()[-1])["accuracy"] - final["accuracy"]) <= 1 / 128
