@@ -32,7 +32,7 @@ def examine(model: str = "airbench", batch_size: int = 32, budget_seconds: float
     probes = probe(model, batch_size, device, budget_seconds)
     auto = engines.automatic_precision(device)
     return DoctorReport(
-        versions=versions(), cpu={**asdict(hardware.cpu_info()), "native_bf16": hardware.native_bf16_cpu()},
+        versions=versions(), cpu=hardware.describe(torch.device("cpu"))["cpu"],
         gpus=[asdict(gpu) for gpu in hardware.gpus()], nccl=hardware.nccl_version(), backends=hardware.backends(),
         device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=batch_size,
         probes=probes, advice=advise(probes, auto, device), seconds=time.perf_counter() - started,

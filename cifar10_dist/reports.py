@@ -54,9 +54,13 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(epoch lines, evaluation lines) of metrics.jsonl, a later line superseding an earlier one for the same
     epoch (and split), as after a resume; other events (a resume) are left out."""
+    return epochs_and_evaluations(read_events(run_dir))
+
+
+def epochs_and_evaluations(events: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     epochs: dict[int, dict[str, Any]] = {}
     evaluations: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in read_events(run_dir):
+    for record in events:
         if record["event"] == "epoch":
             record.setdefault("epoch_loss", record.get("train_loss"))  # its name in older run folders
             epochs[record["epoch"]] = record
@@ -108,9 +112,10 @@ def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, fl
 def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float) -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions, checkpoint paths."""
-    epochs, evaluations = read_metrics(run_dir)
+    events = read_events(run_dir)
+    epochs, evaluations = epochs_and_evaluations(events)
     selection, _, best = selection_split(evaluations)
-    resumes = [event for event in read_events(run_dir) if event["event"] == "resume"]
+    resumes = [event for event in events if event["event"] == "resume"]
     return RunSummary(
         run_dir=str(run_dir),
         best=BestResult(selection, best["accuracy"], best["epoch"]) if best else None,
