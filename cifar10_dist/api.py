@@ -17,8 +17,8 @@ from cifar10_dist.results import (DoctorReport, EvaluationResult, ExportResult, 
 from cifar10_dist import runs
 from cifar10_dist.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "export", "tune", "doctor",
-           "report", "prepare_data"]
+__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "predict_files", "export",
+           "tune", "doctor", "report", "prepare_data"]
 
 
 def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,
@@ -31,6 +31,19 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int
 
     trained = inference.load_trained_model(checkpoint, device, raw_weights)
     return inference.probabilities(trained, inference.as_uint8_batch(images), batch_size, tta)
+
+
+def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int = 256, tta: int | None = None,
+                  device: str | None = None, raw_weights: bool = False) -> Any:
+    """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
+    batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
+    each file's probabilities and the files that cannot be read)."""
+    from cifar10_dist import inference
+
+    if tta is not None:
+        inference.check_tta(tta)
+    trained = inference.load_trained_model(str(checkpoint), device, raw_weights)
+    return inference.classify_files(trained, [str(path) for path in paths], batch_size, tta)
 
 
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,

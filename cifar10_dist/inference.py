@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -155,6 +155,40 @@ def read_images(files: Sequence[Path]) -> ReadImages:
         resized += was_resized
     images = torch.stack(tensors) if tensors else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
     return ReadImages(images, paths, failures, resized)
+
+
+@dataclass
+class ClassifiedBatch:
+    """One batch of image files: the files read, their class probabilities (N, classes) on the CPU, the files
+    that could not be read (with why), and how many were not 32x32."""
+
+    paths: list[Path]
+    probabilities: torch.Tensor
+    failures: list[tuple[str, str]]
+    resized: int
+
+
+@dataclass
+class FilePredictions:
+    """Image files and folders classified batch by batch, lazily (a large folder streams): the model's class
+    names, the paths given that yield no file (with why), and the batches."""
+
+    classes: tuple[str, ...]
+    missing: list[tuple[str, str]]
+    batches: Iterator[ClassifiedBatch]
+
+
+def classify_files(trained: TrainedModel, paths: Iterable[str | Path], batch_size: int, tta: int | None
+                   ) -> FilePredictions:
+    found = find_images(paths)
+
+    def batches() -> Iterator[ClassifiedBatch]:
+        for start in range(0, len(found.files), batch_size):
+            read = read_images(found.files[start:start + batch_size])
+            yield ClassifiedBatch(read.paths, probabilities(trained, read.images, batch_size, tta), read.failures,
+                                  read.resized)
+
+    return FilePredictions(trained.classes, list(found.failures), batches())
 
 
 def as_uint8_batch(images: Any) -> torch.Tensor:

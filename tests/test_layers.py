@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cifar10_dist"
 # top to bottom; a module imports only from floors below its own
 FLOORS = [
     ("cli",),
-    ("api",),
+    ("api", "cli_help"),
     ("tuning", "diagnostics"),
     ("runs", "exporting"),
     ("training", "inference", "evaluation"),

@@ -1,0 +1,155 @@
+"""The command line's help pages: ``cifar10-dist --help`` and ``cifar10-dist COMMAND --help`` (``{options}`` is
+filled with every config key, its default and meaning, from ``config.describe_options``)."""
+
+RUN_HELP = """\
+Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
+
+Train a CIFAR-10 classifier; prints the final metrics and the run folder.
+Values come from the defaults below, then the YAML file, then the command line.
+
+  --config=None              YAML file with any of the keys below (see configs/)
+  --debug                    show tracebacks for errors
+{options}
+"""
+
+EVALUATE_HELP = """\
+Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
+
+Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
+writes the confusion matrix as confusion_<checkpoint name>.json and .png into output_dir.
+The checkpoint's recorded model (and model_kwargs), dataset, data_path and synthetic_size are used unless
+given here.
+Batch and launch keys as for run.
+
+  --checkpoint=PATH          checkpoint file to evaluate (required)
+  --json                     print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line
+  --output_dir=None          folder for the confusion matrix files (default: the checkpoint's folder)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
+  --config=None              YAML file with any of the keys below
+  --debug                    show tracebacks for errors
+{options}
+"""
+
+PREDICT_HELP = """\
+Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=3] [--json] [--batch_size=256] [--tta=N]
+
+Classify image files with a saved model: one line per image with its top-k classes and probabilities.
+PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched recursively). Images are
+converted to RGB; those that are not 32x32 are resized (shorter side to 32 pixels, then the centre 32x32).
+A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.
+
+  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt)
+  --top_k=3                  classes shown per image
+  --json                     one JSON object per line: path and top-k classes with probabilities
+  --batch_size=256           images per forward pass
+  --tta=None                 test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)
+  --device=None              cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
+  --debug                    show tracebacks for errors
+"""
+
+EXPORT_HELP = """\
+Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|torchscript|onnx [--output=PATH] [--debug]
+
+Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
+(N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
+normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
+compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime within 1e-4).
+Needs: pip install 'cifar10-dist[export]'
+
+  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
+  --format=FORMAT            safetensors (weights), torchscript (traced module) or onnx (dynamic batch size)
+  --output=None              file to write (default: next to the checkpoint, .safetensors/.torchscript.pt/.onnx)
+  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
+  --debug                    show tracebacks for errors
+"""
+
+TUNE_HELP = """\
+Usage: cifar10-dist tune --config=FILE.yaml --space=SPACE.yaml --study=NAME [--trials=10] [--storage=URL]
+                         [--sampler=tpe|random|grid] [--pruner=median|hyperband|none] [--final_test=True]
+                         [--report_only] [--KEY=VALUE ...] [--debug]
+
+Tune hyperparameters with Optuna. Each trial is an ordinary run in output_path/NAME/trial-<number> (launch keys as
+for run), ranked on its best val accuracy (val_split > 0 is required: no trial sees the test set). Several tune
+processes given the same study and storage share the work. At the end: a table of the trials, best_config.yaml
+and plots in output_path/NAME, and the best trial's best model evaluated once on the test set.
+Needs: pip install 'cifar10-dist[tune]'
+
+  --space=FILE               YAML: key: {{type: float|int|categorical, low, high, log, step, choices}} per config key
+  --study=NAME               study name (also the folder under output_path)
+  --trials=10                trials this process runs (workers sharing a study add theirs up)
+  --storage=None             journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as
+                             postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)
+  --sampler=tpe              tpe, random, or grid (every key categorical or an int range)
+  --sampler_seed=None        seed of the sampler (give each worker its own)
+  --pruner=median            median, hyperband or none; asked after every validation (validate_every)
+  --pruner_startup_trials=5  median pruner: trials that run to the end before any is pruned
+  --pruner_warmup_epochs=0   median pruner: epochs of each trial that are never pruned
+  --final_test=True          after the last trial, the best trial's best model on the test set, once
+  --heartbeat=60             seconds between liveness beats of a running trial (database storages): a trial
+                             silent for 2 beats is failed and run again from its newest checkpoint by a worker
+  --report_only              only print the table and write best_config.yaml and the plots of the study
+  --config=None              YAML file with the keys of the base config (see run --help)
+  --debug                    show tracebacks for errors
+{options}
+"""
+
+PREPARE_HELP = """\
+Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100] [--data_path=DIR] [--synthetic=N] [--synthetic_test=M]
+                                 [--seed=S] [--debug]
+
+Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python),
+or write a synthetic dataset in the same on-disk format.
+
+  --dataset=cifar10          cifar10 or cifar100
+  --data_path=cifar10        folder that gets cifar-10-batches-py (or cifar-100-python)
+  --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
+  --synthetic_test=None      synthetic test images (default: N // 5)
+  --seed=0                   seed of the synthetic images
+  --debug                    show tracebacks for errors
+"""
+
+DOCTOR_HELP = """\
+Usage: cifar10-dist doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json] [--debug]
+
+What this machine is and what will be fast on it, in about 15 s: versions; CPU model, cores, threads, kernels
+(AVX2/AVX512) and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the
+distributed backends; a measured probe (training steps of --model in fp32, fp32 + channels_last and bf16/fp16
+autocast + channels_last); what with_amp=auto picks here, and advice. Attach --json's output to bug reports.
+
+  --model=airbench           the probe's model: a built-in name or package.module:factory / file.py:factory
+  --batch_size=32            the probe's batch
+  --budget_seconds=2         about how long each probed setting runs
+  --json                     print the report as one JSON object
+  --debug                    show tracebacks for errors
+"""
+
+REPORT_HELP = """\
+Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--debug]
+
+Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
+each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
+
+  --output=report.png        where the comparison plot goes
+  --debug                    show tracebacks for errors
+"""
+
+MAIN_HELP = """\
+Usage: cifar10-dist COMMAND [--KEY=VALUE ...]
+
+Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs or TPUs.
+
+Commands:
+  run            train (cifar10-dist run --help lists every option)
+  evaluate       test-set accuracy and loss of a saved checkpoint
+  predict        classify image files with a saved checkpoint
+  export         write a checkpoint's model as safetensors, TorchScript or ONNX (verified)
+  tune           search hyperparameters with Optuna (trials ranked on val, one final test)
+  prepare-data   download and verify CIFAR-10, or write a synthetic copy
+  report         compare run folders: a table and a plot
+  doctor         what this machine is and which settings train fast on it (a measured probe)
+"""
+
+PAGES = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
+        "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
+        "doctor": DOCTOR_HELP}
