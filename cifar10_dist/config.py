@@ -31,11 +31,50 @@ LABEL_MODES = ("fine", "coarse")
 FLIPS = ("random", "alternating", "none")
 PAD_MODES = ("zeros", "reflect")
 AMP_DTYPES = ("auto", "float16", "bfloat16")
+PRUNERS = ("median", "hyperband", "none")
 
 
 def option(default: Any, help: str, also: tuple[str, ...] = ()) -> Any:
     """A config field with its one-line help text; ``also``: words accepted besides the field's type."""
     return field(default=default, metadata={"help": help, "also": also})
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    """A study's pruner as plain data: a study keeps its pruner in the process, not in the storage, so a trial's
+    processes build the same one from this (``trials.make_pruner``)."""
+
+    name: str = "median"  # one of PRUNERS
+    startup_trials: int = 5  # median: trials that are never pruned, the first ones
+    warmup_epochs: int = 0  # median: epochs of a trial that are never pruned
+    max_epochs: int = 1  # hyperband: the largest resource, the trials' num_epochs
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """The Optuna trial a run is (``Config.trial``, set by tune): where its study is, its number, the values tried
+    and the pruner, so that each of its processes reaches the trial through the storage."""
+
+    study: str
+    storage: str
+    number: int
+    params: dict[str, Any]
+    pruner: PrunerSpec = PrunerSpec()
+
+    @classmethod
+    def from_mapping(cls, values: Any) -> TrialSpec:
+        """A spec from config.yaml's ``trial`` mapping (a trial's run resumed or run again), or one line naming
+        what is missing or wrong."""
+        if isinstance(values, TrialSpec):
+            return values
+        keys = {f.name for f in dataclasses.fields(cls)}
+        pruner_keys = {f.name for f in dataclasses.fields(PrunerSpec)}
+        if (not isinstance(values, dict) or not {"study", "storage", "number", "params"} <= set(values) <= keys
+                or not isinstance(values.get("pruner", {}), dict) or not set(values.get("pruner", {})) <= pruner_keys):
+            raise UserError(f"trial={values!r} is not a tuning trial: expected study, storage, number, params and "
+                            f"pruner ({', '.join(sorted(pruner_keys))}); tune sets this key, leave it out")
+        pruner = PrunerSpec(**values.get("pruner", {}))
+        return cls(**{**values, "params": dict(values["params"]), "pruner": pruner})
 
 
 @dataclass(frozen=True)
@@ -143,7 +182,7 @@ class Config:
     init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file")
     dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing")
     # set by tune
-    trial: Optional[dict] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, params); "
+    trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, params); "
                                    "rank 0 reports each val accuracy there and the run may be pruned; no test set")
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,6 +304,8 @@ def _coerce(name: str, value: Any) -> Any:
             return str(value)  # fire turns --run_name=7 into the int 7
     elif base is dict:
         return _json_object(name, value)
+    elif base is TrialSpec:
+        return TrialSpec.from_mapping(value)
     type_name = " or ".join([base.__name__, *also, *(["None"] if optional else [])])
     raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
 

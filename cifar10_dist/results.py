@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from cifar10_dist.config import TrialSpec
+
 
 @dataclass(frozen=True)
 class SplitMetrics:
@@ -202,7 +204,7 @@ class RunSummary:
     checkpoints: list[str] = field(default_factory=list)
     best_models: list[str] = field(default_factory=list)
     clearml_offline_folder: Optional[str] = None
-    trial: Optional[dict[str, Any]] = None  # set by tune: study, storage, number, params
+    trial: Optional[TrialSpec] = None  # set by tune: study, storage, number, params, pruner
     pruned_at_epoch: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,6 +219,8 @@ class RunSummary:
         kept = {key: value for key, value in values.items() if key in known and value is not None}
         if "best" in kept:
             kept["best"] = BestResult(**kept["best"])
+        if "trial" in kept:
+            kept["trial"] = TrialSpec.from_mapping(kept["trial"])
         kept["final"] = {split: SplitMetrics(**metrics) for split, metrics in kept.get("final", {}).items()}
         return cls(**kept)
 

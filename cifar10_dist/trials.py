@@ -11,9 +11,10 @@ import random
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cifar10_dist import ranks
+from cifar10_dist.config import PrunerSpec, TrialSpec
 from cifar10_dist.errors import UserError, first_line
 
 logger = logging.getLogger("cifar10_dist")
@@ -71,13 +72,14 @@ def without_password(url: str) -> str:
 
 
 
-def make_pruner(spec: Mapping[str, Any]) -> Any:
+def make_pruner(spec: PrunerSpec) -> Any:
+    """The Optuna pruner that ``spec`` describes."""
     optuna = require_optuna()
-    if spec["name"] == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=spec["startup_trials"],
-                                           n_warmup_steps=spec["warmup_epochs"])
-    if spec["name"] == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec["max_epochs"])
+    if spec.name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials,
+                                           n_warmup_steps=spec.warmup_epochs)
+    if spec.name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec.max_epochs)
     return optuna.pruners.NopPruner()
 
 
@@ -86,7 +88,7 @@ class TrialReporter:
     trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
     the trainer after this validation (it then ends like any finished run)."""
 
-    def __init__(self, spec: Mapping[str, Any], trainer: Any) -> None:
+    def __init__(self, spec: TrialSpec, trainer: Any) -> None:
         self.spec = spec
         self.trainer = trainer
         self.pruned_at: int | None = None
@@ -99,7 +101,7 @@ class TrialReporter:
         if ranks.from_rank_zero(self._report, accuracy, epoch) and not finished:
             self.pruned_at = epoch
             logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
-                        accuracy, self.spec["number"])
+                        accuracy, self.spec.number)
             self.trainer.terminate()
 
     def _report(self, accuracy: float, epoch: int) -> bool:
@@ -114,15 +116,15 @@ class TrialReporter:
         a trial's config.yaml run again by hand)."""
         if self._trial is None:
             optuna = require_optuna()
-            storage = open_storage(self.spec["storage"])
-            study_id = storage.get_study_id_from_name(self.spec["study"])
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.spec["number"])
+            storage = open_storage(self.spec.storage)
+            study_id = storage.get_study_id_from_name(self.spec.study)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.spec.number)
             if storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
                 logger.warning("trial %d of study %s is not running: its results are not reported",
-                               self.spec["number"], self.spec["study"])
+                               self.spec.number, self.spec.study)
                 self._trial = False
                 return None
-            study = optuna.load_study(study_name=self.spec["study"], storage=storage,
-                                      pruner=make_pruner(self.spec["pruner"]))
+            study = optuna.load_study(study_name=self.spec.study, storage=storage,
+                                      pruner=make_pruner(self.spec.pruner))
             self._trial = optuna.trial.Trial(study, trial_id)
         return self._trial or None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cifar10_dist import reports
-from cifar10_dist.config import Config, load_config
+from cifar10_dist.config import PRUNERS, Config, PrunerSpec, TrialSpec, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.results import TuneResult
 from cifar10_dist.search_space import Dimension, check_space
@@ -31,7 +31,6 @@ from cifar10_dist.trials import JOURNAL_PREFIX, RETRIES, make_pruner, open_stora
 logger = logging.getLogger("cifar10_dist")
 
 SAMPLERS = ("tpe", "random", "grid")
-PRUNERS = ("median", "hyperband", "none")
 RECORD = "cifar10_dist"  # the study's user attribute holding its base config, space and folder
 # keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
 WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
@@ -93,11 +92,10 @@ def make_sampler(options: TuneOptions, space: Mapping[str, Dimension]) -> Any:
     return optuna.samplers.TPESampler(seed=options.sampler_seed)
 
 
-def pruner_spec(options: TuneOptions, num_epochs: int) -> dict[str, Any]:
-    """The pruner as plain data: a study keeps its pruner in the process, not in the storage, so a trial's
-    processes build the same one from this."""
-    return {"name": options.pruner, "startup_trials": options.pruner_startup_trials,
-            "warmup_epochs": options.pruner_warmup_epochs, "max_epochs": num_epochs}
+def pruner_spec(options: TuneOptions, num_epochs: int) -> PrunerSpec:
+    """The study's pruner as plain data, which each trial's processes build again."""
+    return PrunerSpec(name=options.pruner, startup_trials=options.pruner_startup_trials,
+                      warmup_epochs=options.pruner_warmup_epochs, max_epochs=num_epochs)
 
 
 def study_record(base: Config, space: Mapping[str, Dimension]) -> dict[str, Any]:
@@ -159,7 +157,7 @@ class Objective:
     study_dir: Path
     url: str
     study: Any
-    pruner: Mapping[str, Any]
+    pruner: PrunerSpec
     current: int | None = None
 
     def __call__(self, trial: Any) -> float:
@@ -185,8 +183,8 @@ class Objective:
         return best_accuracy(Path(result.run_dir))
 
     def trial_config(self, number: int, params: Mapping[str, Any], resume: str | None) -> Config:
-        trial = {"study": self.study.study_name, "storage": self.url, "number": number, "params": dict(params),
-                 "pruner": dict(self.pruner)}
+        trial = TrialSpec(study=self.study.study_name, storage=self.url, number=number, params=dict(params),
+                          pruner=self.pruner)
         values = {**self.base.to_dict(), **params, "output_path": str(self.study_dir), "run_name": f"trial-{number}",
                   "resume_from": resume, "overwrite": False, "seeds": 1, "trial": trial}
         return load_config(None, **values)

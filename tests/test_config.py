@@ -166,3 +166,18 @@ def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
     assert f"INFO checkpoint_every=4 (from {config}) rounded up to 6, a multiple of accumulation_steps=3" in result.stderr
     assert sorted(path.name for path in (tmp_path / "acc").glob("training_checkpoint_*.pt")) == [
         "training_checkpoint_12.pt", "training_checkpoint_6.pt"]
+
+
+def test_a_trial_spec_is_typed_and_survives_config_yaml(tmp_path):
+    """tune's trial key: a TrialSpec with its PrunerSpec, written to config.yaml as a mapping and read back equal;
+    a mapping that is not a trial is refused in one line naming the key."""
+    from cifar10_dist.config import PrunerSpec, TrialSpec
+
+    spec = TrialSpec(study="s", storage="sqlite:///x.db", number=3, params={"learning_rate": 0.1},
+                     pruner=PrunerSpec(name="hyperband", max_epochs=4))
+    config = load_config(None, val_split=0.1, trial=spec)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
+    again = load_config(tmp_path / "config.yaml")
+    assert again.trial == spec and isinstance(again.trial.pruner, PrunerSpec) and again.trial.pruner.max_epochs == 4
+    with pytest.raises(UserError, match=r"^trial=\{'study': 's'\} is not a tuning trial: expected study, storage"):
+        load_config(None, val_split=0.1, trial={"study": "s"})

@@ -21,7 +21,8 @@ FLOORS = [
     ("checks", "tracking", "run_folder", "study_report"),
     ("optimizers", "checkpointing", "reports", "files", "loaders", "augmentation"),
     ("engines", "models", "data", "faults", "xla_compat", "search_space"),
-    ("config", "hardware", "results", "ranks"),
+    ("results",),
+    ("config", "hardware", "ranks"),
     ("errors",),
 ]
 FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in modules}
