@@ -4,7 +4,7 @@ format), with what ``with_amp=auto`` picks here and why.
 
 The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of
 each setting; a setting whose warm-up step alone takes most of its time budget (bf16 emulated on an AVX2 CPU) is
-timed on that one step and marked so. It agrees with ``scripts/benchmark.py --variants`` at the same model and
+timed on that one step and marked so. It agrees with ``python -m benchmarks.throughput --variants`` at the same model and
 batch (docs/recipes.md has both on one machine).
 """
 
@@ -97,7 +97,7 @@ def time_training_steps(model_name: str, batch_size: int, device: torch.device, 
 def plain_training_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
                         precision: engines.Precision) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A bare training step in ``precision`` (a GradScaler for fp16), no framework around it: the probe's, and
-    ``scripts/benchmark.py``'s bare loop. Returns the loss tensor (reading it is the caller's choice)."""
+    the benchmarks' bare loop (``benchmarks.steps``). Returns the loss tensor (reading it is the caller's choice)."""
     scaler = engines.make_grad_scaler(precision)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [--data_path=DIR] [--out=DIR] [--device=cpu] [--quick] [--skip_peer]
 # Runs `pytest -m gpu tests/gpu` (nccl under torchrun and spawning, fp16 + GradScaler, bf16, data_on_device,
 # pinned memory, channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU vs CPU evaluation, peak GPU
-# memory; 2 GPUs: the README's torchrun command), then scripts/benchmark_gpu.py (with --data_path), then writes
+# memory; 2 GPUs: the README's torchrun command), then python -m benchmarks.gpu (with --data_path), then writes
 # OUT/gpu_report.md and OUT/gpu_report.json. Uses the torch installed here and installs nothing; writes nothing
 # outside OUT (temporary files included). Without CUDA it says so in one line and exits 0; --device=cpu
 # rehearses everything on the CPU instead (the CUDA-only checks skip, the peer is skipped).
@@ -44,11 +44,11 @@ status=0
 python -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rs --junitxml="$out/pytest.xml" \
   --basetemp="$out/tmp/pytest" 2>&1 | tee "$out/pytest.log" || status=1
 if [ -n "$data_path" ]; then
-  python scripts/benchmark_gpu.py --data_path="$data_path" --device="$device" --json="$out/benchmark.json" \
+  python -m benchmarks.gpu --data_path="$data_path" --device="$device" --json="$out/benchmark.json" \
     "${bench_flags[@]}" 2>&1 | tee "$out/benchmark.log" || status=1
 else
   echo "no --data_path: benchmark skipped (it needs the real CIFAR-10)" | tee "$out/benchmark.log"
 fi
-python scripts/gpu_report.py --out="$out"
+python -m benchmarks.gpu_report --out="$out"
 echo "report: $out/gpu_report.md"
 exit "$status"

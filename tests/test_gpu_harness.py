@@ -3,7 +3,6 @@ nothing, the gpu tests skip with that reason, the report writer and the benchmar
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -15,13 +14,6 @@ import torch
 from tests.conftest import REPO, cli_env
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run scripts/gpu_check.sh")
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_gpu_check_without_cuda_is_one_line_and_creates_nothing(tmp_path):
@@ -62,7 +54,7 @@ trace</failure></testcase>
 
 
 def test_the_report_lists_every_check_with_its_outcome_and_figures(tmp_path):
-    report_module = load_script("gpu_report")
+    from benchmarks import gpu_report as report_module
     (tmp_path / "pytest.xml").write_text(JUNIT)
     (tmp_path / "checks.jsonl").write_text(
         json.dumps({"test": "test_no_backend_run", "name": "peak GPU memory allocated", "value": 812.0,
@@ -94,8 +86,10 @@ PEER_OUTPUT = """---------------------------------------------------------------
 
 
 def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accuracy():
-    bench = load_script("benchmark_gpu")
-    peer = load_script("benchmark_recipes").parse_peer_table(PEER_OUTPUT)
+    from benchmarks import gpu as bench
+    from benchmarks.peer import parse_peer_table
+
+    peer = parse_peer_table(PEER_OUTPUT)
     assert peer["accuracy"] == 0.9402 and peer["training_seconds"] == 3.6411  # the last epoch row: without TTA
     assert peer["tta_seconds"] == pytest.approx(3.8299 - 3.6411) and peer["accuracy_without_tta"] == 0.935
     assert peer["train_loss"] == 0.0004
@@ -108,11 +102,12 @@ def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accur
 
 
 def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invocation(tmp_path):
-    recipes = load_script("benchmark_recipes")
+    from benchmarks import recipes, records
+
     path = tmp_path / "runs.json"
 
     def run(recipe, invocation, accuracy, seconds, seed=0, **extra):
-        recipes.append_run(path, {"recipe": recipe, "seed": seed, "invocation": invocation, "accuracy": accuracy,
+        records.append_run(path, {"recipe": recipe, "seed": seed, "invocation": invocation, "accuracy": accuracy,
                                   "training_seconds": seconds, "outside": {"evaluation": 10.0, "other": 5.0}, **extra})
 
     run("peer", "A", 0.9069, 2700.0)
@@ -138,9 +133,10 @@ def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_pat
     data (1,024 training images: one step of its batch), then its printed table read back."""
     from tests.conftest import write_dataset
 
-    recipes = load_script("benchmark_recipes")
+    from benchmarks import peer as peer_code
+
     data_path = write_dataset(tmp_path / "data", 1024, 200)
-    peer = recipes.run_peer(str(data_path), "cpu", seed=0, quick=True)
+    peer = peer_code.run_peer(str(data_path), "cpu", seed=0, quick=True)
     assert len(peer["curve"]) == 1 and 0 <= peer["accuracy"] <= 1
     assert math.isfinite(peer["train_loss"])  # autocast around the whitening init made it NaN from the start
     assert peer["training_seconds"] > 0 and peer["tta_seconds"] > 0 and peer["wall_seconds"] > peer["training_seconds"]
@@ -176,7 +172,8 @@ def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksu
     driver gets it past torchvision's md5 checks on our re-encoded data, and reads epochs and accuracy back."""
     from tests.conftest import write_dataset
 
-    bench = load_script("benchmark_tutorial")
+    from benchmarks import tutorial as bench
+
     data_path = write_dataset(tmp_path / "data", 200, 10)
     (tmp_path / "tutorial.py").write_text(STAND_IN_TUTORIAL)
     run = bench.run_tutorial(str(tmp_path / "tutorial.py"), str(data_path), tmp_path / "out", num_epochs=5)

@@ -63,3 +63,16 @@ def test_the_floor_check_sees_imports_inside_functions(tmp_path, monkeypatch):
     (tmp_path / "high.py").write_text("import cifar10_dist.low\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     assert package_imports("low") == {"high"} and package_imports("high") == {"low"}
+
+
+def test_benchmarks_and_tests_import_by_name_never_by_path():
+    """The benchmarks are one package (``python -m benchmarks.NAME``) and tests import it by name: no module of
+    ours is loaded from a file path or found through an edited sys.path."""
+    repo = PACKAGE.parent
+    sources = [*repo.glob("benchmarks/*.py"), *repo.glob("scripts/**/*.py"), *repo.glob("tests/**/*.py")]
+    assert len(sources) > 30
+    this_file = Path(__file__).resolve()
+    found = [f"{path.relative_to(repo)}: {needle}" for path in sources if path.resolve() != this_file
+             for needle in ("sys.path.insert", "sys.path.append", "spec_from_file_location")
+             if needle in path.read_text()]
+    assert found == []

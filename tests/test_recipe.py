@@ -314,20 +314,30 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
     assert abs(json.loads(same.stdout.strip().splitlines()[-1])["accuracy"] - final["accuracy"]) <= 1 / 128
 
 
-def test_benchmark_script_measures_its_loops_on_a_small_model():
-    """Keeps scripts/benchmark.py (run by hand) working as the code under it changes."""
-    import importlib.util
+def test_the_benchmark_steps_measure_the_bare_loop_and_our_trainer_on_a_small_model():
+    """Keeps benchmarks.steps (the loops every benchmark measures, run by hand) working as the code under it
+    changes."""
+    from benchmarks import steps
 
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
     batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
-    speed = benchmark.bare_loop("simple_cnn", batch, steps=3, warmup=1, channels_last=True, amp=True)
-    timed = benchmark.bare_loop.last
-    assert timed["steps"] == 3 and speed == pytest.approx(3 * 8 / timed["seconds"])
-    assert len(set(timed["losses"])) == 3  # each timed step really trained (the loss moves)
-    speed = benchmark.engine_loop("simple_cnn", batch, steps=3, warmup=1)
-    timed = benchmark.engine_loop.last
-    assert timed["steps"] == 3 and speed == pytest.approx(3 * 8 / timed["seconds"])
-    assert timed["recorded"] == 2  # the run's handlers were attached: warm-up and timed run each wrote an epoch line
-    assert benchmark.flops_per_image("airbench") == pytest.approx(0.708e9, rel=0.02)
+    timed = steps.bare_loop("simple_cnn", batch, steps=3, warmup=1, channels_last=True, amp=True)
+    assert timed.steps == 3 and timed.images_per_second == pytest.approx(3 * 8 / timed.seconds)
+    assert len(set(timed.losses)) == 3  # each timed step really trained (the loss moves)
+    timed = steps.engine_loop("simple_cnn", batch, steps=3, warmup=1)
+    assert timed.steps == 3 and timed.images_per_second == pytest.approx(3 * 8 / timed.seconds)
+    assert timed.recorded == 2  # the run's handlers were attached: warm-up and timed run each wrote an epoch line
+    assert steps.flops_per_image("airbench") == pytest.approx(0.708e9, rel=0.02)
+
+
+def test_the_benchmark_runner_trains_through_the_api_in_a_fresh_process_and_reads_the_run_back(tmp_path, small_dataset):
+    """benchmarks.runner: one real run (api.train in its own process), read back through reports (no log)."""
+    from benchmarks import runner
+
+    run = runner.train_ours(tmp_path, None, "cpu", model="simple_cnn", batch_size=32, num_workers=0, num_epochs=2,
+                            num_warmup_epochs=1, train_eval_size=100, data_path=str(small_dataset))
+    assert run.run_dir == tmp_path / "bench" and run.summary.epochs == 2 and len(run.epochs) == 2
+    assert 0 <= run.accuracy <= 1 and run.accuracy == run.summary.final["test"].accuracy
+    assert run.evaluation_seconds("test") > 0 and run.wall_seconds > run.summary.total_time > 0
+    assert run.peak_rss_mib > 100  # torch alone takes more
+    assert [point[1] for point in run.curve("test")] == [row["accuracy"] for row in run.evaluations
+                                                          if row["split"] == "test"]

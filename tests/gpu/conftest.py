@@ -3,7 +3,7 @@ torch sees a CUDA GPU and skip elsewhere, saying why. GPU_CHECK_DEVICE=cpu rehea
 checks on the CPU (the CUDA-only ones still skip), which is how the harness itself is tested without a GPU.
 
 Each check may record a figure (img/s, accuracy, MiB) with ``record``: lines of JSON in
-$GPU_CHECK_OUT/checks.jsonl, which scripts/gpu_report.py puts next to the check in gpu_report.md."""
+$GPU_CHECK_OUT/checks.jsonl, which benchmarks.gpu_report puts next to the check in gpu_report.md."""
 
 from __future__ import annotations
 

@@ -1,26 +1,25 @@
-"""Tutorial benchmark, run by hand: the Ignite CIFAR-10 tutorial's own script next to `cifar10-dist run` (its
-defaults are the tutorial's: ResNet-18, 5 epochs, batch 512), one after the other on the same data and machine.
+"""The Ignite CIFAR-10 tutorial's own script next to ``cifar10-dist run`` (whose defaults are the tutorial's:
+ResNet-18, 5 epochs, batch 512), one after the other on the same data and machine: final test accuracy, wall
+seconds, seconds of the epochs that only trained, and the ratios ours / tutorial from the same invocation. Last run:
+2 cores, CPU not recorded (docs/measurements/tutorial_cpu.json): 69.74% in 382 s against the tutorial's 66.71% in
+542 s (0.70x the wall time, 0.79x per training epoch); one run of each, about 16 minutes in all.
 
-Entries (--only chooses, in this order):
-  tutorial  the tutorial's script as published (pytorch-ignite/examples, tutorials/intermediate/cifar10-distributed.py;
-            give your copy with --tutorial, it is not shipped here), imported in a subprocess and run through its own
-            run() with one process. One change at run time, none to its code: torchvision's CIFAR10 md5 check is
-            skipped (files and meta), because this machine's copy of the data is re-encoded and no checksum matches.
-  ours      python -m cifar10_dist run --data_path=DATA (all defaults)
+    python -m benchmarks.tutorial --data_path=DIR --tutorial=PATH [--only=tutorial,ours] [--json=PATH]
+        [--num_epochs=5]
+
+  tutorial  the tutorial's script as published (pytorch-ignite/examples, tutorials/intermediate/
+            cifar10-distributed.py; give your copy with --tutorial, it is not shipped here), run in a process of its
+            own through its own run() with one process. One change at run time, none to its code: torchvision's
+            CIFAR10 md5 check is skipped (files and meta), because this machine's copy of the data is re-encoded.
+  ours      ``cifar10-dist run --data_path=DATA`` with all defaults (benchmarks.runner)
 Both run as shipped: ours with its default speed settings (keep_freed_memory on a CPU), the tutorial with none.
-Reported: final test accuracy, wall seconds of the whole run, seconds of the epochs that trained only (the
-tutorial evaluates the whole training set and the test set after epochs 3 and 5; ours a 5,000-image training
-subset and the test set after epoch 5), and the ratio ours / tutorial of each, from the same invocation.
-
-Usage: python scripts/benchmark_tutorial.py --data_path=DIR --tutorial=PATH [--only=tutorial,ours]
-       [--json=benchmark_tutorial.json] [--num_epochs=5]
+The tutorial evaluates the whole training set and the test set after epochs 3 and 5; ours a 5,000-image training
+subset and the test set after the last epoch.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import subprocess
 import sys
@@ -29,17 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import records, runner
 
 TUTORIAL_DRIVER = """
-import importlib.util, sys
+import runpy, sys
 import torchvision.datasets.cifar
 torchvision.datasets.cifar.check_integrity = lambda *args, **kwargs: True  # re-encoded copy: no md5 matches
-spec = importlib.util.spec_from_file_location("tutorial", sys.argv[1])
-tutorial = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tutorial)
-tutorial.config.update(data_path=sys.argv[2], output_path=sys.argv[3], num_epochs=int(sys.argv[4]))
-tutorial.run()
+tutorial = runpy.run_path(sys.argv[1], run_name="tutorial")  # its definitions; its __main__ block does not run
+tutorial["config"].update(data_path=sys.argv[2], output_path=sys.argv[3], num_epochs=int(sys.argv[4]))
+tutorial["run"]()
 """
 
 
@@ -65,21 +62,12 @@ def run_tutorial(tutorial: str, data_path: str, output: Path, num_epochs: int) -
 
 
 def run_ours(data_path: str, output: Path, num_epochs: int) -> dict[str, Any]:
-    """``cifar10-dist run`` with its defaults; summary.json gives accuracy and each epoch's training time."""
-    start = time.perf_counter()
-    command = [sys.executable, "-m", "cifar10_dist", "run", f"--data_path={data_path}", f"--output_path={output}",
-               "--run_name=ours", f"--num_epochs={num_epochs}"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        sys.exit(f"cifar10-dist failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    run_dir = output / "ours"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    epochs = {e["epoch"]: e["epoch_time"] for e in events if e.get("event") == "epoch"}
-    return {"entry": "ours", "accuracy": summary["final"]["test"]["accuracy"], "wall_seconds": wall,
-            "epoch_seconds": epochs, "training_only_epochs": sorted(epochs)}
+    """``cifar10-dist run`` with its defaults (benchmarks.runner); summary.json and metrics.jsonl give accuracy
+    and each epoch's training time."""
+    run = runner.train_ours(output, run_name="ours", data_path=data_path, num_epochs=num_epochs)
+    epochs = {row["epoch"]: row["epoch_time"] for row in run.epochs}
+    return {"entry": "ours", "accuracy": run.accuracy, "wall_seconds": run.wall_seconds, "epoch_seconds": epochs,
+            "training_only_epochs": sorted(epochs)}
 
 
 def training_only_mean(run: dict[str, Any]) -> float:
@@ -125,8 +113,8 @@ def main() -> None:
             runs[-1]["training_only_epoch_mean"] = training_only_mean(runs[-1])
             print(f"{entry}: {100 * runs[-1]['accuracy']:.2f}% in {runs[-1]['wall_seconds']:.0f} s", flush=True)
     print(table(runs))
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "num_epochs": args.num_epochs, "runs": runs}
-    Path(args.json_path).write_text(json.dumps(record, indent=1) + "\n")
+    records.write(args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "num_epochs": args.num_epochs,
+                                   "hardware": records.hardware_record(), "commit": records.commit(), "runs": runs})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""What data parallelism itself costs on this machine, run by hand: prints a table (and writes JSON with --json).
+"""DDP: what DistributedDataParallel itself costs on this machine, over gloo; prints a table (and writes JSON with
+--json). Last run: 2026-11-24, 2 cores, CPU not recorded, ResNet-18, 128 images per process, --steps=15 --rounds=4 (about
+20 minutes): 1.12x per step with DDP's defaults over two processes without communication; no bucket or graph
+setting beat them (docs/recipes.md, docs/measurements/ddp_cpu.json).
+
+    python -m benchmarks.ddp [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3] [--rounds=3]
+        [--json=PATH]
 
 "2 processes / 1 process" on a 2-core machine is bounded by single-thread speed, so it says little about
 DistributedDataParallel. Here every process has one thread and the same per-process batch, and the cases are:
@@ -8,24 +14,17 @@ DistributedDataParallel. Here every process has one thread and the same per-proc
                all-reduce: gradient_as_bucket_view, static_graph, bucket_cap_mb (1: many small all-reduces
                overlapped with the backward pass; 200: one all-reduce after it).
 "DDP cost" is a case's step time over "two alone"'s: the all-reduce and its synchronisation, with the contention
-of sharing the machine taken out; "vs one" adds that contention back. Every case runs in fresh processes. With
---rounds=N all cases run N times, interleaved (round 1: every case in order, then round 2 ...), and each ratio
-is taken within a round, then the median over rounds is printed with its range: this machine's speed drifts
-over minutes, which swamps the settings when cases run once, one after another.
-
-Usage: python scripts/benchmark_ddp.py [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3]
-       [--rounds=3] [--json=PATH]
+of sharing the machine taken out; "vs one" adds that contention back. Every case runs in fresh processes, all
+cases --rounds times, interleaved; each ratio is taken within a round, then the median over rounds is printed
+with its range (this machine's speed drifts over minutes).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,11 +32,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmark import make_step, setup  # noqa: E402
-from cifar10_dist.launch import free_port  # noqa: E402
+from benchmarks import records
+from benchmarks.steps import make_step, setup
+from cifar10_dist.launch import free_port
 
 CASES: dict[str, dict[str, Any] | None] = {  # None: no DDP
     "one": None,
@@ -124,7 +121,8 @@ def main() -> None:
         print(f"{name:<38}{spread(per_step):>20}{processes * args.batch_size / statistics.median(per_step):>8.0f}"
               f"{cost:>22}{spread([r[name] / r['one'] for r in rounds]):>22}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"arguments": vars(args), "rounds": rounds}, indent=2))
+        records.write(args.json_path, {"arguments": vars(args), "rounds": rounds, "hardware": records.hardware_record(),
+                                       "commit": records.commit()})
 
 
 if __name__ == "__main__":

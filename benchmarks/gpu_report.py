@@ -1,8 +1,10 @@
-"""Write gpu_report.md and gpu_report.json from what scripts/gpu_check.sh left in its folder.
+"""GPU report: gpu_report.md and gpu_report.json from what scripts/gpu_check.sh left in its folder (not a
+measurement itself; no GPU report exists yet: no GPU has run the checks). Takes a second.
+
+    python -m benchmarks.gpu_report --out=DIR
 
 Reads OUT/pytest.xml (the gpu checks' JUnit results), OUT/checks.jsonl (the figures the checks recorded) and
-OUT/benchmark.json (scripts/benchmark_gpu.py), and describes the machine (GPUs, driver, CUDA, torch).
-Usage: python scripts/gpu_report.py --out=DIR
+OUT/benchmark.json (benchmarks.gpu), and describes the machine (GPUs, driver, CUDA, torch).
 """
 
 from __future__ import annotations

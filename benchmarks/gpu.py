@@ -1,46 +1,31 @@
-"""GPU benchmark, run by hand or by scripts/gpu_check.sh: what the Ignite engine and our handlers cost on a fast
-device, and the fast recipe against airbench94's own code; prints tables and writes JSON with --json PATH.
+"""GPU: what the Ignite engine and our handlers cost on a fast device, and the fast recipe against airbench94's own
+code, in one invocation on one device; prints tables and writes JSON with --json PATH. Not yet run on a GPU (no
+figure of it is claimed anywhere); ``--device=cpu --quick`` (about 2 minutes on 2 cores) checks the tool itself.
+Run by scripts/gpu_check.sh; a full run takes about 10 minutes on one H100-class GPU, most of it airbench94's
+warm-up and the two recipes trained to the end.
 
-In one run on one device:
-  1. ResNet-18 (batch 512) and airbench (batch 1024) in each speed setting: a bare PyTorch loop and our
-     trainer with its handlers on the same device-resident tensors, img/s;
-  2. one full epoch through the CLI on real data: ResNet-18 (loader) and configs/fast.yaml (data_on_device);
+    python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--quick] [--skip_peer] [--json=PATH]
+
+  1. ResNet-18 (batch 512) and airbench (batch 1024) in each speed setting: a bare PyTorch loop and our trainer
+     with its handlers on the same device-resident tensors, img/s;
+  2. one full epoch of a real run on real data: ResNet-18 (loader) and configs/fast.yaml (data_on_device);
   3. time to accuracy: configs/fast.yaml trained to the end (validated every epoch, training seconds only, as
-     airbench counts) next to Keller Jordan's airbench94 from PyPI (airbench==0.1.8: its own train94 on the
-     same data, written as its train.pt/test.pt), with the time each needed to reach the other's accuracy.
-Usage: python scripts/benchmark_gpu.py --data_path=DIR [--device=cuda] [--quick] [--skip_peer] [--json=PATH]
---device=cpu runs the same on the CPU (the peer needs CUDA and is skipped, saying so); --quick makes every part
-a few steps long, to check the script itself.
+     airbench counts) next to airbench94's train94 (benchmarks.peer), with the time each needed to reach the
+     other's accuracy. --device=cpu skips the peer, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from cifar10_dist import reports  # noqa: E402
-
-
-def _load_script(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-benchmark = _load_script("benchmark")
-recipes = _load_script("benchmark_recipes")
+from benchmarks import peer as peer_code
+from benchmarks import records, runner, steps
 
 MODELS = {"resnet18": 512, "airbench": 1024}
 SETTINGS = {
@@ -52,65 +37,53 @@ SETTINGS = {
 }
 
 
-def throughput(device: torch.device, steps: int, warmup: int, batch_scale: float) -> list[dict[str, Any]]:
+def throughput(device: torch.device, count: int, warmup: int, batch_scale: float) -> list[dict[str, Any]]:
     """Part 1: bare loop and our trainer, each model and setting."""
     rows = []
     for model, batch_size in MODELS.items():
         size = max(8, int(batch_size * batch_scale))
         batch = (torch.randn(size, 3, 32, 32), torch.randint(0, 10, (size,)))
         for setting, options in SETTINGS.items():
-            bare = benchmark.bare_loop(model, batch, steps, warmup, device=device, **options)
-            engine = benchmark.engine_loop(model, batch, steps, warmup, device=device, **options)
+            bare = steps.bare_loop(model, batch, count, warmup, device=device, **options).images_per_second
+            engine = steps.engine_loop(model, batch, count, warmup, device=device, **options).images_per_second
             rows.append({"model": model, "batch": size, "setting": setting, "bare_loop": bare, "trainer": engine,
                          "trainer_over_bare": engine / bare})
             print(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}", flush=True)
     return rows
 
 
-def epoch_speeds(log: str) -> list[float]:
-    return [float(value) for value in re.findall(r"epoch \d+ done in [0-9.]+ s \(([0-9.]+) img/s\)", log)]
-
-
-def full_epochs(data_path: str, device: torch.device, quick: list[str]) -> dict[str, float]:
+def full_epochs(data_path: str, device: torch.device, quick: dict[str, Any]) -> dict[str, float]:
     """Part 2: img/s of a real epoch (the last, when --quick runs several short ones)."""
     speeds = {}
-    for name, flags in (("resnet18", ["--model=resnet18", "--num_workers=4"]),
-                        ("fast.yaml", [f"--config={REPO / 'configs' / 'fast.yaml'}"])):
+    for name, config, options in (("resnet18", None, {"model": "resnet18", "num_workers": 4}),
+                                  ("fast.yaml", records.REPO / "configs" / "fast.yaml", {})):
         with tempfile.TemporaryDirectory() as output:
-            log, _ = recipes.cli_run([*flags, f"--data_path={data_path}", "--num_epochs=1", "--num_warmup_epochs=0.2",
-                              "--train_eval_size=0", *quick], Path(output), device.type)
-        speeds[name] = epoch_speeds(log)[-1]
+            run = runner.train_ours(Path(output), config, device.type, **{
+                **options, "data_path": data_path, "num_epochs": 1, "num_warmup_epochs": 0.2, "train_eval_size": 0,
+                **quick})
+        speeds[name] = run.epochs[-1]["images_per_second"]
         print(f"full epoch, {name:<12}{speeds[name]:>10.0f} img/s", flush=True)
     return speeds
 
 
-def ours_to_the_end(data_path: str, device: torch.device, quick: list[str]) -> dict[str, Any]:
+def ours_to_the_end(data_path: str, device: torch.device, quick: dict[str, Any]) -> dict[str, Any]:
     """Part 3, ours: configs/fast.yaml validated every epoch (without TTA; the final test with it); the curve is
     (training seconds so far, test accuracy) at each epoch end."""
     with tempfile.TemporaryDirectory() as output:
-        _, run_dir = recipes.cli_run([f"--config={REPO / 'configs' / 'fast.yaml'}", f"--data_path={data_path}",
-                              "--validate_every=1", *quick], Path(output), device.type)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        epochs, evaluations = reports.read_metrics(run_dir)
-    elapsed, seconds = 0.0, {}
-    for epoch in sorted(epochs, key=lambda row: row["epoch"]):
-        elapsed += epoch["epoch_time"]
-        seconds[epoch["epoch"]] = elapsed
-    curve = [(seconds[row["epoch"]], row["accuracy"]) for row in sorted(evaluations, key=lambda row: row["epoch"])
-             if row["split"] == "test" and row["epoch"] in seconds]
-    return {"accuracy": summary["final"]["test"]["accuracy"], "training_seconds": summary["training_time"],
-            "curve": curve}
+        run = runner.train_ours(Path(output), records.REPO / "configs" / "fast.yaml", device.type,
+                                **{"data_path": data_path, "validate_every": 1, **quick})
+    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time, "curve": run.curve("test")}
 
 
 def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | str:
-    """Part 3, the peer: airbench94's train94 on our data (scripts/benchmark_recipes.py runs it)."""
+    """Part 3, the peer: airbench94's train94 on our data (benchmarks.peer)."""
     if device.type != "cuda":
-        return "skipped: airbench94 runs on CUDA only here (scripts/benchmark_recipes.py adapts it to a CPU)"
+        return "skipped: airbench94 runs on CUDA only here (benchmarks.recipes adapts it to a CPU)"
     if importlib.util.find_spec("airbench") is None:
         return (f"skipped: the airbench package is not installed (pip install 'cifar10-dist[bench]', or the sdist "
-                f"of {recipes.PEER} offline)")
+                f"of {peer_code.PACKAGE} offline)")
     try:
-        return recipes.run_peer(data_path, "cuda", seed=0, quick=False)
+        return peer_code.run_peer(data_path, "cuda", seed=0, quick=False)
     except SystemExit as failure:
         return f"failed: {str(failure).strip().splitlines()[-1]}"
 
@@ -131,7 +104,7 @@ def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
         lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
                      f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}")
     if isinstance(peer, str):
-        lines.append(f"peer: airbench94 ({recipes.PEER}): {peer}")
+        lines.append(f"peer: airbench94 ({peer_code.PACKAGE}): {peer}")
     return lines
 
 
@@ -150,13 +123,13 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: use --device=cpu")
     device = torch.device(args.device)
-    steps, warmup, scale = (2, 1, 1 / 16) if args.quick else (20, 5, 1.0)
-    quick = ["--num_epochs=2", "--num_warmup_epochs=0.5", "--epoch_length=3", "--tta=0"] if args.quick else []
+    count, warmup, scale = (2, 1, 1 / 16) if args.quick else (20, 5, 1.0)
+    quick = {"num_epochs": 2, "num_warmup_epochs": 0.5, "epoch_length": 3, "tta": 0} if args.quick else {}
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     header = f"{name}, torch {torch.__version__}, {'quick check' if args.quick else 'full'}"
     print(header)
     print(f"{'model':<10}{'batch':>6}  {'setting':<30}{'bare/s':>10}{'ours/s':>10}{'ratio':>8}")
-    rows = throughput(device, steps, warmup, scale)
+    rows = throughput(device, count, warmup, scale)
     epochs = full_epochs(args.data_path, device, quick)
     ours = ours_to_the_end(args.data_path, device, quick)
     peer = "skipped: --skip_peer" if args.skip_peer else peer_to_the_end(args.data_path, device)
@@ -166,9 +139,10 @@ def main() -> None:
                                  f"{r['trainer']:.0f} img/s ({r['trainer_over_bare']:.3f})" for r in rows),
                        *(f"full epoch {k}: {v:.0f} img/s" for k, v in epochs.items()), *lines])
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"device": name, "torch": torch.__version__, "quick": args.quick,
-                                                    "throughput": rows, "full_epoch": epochs, "ours": ours,
-                                                    "peer": peer, "table": table}, indent=2) + "\n")
+        records.write(args.json_path, {"device": name, "torch": torch.__version__, "quick": args.quick,
+                                       "hardware": records.hardware_record(args.device), "commit": records.commit(),
+                                       "throughput": rows, "full_epoch": epochs, "ours": ours, "peer": peer,
+                                       "table": table})
 
 
 if __name__ == "__main__":

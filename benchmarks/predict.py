@@ -1,10 +1,13 @@
-"""How fast `predict` classifies images: the whole command on PNG files, and the model alone on a uint8 tensor.
+"""Predict: how fast ``predict`` classifies images, the whole command on PNG files and the model alone on a uint8
+tensor; prints a table of images per second. Last run: 2 cores, CPU not recorded, 2,000 real test images, batch
+256, CPU (docs/models-in-and-out.md: airbench 371 img/s for the command, 432 for the model alone); one pass per
+model, about a minute for the three.
 
-    python scripts/benchmark_predict.py [--models=airbench,resnet18,cifar_resnet18] [--images=2000]
-                                        [--batch_size=256] [--device=cpu] [--data_path=DIR]
+    python -m benchmarks.predict [--models=airbench,resnet18,cifar_resnet18] [--images=2000] [--batch_size=256]
+        [--device=cpu] [--data_path=DIR]
 
-Prints a table of images per second. Weights are freshly initialised (speed does not depend on them). The images
-are the first test images of DIR (real CIFAR-10) when given, else synthetic ones, written as PNG files.
+Weights are freshly initialised (speed does not depend on them). The images are the first test images of DIR (real
+CIFAR-10) when given, else synthetic ones, written as PNG files.
 """
 
 from __future__ import annotations

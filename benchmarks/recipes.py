@@ -1,0 +1,191 @@
+"""Recipes trained to the end: airbench94's own code (``peer``) next to configs/fast.yaml and fast_muon.yaml on
+the same data and machine; prints a table and appends every run to a JSON file. Last runs: Zen 4 EPYC, 2 cores,
+seeds 0-2 (docs/measurements/recipes_cpu.json; seed 0 of fast.yaml again on 2026-11-24 in recipes_cpu_zen4.json):
+peer 90.64% +- 0.18, fast 90.51% +- 0.09, Muon 90.54% +- 0.13; a run of the peer takes about 45 minutes on 2 cores,
+one of fast.yaml about 9.
+
+    python -m benchmarks.recipes --data_path=DIR [--only=peer,fast,muon,muon7] [--seeds=3] [--first_seed=0]
+        [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
+    --quick      every entry for a few steps (checks the tool); --table only prints the table of the JSON
+    --per_step   [--batch_size=1024 --steps=5 --rounds=4]: only seconds per bare training step of the peer's network
+                 and ours on the CPU, interleaved in rounds (do the networks themselves differ in speed?)
+
+Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7 (the same cut to 7
+epochs). Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
+start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
+the same invocation (this machine's speed drifts up to 2x between hours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from benchmarks import peer, records, runner
+
+CONFIGS = records.REPO / "configs"
+# entry: (config, overrides on top of it)
+OURS: dict[str, tuple[str, dict[str, Any]]] = {"fast": ("fast.yaml", {}), "muon": ("fast_muon.yaml", {}),
+                                               "muon7": ("fast_muon.yaml", {"num_epochs": 7, "validate_every": 7})}
+ENTRIES = ("peer", *OURS)
+QUICK_OURS = {"num_epochs": 2, "epoch_length": 2, "tta": 0, "num_warmup_epochs": 0}
+
+
+def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) -> dict[str, Any]:
+    """One run of our recipe (benchmarks.runner) in a temporary folder: accuracy, training and outside seconds."""
+    config, overrides = OURS[entry]
+    with tempfile.TemporaryDirectory() as output:
+        values = {**overrides, "data_path": data_path, "download": False, "seed": seed, **(QUICK_OURS if quick else {})}
+        run = runner.train_ours(Path(output), CONFIGS / config, device, **values)
+    summary = run.summary
+    evaluation = run.evaluation_seconds()
+    outside = {"evaluation": evaluation, "in_process_other": summary.total_time - summary.training_time - evaluation,
+               "process_start_and_exit": run.wall_seconds - summary.total_time}
+    return {"accuracy": run.accuracy, "training_seconds": summary.training_time, "wall_seconds": run.wall_seconds,
+            "outside": outside, "precision": summary.precision}
+
+
+def _bare_step(net: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
+    trained = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trained, lr=0.01, momentum=0.85, nesterov=True)
+
+    def step() -> float:
+        loss = torch.nn.functional.cross_entropy(net(inputs), targets, label_smoothing=0.2)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def per_step_table(batch_size: int, steps: int, rounds: int) -> str:
+    """Seconds per bare training step of airbench94's network (the package's make_net94) and of ours, on the
+    CPU: the same batch, Nesterov SGD and label-smoothed loss, both under with_bf16_forward and in channels_last,
+    interleaved in rounds. Adapts torch in this process to the peer (adapt_to_cpu): run it on its own."""
+    from airbench import lib_airbench94
+
+    from cifar10_dist import models
+
+    peer.adapt_to_cpu()
+    torch.manual_seed(0)
+    inputs = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    targets = torch.randint(0, 10, (batch_size,))
+    nets = {"peer: airbench make_net94": lib_airbench94.make_net94(),
+            "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last)}
+    steppers = {name: _bare_step(peer.with_bf16_forward(net), inputs, targets) for name, net in nets.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in nets}
+    for step in steppers.values():
+        step(), step()  # warm-up
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            started = time.perf_counter()
+            for _ in range(steps):
+                step()
+            seconds[name].append((time.perf_counter() - started) / steps)
+    reference = statistics.median(seconds["peer: airbench make_net94"])
+    lines = [f"batch {batch_size}, {steps} steps x {rounds} interleaved rounds, {records.machine('cpu')}, "
+             f"torch {torch.__version__}", f"{'network':<28}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}"]
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        lines.append(f"{name:<28}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}  {batch_size / median:>7.0f}"
+                     f"{median / reference:>9.3f}")
+    return "\n".join(lines)
+
+
+def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
+    """Per recipe: accuracy mean and std, training minutes, seconds outside training; then the training-time
+    ratios of runs made in the same invocation, and whether each recipe's mean reaches the peer's. Runs made
+    with --quick are left out, unless ``quick`` (then only they count)."""
+    runs = [r for r in runs if r.get("quick", False) == quick]
+    by_recipe = {name: [r for r in runs if r["recipe"] == name] for name in ENTRIES}
+    by_seed = {name: list({r["seed"]: r["accuracy"] for r in chosen}.values()) for name, chosen in by_recipe.items()}
+    lines = [f"{'recipe':<8}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}  reaches"]
+    peer_mean = _mean(by_seed["peer"])
+    for name, chosen in by_recipe.items():
+        if not chosen:
+            continue
+        accuracies = by_seed[name]  # a seed run again (the same accuracy: runs are deterministic) counts once
+        std = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
+        outside = _mean([sum(r["outside"].values()) for r in chosen])
+        reaches = "-" if peer_mean is None or name == "peer" else ("peer" if _mean(accuracies) >= peer_mean else "no")
+        lines.append(f"{name:<8}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{100 * std:>7.2f}%"
+                     f"{_mean([r['training_seconds'] for r in chosen]) / 60:>11.1f}{outside:>11.0f}  {reaches}")
+    lines.extend(same_invocation_ratios(runs))
+    return "\n".join(lines)
+
+
+def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for invocation in sorted({r["invocation"] for r in runs}):
+        together = {name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation
+                                 and r["recipe"] == name]) for name in ENTRIES}
+        pairs = [(a, b) for a in OURS for b in ("fast", "peer")
+                 if a != b and together[a] is not None and together[b] is not None]
+        if pairs:
+            ratios = ", ".join(f"{a}/{b} {together[a] / together[b]:.2f}" for a, b in pairs)
+            lines.append(f"training-time ratios in invocation {invocation}: {ratios}")
+    return lines
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def run_entries(args: argparse.Namespace, entries: list[str], path: Path) -> None:
+    """Every entry for every seed, each run appended to the JSON file the moment it ends."""
+    invocation = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"{records.machine(args.device)}, torch {torch.__version__}; runs appended to {path}", flush=True)
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for entry in entries:
+            if entry == "peer":
+                result = peer.run_peer(args.data_path, args.device, seed, args.quick)
+            else:
+                result = run_ours(entry, args.data_path, args.device, seed, args.quick)
+            records.append_run(path, {"recipe": entry, "seed": seed, "invocation": invocation,
+                                      "commit": records.commit(), "machine": records.machine(args.device),
+                                      "hardware": records.hardware_record(args.device), "torch": torch.__version__,
+                                      "quick": args.quick, **result})
+            print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training {result['training_seconds']:.0f} s,"
+                  f" outside {sum(result['outside'].values()):.0f} s", flush=True)
+    print(table(json.loads(path.read_text())["runs"], quick=args.quick))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_path", help="folder holding cifar-10-batches-py")
+    parser.add_argument("--only", default=",".join(ENTRIES), help="comma-separated entries: " + ", ".join(ENTRIES))
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each entry (seeds first_seed, first_seed+1, ...)")
+    parser.add_argument("--first_seed", type=int, default=0, help="the first seed (to add seeds to an earlier JSON)")
+    parser.add_argument("--json", dest="json_path", default="benchmark_recipes.json", help="runs are appended here")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--quick", action="store_true", help="a few steps of every entry (checks the tool)")
+    parser.add_argument("--table", action="store_true", help="print the table of --json and exit")
+    parser.add_argument("--per_step", action="store_true",
+                        help="only seconds per bare training step of the peer's network and ours (CPU), interleaved")
+    parser.add_argument("--batch_size", type=int, default=1024, help="with --per_step")
+    parser.add_argument("--steps", type=int, default=5, help="with --per_step: steps per round")
+    parser.add_argument("--rounds", type=int, default=4, help="with --per_step")
+    args = parser.parse_args()
+    path = Path(args.json_path)
+    if args.per_step:
+        print(per_step_table(args.batch_size, args.steps, args.rounds))
+    elif args.table:
+        print(table(json.loads(path.read_text())["runs"]))
+    else:
+        entries = [entry.strip() for entry in args.only.split(",") if entry.strip()]
+        if any(entry not in ENTRIES for entry in entries) or not entries or args.seeds < 1 or args.data_path is None:
+            parser.error(f"--only={args.only} (entries: {', '.join(ENTRIES)}), --seeds >= 1 and --data_path are needed")
+        run_entries(args, entries, path)
+
+
+if __name__ == "__main__":
+    main()

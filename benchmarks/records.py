@@ -1,0 +1,47 @@
+"""What a benchmark records next to its figures: the machine, this checkout's commit, and the JSON files
+(written whole, or appended to run by run), always atomically."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cifar10_dist import files, hardware
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine(device: str | None = None) -> str:
+    """The machine in a few words: the GPU, or the CPU with its kernels and native bf16, and torch's threads."""
+    chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return f"{hardware.one_line(chosen)}, {torch.get_num_threads()} threads"
+
+
+def hardware_record(device: str = "cpu") -> dict[str, Any]:
+    """The CPU (model, kernels, native bf16) and GPUs of this machine, as run folders record them."""
+    return hardware.describe(torch.device(device))
+
+
+def commit() -> str:
+    """This checkout's commit (with + when it has changes), so runs of different code stay apart."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
+
+
+def write(path: str | Path, record: dict[str, Any]) -> None:
+    """A benchmark's JSON file, written whole."""
+    files.write_json(Path(path), record)
+
+
+def append_run(path: str | Path, run: dict[str, Any]) -> None:
+    """One more run in the JSON file ``{"runs": [...]}`` (created when missing): each run is kept the moment it
+    ends, so a table can be built from runs made in several invocations."""
+    path = Path(path)
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    write(path, {"runs": [*runs, run]})
