@@ -30,7 +30,7 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int
     from cifar10_dist import inference
 
     trained = inference.load_trained_model(checkpoint, device, raw_weights)
-    return inference.probabilities(trained, inference.as_uint8_batch(images), batch_size, tta)
+    return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.image_size), batch_size, tta)
 
 
 def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int = 256, tta: int | None = None,
@@ -137,13 +137,25 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
 
 
 def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", synthetic: int | None = None,
-                 synthetic_test: int | None = None, seed: int = 0) -> PreparedData:
+                 synthetic_test: int | None = None, seed: int = 0, image_size: int = 32,
+                 skip_bad_images: bool = False, drop_test_duplicates: bool = False,
+                 cache_dir: str | Path | None = None) -> PreparedData:
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
-    (and ``synthetic_test``, default a fifth) in the same on-disk format."""
+    (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
+    check the image folder's cache and describe it in a card."""
     from cifar10_dist import data
 
+    if dataset == "folder":
+        from cifar10_dist import folder_data
+
+        resolve(None, dataset="folder", data_path=str(data_path), image_size=image_size)  # the values checked
+        loaded = folder_data.load(Path(str(data_path)), image_size, skip_bad_images, drop_test_duplicates,
+                                  Path(str(cache_dir)) if cache_dir else None)
+        return PreparedData(str(loaded.cache), len(loaded.train), len(loaded.test), synthetic=False,
+                            card=folder_data.card(loaded, Path(str(data_path))))
+
     if dataset not in data.LAYOUTS:
-        raise UserError(f"dataset={dataset!r} is not accepted here: choose {' or '.join(data.LAYOUTS)}")
+        raise UserError(f"dataset={dataset!r} is not accepted here: choose {', '.join(data.LAYOUTS)} or folder")
     layout = data.LAYOUTS[dataset]
     if synthetic is not None:
         folder = Path(str(data_path)) / layout.folder

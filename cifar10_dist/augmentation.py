@@ -1,5 +1,5 @@
 """Batch transforms on the training device: pad, random crop and flip of a uint8 batch from a seeded generator,
-and normalisation with the CIFAR-10 channel statistics."""
+and normalisation with the dataset's channel statistics."""
 
 from __future__ import annotations
 
@@ -41,15 +41,16 @@ def augment(
     return padded[batch_index, channel_index, rows, columns]
 
 
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, 3, H, W) to float32 normalised with the CIFAR-10 channel mean and std."""
-    mean, std = _normalization(images.device)
-    return (images.float() - mean) / std
+def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:
+    """uint8 (N, 3, H, W) to float32 normalised with a channel mean and std of 0..1 pixels (CIFAR-10's unless
+    given: a folder dataset's come from its training images, ``data.DatasetInfo``)."""
+    scaled_mean, scaled_std = _normalization(images.device, tuple(mean), tuple(std))
+    return (images.float() - scaled_mean) / scaled_std
 
 
 @functools.lru_cache(maxsize=8)
-def _normalization(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _normalization(device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch)."""
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
-    return mean, std
+    return (torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255,
+            torch.tensor(std, device=device).view(1, 3, 1, 1) * 255)

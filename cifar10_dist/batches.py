@@ -10,6 +10,7 @@ from ignite.engine import Engine, Events
 
 from cifar10_dist import augmentation, engines
 from cifar10_dist.config import Config
+from cifar10_dist.data import DatasetInfo
 
 
 def memory_format(channels_last: bool) -> torch.memory_format:
@@ -29,7 +30,8 @@ def seed_default_generators(seed: int, device: torch.device) -> torch.Generator:
     return torch.default_generator.manual_seed(seed)
 
 
-def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int) -> engines.PrepareBatch:
+def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo
+                         ) -> engines.PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation and any
@@ -51,18 +53,19 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
         images = augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
-        inputs = augmentation.normalize(images).contiguous(memory_format=layout)
+        inputs = augmentation.normalize(images, info.mean, info.std).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare
 
 
-def eval_batch_preparer(device: torch.device, channels_last: bool = False) -> engines.PrepareBatch:
+def eval_batch_preparer(device: torch.device, channels_last: bool, info: DatasetInfo) -> engines.PrepareBatch:
     layout = memory_format(channels_last)
 
     def prepare(batch: engines.Batch, iteration: int) -> engines.Batch:
         images, labels = batch
-        inputs = augmentation.normalize(images.to(device, non_blocking=True)).contiguous(memory_format=layout)
+        inputs = augmentation.normalize(images.to(device, non_blocking=True), info.mean, info.std
+                                        ).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare

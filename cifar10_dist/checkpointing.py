@@ -286,6 +286,16 @@ def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return dict(meta.get("provenance", {})) if isinstance(meta, Mapping) else {}
 
 
+def checkpoint_info(checkpoint: Mapping[str, Any]) -> data.DatasetInfo:
+    """The classes, normalisation and image size a checkpoint's model was trained with (recorded in its
+    provenance; CIFAR's for files from before they were recorded)."""
+    recorded = checkpoint_provenance(checkpoint).get("dataset", {}).get("info")
+    if recorded:
+        return data.DatasetInfo.from_dict(recorded)
+    config = checkpoint_config(checkpoint)
+    return data.cifar_info(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
+
+
 def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | None = None,
                   model_kwargs: Mapping[str, Any] | None = None, raw_weights: bool = False) -> torch.nn.Module:
     """A fresh model with the checkpoint's weights: the model (and its factory's keyword arguments) the checkpoint
@@ -297,7 +307,7 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | 
     if name is None:
         raise UserError(f"checkpoint '{path}' does not record its model: give --model")
     kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
-    classes = data.num_classes(recorded.get("dataset", "cifar10"), recorded.get("label_mode", "fine"))
+    classes = len(checkpoint_info(checkpoint).classes)
     built = models.build_model(name, dict(kwargs) if kwargs else None, classes)
     weights = checkpoint["ema_model"] if "ema_model" in checkpoint and not raw_weights else model_weights(checkpoint)
     load_model_weights(built, weights, str(path))

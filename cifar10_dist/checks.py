@@ -17,14 +17,18 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import data, faults, models, optimizers
+from cifar10_dist import data, faults, image_folders, models, optimizers
 from cifar10_dist.config import Config, planned_world_size
 from cifar10_dist.errors import UserError
 
 
 def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
-    models.check_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
+    if config.dataset == "folder":  # the layout checked now (one line), the images when the run reads them
+        classes = len(image_folders.scan(Path(config.data_path)).classes)
+    else:
+        classes = data.num_classes(config.dataset, config.label_mode)
+    models.check_model(config.model, config.model_kwargs, classes, config.image_size)
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)

@@ -168,10 +168,16 @@ def _parse_targets(targets: Any) -> list[float]:
 
 def prepare_data(
     data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0,
-    dataset: str = "cifar10",
+    dataset: str = "cifar10", image_size: int = 32, skip_bad_images: bool = False,
+    drop_test_duplicates: bool = False, cache_dir: str | None = None,
 ) -> None:
-    """Download and verify CIFAR-10 (or CIFAR-100), or write a synthetic dataset in the same format."""
-    prepared = api.prepare_data(str(data_path), str(dataset), synthetic, synthetic_test, int(seed))
+    """Download and verify CIFAR-10 (or CIFAR-100), write a synthetic dataset in the same format, or build and
+    check an image folder's cache (dataset=folder) and print its card."""
+    prepared = api.prepare_data(str(data_path), str(dataset), synthetic, synthetic_test, int(seed), int(image_size),
+                                bool(skip_bad_images), bool(drop_test_duplicates), cache_dir)
+    if prepared.card is not None:
+        print(prepared.card)
+        return
     if prepared.synthetic:
         print(f"wrote {prepared.train_images} synthetic training and {prepared.test_images} test images to "
               f"{prepared.folder}")

@@ -26,7 +26,7 @@ import yaml
 from cifar10_dist.errors import UserError, first_line
 
 BACKENDS = ("gloo", "nccl", "xla-tpu", "horovod")
-DATASETS = ("cifar10", "cifar100", "synthetic")
+DATASETS = ("cifar10", "cifar100", "synthetic", "folder")
 LABEL_MODES = ("fine", "coarse")
 FLIPS = ("random", "alternating", "none")
 PAD_MODES = ("zeros", "reflect")
@@ -82,11 +82,20 @@ class Config:
     """Everything a training or evaluation run needs. Defaults follow the Ignite CIFAR-10 tutorial."""
 
     # data
-    dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), or synthetic (generated in memory)")
+    dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), synthetic (generated in memory), or "
+                          "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)")
     data_path: str = option("cifar10", "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when "
                             "missing)")
     label_mode: str = option("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20 superclasses)")
     download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)")
+    image_size: int = option(32, "dataset=folder: images are stored and trained at this size (shorter side scaled, "
+                             "centre crop); CIFAR is 32")
+    skip_bad_images: bool = option(False, "dataset=folder: train without unreadable image files (else refused, "
+                                   "naming them)")
+    drop_test_duplicates: bool = option(False, "dataset=folder: remove test/val images that are exact copies of "
+                                        "training images (always counted and warned about)")
+    cache_dir: Optional[str] = option(None, "dataset=folder: where the decoded images are cached (default: "
+                                      "data_path/.cifar10_dist_cache)")
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)")
     num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)")
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics")
@@ -356,6 +365,9 @@ def validate(config: Config) -> None:
     _require(c.label_mode == "fine" or c.dataset == "cifar100",
              f"label_mode='{c.label_mode}' is for dataset=cifar100 (its 20 superclasses), not dataset={c.dataset}")
     _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
+    _require(8 <= c.image_size <= 1024, f"image_size={c.image_size} must be in 8..1024 pixels")
+    _require(c.image_size == 32 or c.dataset == "folder",
+             f"image_size={c.image_size} is for dataset=folder: CIFAR and synthetic images are 32x32")
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
     _require(c.seeds >= 1, f"seeds={c.seeds} must be at least 1")

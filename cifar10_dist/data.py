@@ -90,6 +90,32 @@ def num_classes(dataset: str, label_mode: str = "fine") -> int:
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2023, 0.1994, 0.2010)
 PAD = 4
+IMAGE_SIZE = 32
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model trained on a dataset needs to see images as it did: the class names, the channel mean and
+    std (of 0..1 pixels) its inputs were normalised with, and the image size. Recorded in every checkpoint's
+    provenance (``data``), so ``evaluate``, ``predict`` and ``export`` use it without the data."""
+
+    classes: tuple[str, ...]
+    mean: tuple[float, ...] = MEAN
+    std: tuple[float, ...] = STD
+    image_size: int = IMAGE_SIZE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"classes": list(self.classes), "mean": list(self.mean), "std": list(self.std),
+                "image_size": self.image_size}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DatasetInfo:
+        return cls(tuple(values["classes"]), tuple(values["mean"]), tuple(values["std"]), int(values["image_size"]))
+
+
+def cifar_info(dataset: str, label_mode: str = "fine") -> DatasetInfo:
+    """CIFAR-10/100 and synthetic data: their class names and CIFAR-10's channel statistics, 32x32."""
+    return DatasetInfo(class_names(dataset, label_mode))
 
 
 @dataclass(frozen=True)

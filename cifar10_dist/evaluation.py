@@ -12,6 +12,7 @@ from torch import nn
 from cifar10_dist import (batches, checkpointing, data, engines, loaders, process_setup, provenance, ranks, run_data,
                           tracking)
 from cifar10_dist.config import Config
+from cifar10_dist.errors import UserError
 from cifar10_dist.results import EvaluationResult
 
 logger = logging.getLogger("cifar10_dist")
@@ -26,16 +27,17 @@ class EvaluationWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         with tracking.package_logging():
             device = idist.device()
-            train_set, test_set = run_data.load_datasets(config)
+            loaded = run_data.load_datasets(config)
             batch_loaders = loaders.make_loaders(
-                train_set, test_set, batch_size=config.batch_size, num_workers=config.num_workers,
+                loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
+                num_workers=config.num_workers,
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
             precision = process_setup.setup_precision(config, device)
-            model = self.load_model(config, train_set, test_set, device, precision)
+            model, info = self.load_model(config, loaded, device, precision)
             evaluator = engines.create_evaluator(
-                model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last), precision, device,
-                num_classes=data.num_classes(config.dataset, config.label_mode), tta=config.tta,
+                model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
+                precision, device, num_classes=len(info.classes), tta=config.tta,
             )
             metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
@@ -43,18 +45,25 @@ class EvaluationWorker:
             return EvaluationResult(
                 accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
                 per_class_accuracy=per_class, confusion_matrix=matrix.tolist(),
-                classes=list(data.class_names(config.dataset, config.label_mode)),
+                classes=list(info.classes),
             ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 
-    def load_model(self, config: Config, train_set: data.ImageSet, test_set: data.ImageSet,
-                   device: torch.device, precision: engines.Precision) -> nn.Module:
-        """The checkpoint's weights in a fresh model, wrapped for the backend; warns (rank 0) when the checkpoint
-        was made with another package version or other data."""
+    def load_model(self, config: Config, loaded: run_data.LoadedData, device: torch.device,
+                   precision: engines.Precision) -> tuple[nn.Module, data.DatasetInfo]:
+        """The checkpoint's weights in a fresh model, wrapped for the backend, and what it was trained with
+        (classes, normalisation); warns (rank 0) when the checkpoint was made with another package version or
+        other data, and refuses data with other classes."""
         checkpoint = checkpointing.load_checkpoint(self.checkpoint)
+        info = checkpointing.checkpoint_info(checkpoint)
+        if info.classes != loaded.info.classes:
+            raise UserError(f"checkpoint '{self.checkpoint}' was trained on the classes {', '.join(info.classes[:6])}"
+                            f"{'...' if len(info.classes) > 6 else ''}, this data has "
+                            f"{', '.join(loaded.info.classes[:6])}{'...' if len(loaded.info.classes) > 6 else ''}: "
+                            "evaluate it on data with its classes")
         model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
                                             self.raw_weights)
-        present = run_data.describe_run(config, train_set, test_set, device, precision)
+        present = run_data.describe_run(config, loaded, device, precision)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
-        return idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+        return idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last))), info

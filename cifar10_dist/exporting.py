@@ -1,6 +1,6 @@
 """Taking a trained model out: safetensors weights, a TorchScript module, or an ONNX graph, each verified.
 
-Every form maps normalised float32 images (N, 3, 32, 32) to logits, exactly as the trained ``nn.Module`` does;
+Every form maps normalised float32 images (N, 3, S, S) to logits, exactly as the trained ``nn.Module`` does;
 a JSON sidecar (``<file>.json``) and the file's own metadata carry the model reference, class names, the
 normalisation mean/std and provenance. Each export is checked by loading it back with its own runtime (safetensors,
 ``torch.jit.load``, ``onnx.checker`` and ONNX Runtime) against the PyTorch model on a batch of images, and the file
@@ -55,7 +55,7 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
     if not path.parent.is_dir():
         raise UserError(f"output='{path}': the folder {path.parent} does not exist")
     metadata = describe(trained)
-    images, source = check_images(trained.config)
+    images, source = check_images(trained.config, trained.info)
     exporter = {"safetensors": write_safetensors, "torchscript": write_torchscript, "onnx": write_onnx}[format]
     found: dict[str, Any] = {}
     files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
@@ -70,11 +70,12 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
         "model": trained.config.get("model"),
         "model_kwargs": trained.config.get("model_kwargs"),
         "classes": list(trained.classes),
-        "input": {"shape": ["N", 3, inference.IMAGE_SIZE, inference.IMAGE_SIZE], "dtype": "float32",
+        "input": {"shape": ["N", 3, trained.info.image_size, trained.info.image_size], "dtype": "float32",
                   "layout": "RGB, channels first",
-                  "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255"},
-        "mean": list(data.MEAN),
-        "std": list(data.STD),
+                  "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255",
+                  "resize": "shorter side to the size (bilinear), then the centre square"},
+        "mean": list(trained.info.mean),
+        "std": list(trained.info.std),
         "output": "logits (N, classes); softmax gives probabilities",
         "checkpoint": str(trained.checkpoint),
         "provenance": trained.provenance,
@@ -82,10 +83,16 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
     }
 
 
-def check_images(config: dict[str, Any]) -> tuple[torch.Tensor, str]:
-    """Normalised images for the check: the first test images of the data the model was trained on when that is
-    still readable, else synthetic CIFAR-format images."""
+def check_images(config: dict[str, Any], info: data.DatasetInfo) -> tuple[torch.Tensor, str]:
+    """Normalised images for the check (with the model's normalisation): the first test images of the data the
+    model was trained on when that is still readable, else synthetic images of its size."""
     dataset = config.get("dataset")
+    if dataset == "folder":
+        root = Path(str(config.get("data_path", "")))
+        found = inference.find_images([root / split for split in ("test", "train") if (root / split).is_dir()])
+        read = inference.read_images(found.files[:CHECK_IMAGES], info.image_size)
+        if len(read.images):
+            return augmentation.normalize(read.images, info.mean, info.std), f"{len(read.images)} images of {root}"
     if dataset in data.LAYOUTS:
         folder = Path(str(config.get("data_path", ""))) / data.LAYOUTS[dataset].folder
         try:
@@ -96,7 +103,9 @@ def check_images(config: dict[str, Any]) -> tuple[torch.Tensor, str]:
         except UserError:
             pass
     images = data.make_synthetic(1, CHECK_IMAGES, seed=0)[1].images
-    return augmentation.normalize(images), f"{len(images)} synthetic images"
+    if info.image_size != images.shape[-1]:
+        images = torch.nn.functional.interpolate(images.float(), size=info.image_size).to(torch.uint8)
+    return augmentation.normalize(images, info.mean, info.std), f"{len(images)} synthetic images"
 
 
 def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:

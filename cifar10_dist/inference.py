@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from cifar10_dist import augmentation, checkpointing, data, engines
+from cifar10_dist import augmentation, checkpointing, data, engines, image_folders
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class TrainedModel:
     classes: tuple[str, ...]
     device: torch.device
     provenance: dict[str, Any]  # recorded in the checkpoint (code version, data hash)
+    info: data.DatasetInfo = data.cifar_info("cifar10")  # classes, normalisation and image size it was trained with
 
     @property
     def tta(self) -> int:
@@ -50,9 +51,9 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
     model = checkpointing.restore_model(loaded, checkpoint, raw_weights=raw_weights)
     chosen = torch.device(device) if device is not None else default_device()
     config = checkpointing.checkpoint_config(loaded)
-    classes = data.class_names(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
-    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, classes, chosen,
-                        checkpointing.checkpoint_provenance(loaded))
+    info = checkpointing.checkpoint_info(loaded)
+    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, info.classes, chosen,
+                        checkpointing.checkpoint_provenance(loaded), info)
 
 
 @torch.no_grad()
@@ -64,7 +65,8 @@ def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int =
         raise UserError(f"batch_size={batch_size} must be at least 1")
     chunks = []
     for start in range(0, len(images), batch_size):
-        batch = augmentation.normalize(images[start:start + batch_size].to(trained.device))
+        batch = augmentation.normalize(images[start:start + batch_size].to(trained.device), trained.info.mean,
+                                       trained.info.std)
         chunks.append(torch.softmax(engines.predict(trained.model, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
 
@@ -112,22 +114,14 @@ def find_images(paths: Iterable[str | Path]) -> ImageFiles:
     return found
 
 
-def image_to_tensor(image: Any) -> tuple[torch.Tensor, bool]:
-    """A PIL image as uint8 (3, 32, 32) RGB (grayscale, palette and RGBA converted; alpha dropped), and whether
-    it had to be resized: the shorter side to 32 pixels, then the centre 32x32."""
-    from PIL import Image
-
-    image = image.convert("RGB")
-    resized = image.size != (IMAGE_SIZE, IMAGE_SIZE)
-    if resized:
-        width, height = image.size
-        scale = IMAGE_SIZE / min(width, height)
-        size = (max(IMAGE_SIZE, round(width * scale)), max(IMAGE_SIZE, round(height * scale)))
-        image = image.resize(size, Image.Resampling.BILINEAR)
-        left, top = (size[0] - IMAGE_SIZE) // 2, (size[1] - IMAGE_SIZE) // 2
-        image = image.crop((left, top, left + IMAGE_SIZE, top + IMAGE_SIZE))
+def image_to_tensor(image: Any, size: int = IMAGE_SIZE) -> tuple[torch.Tensor, bool]:
+    """A PIL image as uint8 (3, S, S) RGB (grayscale, palette and RGBA converted; alpha dropped), and whether it
+    had to be resized: the shorter side to S pixels, then the centre square (``image_folders.fit_image``, the
+    rule training images of a folder went through)."""
+    resized = image.size != (size, size)
+    image = image_folders.fit_image(image, size)
     pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    return pixels.view(IMAGE_SIZE, IMAGE_SIZE, 3).permute(2, 0, 1).contiguous(), resized
+    return pixels.view(size, size, 3).permute(2, 0, 1).contiguous(), resized
 
 
 @dataclass
@@ -138,22 +132,23 @@ class ReadImages:
     resized: int  # how many were not 32x32
 
 
-def read_images(files: Sequence[Path]) -> ReadImages:
-    """Read image files with Pillow; a file that is not an image is a failure, the others are still read."""
+def read_images(files: Sequence[Path], size: int = IMAGE_SIZE) -> ReadImages:
+    """Read image files with Pillow at S x S; a file that is not an image is a failure, the others are still
+    read."""
     from PIL import Image
 
     tensors, paths, failures, resized = [], [], [], 0
     for path in files:
         try:
             with Image.open(path) as image:
-                tensor, was_resized = image_to_tensor(image)
+                tensor, was_resized = image_to_tensor(image, size)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             failures.append((str(path), f"cannot be read as an image ({type(error).__name__}: {error})"))
             continue
         tensors.append(tensor)
         paths.append(path)
         resized += was_resized
-    images = torch.stack(tensors) if tensors else torch.zeros(0, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+    images = torch.stack(tensors) if tensors else torch.zeros(0, 3, size, size, dtype=torch.uint8)
     return ReadImages(images, paths, failures, resized)
 
 
@@ -184,31 +179,31 @@ def classify_files(trained: TrainedModel, paths: Iterable[str | Path], batch_siz
 
     def batches() -> Iterator[ClassifiedBatch]:
         for start in range(0, len(found.files), batch_size):
-            read = read_images(found.files[start:start + batch_size])
+            read = read_images(found.files[start:start + batch_size], trained.info.image_size)
             yield ClassifiedBatch(read.paths, probabilities(trained, read.images, batch_size, tta), read.failures,
                                   read.resized)
 
     return FilePredictions(trained.classes, list(found.failures), batches())
 
 
-def as_uint8_batch(images: Any) -> torch.Tensor:
-    """uint8 (N, 3, 32, 32) from a tensor of that shape (or one image), PIL images, or image paths; a path that
+def as_uint8_batch(images: Any, size: int = IMAGE_SIZE) -> torch.Tensor:
+    """uint8 (N, 3, S, S) from a tensor of that shape (or one image), PIL images, or image paths; a path that
     is not an image is a UserError naming it."""
     if isinstance(images, torch.Tensor):
         batch = images.unsqueeze(0) if images.dim() == 3 else images
-        if batch.dtype != torch.uint8 or tuple(batch.shape[1:]) != (3, IMAGE_SIZE, IMAGE_SIZE):
-            raise UserError(f"images: expected a uint8 tensor of shape (N, 3, 32, 32), got {batch.dtype} "
+        if batch.dtype != torch.uint8 or tuple(batch.shape[1:]) != (3, size, size):
+            raise UserError(f"images: expected a uint8 tensor of shape (N, 3, {size}, {size}), got {batch.dtype} "
                             f"{tuple(batch.shape)}")
         return batch
     items = list(images) if isinstance(images, (list, tuple)) else [images]
     if all(isinstance(item, (str, Path)) for item in items):
         found = find_images(items)
-        read = read_images(found.files)
+        read = read_images(found.files, size)
         failures = found.failures + read.failures
         if failures:
             raise UserError(f"{failures[0][0]}: {failures[0][1]}")
         return read.images
     try:
-        return torch.stack([image_to_tensor(item)[0] for item in items])
+        return torch.stack([image_to_tensor(item, size)[0] for item in items])
     except AttributeError as error:
         raise UserError("images: give image paths, PIL images, or a uint8 tensor (N, 3, 32, 32)") from error

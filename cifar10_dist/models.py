@@ -88,15 +88,16 @@ def _class_count(factory: Callable[..., Any], num_classes: int) -> dict[str, int
     return {"num_classes": num_classes} if takes else {}
 
 
-def check_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES) -> None:
-    """Before launch: the model exists, and when it is the user's own, built with ``kwargs`` or for another number
-    of classes, it builds and maps a 2-image batch (N, 3, 32, 32) to (2, num_classes) logits. Each failure is one
-    UserError naming the model."""
+def check_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES,
+                image_size: int = 32) -> None:
+    """Before launch: the model exists, and when it is the user's own, built with ``kwargs``, for another number
+    of classes or another image size, it builds and maps a 2-image batch (N, 3, S, S) to (2, num_classes) logits.
+    Each failure is one UserError naming the model."""
     check_model_name(name)
-    if not is_model_reference(name) and not kwargs and num_classes == NUM_CLASSES:
+    if not is_model_reference(name) and not kwargs and num_classes == NUM_CLASSES and image_size == 32:
         return
     model = build_model(name, kwargs, num_classes)
-    dummy = torch.zeros(2, 3, 32, 32)
+    dummy = torch.zeros(2, 3, image_size, image_size)
     try:
         with torch.no_grad():
             output = model.eval()(dummy)

@@ -126,7 +126,7 @@ def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], secon
         world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
                                                          "same_images")} for event in resumes],
         backend=record.get("backend"), devices=record.get("devices") or {}, precision=record.get("precision"),
-        hardware=record.get("hardware") or {},
+        hardware=record.get("hardware") or {}, data_checks=record.get("dataset", {}).get("checks") or {},
         versions={**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),

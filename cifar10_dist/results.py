@@ -151,6 +151,7 @@ class PreparedData:
     test_images: int
     synthetic: bool
     official: Optional[bool] = None  # the files' md5 sums match the official release (None: synthetic)
+    card: Optional[str] = None  # dataset=folder: classes, counts, sizes, checks, cache (prepare-data prints it)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ class RunSummary:
     checkpoints: list[str] = field(default_factory=list)
     best_models: list[str] = field(default_factory=list)
     clearml_offline_folder: Optional[str] = None
+    data_checks: dict[str, Any] = field(default_factory=dict)  # dataset=folder: what its checks found
     trial: Optional[TrialSpec] = None  # set by tune: study, storage, number, params, pruner
     pruned_at_epoch: Optional[int] = None
 

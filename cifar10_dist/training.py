@@ -21,7 +21,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import EarlyStopping
 from torch import nn
 
-from cifar10_dist import (augmentation, batches, checkpointing, data, engines, faults, files, models, optimizers,
+from cifar10_dist import (augmentation, batches, checkpointing, engines, faults, files, models, optimizers,
                           process_setup, ranks, reports, run_data, run_folder, tracking, trials)
 from cifar10_dist.config import Config
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -76,9 +76,11 @@ class Network:
 def setup_model(config: Config, data_setup: run_data.DataSetup) -> Network:
     """The model, whitening-initialised from training images if it has a whitening layer, in the configured
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
-    model = models.build_model(config.model, config.model_kwargs, data.num_classes(config.dataset, config.label_mode))
+    info = data_setup.info
+    model = models.build_model(config.model, config.model_kwargs, len(info.classes))
     if isinstance(model, models.AirbenchNet):
-        model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu()))
+        model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
+                                                    info.std))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
     model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
     return Network(model, torch.compile(model) if config.compile else model)
@@ -136,7 +138,8 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = engines.create_trainer(
         network.forward, optimization.optimizer, optimization.loss_fn,
-        batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch), optimization.precision,
+        batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch, data_setup.info),
+        optimization.precision,
         optimization.scaler, engines.Accumulation(config.accumulation_steps, network.model),
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
@@ -146,7 +149,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
         lookahead.attach(trainer)
 
     def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
-        prepare = batches.eval_batch_preparer(device, config.channels_last)
+        prepare = batches.eval_batch_preparer(device, config.channels_last, data_setup.info)
         return engines.create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare,
                                         optimization.precision, device, tta=tta)
 

@@ -1,0 +1,193 @@
+"""dataset=folder: an ImageFolder layout made here (PNG, JPEG, greyscale, alpha, palette, odd sizes), its checks
+(each one line), its cache, and runs on it: training, exact resume, evaluation at world sizes 1-3, predict with
+its class names, ONNX export with its normalisation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from cifar10_dist import api
+from cifar10_dist.errors import UserError
+from tests.conftest import run_in_process
+
+COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 200)}
+# a run of seconds on the folder: 90 training images, 18 iterations over 3 epochs
+FOLDER_RUN = ["--dataset=folder", "--model=simple_cnn", "--batch_size=15", "--num_workers=0", "--num_epochs=3",
+              "--num_warmup_epochs=1", "--train_eval_size=30", "--learning_rate=0.1"]
+
+
+def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int], seed: int, mode: str = "RGB") -> None:
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(rng.normal(colour, 60, (size[1], size[0], 3)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels)
+    if mode != "RGB":
+        image = image.convert(mode)
+    image.save(path)
+
+
+def write_image_folder(root: Path, train: int = 30, test: int = 8, splits: tuple[str, ...] = ("train", "test")
+                       ) -> Path:
+    """COLOURS' classes, ``train`` and ``test`` images each, in every format and mode the reader converts."""
+    modes = ("RGB", "L", "RGBA", "P")
+    for split in splits:
+        for label, (name, colour) in enumerate(COLOURS.items()):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for index in range(train if split == "train" else test):
+                suffix = ("png", "jpg", "webp", "bmp")[index % 4]
+                mode = modes[index % 4] if suffix == "png" else "RGB"
+                seed = 1000 * ("train", "test", "val").index(split) + 100 * label + index
+                write_image(folder / f"{index:03d}.{suffix}", colour, (32 + index % 9, 32 + index % 5), seed, mode)
+    return root
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("images") / "data")
+
+
+def test_the_cache_holds_every_format_at_the_image_size_and_is_reused_until_a_file_changes(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=12, test=4)
+    (root / "train" / "cat" / "notes.txt").write_text("not an image")  # ignored
+    (root / "train" / "cat" / ".hidden.png").write_bytes(b"")  # hidden: ignored
+    first = api.prepare_data(root, "folder", image_size=24)
+    assert (first.train_images, first.test_images) == (36, 12)
+    images = np.load(Path(first.folder) / "images.npy", mmap_mode="r")
+    assert images.shape == (48, 3, 24, 24) and images.dtype == np.uint8
+    assert "built now" in first.card and re.search(r"^cat +12 +4$", first.card, re.M)
+    assert "width 32/34/40, height 32/33/36; stored at 24x24" in first.card
+    again = api.prepare_data(root, "folder", image_size=24)
+    assert again.folder == first.folder and "reused" in again.card
+    os.utime(root / "test" / "dog" / "000.png", ns=(1, 1))  # a changed file: another fingerprint
+    changed = api.prepare_data(root, "folder", image_size=24)
+    assert changed.folder != first.folder and "built now" in changed.card
+
+
+def test_the_normalisation_comes_from_the_training_images(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=6, test=2)
+    card = api.prepare_data(root, "folder").card
+    from cifar10_dist import folder_data
+
+    loaded = folder_data.load(root, 32)
+    pixels = loaded.train.images.double() / 255
+    assert loaded.info.mean == pytest.approx(tuple(pixels.mean(dim=(0, 2, 3)).tolist()), abs=1e-9)
+    assert loaded.info.std == pytest.approx(tuple(pixels.std(dim=(0, 2, 3), unbiased=False).tolist()), abs=1e-6)
+    assert loaded.info.classes == ("cat", "dog", "eel") and f"mean {loaded.info.mean[0]:.4f}" in card
+
+
+@pytest.mark.parametrize("arrange, message", [
+    (lambda root: shutil.rmtree(root / "train"), "has no train/ folder: dataset=folder wants DIR/train/<class>/"),
+    (lambda root: [shutil.rmtree(root / "train" / name) for name in ("dog", "eel")],
+     "holds only 'cat' of the class folders a classifier needs (at least 2)"),
+    (lambda root: [p.unlink() for p in (root / "train" / "dog").iterdir()], "train/dog holds no images"),
+    (lambda root: (root / "test" / "fox").mkdir(), "test has class folders that train/ lacks: fox"),
+])
+def test_a_layout_that_cannot_train_is_refused_in_one_line(tmp_path, arrange, message):
+    root = write_image_folder(tmp_path / "data", train=2, test=1)
+    arrange(root)
+    with pytest.raises(UserError, match=re.escape(message)):
+        api.prepare_data(root, "folder")
+    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", f"--output_path={tmp_path / 'out'}")
+    assert result.returncode == 2 and message.split(":")[0] in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_unreadable_images_are_named_and_refused_unless_skipped(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=4, test=2)
+    (root / "train" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    jpeg = (root / "train" / "dog" / "001.jpg").read_bytes()
+    (root / "train" / "dog" / "truncated.jpg").write_bytes(jpeg[:len(jpeg) // 2])
+    with pytest.raises(UserError, match=r"^2 image file\(s\) in .* cannot be read: train/cat/broken.png \(.*\), "
+                                        r"train/dog/truncated.jpg \(.*\): fix or remove them, or give "
+                                        r"--skip_bad_images=True"):
+        api.prepare_data(root, "folder")
+    skipped = api.prepare_data(root, "folder", skip_bad_images=True)
+    assert skipped.train_images == 12 and "unreadable files: 2" in skipped.card
+    assert "warning: 2 unreadable image file(s) skipped: train/cat/broken.png" in skipped.card
+
+
+def test_duplicates_across_splits_are_found_counted_and_dropped_on_request(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=6, test=3, splits=("train", "test", "val"))
+    shutil.copy(root / "train" / "cat" / "002.webp", root / "test" / "cat" / "copy.webp")
+    Image.open(root / "train" / "dog" / "001.jpg").save(root / "val" / "dog" / "copy.png")  # same pixels, other file
+    prepared = api.prepare_data(root, "folder")
+    assert "duplicates across splits: 2 (dropped 0)" in prepared.card
+    assert "warning: 2 image(s) of test/val are exact copies" in prepared.card
+    assert "val/dog/copy.png = train/dog/001.jpg" in prepared.card and "test/cat/copy.webp = train/cat/002.webp" in \
+        prepared.card and "--drop_test_duplicates=True removes them" in prepared.card
+    dropped = api.prepare_data(root, "folder", drop_test_duplicates=True)
+    assert dropped.test_images == prepared.test_images - 1 and "(dropped 2)" in dropped.card
+
+
+def test_imbalanced_classes_are_a_warning_with_the_counts(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=22, test=2)
+    for path in sorted((root / "train" / "eel").iterdir())[2:]:
+        path.unlink()
+    card = api.prepare_data(root, "folder").card
+    assert "warning: classes are imbalanced: the largest has 11.0x the images of the smallest (above 10): cat 22, " \
+           "dog 22, eel 2" in card
+
+
+def test_without_a_test_folder_a_stable_tenth_of_train_is_the_test_set(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=20, test=0, splits=("train",))
+    prepared = api.prepare_data(root, "folder")
+    assert prepared.train_images + prepared.test_images == 60 and 0 < prepared.test_images < 15
+    assert "test carved from train: no test/ folder" in prepared.card
+    assert api.prepare_data(root, "folder").test_images == prepared.test_images
+
+
+def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalisation(image_folder, tmp_path):
+    result = run_in_process("run", *FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}",
+                            "--run_name=run", "--image_size=40", "--num_epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["data_checks"]["duplicates_across_splits"] == 0 and summary["final"]["test"]["num_samples"] == 24
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert provenance["dataset"]["info"]["classes"] == ["cat", "dog", "eel"]
+    assert provenance["dataset"]["info"]["image_size"] == 40
+    checkpoint = sorted(run_dir.glob("training_checkpoint_*.pt"))[-1]
+    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(image_folder / "test" / "eel"),
+                               "--top_k=3", "--json")
+    rows = [json.loads(line) for line in predicted.stdout.splitlines()]
+    assert len(rows) == 8 and {entry["class"] for row in rows for entry in row["top_k"]} == {"cat", "dog", "eel"}
+    evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0")
+    metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert metrics["classes"] == ["cat", "dog", "eel"]
+    assert metrics["accuracy"] == pytest.approx(summary["final"]["test"]["accuracy"])
+    exported = api.export(checkpoint, "onnx")
+    sidecar = json.loads(Path(exported.sidecar).read_text())
+    assert sidecar["classes"] == ["cat", "dog", "eel"] and sidecar["input"]["shape"] == ["N", 3, 40, 40]
+    assert sidecar["mean"] == provenance["dataset"]["info"]["mean"] != [0.4914, 0.4822, 0.4465]
+    assert exported.same_top1 == exported.num_images and "images of" in exported.images
+
+
+@pytest.mark.slow
+def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2_3(image_folder, tmp_path):
+    common = [*FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}", "--data_on_device=True"]
+    whole = run_in_process("run", *common, "--run_name=whole", "--checkpoint_every=10")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    middle = tmp_path / "whole" / "training_checkpoint_10.pt"  # iteration 10 of 18: inside epoch 2
+    resumed = run_in_process("run", *common, "--run_name=resumed", "--checkpoint_every=10", f"--resume_from={middle}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ends = [torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True) for name in ("whole", "resumed")]
+    assert all(torch.equal(ends[0]["model"][key], ends[1]["model"][key]) for key in ends[0]["model"])
+    checkpoint = tmp_path / "whole" / "training_checkpoint_18.pt"
+    results = []
+    for launch in ([], ["--backend=gloo", "--nproc_per_node=2"], ["--backend=gloo", "--nproc_per_node=3"]):
+        evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        results.append(json.loads(evaluated.stdout.strip().splitlines()[-1]))
+    assert all(r["num_samples"] == 24 for r in results)
+    assert results[0]["confusion_matrix"] == results[1]["confusion_matrix"] == results[2]["confusion_matrix"]
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6) == pytest.approx(results[2]["loss"],
+                                                                                               abs=1e-6)
