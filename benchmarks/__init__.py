@@ -8,6 +8,9 @@ docstring opens with what it measures, on which machine it was last run, how man
     tutorial     the Ignite CIFAR-10 tutorial's script next to ``cifar10-dist run``
     ddp          what DistributedDataParallel itself costs over gloo
     predict      how fast ``predict`` classifies image files
+    folder       CIFAR-10 as an image folder against its pickle copy: cache build time, fast.yaml on each
+    options      the recipe options (AdamW, cosine, step, TrivialAugment, MixUp/CutMix, clipping) next to the default
+    augment_cost microseconds per image of each training-batch transform
     gpu          bare loop vs trainer per speed setting, real epochs, fast.yaml vs airbench94 on a GPU
     gpu_report   gpu_report.md/json from what scripts/gpu_check.sh left in its folder
 

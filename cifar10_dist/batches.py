@@ -34,14 +34,18 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
                          ) -> engines.PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
-    The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation and any
-    dropout depend only on (seed, rank, iteration), not on what ran before: the basis of exact resume. Only those
+    The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation (the
+    torchvision policies, RandomErasing and MixUp/CutMix included) and any dropout depend only on (seed, rank,
+    iteration), not on what ran before: the basis of exact resume. Only those
     two: ``torch.manual_seed`` would also seed every CUDA, XPU and MTIA device, which on a machine without them
     records a stack trace for their lazy start at each call (1.3 ms per iteration, issue 29). With alternating
     flip the training set is pre-flipped (``loaders.pre_flip``) and whole batches are mirrored in every second epoch.
     """
     rank = idist.get_rank()
     layout = memory_format(config.channels_last)
+    image_policy = augmentation.policy(config.auto_augment, config.auto_augment_magnitude)
+    erasing = augmentation.random_erasing(config.random_erasing)
+    mix = augmentation.mixing(config.mixup_alpha, config.cutmix_alpha, len(info.classes))
 
     def flip_mode(iteration: int) -> str:
         if config.flip != "alternating":
@@ -53,8 +57,15 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
         images = augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
-        inputs = augmentation.normalize(images, info.mean, info.std).contiguous(memory_format=layout)
-        return inputs, labels.to(device, non_blocking=True)
+        if image_policy is not None:
+            images = augmentation.per_image(image_policy, images)
+        inputs = augmentation.normalize(images, info.mean, info.std)
+        if erasing is not None:
+            inputs = augmentation.per_image(erasing, inputs)
+        labels = labels.to(device, non_blocking=True)
+        if mix is not None:
+            inputs, labels = mix(inputs, labels)  # soft labels (N, classes): the loss takes them as they are
+        return inputs.contiguous(memory_format=layout), labels
 
     return prepare
 

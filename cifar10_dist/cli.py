@@ -1,4 +1,5 @@
-"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report | doctor``, a thin fire layer
+"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report | doctor |
+config``, a thin fire layer
 over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
@@ -198,6 +199,14 @@ def tune(config: str | None = None, space: str | None = None, study: str | None 
              pruner_warmup_epochs, final_test, heartbeat, report_only, **overrides)
 
 
+def show_config(config: str | None = None, **overrides: Any) -> None:
+    """Print the resolved, validated config as YAML: what ``run`` with the same flags would use (save it, edit it,
+    give it back with --config)."""
+    import yaml
+
+    print(yaml.safe_dump(api.resolve(config, **overrides).to_dict(), sort_keys=False), end="")
+
+
 def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0, json: bool = False) -> None:
     """Print what this machine is and what will be fast on it (JSON with --json)."""
     from cifar10_dist import diagnostics
@@ -207,7 +216,7 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
 
 
 COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
-            "prepare-data": prepare_data, "report": report, "doctor": doctor}
+            "prepare-data": prepare_data, "report": report, "doctor": doctor, "config": show_config}
 def _help_text(argv: list[str]) -> str | None:
     """Our own help (fire's cannot list options passed through **overrides)."""
     asks_help = any(arg in ("-h", "--help") for arg in argv)

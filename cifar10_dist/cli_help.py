@@ -95,17 +95,24 @@ Needs: pip install 'cifar10-dist[tune]'
 """
 
 PREPARE_HELP = """\
-Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100] [--data_path=DIR] [--synthetic=N] [--synthetic_test=M]
-                                 [--seed=S] [--debug]
+Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100|folder] [--data_path=DIR] [--synthetic=N]
+                                 [--synthetic_test=M] [--seed=S] [--image_size=32] [--skip_bad_images]
+                                 [--drop_test_duplicates] [--cache_dir=DIR] [--debug]
 
-Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python),
-or write a synthetic dataset in the same on-disk format.
+Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python), or write
+a synthetic dataset in the same on-disk format; with --dataset=folder, decode an image folder
+(DIR/train/<class>/..., optionally test/ and val/) into its cache, check it and print its card: classes with
+counts per split, image sizes, normalisation, duplicates across splits, unreadable files, cache size and time.
 
-  --dataset=cifar10          cifar10 or cifar100
-  --data_path=cifar10        folder that gets cifar-10-batches-py (or cifar-100-python)
+  --dataset=cifar10          cifar10, cifar100 or folder
+  --data_path=cifar10        folder that gets cifar-10-batches-py (or cifar-100-python), or the image folder
   --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
   --synthetic_test=None      synthetic test images (default: N // 5)
   --seed=0                   seed of the synthetic images
+  --image_size=32            folder: the size images are stored and trained at
+  --skip_bad_images          folder: leave out unreadable files (else refused, naming them)
+  --drop_test_duplicates     folder: remove test/val images that are copies of training images
+  --cache_dir=None           folder: where the cache goes (default DIR/.cifar10_dist_cache)
   --debug                    show tracebacks for errors
 """
 
@@ -145,11 +152,20 @@ Commands:
   predict        classify image files with a saved checkpoint
   export         write a checkpoint's model as safetensors, TorchScript or ONNX (verified)
   tune           search hyperparameters with Optuna (trials ranked on val, one final test)
-  prepare-data   download and verify CIFAR-10, or write a synthetic copy
+  prepare-data   download and verify CIFAR-10, write a synthetic copy, or cache and check an image folder
   report         compare run folders: a table and a plot
   doctor         what this machine is and which settings train fast on it (a measured probe)
+  config         print the resolved config as YAML (what run would use with the same flags)
+"""
+
+CONFIG_HELP = """\
+Usage: cifar10-dist config [--config=FILE] [--KEY=VALUE ...] [--debug]
+
+Print the config that `cifar10-dist run` with the same flags would use, resolved (defaults < FILE < flags) and
+validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config=my.yaml`. A bad value is
+refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
 """
 
 PAGES = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
         "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
-        "doctor": DOCTOR_HELP}
+        "doctor": DOCTOR_HELP, "config": CONFIG_HELP}

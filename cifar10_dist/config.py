@@ -32,6 +32,10 @@ FLIPS = ("random", "alternating", "none")
 PAD_MODES = ("zeros", "reflect")
 AMP_DTYPES = ("auto", "float16", "bfloat16")
 PRUNERS = ("median", "hyperband", "none")
+OPTIMIZERS = ("sgd", "adamw")
+LR_SCHEDULES = ("linear", "cosine", "step")
+AUTO_AUGMENTS = ("none", "trivialaugment", "randaugment", "autoaugment")
+LIST_FIELDS = ("lr_milestones",)  # str fields holding comma-separated numbers (fire gives a tuple for 30,60)
 
 
 def option(default: Any, help: str, also: tuple[str, ...] = ()) -> Any:
@@ -109,6 +113,15 @@ class Config:
     crop_pad_mode: str = option("zeros", "padding for the crop: zeros or reflect")
     flip: str = option("random", "horizontal flip: random (per image), alternating (half the images pre-flipped, "
                        "all flipped every other epoch) or none")
+    auto_augment: str = option("none", "a torchvision.transforms.v2 policy per training image: none, trivialaugment, "
+                               "randaugment or autoaugment (its CIFAR-10 policy)")
+    auto_augment_magnitude: Optional[int] = option(None, "randaugment: magnitude 0..30 (default 9); trivialaugment: "
+                                                   "number of magnitude bins 2..31 (default 31)")
+    random_erasing: float = option(0.0, "probability of erasing a random rectangle of each training image "
+                                   "(torchvision's RandomErasing), 0..1")
+    mixup_alpha: float = option(0.0, "MixUp's Beta(alpha, alpha) for training batches (0: off; with cutmix_alpha, "
+                                "one of the two per batch)")
+    cutmix_alpha: float = option(0.0, "CutMix's Beta(alpha, alpha) for training batches (0: off)")
     # model and optimisation
     model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
                         "your own: package.module:factory or path/to/file.py:factory")
@@ -121,10 +134,22 @@ class Config:
     accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
                                      "one optimizer step: effective batch = batch_size x N; the LR schedule, "
                                      "checkpoint_every and logging count batches (iterations)")
+    optimizer: str = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_betas, adam_eps)")
     learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(True, "use Nesterov momentum")
-    weight_decay: float = option(1e-4, "SGD weight decay")
+    weight_decay: float = option(1e-4, "weight decay (SGD's L2 term, AdamW's decoupled decay)")
+    norm_weight_decay: Optional[float] = option(None, "weight decay of normalisation layers' weights and biases "
+                                                "(None: weight_decay), as torchvision's reference names it")
+    bias_weight_decay: Optional[float] = option(None, "weight decay of every bias (None: weight_decay; before "
+                                                "norm_weight_decay for norm biases)")
+    adam_beta1: float = option(0.9, "adamw: beta1")
+    adam_beta2: float = option(0.999, "adamw: beta2")
+    adam_eps: float = option(1e-8, "adamw: eps")
+    clip_grad_norm: Optional[float] = option(None, "clip the gradient's total norm to this (after unscaling under "
+                                             "fp16; the accumulated gradient); the pre-clip norm is logged")
+    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm over all processes (nccl: torch's "
+                           "SyncBatchNorm computes on GPUs only)")
     label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)")
     bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
                                   "divided by it, so the decay per step stays)")
@@ -144,6 +169,10 @@ class Config:
                                       "linear decay")
     lr_start: float = option(0.0, "learning rate at iteration 0, as a fraction of learning_rate")
     lr_end: float = option(0.0, "learning rate at the last iteration, as a fraction of learning_rate")
+    lr_schedule: str = option("linear", "after the warmup: linear (to lr_end), cosine (torch's CosineAnnealingLR "
+                              "to lr_end) or step (x lr_gamma at each of lr_milestones)")
+    lr_milestones: Optional[str] = option(None, "step: epochs at which the lr is multiplied by lr_gamma, e.g. 30,60")
+    lr_gamma: float = option(0.1, "step: the factor at each milestone")
     ema_decay: Optional[float] = option(None, "keep an exponential moving average of the weights, this decay per "
                                         "optimizer step (e.g. 0.999), warmed up from 0.9 over the LR warm-up; it is "
                                         "evaluated next to the model, chooses the best model and takes the test")
@@ -311,6 +340,8 @@ def _coerce(name: str, value: Any) -> Any:
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)  # fire turns --run_name=7 into the int 7
+        if name in LIST_FIELDS and isinstance(value, (list, tuple)):
+            return ",".join(str(item) for item in value)  # fire turns --lr_milestones=30,60 into (30, 60)
     elif base is dict:
         return _json_object(name, value)
     elif base is TrialSpec:
@@ -453,6 +484,58 @@ def _validate_training_options(c: Config) -> None:
     _require(c.ema_decay is None or 0 < c.ema_decay < 1, f"ema_decay={c.ema_decay} must be in (0, 1), e.g. 0.999")
     _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
     _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
+    _validate_recipe_options(c)
+
+
+def milestone_epochs(milestones: str | None) -> list[float]:
+    """lr_milestones as numbers ([] when None); a UserError naming a value that is not one."""
+    if milestones is None:
+        return []
+    try:
+        return [float(part) for part in str(milestones).split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"lr_milestones='{milestones}' must be epochs separated by commas, e.g. 30,60") from None
+
+
+def _validate_recipe_options(c: Config) -> None:
+    """The optimizer, schedule, augmentation and clipping options: each bad value or combination in one line."""
+    _require(c.optimizer in OPTIMIZERS, f"optimizer='{c.optimizer}' is unknown: choose one of {', '.join(OPTIMIZERS)}")
+    _require(c.muon_lr is None or c.optimizer == "sgd",
+             f"muon_lr={c.muon_lr} with optimizer={c.optimizer}: Muon trains the filters next to SGD; use "
+             "optimizer=sgd, or leave muon_lr unset")
+    for name in ("norm_weight_decay", "bias_weight_decay"):
+        value = getattr(c, name)
+        _require(value is None or value >= 0, f"{name}={value} must be 0 or more (or None: weight_decay)")
+    _require(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1,
+             f"adam_beta1={c.adam_beta1} and adam_beta2={c.adam_beta2} must be in [0, 1)")
+    _require(c.adam_eps > 0, f"adam_eps={c.adam_eps} must be greater than 0")
+    _require(c.clip_grad_norm is None or c.clip_grad_norm > 0,
+             f"clip_grad_norm={c.clip_grad_norm} must be greater than 0 (or None: off)")
+    _require(c.lr_schedule in LR_SCHEDULES,
+             f"lr_schedule='{c.lr_schedule}' is unknown: choose one of {', '.join(LR_SCHEDULES)}")
+    milestones = milestone_epochs(c.lr_milestones)
+    _require(c.lr_schedule == "step" or not milestones,
+             f"lr_milestones={c.lr_milestones} is for lr_schedule=step, not {c.lr_schedule}")
+    _require(c.lr_schedule != "step" or bool(milestones),
+             "lr_schedule=step needs lr_milestones: the epochs at which the lr drops, e.g. --lr_milestones=30,60")
+    _require(all(c.num_warmup_epochs < m < c.num_epochs for m in milestones) and milestones == sorted(set(milestones)),
+             f"lr_milestones={c.lr_milestones} must increase and lie between num_warmup_epochs={c.num_warmup_epochs} "
+             f"and num_epochs={c.num_epochs}")
+    _require(0 < c.lr_gamma <= 1, f"lr_gamma={c.lr_gamma} must be in (0, 1]")
+    _require(c.auto_augment in AUTO_AUGMENTS,
+             f"auto_augment='{c.auto_augment}' is unknown: choose one of {', '.join(AUTO_AUGMENTS)}")
+    magnitude, ranges = c.auto_augment_magnitude, {"randaugment": (0, 30), "trivialaugment": (2, 31)}
+    _require(magnitude is None or c.auto_augment in ranges,
+             f"auto_augment_magnitude={magnitude} is for randaugment or trivialaugment, not auto_augment={c.auto_augment}")
+    low, high = ranges.get(c.auto_augment, (0, 0))
+    _require(magnitude is None or low <= magnitude <= high,
+             f"auto_augment_magnitude={magnitude} is out of range for {c.auto_augment}: {low}..{high}")
+    _require(0 <= c.random_erasing <= 1, f"random_erasing={c.random_erasing} must be a probability in 0..1")
+    for name in ("mixup_alpha", "cutmix_alpha"):
+        _require(getattr(c, name) >= 0, f"{name}={getattr(c, name)} must be 0 (off) or more")
+    _require(not c.sync_bn or c.backend == "nccl",
+             f"sync_bn=True with backend={c.backend}: torch's SyncBatchNorm computes on GPUs only; it needs "
+             "backend=nccl (and several processes)")
 
 
 def _is_plain_name(name: str) -> bool:

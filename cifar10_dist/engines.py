@@ -110,9 +110,14 @@ def create_trainer(
     precision: Precision,
     scaler: torch.amp.GradScaler | None,
     accumulation: Accumulation | None = None,
+    clip_grad_norm: float | None = None,
 ) -> Engine:
     """An Engine whose step trains on one batch and returns the batch loss, a detached tensor on the device: the
     step never waits for the device (reading the loss is for the handlers that log, see ``faults.LossWatch``).
+
+    With ``clip_grad_norm`` the gradient (the accumulated one, unscaled first under a GradScaler) is clipped to
+    that total norm before each optimizer step; the pre-clip norm stays on the device as
+    ``engine.state.grad_norm`` (read where the loss is: at logging iterations).
 
     With ``accumulation``, the gradients of N consecutive batches are summed (each loss divided by N) and the
     optimizer steps after the Nth (and after the last iteration of training); under DDP the N-1 batches in
@@ -133,6 +138,11 @@ def create_trainer(
             share = loss / accumulation.steps if accumulation.steps > 1 else loss
             (scaler.scale(share) if scaler is not None else share).backward()
         if stepping:
+            if clip_grad_norm is not None:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                engine.state.grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for group in optimizer.param_groups for p in group["params"]], clip_grad_norm).detach()
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
@@ -228,13 +238,48 @@ def create_evaluator(
     return evaluator
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What the lr does after the warmup: ``linear`` decay to end*lr, ``cosine`` (torch's CosineAnnealingLR to
+    end*lr), or ``step`` (times ``gamma`` at each iteration of ``drops``, torch's MultiStepLR)."""
+
+    name: str = "linear"
+    drops: tuple[int, ...] = ()
+    gamma: float = 0.1
+
+
 def lr_milestones(
-    learning_rate: float, warmup_iterations: int, total_iterations: int, start: float = 0.0, end: float = 0.0
+    learning_rate: float, warmup_iterations: int, total_iterations: int, start: float = 0.0, end: float = 0.0,
+    shape: Shape = Shape(),
 ) -> list[tuple[int, float]]:
-    """(iteration, lr) corners: start*lr, linear warmup to lr, linear decay to end*lr at the last iteration."""
-    if warmup_iterations > 0:
-        return [(0, start * learning_rate), (warmup_iterations, learning_rate), (total_iterations, end * learning_rate)]
-    return [(0, learning_rate), (total_iterations, end * learning_rate)]
+    """(iteration, lr) corners, linear between them: start*lr, linear warmup to lr, then the shape to the last
+    iteration. Cosine and step take their values from torch's own schedulers, one corner per iteration where
+    they change (the scheduler is evaluated at whole iterations only, so the lr is theirs exactly)."""
+    warmup = [(0, start * learning_rate)] if warmup_iterations > 0 else []
+    if shape.name == "linear":
+        return [*warmup, (warmup_iterations, learning_rate), (total_iterations, end * learning_rate)]
+    values = torch_schedule(shape, learning_rate, total_iterations - warmup_iterations, end * learning_rate)
+    corners = [(warmup_iterations + step, value) for step, value in enumerate(values)]
+    if shape.name == "step":  # only where the value changes: before and at each drop, and the end
+        corners = [c for i, c in enumerate(corners) if i in (0, len(corners) - 1)
+                   or c[1] != corners[i + 1][1] or c[1] != corners[i - 1][1]]
+    return [*warmup, *corners]
+
+
+def torch_schedule(shape: Shape, learning_rate: float, steps: int, eta_min: float) -> list[float]:
+    """The lr of torch's CosineAnnealingLR (T_max=steps, eta_min) or MultiStepLR (drops counted from the end of
+    the warmup) at steps 0..steps, stepped on a stand-in optimizer."""
+    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=learning_rate)
+    if shape.name == "cosine":
+        scheduler: Any = torch.optim.lr_scheduler.CosineAnnealingLR(stand_in, T_max=max(steps, 1), eta_min=eta_min)
+    else:
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(stand_in, milestones=list(shape.drops), gamma=shape.gamma)
+    values = []
+    for _ in range(steps + 1):
+        values.append(stand_in.param_groups[0]["lr"])
+        stand_in.step()
+        scheduler.step()
+    return values
 
 
 def _scaled(milestones: list[tuple[int, float]], schedule: GroupSchedule) -> list[tuple[int, float]]:
@@ -270,10 +315,11 @@ def create_lr_scheduler(
     start: float = 0.0,
     end: float = 0.0,
     group_schedules: Sequence[GroupSchedule] = (),
+    shape: Shape = Shape(),
 ) -> PiecewiseLinear | ParamGroupScheduler:
-    """The piecewise-linear schedule of ``lr_milestones``, set per iteration; with ``group_schedules`` (one per
-    param group of the optimizer, in order) each group scaled or frozen as it says."""
-    milestones = lr_milestones(learning_rate, warmup_iterations, total_iterations, start, end)
+    """The schedule of ``lr_milestones`` as Ignite's PiecewiseLinear, set per iteration; with ``group_schedules``
+    (one per param group of the optimizer, in order) each group scaled or frozen as it says."""
+    milestones = lr_milestones(learning_rate, warmup_iterations, total_iterations, start, end, shape)
     if all(schedule == GroupSchedule() for schedule in group_schedules):
         return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
     if len(group_schedules) != len(optimizer.param_groups):

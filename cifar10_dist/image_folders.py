@@ -233,15 +233,16 @@ def _decode_into(found: FolderScan, size: int, order: list[tuple[str, str, int]]
                if v})
 
 
-def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk: int = 4096) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std (in 0..1) of the training images, in chunks (never the whole set in float)."""
-    total = np.zeros(3)
-    squares = np.zeros(3)
-    count = 0
+def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int = 2**25
+                        ) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std (in 0..1) of the training images, in chunks of about 32 MB of pixels (float32
+    copies of a chunk only; sums in float64)."""
+    total, squares, count = np.zeros(3), np.zeros(3), 0
+    chunk = max(1, chunk_bytes // max(1, pixels[0].size))
     for start in range(0, len(indices), chunk):
-        part = pixels[indices[start:start + chunk]].astype(np.float64) / 255
-        total += part.sum(axis=(0, 2, 3))
-        squares += (part ** 2).sum(axis=(0, 2, 3))
+        part = pixels[indices[start:start + chunk]].astype(np.float32) / 255
+        total += part.sum(axis=(0, 2, 3), dtype=np.float64)
+        squares += np.square(part).sum(axis=(0, 2, 3), dtype=np.float64)
         count += part.shape[0] * part.shape[2] * part.shape[3]
     if count == 0:
         return [0.5] * 3, [0.25] * 3

@@ -1,6 +1,7 @@
-"""The optimizer a config asks for: SGD over parameter groups, or SGD with ``torch.optim.Muon`` for the
-convolution filters (Keller Jordan's airbench94_muon record). Either way it is one ``torch.optim.Optimizer``,
-so the trainer, the LR schedule, GradScaler, ``idist.auto_optim`` and checkpoints treat both alike."""
+"""The optimizer a config asks for: SGD or AdamW over parameter groups (weight decay per group: normalisation
+layers and biases may have their own, as in torchvision's reference script), or SGD with ``torch.optim.Muon`` for
+the convolution filters (Keller Jordan's airbench94_muon record). Either way it is one ``torch.optim.Optimizer``,
+so the trainer, the LR schedule, GradScaler, ``idist.auto_optim`` and checkpoints treat all alike."""
 
 from __future__ import annotations
 
@@ -54,6 +55,36 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     return [group for group in groups if group.params]
 
 
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+
+def decay_overrides(model: nn.Module, config: Config) -> dict[int, float]:
+    """id(parameter) -> its weight decay where the config sets one apart: every bias (``bias_weight_decay``)
+    and the parameters of normalisation layers (``norm_weight_decay``), as torchvision's ``set_weight_decay``
+    decides: a bias takes bias_weight_decay when given, before norm_weight_decay."""
+    overrides: dict[int, float] = {}
+    for module in models.unwrap(model).modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if config.bias_weight_decay is not None and name == "bias":
+                overrides[id(parameter)] = config.bias_weight_decay
+            elif config.norm_weight_decay is not None and isinstance(module, NORM_TYPES):
+                overrides[id(parameter)] = config.norm_weight_decay
+    return overrides
+
+
+def with_decay_overrides(groups: list[ParamGroup], overrides: dict[int, float]) -> list[ParamGroup]:
+    """Each group split by weight decay: its parameters with an override in a group of their own (same lr and
+    schedule)."""
+    if not overrides:
+        return groups
+    split = []
+    for group in groups:
+        decays = sorted({overrides.get(id(p), group.weight_decay) for p in group.params})
+        split.extend(ParamGroup([p for p in group.params if overrides.get(id(p), group.weight_decay) == decay],
+                                group.lr, decay, group.schedule) for decay in decays)
+    return split
+
+
 def build_optimizer(model: nn.Module, config: Config,
                     total_iterations: int) -> tuple[torch.optim.Optimizer, list[engines.GroupSchedule]]:
     """SGD (Nesterov when asked), or with ``muon_lr`` SGD for everything but the convolution filters and Muon for
@@ -61,13 +92,19 @@ def build_optimizer(model: nn.Module, config: Config,
     sgd_options = dict(lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
                        nesterov=config.nesterov and config.momentum > 0)
     if config.muon_lr is None:
-        groups = parameter_groups(model, config, total_iterations)
+        groups = with_decay_overrides(parameter_groups(model, config, total_iterations), decay_overrides(model, config))
+        if config.optimizer == "adamw":
+            optimizer = torch.optim.AdamW([g.for_optimizer() for g in groups], lr=config.learning_rate,
+                                          betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                                          weight_decay=config.weight_decay)
+            return optimizer, [g.schedule for g in groups]
         return torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options), [g.schedule for g in groups]
     filters = convolution_filters(model)
     if not filters:
         raise UserError(f"muon_lr={config.muon_lr}: model={config.model} has no trainable convolution filters for "
                         "Muon to train; leave muon_lr unset")
-    groups = parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters)))
+    groups = with_decay_overrides(parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters))),
+                                  decay_overrides(model, config))
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)
     optimizer = SGDWithMuon(sgd, filters, config.muon_lr, config.muon_momentum, config.muon_ns_steps)
     muon_schedule = engines.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)

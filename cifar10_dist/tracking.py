@@ -2,7 +2,8 @@
 Other ranks only log warnings (the rank itself is tested in ``ranks`` alone; the run folder is ``run_folder``).
 
 One name per quantity, the same in TensorBoard, ClearML (title/series) and metrics.jsonl (event/key):
-``training/batch_loss`` and ``training/lr`` every log_every_iters iterations; ``training/epoch_loss``,
+``training/batch_loss`` and ``training/lr`` every log_every_iters iterations (and ``training/grad_norm``, the
+pre-clip gradient norm, with clip_grad_norm); ``training/epoch_loss``,
 ``training/epoch_time``, ``training/images_per_second`` per epoch (metrics.jsonl: ``"event": "epoch"``);
 ``<split>/accuracy``, ``<split>/loss``, ``<split>/duration`` per evaluation (``"event": "evaluation"``).
 """
@@ -291,8 +292,10 @@ class Recorder:
         @trainer.on(Events.ITERATION_COMPLETED(every=every))
         def write_batch(engine: Engine) -> None:
             epoch_losses[:] = [torch.stack(epoch_losses).sum()]
-            self._scalars("training", {"batch_loss": float(engine.state.output), "lr": current_lr(optimizer)},
-                          engine.state.iteration, flush=False)
+            values = {"batch_loss": float(engine.state.output), "lr": current_lr(optimizer)}
+            if getattr(engine.state, "grad_norm", None) is not None:  # clip_grad_norm: the last step's, pre-clip
+                values["grad_norm"] = float(engine.state.grad_norm)
+            self._scalars("training", values, engine.state.iteration, flush=False)
 
         @trainer.on(Events.EPOCH_COMPLETED)
         def write_epoch(engine: Engine) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 
 from cifar10_dist import (augmentation, batches, checkpointing, engines, faults, files, models, optimizers,
                           process_setup, ranks, reports, run_data, run_folder, tracking, trials)
-from cifar10_dist.config import Config
+from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.results import RunResult, SplitMetrics
 
 logger = logging.getLogger("cifar10_dist")
@@ -82,6 +82,8 @@ def setup_model(config: Config, data_setup: run_data.DataSetup) -> Network:
         model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
                                                     info.std))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
+    if config.sync_bn and idist.get_world_size() > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
     return Network(model, torch.compile(model) if config.compile else model)
 
@@ -99,10 +101,13 @@ def setup_optimization(config: Config, network: Network, data_setup: run_data.Da
                        precision: engines.Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
+    per_epoch = data_setup.iterations_per_epoch
+    warmup = round(config.num_warmup_epochs * per_epoch)
+    drops = tuple(round(epoch * per_epoch) - warmup for epoch in milestone_epochs(config.lr_milestones))
     lr_scheduler = engines.create_lr_scheduler(
-        optimizer, config.learning_rate, warmup_iterations=round(config.num_warmup_epochs * data_setup.iterations_per_epoch),
-        total_iterations=data_setup.total_iterations, start=config.lr_start, end=config.lr_end,
-        group_schedules=group_schedules,
+        optimizer, config.learning_rate, warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
+        start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
+        shape=engines.Shape(config.lr_schedule, drops, config.lr_gamma),
     )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
     return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))
@@ -140,7 +145,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
         network.forward, optimization.optimizer, optimization.loss_fn,
         batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch, data_setup.info),
         optimization.precision,
-        optimization.scaler, engines.Accumulation(config.accumulation_steps, network.model),
+        optimization.scaler, engines.Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm,
     )
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)

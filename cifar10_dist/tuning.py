@@ -35,7 +35,7 @@ RECORD = "cifar10_dist"  # the study's user attribute holding its base config, s
 # keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
 WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
                "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
-               "clearml_offline")
+               "clearml_offline", "cache_dir")
 
 
 # ---------------------------------------------------------------- options, storage and the study

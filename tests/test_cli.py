@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cifar10_dist.config import Config
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli, run_in_process
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate"])
@@ -30,3 +30,19 @@ def test_debug_shows_the_traceback(tmp_path):
     result = run_cli("run", "--bacth_size=8", "--debug", cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "UserError: unknown config key 'bacth_size'" in result.stderr
+
+
+def test_config_prints_the_resolved_config_as_yaml_that_run_takes_back(tmp_path):
+    """`cifar10-dist config`: defaults < file < flags, validated, as YAML; the file it prints resolves to the same
+    Config; a bad value is the same one line as for run."""
+    from cifar10_dist.config import load_config
+
+    fast = REPO / "configs" / "fast.yaml"
+    printed = run_in_process("config", f"--config={fast}", "--batch_size=256", "--seed=3")
+    assert printed.returncode == 0, printed.stderr
+    (tmp_path / "mine.yaml").write_text(printed.stdout)
+    again = load_config(tmp_path / "mine.yaml")
+    assert again == load_config(fast, batch_size=256, seed=3)
+    assert again.batch_size == 256 and again.model == "airbench" and printed.stdout.startswith("dataset: cifar10\n")
+    refused = run_in_process("config", "--batch_size=0")
+    assert refused.returncode == 2 and refused.stderr == "error: batch_size=0 must be at least 1\n"
