@@ -14,7 +14,7 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
-from cifar10_dist import diagnostics, engines, faults, models, tracking
+from cifar10_dist import diagnostics, engines, faults, models, schedules, tracking
 
 CPU = torch.device("cpu")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -88,7 +88,7 @@ def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels
     trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision,
                                      engines.make_grad_scaler(precision))
     total = (steps + warmup) * 10
-    trainer.add_event_handler(Events.ITERATION_STARTED, engines.create_lr_scheduler(optimizer, 0.01, 5, total))
+    trainer.add_event_handler(Events.ITERATION_STARTED, schedules.create_lr_scheduler(optimizer, 0.01, 5, total))
     faults.attach_stop_checks(trainer, faults.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:

@@ -391,14 +391,7 @@ def _require(condition: bool, message: str) -> None:
 def validate(config: Config) -> None:
     """Reject impossible values before anything starts; each message names the value and what is accepted."""
     c = config
-    _require(c.dataset in DATASETS, f"dataset='{c.dataset}' is unknown: choose one of {', '.join(DATASETS)}")
-    _require(c.label_mode in LABEL_MODES, f"label_mode='{c.label_mode}' is unknown: choose fine or coarse")
-    _require(c.label_mode == "fine" or c.dataset == "cifar100",
-             f"label_mode='{c.label_mode}' is for dataset=cifar100 (its 20 superclasses), not dataset={c.dataset}")
-    _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
-    _require(8 <= c.image_size <= 1024, f"image_size={c.image_size} must be in 8..1024 pixels")
-    _require(c.image_size == 32 or c.dataset == "folder",
-             f"image_size={c.image_size} is for dataset=folder: CIFAR and synthetic images are 32x32")
+    _validate_data(c)
     _require(c.num_workers >= 0, f"num_workers={c.num_workers} must be 0 or more")
     _require(c.train_eval_size >= 0, f"train_eval_size={c.train_eval_size} must be 0 (off) or more")
     _require(c.seeds >= 1, f"seeds={c.seeds} must be at least 1")
@@ -485,6 +478,18 @@ def _validate_training_options(c: Config) -> None:
     _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
     _require(c.early_stopping_min_delta >= 0, f"early_stopping_min_delta={c.early_stopping_min_delta} must be 0 or more")
     _validate_recipe_options(c)
+
+
+def _validate_data(c: Config) -> None:
+    """The dataset keys: known names, label_mode only for CIFAR-100, image_size only for folders."""
+    _require(c.dataset in DATASETS, f"dataset='{c.dataset}' is unknown: choose one of {', '.join(DATASETS)}")
+    _require(c.label_mode in LABEL_MODES, f"label_mode='{c.label_mode}' is unknown: choose fine or coarse")
+    _require(c.label_mode == "fine" or c.dataset == "cifar100",
+             f"label_mode='{c.label_mode}' is for dataset=cifar100 (its 20 superclasses), not dataset={c.dataset}")
+    _require(c.synthetic_size >= 10, f"synthetic_size={c.synthetic_size} is too small: must be at least 10")
+    _require(8 <= c.image_size <= 1024, f"image_size={c.image_size} must be in 8..1024 pixels")
+    _require(c.image_size == 32 or c.dataset == "folder",
+             f"image_size={c.image_size} is for dataset=folder: CIFAR and synthetic images are 32x32")
 
 
 def milestone_epochs(milestones: str | None) -> list[float]:

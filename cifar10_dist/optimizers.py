@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cifar10_dist import engines, models
+from cifar10_dist import models, schedules
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 
@@ -24,7 +24,7 @@ class ParamGroup:
     params: list[nn.Parameter]
     lr: float
     weight_decay: float
-    schedule: engines.GroupSchedule = engines.GroupSchedule()
+    schedule: schedules.GroupSchedule = schedules.GroupSchedule()
 
     def for_optimizer(self) -> dict[str, Any]:
         return {"params": self.params, "lr": self.lr, "weight_decay": self.weight_decay}
@@ -48,9 +48,9 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     groups = [
         ParamGroup([p for p in trained if id(p) not in norm_biases | frozen_later], lr, decay),
         ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
-                   engines.GroupSchedule(lr_scale=scale)),
+                   schedules.GroupSchedule(lr_scale=scale)),
         ParamGroup([p for p in trained if id(p) in frozen_later], lr * whitening_scale, decay / whitening_scale,
-                   engines.GroupSchedule(whitening_scale, whitening_until, config.whitening_bias_decay)),
+                   schedules.GroupSchedule(whitening_scale, whitening_until, config.whitening_bias_decay)),
     ]
     return [group for group in groups if group.params]
 
@@ -86,7 +86,7 @@ def with_decay_overrides(groups: list[ParamGroup], overrides: dict[int, float]) 
 
 
 def build_optimizer(model: nn.Module, config: Config,
-                    total_iterations: int) -> tuple[torch.optim.Optimizer, list[engines.GroupSchedule]]:
+                    total_iterations: int) -> tuple[torch.optim.Optimizer, list[schedules.GroupSchedule]]:
     """SGD (Nesterov when asked), or with ``muon_lr`` SGD for everything but the convolution filters and Muon for
     those; with the schedule of each param group in the optimizer's order."""
     sgd_options = dict(lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
@@ -107,7 +107,7 @@ def build_optimizer(model: nn.Module, config: Config,
                                   decay_overrides(model, config))
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)
     optimizer = SGDWithMuon(sgd, filters, config.muon_lr, config.muon_momentum, config.muon_ns_steps)
-    muon_schedule = engines.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)
+    muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)
     return optimizer, [*(g.schedule for g in groups), muon_schedule]
 
 

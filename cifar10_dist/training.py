@@ -22,7 +22,7 @@ from ignite.handlers import EarlyStopping
 from torch import nn
 
 from cifar10_dist import (augmentation, batches, checkpointing, engines, faults, files, models, optimizers,
-                          process_setup, ranks, reports, run_data, run_folder, tracking, trials)
+                          process_setup, ranks, reports, run_data, run_folder, schedules, tracking, trials)
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.results import RunResult, SplitMetrics
 
@@ -104,10 +104,10 @@ def setup_optimization(config: Config, network: Network, data_setup: run_data.Da
     per_epoch = data_setup.iterations_per_epoch
     warmup = round(config.num_warmup_epochs * per_epoch)
     drops = tuple(round(epoch * per_epoch) - warmup for epoch in milestone_epochs(config.lr_milestones))
-    lr_scheduler = engines.create_lr_scheduler(
+    lr_scheduler = schedules.create_lr_scheduler(
         optimizer, config.learning_rate, warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
         start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
-        shape=engines.Shape(config.lr_schedule, drops, config.lr_gamma),
+        shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
     )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
     return Optimization(optimizer, lr_scheduler, loss_fn, precision, engines.make_grad_scaler(precision))

@@ -21,7 +21,7 @@ FLOORS = [
     ("checks", "tracking", "run_folder", "study_report"),
     ("folder_data",),
     ("optimizers", "checkpointing", "reports", "files", "loaders", "augmentation"),
-    ("engines", "models", "data", "faults", "xla_compat", "search_space"),
+    ("engines", "schedules", "models", "data", "faults", "xla_compat", "search_space"),
     ("image_folders",),
     ("results",),
     ("config", "hardware", "ranks"),

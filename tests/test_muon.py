@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from cifar10_dist import checks, engines, models, optimizers
+from cifar10_dist import checks, models, optimizers
+from cifar10_dist import schedules as lr_schedules
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from tests.conftest import REPO, assert_same_training_state, run_in_process
@@ -88,7 +89,7 @@ def test_muon_groups_and_their_schedule():
     assert len(filters["params"]) == 6 and all(p.ndim == 4 for p in filters["params"]) and filters["lr"] == 0.24
     trained = [id(p) for group in optimizer.param_groups for p in group["params"]]
     assert sorted(trained) == sorted(id(p) for p in model.parameters() if p.requires_grad)
-    scheduler = engines.create_lr_scheduler(optimizer, 1.0, 0, 100, start=1.0, end=0.0, group_schedules=schedules)
+    scheduler = lr_schedules.create_lr_scheduler(optimizer, 1.0, 0, 100, start=1.0, end=0.0, group_schedules=schedules)
     lrs = lrs_during(optimizer, scheduler, 100)
     assert lrs[0] == pytest.approx([1.0, 64.0, 64.0, 0.24])
     assert lrs[50] == pytest.approx([0.5, 32.0, 0.0, 0.12])  # whitening bias trained until 30

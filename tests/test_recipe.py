@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import augmentation, batches, data, engines, loaders, models, optimizers
+from cifar10_dist import augmentation, batches, data, engines, loaders, models, optimizers, schedules
 from cifar10_dist.config import load_config
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
@@ -73,7 +73,7 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
     groups = optimizers.parameter_groups(model, config, total_iterations=100)
     others, norm_biases, whitening = groups
     assert [p is model.whiten.bias for p in whitening.params] == [True]
-    assert whitening.schedule == engines.GroupSchedule(lr_scale=1.0, train_until=30)
+    assert whitening.schedule == schedules.GroupSchedule(lr_scale=1.0, train_until=30)
     assert len(norm_biases.params) == 6 and norm_biases.lr == 64.0 and norm_biases.schedule.lr_scale == 64
     assert norm_biases.weight_decay * norm_biases.lr == pytest.approx(others.weight_decay * others.lr)
     trained = {id(p) for g in groups for p in g.params}
@@ -81,7 +81,7 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
     assert len(trained) == sum(p.requires_grad for p in model.parameters())
 
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=1.0, momentum=0.85, nesterov=True)
-    scheduler = engines.create_lr_scheduler(optimizer, 1.0, warmup_iterations=23, total_iterations=100,
+    scheduler = schedules.create_lr_scheduler(optimizer, 1.0, warmup_iterations=23, total_iterations=100,
                                             start=0.2, end=0.07, group_schedules=[g.schedule for g in groups])
     lrs = lrs_during(optimizer, scheduler, 100)
     assert lrs[0] == pytest.approx([0.2, 12.8, 0.2])
@@ -98,9 +98,9 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
                                  whitening_bias_decay=True)
     model = models.build_model("airbench")
     groups = optimizers.parameter_groups(model, config, total_iterations=200)
-    assert groups[2].schedule == engines.GroupSchedule(lr_scale=4.0, train_until=75, decay_to_until=True)
+    assert groups[2].schedule == schedules.GroupSchedule(lr_scale=4.0, train_until=75, decay_to_until=True)
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=2.0)
-    scheduler = engines.create_lr_scheduler(optimizer, 2.0, 0, 200, start=1.0, end=0.0,
+    scheduler = schedules.create_lr_scheduler(optimizer, 2.0, 0, 200, start=1.0, end=0.0,
                                             group_schedules=[g.schedule for g in groups])
     lrs = lrs_during(optimizer, scheduler, 200)
     whitening = [lr[2] for lr in lrs]
@@ -109,7 +109,7 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
     assert lrs[100][:2] == pytest.approx([1.0, 64.0])  # the others follow the main schedule, halfway down
 
     two_epochs = dataclasses.replace(config, whitening_bias_epochs=2.0, whitening_bias_decay=False)
-    assert optimizers.parameter_groups(model, two_epochs, total_iterations=200)[2].schedule == engines.GroupSchedule(
+    assert optimizers.parameter_groups(model, two_epochs, total_iterations=200)[2].schedule == schedules.GroupSchedule(
         lr_scale=4.0, train_until=50)
 
 
@@ -117,10 +117,10 @@ def test_a_single_group_keeps_the_plain_schedule():
     model = models.build_model("simple_cnn")
     config = load_config()
     groups = optimizers.parameter_groups(model, config, total_iterations=10)
-    assert len(groups) == 1 and groups[0].schedule == engines.GroupSchedule()
+    assert len(groups) == 1 and groups[0].schedule == schedules.GroupSchedule()
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=0.4)
-    scheduler = engines.create_lr_scheduler(optimizer, 0.4, 2, 10, group_schedules=[g.schedule for g in groups])
-    assert isinstance(scheduler, engines.PiecewiseLinear)  # checkpoints stay as before
+    scheduler = schedules.create_lr_scheduler(optimizer, 0.4, 2, 10, group_schedules=[g.schedule for g in groups])
+    assert isinstance(scheduler, schedules.PiecewiseLinear)  # checkpoints stay as before
     lrs = [lrs[0] for lrs in lrs_during(optimizer, scheduler, 10)]
     assert lrs == pytest.approx([0, 0.2, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05])
 
@@ -213,7 +213,7 @@ def test_flip_all_and_none_and_pre_flip():
 
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), config, iterations_per_epoch=3)
+    prepare = batches.train_batch_preparer(torch.device("cpu"), config, 3, data.cifar_info("cifar10"))
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]

@@ -12,7 +12,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import augmentation, engines, optimizers
+from cifar10_dist import augmentation, engines, optimizers, schedules
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, run_in_process
@@ -83,12 +83,12 @@ def torch_lrs(make, steps: int, lr: float) -> list[float]:
 @pytest.mark.parametrize("warmup", [0, 5])
 def test_cosine_and_step_schedules_match_torchs_own_schedulers_step_by_step(warmup):
     total, lr = 40, 0.8
-    cosine = lrs_over(lambda o: engines.create_lr_scheduler(o, lr, warmup, total, end=0.05,
-                                                            shape=engines.Shape("cosine")), total)
+    cosine = lrs_over(lambda o: schedules.create_lr_scheduler(o, lr, warmup, total, end=0.05,
+                                                            shape=schedules.Shape("cosine")), total)
     expected = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=total - warmup, eta_min=0.04),
                          total - warmup, lr)
     assert cosine[warmup:] == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    step = lrs_over(lambda o: engines.create_lr_scheduler(o, lr, warmup, total, shape=engines.Shape(
+    step = lrs_over(lambda o: schedules.create_lr_scheduler(o, lr, warmup, total, shape=schedules.Shape(
         "step", drops=(10, 20), gamma=0.2)), total)
     expected = torch_lrs(lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[10, 20], gamma=0.2),
                          total - warmup, lr)

@@ -22,6 +22,7 @@ import yaml
 
 from cifar10_dist import api
 from cifar10_dist.config import load_config
+from cifar10_dist.errors import UserError
 from cifar10_dist.results import TuneResult
 from tests.conftest import REPO, TINY, cli_env, run_cli, run_in_process, start_cli, stop_all, wait_for_file
 
@@ -330,6 +331,20 @@ def test_shipped_spaces_fit_their_configs():
         dimensions = search_space.read_space(REPO / "configs" / space)
         search_space.check_space(base, dimensions)
         assert len(dimensions) >= 3
+
+
+def test_the_recipe_options_are_searchable_and_their_bounds_checked(tmp_path):
+    """lr_schedule, mixup_alpha, auto_augment ... are ordinary keys of a space; a bound the config refuses is one line."""
+    from cifar10_dist import search_space
+
+    base = load_config(None, val_split=0.1)
+    (tmp_path / "space.yaml").write_text("lr_schedule: {type: categorical, choices: [linear, cosine]}\n"
+                                         "mixup_alpha: {type: float, low: 0.0, high: 0.4}\n"
+                                         "auto_augment: {type: categorical, choices: [none, trivialaugment]}\n")
+    search_space.check_space(base, search_space.read_space(tmp_path / "space.yaml"))
+    (tmp_path / "bad.yaml").write_text("random_erasing: {type: float, low: 0.0, high: 1.5}\n")
+    with pytest.raises(UserError, match=r"random_erasing=1.5 must be a probability in 0..1"):
+        search_space.check_space(base, search_space.read_space(tmp_path / "bad.yaml"))
 
 
 # ---------------------------------------------------------------- Slurm job arrays
