@@ -124,6 +124,7 @@ def create_trainer(
     (not Ignite's TerminateOnNan, whose COMPLETED event would checkpoint the broken state).
     """
     accumulation = accumulation or Accumulation(1)
+    clipped = [p for group in optimizer.param_groups for p in group["params"]] if clip_grad_norm is not None else []
 
     def train_step(engine: Engine, batch: Batch) -> torch.Tensor:
         if not model.training:  # after an evaluation (model.train() visits every module: ~1 us each)
@@ -140,8 +141,7 @@ def create_trainer(
             if clip_grad_norm is not None:
                 if scaler is not None:
                     scaler.unscale_(optimizer)
-                engine.state.grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for group in optimizer.param_groups for p in group["params"]], clip_grad_norm).detach()
+                engine.state.grad_norm = torch.nn.utils.clip_grad_norm_(clipped, clip_grad_norm).detach()
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()

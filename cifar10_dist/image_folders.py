@@ -119,9 +119,7 @@ def fit_image(image: Any, size: int) -> Any:
     ``predict`` alike."""
     from PIL import Image
 
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")
-    image = image.convert("RGB")
+    image = to_rgb(image)
     if image.size != (size, size):
         width, height = image.size
         scale = size / min(width, height)
@@ -132,6 +130,13 @@ def fit_image(image: Any, size: int) -> Any:
     return image
 
 
+def to_rgb(image: Any) -> Any:
+    """RGB, from any mode (a palette with transparency through RGBA, so that its colours come out right)."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def decode(task: tuple[str, int]) -> tuple[bytes | None, str, bytes, tuple[int, int]]:
     """(pixels HWC at the size, or None; why not; a hash of the full decoded pixels; original width, height)."""
     from PIL import Image
@@ -140,7 +145,7 @@ def decode(task: tuple[str, int]) -> tuple[bytes | None, str, bytes, tuple[int, 
     try:
         with Image.open(path) as opened:
             opened.load()  # a truncated file fails here, not later
-            rgb = opened.convert("RGBA").convert("RGB") if opened.mode == "P" else opened.convert("RGB")
+            rgb = to_rgb(opened)
             content = hashlib.blake2b(rgb.tobytes(), digest_size=16, person=b"cifar10dist")
             content.update(f"{rgb.size}".encode())
             return fit_image(rgb, size).tobytes(), "", content.digest(), opened.size
