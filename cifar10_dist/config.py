@@ -134,7 +134,7 @@ class Config:
     accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
                                      "one optimizer step: effective batch = batch_size x N; the LR schedule, "
                                      "checkpoint_every and logging count batches (iterations)")
-    optimizer: str = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_betas, adam_eps)")
+    optimizer: str = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_beta1, adam_beta2, adam_eps)")
     learning_rate: float = option(0.4, "peak learning rate reached after the warmup")
     momentum: float = option(0.9, "SGD momentum")
     nesterov: bool = option(True, "use Nesterov momentum")

@@ -113,6 +113,18 @@ class DatasetInfo:
         return cls(tuple(values["classes"]), tuple(values["mean"]), tuple(values["std"]), int(values["image_size"]))
 
 
+@dataclass
+class LoadedData:
+    """A run's splits before holding out (val: a folder dataset's val/), what a model needs to see them (classes,
+    normalisation, image size) and, for a folder, what its checks found."""
+
+    train: ImageSet
+    test: ImageSet
+    info: DatasetInfo
+    val: ImageSet | None = None
+    checks: dict[str, Any] | None = None
+
+
 def cifar_info(dataset: str, label_mode: str = "fine") -> DatasetInfo:
     """CIFAR-10/100 and synthetic data: their class names and CIFAR-10's channel statistics, 32x32."""
     return DatasetInfo(class_names(dataset, label_mode))

@@ -48,7 +48,7 @@ class EvaluationWorker:
                 classes=list(info.classes),
             ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 
-    def load_model(self, config: Config, loaded: run_data.LoadedData, device: torch.device,
+    def load_model(self, config: Config, loaded: data.LoadedData, device: torch.device,
                    precision: engines.Precision) -> tuple[nn.Module, data.DatasetInfo]:
         """The checkpoint's weights in a fresh model, wrapped for the backend, and what it was trained with
         (classes, normalisation); warns (rank 0) when the checkpoint was made with another package version or

@@ -5,26 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from cifar10_dist import image_folders
-from cifar10_dist.data import DatasetInfo, ImageSet
+from cifar10_dist.data import DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.errors import UserError
 
 
 @dataclass
-class FolderData:
-    """The splits (val None without a val/ folder), what a model trained on them needs (classes, normalisation,
-    image size), the checks' findings (recorded in provenance and summary.json) and warnings to log."""
+class FolderData(LoadedData):
+    """A folder's splits as a run loads them (val None without a val/ folder, ``checks``: the findings recorded in
+    provenance and summary.json), with the warnings to log and where its cache is."""
 
-    train: ImageSet
-    test: ImageSet
-    val: ImageSet | None
-    info: DatasetInfo
-    checks: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     cache: Path | None = None
     built: bool = False
@@ -74,7 +68,7 @@ def load(root: Path, image_size: int, skip_bad_images: bool = False, drop_test_d
     checks = {"duplicates_across_splits": len(duplicates), "duplicates_dropped": dropped,
               "bad_files_skipped": len(meta.bad_files), "imbalance_ratio": round(imbalance, 3),
               "test_carved_from_train": meta.carved_test, "cache": str(folder)}
-    return FolderData(sets["train"], sets["test"], sets.get("val"), info, checks, warnings, folder, built, meta)
+    return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, built, meta)
 
 
 def _image_set(pixels: np.ndarray, labels: np.ndarray, chosen: list[int]) -> ImageSet:

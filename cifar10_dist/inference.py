@@ -19,7 +19,7 @@ from cifar10_dist.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SIZE = 32
+IMAGE_SIZE = data.IMAGE_SIZE
 
 
 @dataclass

@@ -64,24 +64,12 @@ def setup_data(config: Config, device: torch.device, precision: engines.Precisio
     )
 
 
-@dataclass
-class LoadedData:
-    """A run's splits before holding out (val: a folder dataset's val/), what a model needs to see them (classes,
-    normalisation, image size) and, for a folder, what its checks found."""
-
-    train: data.ImageSet
-    test: data.ImageSet
-    info: data.DatasetInfo
-    val: data.ImageSet | None = None
-    checks: dict[str, Any] | None = None
-
-
-def load_datasets(config: Config) -> LoadedData:
+def load_datasets(config: Config) -> data.LoadedData:
     """The images: synthetic, CIFAR-10/100 from data_path (downloaded by one process per node), or an image
     folder (its cache built by one process per node; the others read it)."""
     info = data.cifar_info(config.dataset, config.label_mode)
     if config.dataset == "synthetic":
-        return LoadedData(*data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1),
+        return data.LoadedData(*data.make_synthetic(config.synthetic_size, max(config.synthetic_size // 5, 1),
                                                SYNTHETIC_SEED), info)
     if config.dataset == "folder":
         return load_folder(config)
@@ -89,10 +77,10 @@ def load_datasets(config: Config) -> LoadedData:
         folder = data.ensure_dataset(Path(config.data_path), data.LAYOUTS[config.dataset], download=config.download)
     train_set, test_set = data.read_folder(config.dataset, folder, config.label_mode)
     ranks.on_rank_zero(log_dataset, folder, data.LAYOUTS[config.dataset], train_set, test_set)
-    return LoadedData(train_set, test_set, info)
+    return data.LoadedData(train_set, test_set, info)
 
 
-def load_folder(config: Config) -> LoadedData:
+def load_folder(config: Config) -> data.LoadedData:
     """An image folder through its cache (local rank 0 builds it, the others wait and read it), its warnings
     logged once."""
     with idist.one_rank_first(local=True):
@@ -105,7 +93,7 @@ def load_folder(config: Config) -> LoadedData:
                        loaded.cache, "built now" if loaded.built else "reused")
     for warning in loaded.warnings:
         ranks.on_rank_zero(logger.warning, "%s", warning)
-    return LoadedData(loaded.train, loaded.test, loaded.info, loaded.val, loaded.checks)
+    return loaded
 
 
 def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, test_set: data.ImageSet) -> None:
@@ -114,7 +102,7 @@ def log_dataset(folder: Path, layout: data.Layout, train_set: data.ImageSet, tes
                 layout.name, folder, len(train_set), len(test_set), official)
 
 
-def describe_run(config: Config, loaded: LoadedData, device: torch.device, precision: engines.Precision
+def describe_run(config: Config, loaded: data.LoadedData, device: torch.device, precision: engines.Precision
                  ) -> dict[str, Any]:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
