@@ -136,8 +136,9 @@ def export(checkpoint: str | None = None, format: str | None = None, output: str
                "onnx": "ONNX Runtime (CPU)"}[result.format]
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
-    print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e}, "
-          f"same top-1 class on {result.same_top1} of {result.num_images}")
+    print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e} "
+          f"({result.relative_difference:.1e} of their scale {result.logit_scale:.3g}; accepted: "
+          f"{result.accepted_relative_difference:.0e} of it), same top-1 class on {result.same_top1} of {result.num_images}")
     print(f"wrote {result.path} ({Path(result.path).stat().st_size / 1e6:.1f} MB) and {result.sidecar}")
 
 

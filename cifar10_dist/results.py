@@ -94,6 +94,9 @@ class ExportResult:
     max_abs_difference: float  # of the logits: the exported form against the PyTorch model
     same_top1: int  # images whose top-1 class agrees, of num_images
     num_images: int
+    relative_difference: float = 0.0  # max_abs_difference / logit_scale (accepted: exporting.RELATIVE_TOLERANCE)
+    logit_scale: float = 1.0  # the largest absolute logit of the model on the images (at least 1)
+    accepted_relative_difference: float = 0.0  # the export's check: relative_difference at most this
     tensors_equal: Optional[int] = None  # safetensors: tensors read back that are torch.equal to the model's
 
     def to_dict(self) -> dict[str, Any]:

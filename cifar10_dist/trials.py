@@ -10,8 +10,11 @@ import math
 import random
 import time
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from cifar10_dist import ranks
 from cifar10_dist.config import PrunerSpec, TrialSpec
@@ -46,21 +49,37 @@ def open_storage(url: str, heartbeat: int | None = None) -> Any:
         path = Path(url[len(JOURNAL_PREFIX):])
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     beats = {} if heartbeat is None else {
         "heartbeat_interval": heartbeat, "grace_period": 2 * heartbeat,
         "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)}
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # several workers wait their turn
     for attempt in range(CREATION_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beats)
+            with schema_lock(url):
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beats)
         except Exception as error:  # SQLAlchemy's errors: no driver, server down, bad URL
-            if type(error).__name__ == "IntegrityError" and attempt + 1 < CREATION_ATTEMPTS:
+            if _lost_creation_race(error) and attempt + 1 < CREATION_ATTEMPTS:
                 time.sleep(0.5 + random.random())  # workers starting together race to create the tables
                 continue
             raise UserError(f"storage '{without_password(url)}' cannot be opened: {first_line(error)}") from error
     raise AssertionError("unreachable")
+
+
+def schema_lock(url: str) -> AbstractContextManager:
+    """For SQLite: a lock file next to the database, held while a worker creates (or checks) its tables, so that
+    workers starting at the same instant do not create them twice ("table studies already exists"). A database
+    server serialises this itself; its races are retried (``_lost_creation_race``)."""
+    if not url.startswith("sqlite:///"):
+        return nullcontext()
+    database = Path(url[len("sqlite:///"):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(f"{database}.lock", timeout=120)
+
+
+def _lost_creation_race(error: Exception) -> bool:
+    """True for the errors of two workers creating the same tables or rows at once."""
+    name = type(error).__name__
+    return name == "IntegrityError" or (name == "OperationalError" and "already exists" in str(error))
 
 
 def without_password(url: str) -> str:

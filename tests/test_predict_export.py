@@ -4,6 +4,7 @@ TorchScript and ONNX, each file loaded back by its own runtime and compared with
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -121,6 +122,12 @@ USER_MODEL = textwrap.dedent("""\
             return self.head(self.features(images))
 
 
+    class Loud(Mine):  # logits in the tens of thousands (trained with no pull towards small logits)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return super().forward(images) * 1e5
+
+
     class CumMax(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -207,6 +214,43 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
         assert torch.equal(logits.argmax(1), expected[:len(batch)].argmax(1))
     metadata = {entry.key: entry.value for entry in onnx.load(str(tmp_path / "model.onnx")).metadata_props}
     assert json.loads(metadata["classes"]) == list(data.CLASSES)
+
+
+def test_an_export_of_a_model_with_large_logits_is_accepted_by_their_scale(checkpoints, tmp_path):
+    """Rounding of fp32 kernels grows with the values: logits of 1e4 differ by more than a fixed 1e-4 between
+    ONNX Runtime and PyTorch and are still the same computation."""
+    folder = checkpoints["user model"][0].parent
+    checkpoint, model = saved_model(tmp_path, f"{folder / 'mine.py'}:Loud", {"width": 32})
+    result = run_in_process("export", f"--checkpoint={checkpoint}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"logits max abs difference (\S+) \((\S+) of their scale (\S+); accepted: 1e-03 of it\), "
+                      r"same top-1 class on 64 of 64", result.stdout)
+    assert found, result.stdout
+    difference, relative, scale = (float(value) for value in found.groups())
+    assert scale > 1e4 and difference > 1e-4 and relative <= 1e-3 and (tmp_path / "m.onnx").is_file()
+
+
+def test_an_export_that_computes_something_else_is_refused_naming_both_numbers(trained, tmp_path, monkeypatch):
+    """A graph whose last layer is 1% off keeps the top-1 class of most images, and is still refused."""
+    original = torch.onnx.export
+
+    def export_a_perturbed_copy(model, *args, **kwargs):
+        import copy
+
+        wrong = copy.deepcopy(model)
+        last = [module for module in wrong.modules() if isinstance(module, torch.nn.Linear)][-1]
+        with torch.no_grad():
+            last.weight.mul_(1.01)
+            last.bias.add_(0.05 * last.bias.abs().max())
+        return original(wrong, *args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", export_a_perturbed_copy)
+    result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    assert result.returncode == 2
+    assert re.fullmatch(r"error: the ONNX export of \S+ does not compute what the model computes: logits max abs "
+                        r"difference \S+ \(\S+ of their scale \S+; accepted: 1e-03 of it\), same top-1 on \d+ of 64 "
+                        r"images; no file written\n", result.stderr), result.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_model_onnx_cannot_express_is_one_line_naming_the_operator(tmp_path, checkpoints):

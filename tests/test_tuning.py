@@ -397,3 +397,42 @@ def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
     assert result.stderr.splitlines()[-1] == ("error: no trial of study f has completed (1 failed, the reasons are "
                                               "above): no best config")
     assert load_study(tmp_path, "f").trials[0].state.name == "FAIL"
+
+
+def _open_study_at_the_barrier(barrier, folder: str, rounds: int, worker: int) -> list[str]:
+    """One tune worker's start: at each round, wait for the others, then open a fresh SQLite study and run one
+    (instant) trial in it. Returns each round's outcome: "ok" or the one-line error."""
+    from cifar10_dist import search_space, tuning
+
+    base = load_config(val_split=0.1, output_path=folder)
+    space = {"learning_rate": search_space.Dimension("learning_rate", "float", 0.01, 0.1)}
+    outcomes = []
+    for number in range(rounds):
+        options = tuning.TuneOptions(study="race", storage=f"sqlite:///{folder}/round-{number}.db",
+                                     sampler="random", pruner="none")
+        barrier.wait(timeout=60)
+        try:
+            study, _ = tuning.open_study(options, base, space)
+            study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + worker, n_trials=1)
+            outcomes.append("ok")
+        except UserError as error:
+            outcomes.append(str(error))
+    return outcomes
+
+
+def test_workers_starting_together_on_a_fresh_sqlite_study_all_run_their_trials(tmp_path):
+    """Three workers open the same new SQLite file at the same instant, five times over: none of them trips over
+    another creating the schema or the study, and every trial lands in the one study of each file."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    rounds, workers = 5, 3
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Manager().Barrier(workers)
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        outcomes = list(pool.map(_open_study_at_the_barrier, [barrier] * workers, [str(tmp_path)] * workers,
+                                 [rounds] * workers, range(workers)))
+    assert outcomes == [["ok"] * rounds] * workers
+    for number in range(rounds):
+        study = optuna.load_study(study_name="race", storage=f"sqlite:///{tmp_path}/round-{number}.db")
+        assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * workers
