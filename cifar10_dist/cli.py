@@ -21,6 +21,8 @@ from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult
 
+DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model has fewer
+
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
     result = api.train(api.resolve(config, **overrides))  # bad values fail here, before torch is imported
@@ -80,7 +82,7 @@ def evaluate(
     print(f"test: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 
 
-def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bool = False, batch_size: int = 256,
+def predict(*paths: str, checkpoint: str | None = None, top_k: int | None = None, json: bool = False, batch_size: int = 256,
             tta: int | None = None, device: str | None = None, raw_weights: bool = False) -> None:
     """Classify image files and folders; one line (or JSON object) per image."""
     if checkpoint is None:
@@ -88,10 +90,14 @@ def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bo
     if not paths:
         raise UserError("predict needs image files or folders: cifar10-dist predict --checkpoint=FILE PATH [PATH ...]")
     _require_whole("batch_size", batch_size, 1)
-    _require_whole("top_k", top_k, 1)
+    if top_k is not None:
+        _require_whole("top_k", top_k, 1)
     predictions = api.predict_files(str(checkpoint), paths, batch_size, tta, device, bool(raw_weights))
-    if top_k > len(predictions.classes):
-        raise UserError(f"top_k={top_k} is more than the {len(predictions.classes)} classes")
+    if top_k is None:
+        top_k = min(DEFAULT_TOP_K, len(predictions.classes))  # a two-class model shows both
+    elif top_k > len(predictions.classes):
+        raise UserError(f"top_k={top_k} is more than the model's {len(predictions.classes)} classes "
+                        f"({', '.join(predictions.classes[:12])}{', ...' if len(predictions.classes) > 12 else ''})")
     failures = _report_failures(predictions.missing)
     classified = resized = 0
     for batch in predictions.batches:
@@ -100,8 +106,9 @@ def predict(*paths: str, checkpoint: str | None = None, top_k: int = 3, json: bo
             print(_format_prediction(str(path), row, predictions.classes, top_k, json))
         classified, resized = classified + len(batch.paths), resized + batch.resized
     if resized:
-        print(f"note: {resized} of {classified} images were not 32x32 and were resized (shorter side to 32 pixels, "
-              "then the centre 32x32)", file=sys.stderr)
+        size = predictions.image_size
+        print(f"note: {resized} of {classified} images were not {size}x{size} and were resized (shorter side to "
+              f"{size} pixels, then the centre {size}x{size})", file=sys.stderr)
     if failures:
         raise AlreadyReported(f"{len(failures)} inputs could not be classified")
 

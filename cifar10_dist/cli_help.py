@@ -31,7 +31,7 @@ Batch and launch keys as for run.
 """
 
 PREDICT_HELP = """\
-Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=3] [--json] [--batch_size=256] [--tta=N]
+Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=N] [--json] [--batch_size=256] [--tta=N]
 
 Classify image files with a saved model: one line per image with its top-k classes and probabilities.
 PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched recursively). Images are
@@ -39,7 +39,7 @@ converted to RGB; those that are not 32x32 are resized (shorter side to 32 pixel
 A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.
 
   --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt)
-  --top_k=3                  classes shown per image
+  --top_k=N                  classes shown per image (default: 3, or all of a model's classes when it has fewer)
   --json                     one JSON object per line: path and top-k classes with probabilities
   --batch_size=256           images per forward pass
   --tta=None                 test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)

@@ -234,10 +234,8 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
                 **overrides: Any) -> Config:
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        values.update(read_yaml_mapping(Path(config_file)))
-    values.update(overrides)
+    from_file = read_yaml_mapping(Path(config_file)) if config_file is not None else {}
+    values = {**from_file, **overrides}
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
     typed = {key: _coerce(key, value) for key, value in values.items()}
@@ -248,6 +246,8 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
         source = ("the default" if "checkpoint_every" not in values
                   else f"from {config_file}" if config_file is not None else "from the config given")
         _checkpoints_after_steps(typed, source)
+    if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:
+        _warmup_within_a_shorter_run(typed, from_file, config_file)
     config = Config(**typed)
     validate(config)
     return config
@@ -263,6 +263,23 @@ def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
     typed["checkpoint_every"] = -(-every // steps) * steps
     note(f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
          f"accumulation_steps={steps}: checkpoints are taken after optimizer steps")
+
+
+def _warmup_within_a_shorter_run(typed: dict[str, Any], from_file: dict[str, Any], config_file: Any) -> None:
+    """A warmup the user did not set (a config file's or the default) that a shorter num_epochs, set explicitly,
+    leaves no room after, scaled to the same share of the run, with one INFO line (``--num_epochs=1`` on any
+    shipped config is a smoke test); a warmup set explicitly is refused by ``validate`` instead."""
+    warmup = typed.get("num_warmup_epochs", FIELDS["num_warmup_epochs"].default)
+    epochs = typed["num_epochs"]
+    if not isinstance(warmup, float) or not isinstance(epochs, int) or epochs < 1 or warmup < epochs:
+        return  # fits, or validate() names a bad value
+    planned = _coerce("num_epochs", from_file.get("num_epochs", FIELDS["num_epochs"].default))
+    source = f"from {config_file}" if "num_warmup_epochs" in from_file else "the default"
+    if planned <= warmup:
+        return  # the file's own warmup does not fit its own epochs: validate() refuses it
+    typed["num_warmup_epochs"] = round(warmup * epochs / planned, 4)
+    note(f"num_warmup_epochs={warmup} ({source}) scaled to {typed['num_warmup_epochs']} for num_epochs={epochs}: "
+         f"the same share of the run as {warmup} of {planned} epochs")
 
 
 def note(message: str) -> None:

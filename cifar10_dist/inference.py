@@ -129,7 +129,7 @@ class ReadImages:
     images: torch.Tensor  # uint8 (N, 3, 32, 32)
     paths: list[Path]  # the files read, in the order of images
     failures: list[tuple[str, str]]  # (file, why it could not be read)
-    resized: int  # how many were not 32x32
+    resized: int  # how many were not of the size asked for
 
 
 def read_images(files: Sequence[Path], size: int = IMAGE_SIZE) -> ReadImages:
@@ -155,7 +155,7 @@ def read_images(files: Sequence[Path], size: int = IMAGE_SIZE) -> ReadImages:
 @dataclass
 class ClassifiedBatch:
     """One batch of image files: the files read, their class probabilities (N, classes) on the CPU, the files
-    that could not be read (with why), and how many were not 32x32."""
+    that could not be read (with why), and how many were not of the model's size (and were resized)."""
 
     paths: list[Path]
     probabilities: torch.Tensor
@@ -166,9 +166,10 @@ class ClassifiedBatch:
 @dataclass
 class FilePredictions:
     """Image files and folders classified batch by batch, lazily (a large folder streams): the model's class
-    names, the paths given that yield no file (with why), and the batches."""
+    names, the size it takes, the paths given that yield no file (with why), and the batches."""
 
     classes: tuple[str, ...]
+    image_size: int
     missing: list[tuple[str, str]]
     batches: Iterator[ClassifiedBatch]
 
@@ -183,7 +184,7 @@ def classify_files(trained: TrainedModel, paths: Iterable[str | Path], batch_siz
             yield ClassifiedBatch(read.paths, probabilities(trained, read.images, batch_size, tta), read.failures,
                                   read.resized)
 
-    return FilePredictions(trained.classes, list(found.failures), batches())
+    return FilePredictions(trained.classes, trained.info.image_size, list(found.failures), batches())
 
 
 def as_uint8_batch(images: Any, size: int = IMAGE_SIZE) -> torch.Tensor:

@@ -168,6 +168,49 @@ def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
         "training_checkpoint_12.pt", "training_checkpoint_6.pt"]
 
 
+SHIPPED_CONFIGS = sorted(f"configs/{path.name}" for path in (Path(__file__).resolve().parents[1] / "configs").glob(
+    "*.yaml") if not path.name.startswith("space_"))
+
+
+@pytest.mark.parametrize("config", SHIPPED_CONFIGS)
+def test_every_shipped_config_takes_num_epochs_1_with_its_warmup_scaled(config):
+    """A smoke test's --num_epochs=1 on any shipped config: the file's warmup becomes the same share of the run."""
+    planned = yaml.safe_load(Path(config).read_text())
+    warmup, epochs = planned.get("num_warmup_epochs", 1.0), planned.get("num_epochs", 5)
+    result = run_in_process("config", f"--config={config}", "--num_epochs=1")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["num_epochs"] == 1 and resolved["num_warmup_epochs"] == pytest.approx(round(warmup / epochs, 4))
+    assert resolved["num_warmup_epochs"] < 1
+
+
+def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_one_is_refused(capsys, tmp_path):
+    assert load_config("configs/fast.yaml", num_epochs=1).num_warmup_epochs == 0.23
+    assert capsys.readouterr().err.endswith(
+        " INFO num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1: the same share of the "
+        "run as 2.3 of 10 epochs\n")
+    assert load_config(num_epochs=2).num_warmup_epochs == 1.0  # fits: left as it is, no line
+    assert capsys.readouterr().err == ""
+    assert load_config(num_epochs=1).num_warmup_epochs == 0.2
+    assert "num_warmup_epochs=1.0 (the default) scaled to 0.2 for num_epochs=1" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"^num_warmup_epochs=1.0 must be at least 0 and less than num_epochs=1$"):
+        load_config("configs/fast.yaml", num_epochs=1, num_warmup_epochs=1.0)  # both given: refused as before
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("num_epochs: 2\nnum_warmup_epochs: 3\n")
+    with pytest.raises(UserError, match=r"^num_warmup_epochs=3.0 must be at least 0 and less than num_epochs=2$"):
+        load_config(broken)  # a file at odds with itself: refused
+
+
+def test_a_shipped_config_shortened_to_one_epoch_trains(tmp_path):
+    result = run_in_process("run", "--config=configs/fast.yaml", "--num_epochs=1", "--dataset=synthetic",
+                            "--synthetic_size=256", "--batch_size=64", "--epoch_length=3", "--num_workers=0",
+                            "--train_eval_size=0", "--tta=0", "--with_amp=False", f"--output_path={tmp_path}",
+                            "--run_name=smoke")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1" in result.stderr
+    assert yaml.safe_load((tmp_path / "smoke" / "config.yaml").read_text())["num_warmup_epochs"] == 0.23
+
+
 def test_a_trial_spec_is_typed_and_survives_config_yaml(tmp_path):
     """tune's trial key: a TrialSpec with its PrunerSpec, written to config.yaml as a mapping and read back equal;
     a mapping that is not a trial is refused in one line naming the key."""

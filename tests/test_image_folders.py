@@ -34,12 +34,13 @@ def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int],
     image.save(path)
 
 
-def write_image_folder(root: Path, train: int = 30, test: int = 8, splits: tuple[str, ...] = ("train", "test")
-                       ) -> Path:
-    """COLOURS' classes, ``train`` and ``test`` images each, in every format and mode the reader converts."""
+def write_image_folder(root: Path, train: int = 30, test: int = 8, splits: tuple[str, ...] = ("train", "test"),
+                       classes: int = len(COLOURS)) -> Path:
+    """The first ``classes`` of COLOURS' classes, ``train`` and ``test`` images each, in every format and mode the
+    reader converts."""
     modes = ("RGB", "L", "RGBA", "P")
     for split in splits:
-        for label, (name, colour) in enumerate(COLOURS.items()):
+        for label, (name, colour) in enumerate(list(COLOURS.items())[:classes]):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for index in range(train if split == "train" else test):
@@ -169,6 +170,23 @@ def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalis
     assert sidecar["classes"] == ["cat", "dog", "eel"] and sidecar["input"]["shape"] == ["N", 3, 40, 40]
     assert sidecar["mean"] == provenance["dataset"]["info"]["mean"] != [0.4914, 0.4822, 0.4465]
     assert exported.same_top1 == exported.num_images and "images of" in exported.images
+
+
+def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=12, test=4, classes=2)
+    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", f"--output_path={tmp_path}", "--run_name=run",
+                            "--num_epochs=2", "--image_size=24")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = sorted((tmp_path / "run").glob("training_checkpoint_*.pt"))[-1]
+    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--json")
+    assert predicted.returncode == 0, predicted.stderr
+    rows = [json.loads(line) for line in predicted.stdout.splitlines()]
+    assert len(rows) == 8 and all(sorted(entry["class"] for entry in row["top_k"]) == ["cat", "dog"] for row in rows)
+    assert predicted.stderr.strip() == "note: 8 of 8 images were not 24x24 and were resized (shorter side to 24 " \
+                                       "pixels, then the centre 24x24)"
+    refused = run_in_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--top_k=3")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "error: top_k=3 is more than the model's 2 classes (cat, dog)"
 
 
 @pytest.mark.slow
