@@ -54,7 +54,8 @@ Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|torchscript|on
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
 (N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
 normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
-compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime within 1e-4).
+compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime): logits within
+1e-3 of their scale (the largest absolute logit) and the same top-1 class, or no file.
 Needs: pip install 'cifar10-dist[export]'
 
   --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
@@ -119,14 +120,17 @@ counts per split, image sizes, normalisation, duplicates across splits, unreadab
 DOCTOR_HELP = """\
 Usage: cifar10-dist doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json] [--debug]
 
-What this machine is and what will be fast on it, in about 15 s: versions; CPU model, cores, threads, kernels
-(AVX2/AVX512) and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the
-distributed backends; a measured probe (training steps of --model in fp32, fp32 + channels_last and bf16/fp16
-autocast + channels_last); what with_amp=auto picks here, and advice. Attach --json's output to bug reports.
+What this machine is and what will be fast on it: versions; CPU model, cores, threads, kernels (AVX2/AVX512)
+and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the distributed backends;
+a measured probe (training steps of --model in fp32, fp32 + channels_last and bf16/fp16 autocast +
+channels_last, each timed over at least 3 steps after a warm-up, with the spread); what with_amp=auto picks
+here, and advice only where a difference is beyond the spread ("not measurable here" otherwise). The probe
+takes about budget_seconds per setting (about 6 s on a CPU), at most (settings + 1) x budget_seconds when a
+slow machine needs a smaller batch. Attach --json's output to bug reports.
 
   --model=airbench           the probe's model: a built-in name or package.module:factory / file.py:factory
   --batch_size=32            the probe's batch
-  --budget_seconds=2         about how long each probed setting runs
+  --budget_seconds=2         about how long each probed setting runs (a step starts only if it still fits)
   --json                     print the report as one JSON object
   --debug                    show tracebacks for errors
 """

@@ -3,8 +3,13 @@ its bf16, GPUs, backends, and a measured probe (a few training steps of a model 
 format), with what ``with_amp=auto`` picks here and why.
 
 The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of
-each setting; a setting whose warm-up step alone takes most of its time budget (bf16 emulated on an AVX2 CPU) is
-timed on that one step and marked so. It agrees with ``python -m benchmarks.throughput --variants`` at the same model and
+each setting, within about ``budget_seconds`` per setting (building the model included; a step is only started
+when one as long as the last still fits). A setting needs MIN_STEPS timed steps to be compared; it is called
+faster or slower than fp32 only when the two settings' step-time bands (the middle half of each one's steps) do
+not overlap,
+and advice follows only from such a difference. When even fp32 cannot take MIN_STEPS steps in its budget (a slow
+or busy machine), the probe runs at a smaller batch; a setting too slow for its budget at that batch (bf16
+emulated on a CPU without native bf16) is reported as not measurable, not advised on from one step. It agrees with ``python -m benchmarks.throughput --variants`` at the same model and
 batch (docs/recipes.md has both on one machine).
 """
 
@@ -13,7 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
@@ -22,20 +27,22 @@ from torch import nn
 from cifar10_dist import engines, hardware, models
 from cifar10_dist.results import DoctorReport, ProbeResult
 
-WARM_UP_ONLY_SHARE = 0.5  # a warm-up step over this share of a setting's budget is its only measurement
+MIN_STEPS = 3  # timed steps after the warm-up that a setting needs to be compared (and advised on)
+MAX_STEPS = 200
+MIN_BATCH = 2
 
 
 def examine(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:
     """The whole report; the probe gives each setting about ``budget_seconds``."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    probes = probe(model, batch_size, device, budget_seconds)
+    probe_batch_size, probes = probe(model, batch_size, device, budget_seconds)
     auto = engines.automatic_precision(device)
     return DoctorReport(
         versions=versions(), cpu=hardware.describe(torch.device("cpu"))["cpu"],
         gpus=[asdict(gpu) for gpu in hardware.gpus()], nccl=hardware.nccl_version(), backends=hardware.backends(),
-        device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=batch_size,
-        probes=probes, advice=advise(probes, auto, device), seconds=time.perf_counter() - started,
+        device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=probe_batch_size,
+        probe_budget_seconds=budget_seconds, probes=probes, advice=advise(probes, auto, device), seconds=time.perf_counter() - started,
     )
 
 
@@ -59,20 +66,55 @@ def settings(device: torch.device) -> list[tuple[str, torch.dtype | None, bool]]
             *[(f"{name} autocast + channels_last", dtype, True) for name, dtype in low]]
 
 
-def probe(model_name: str, batch_size: int, device: torch.device, budget_seconds: float) -> list[ProbeResult]:
-    """Images per second of training steps of ``model_name`` in each setting (``settings``)."""
-    measured: list[tuple[str, float, int]] = []
-    for name, dtype, channels_last in settings(device):
-        speed, steps = time_training_steps(model_name, batch_size, device, dtype, channels_last, budget_seconds)
-        measured.append((name, speed, steps))
-    fp32 = measured[0][1]
-    return [ProbeResult(name, speed, steps, speed / fp32) for name, speed, steps in measured]
+def probe(model_name: str, batch_size: int, device: torch.device, budget_seconds: float
+          ) -> tuple[int, list[ProbeResult]]:
+    """(the batch probed, each setting's result): fp32 first, at ``batch_size`` or, when the machine is too slow
+    for MIN_STEPS fp32 steps in the budget, once more at a batch sized from the first try; every other setting at
+    that batch (a setting too slow for MIN_STEPS steps in its budget is reported as not measurable)."""
+    chosen = settings(device)
+    fp32 = time_setting(model_name, batch_size, device, None, False, budget_seconds)
+    if not fp32.measured and batch_size > MIN_BATCH:
+        batch_size = fitting_batch(batch_size, fp32.warm_up, budget_seconds)
+        fp32 = time_setting(model_name, batch_size, device, None, False, budget_seconds)
+    timings = [fp32] + [time_setting(model_name, batch_size, device, dtype, channels_last, budget_seconds)
+                        for _, dtype, channels_last in chosen[1:]]
+    return batch_size, [result_of(name, timing, fp32) for (name, _, _), timing in zip(chosen, timings)]
 
 
-def time_training_steps(model_name: str, batch_size: int, device: torch.device, dtype: torch.dtype | None,
-                        channels_last: bool, budget_seconds: float) -> tuple[float, int]:
-    """(images per second, timed steps) of SGD training steps on random images: one warm-up step, then steps
-    until the budget is spent; when the warm-up step alone took most of the budget, that step is the figure."""
+@dataclass(frozen=True)
+class Timing:
+    """One setting's measurement: its warm-up step and the timed steps after it (seconds each)."""
+
+    batch_size: int
+    warm_up: float
+    steps: tuple[float, ...]
+
+    @property
+    def measured(self) -> bool:
+        return len(self.steps) >= MIN_STEPS
+
+    def band(self) -> tuple[float, float, float]:
+        """(first quartile, median, third quartile) of the step times: the band of the middle half."""
+        low, middle, high = torch.tensor(self.steps, dtype=torch.float64).quantile(
+            torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+        return low, middle, high
+
+
+def fitting_batch(batch_size: int, warm_up: float, budget_seconds: float) -> int:
+    """A power-of-two batch whose warm-up and MIN_STEPS steps fit in the budget, judged from a warm-up at
+    ``batch_size`` (the time of a step taken to grow with the batch)."""
+    share = budget_seconds / ((MIN_STEPS + 1) * max(warm_up, 1e-9))
+    fitting = MIN_BATCH
+    while fitting * 2 <= min(batch_size * share, batch_size // 2):
+        fitting *= 2
+    return fitting
+
+
+def time_setting(model_name: str, batch_size: int, device: torch.device, dtype: torch.dtype | None,
+                 channels_last: bool, budget_seconds: float) -> Timing:
+    """SGD training steps on random images in one setting: one warm-up step, then timed steps while the next one
+    (as long as the last) still fits in ``budget_seconds`` from the start, building the model included."""
+    started = time.perf_counter()
     torch.manual_seed(0)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     model = models.build_model(model_name).to(device, memory_format=layout)
@@ -85,13 +127,30 @@ def time_training_steps(model_name: str, batch_size: int, device: torch.device, 
         train_on(inputs, targets)
 
     warm_up = timed(step, device)
-    if warm_up > WARM_UP_ONLY_SHARE * budget_seconds:
-        return batch_size / warm_up, 0
-    steps, spent = 0, 0.0
-    while spent < budget_seconds - warm_up or steps == 0:
-        spent += timed(step, device)
-        steps += 1
-    return steps * batch_size / spent, steps
+    steps: list[float] = []
+    while len(steps) < MAX_STEPS:
+        next_step = steps[-1] if steps else warm_up
+        if time.perf_counter() - started + next_step > budget_seconds:
+            break
+        steps.append(timed(step, device))
+    return Timing(batch_size, warm_up, tuple(steps))
+
+
+def result_of(setting: str, timing: Timing, fp32: Timing) -> ProbeResult:
+    """A setting's figures and its verdict against fp32: faster or slower only when their step-time bands
+    (the middle half of each one's steps) do not overlap."""
+    if not timing.measured:
+        why = (f"not measurable here: {len(timing.steps)} steps after a {timing.warm_up:.2f} s warm-up fit in its "
+               f"budget, {MIN_STEPS} needed")
+        return ProbeResult(setting, 0.0, len(timing.steps), None, 0.0, why)
+    low, middle, high = timing.band()
+    speed, spread = timing.batch_size / middle, (high - low) / 2 / middle
+    if not fp32.measured:
+        return ProbeResult(setting, speed, len(timing.steps), None, spread, "fp32 not measurable here")
+    fp32_low, fp32_middle, fp32_high = fp32.band()
+    verdict = ("the reference" if timing is fp32 else "faster" if high < fp32_low else "slower" if low > fp32_high
+               else "no difference measurable here")
+    return ProbeResult(setting, speed, len(timing.steps), fp32_middle / middle, spread, verdict)
 
 
 def plain_training_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
@@ -127,19 +186,20 @@ def timed(action: Any, device: torch.device) -> float:
 
 
 def advise(probes: list[ProbeResult], auto: engines.Precision, device: torch.device) -> list[str]:
-    """What to set here, read from the probe."""
+    """What to set here, read from the probe: a setting is advised for or against only when its difference from
+    fp32 is beyond the spread of both; otherwise the advice says it could not be measured."""
     by_name = {result.setting: result for result in probes}
-    advice = [f"with_amp=auto picks {auto.name} here; "
-              + ", ".join(f"{result.setting} {result.relative_to_fp32:.2f}x" for result in probes[1:])
-              + " the fp32 speed in this probe"]
-    low = [result for result in probes if "autocast" in result.setting]
-    if device.type == "cpu" and low and not hardware.native_bf16_cpu() and low[0].relative_to_fp32 < 1:
-        advice.append(f"this CPU has no native bf16: with_amp=True would train {1 / low[0].relative_to_fp32:.1f}x "
-                      "slower than fp32; keep with_amp=auto or False")
+    advice = [f"with_amp=auto picks {auto.name} here; against fp32 in this probe: " + ", ".join(
+        f"{result.setting} {result.relative_to_fp32:.2f}x" if result.relative_to_fp32 is not None
+        else f"{result.setting} not measurable" for result in probes[1:])]
+    low = next((result for result in probes if "autocast" in result.setting), None)
+    if device.type == "cpu" and low is not None and not hardware.native_bf16_cpu():
+        measured = (f"with_amp=True trained {1 / low.relative_to_fp32:.1f}x slower than fp32 in the probe"
+                    if low.verdict == "slower" else "bf16 autocast is emulated, many times slower than fp32")
+        advice.append(f"this CPU has no native bf16: {measured}; keep with_amp=auto or False")
     layout = by_name.get("fp32 + channels_last")
     if layout is not None:
-        verdict = "use" if layout.relative_to_fp32 > 1.05 else "no gain from"
-        advice.append(f"{verdict} channels_last=True for this model in fp32 ({layout.relative_to_fp32:.2f}x)")
+        advice.append(channels_last_advice(layout))
     threads = torch.get_num_threads()
     advice.append(f"torch uses {threads} CPU threads in one process; with --nproc_per_node=N each process gets "
                   f"{threads}/N (OMP_NUM_THREADS overrides)")
@@ -147,6 +207,17 @@ def advise(probes: list[ProbeResult], auto: engines.Precision, device: torch.dev
         count = torch.cuda.device_count()
         advice.append(f"{count} GPU(s): --backend=nccl --nproc_per_node={count} trains on all of them")
     return advice
+
+
+def channels_last_advice(layout: ProbeResult) -> str:
+    if layout.verdict == "faster":
+        return f"use channels_last=True for this model in fp32 ({layout.relative_to_fp32:.2f}x, beyond the spread)"
+    if layout.verdict == "slower":
+        return f"keep channels_last=False for this model in fp32 ({layout.relative_to_fp32:.2f}x, beyond the spread)"
+    if layout.verdict == "no difference measurable here":
+        return (f"channels_last: no difference measurable here in fp32 ({layout.relative_to_fp32:.2f}x within "
+                f"the spread of {layout.steps} steps)")
+    return f"channels_last: {layout.verdict} (a larger --budget_seconds may measure it)"
 
 
 def render(report: DoctorReport) -> str:
@@ -165,11 +236,15 @@ def render(report: DoctorReport) -> str:
         lines.append(f"nccl: {report.nccl}")
     lines.append("backends: " + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in report.backends.items()))
     lines.append(f"with_amp=auto on {report.device}: {report.auto_precision}")
-    lines.append(f"probe: training steps of {report.probe_model}, batch {report.probe_batch_size}, on {report.device}")
+    lines.append(f"probe: training steps of {report.probe_model}, batch {report.probe_batch_size}, on {report.device}, "
+                 f"about {report.probe_budget_seconds:g} s per setting")
     for result in report.probes:
-        note = f"{result.steps} steps" if result.steps else "1 step (warm-up only: too slow for more)"
+        if result.relative_to_fp32 is None:
+            figure = f"{result.images_per_second:>9.1f} img/s" if result.images_per_second else ""
+            lines.append(f"  {result.setting:<34}{figure}  {result.verdict}")
+            continue
         lines.append(f"  {result.setting:<34}{result.images_per_second:>9.1f} img/s  {result.relative_to_fp32:>5.2f}x"
-                     f"  ({note})")
+                     f"  +-{result.spread:.0%}  ({result.steps} steps; {result.verdict})")
     lines += [f"advice: {line}" for line in report.advice]
-    lines.append(f"({report.seconds:.1f} s)")
+    lines.append(f"({report.seconds:.1f} s in all)")
     return "\n".join(lines)

@@ -108,9 +108,11 @@ class ProbeResult:
     """Training throughput of the probe model in one setting."""
 
     setting: str  # e.g. "fp32", "fp32 + channels_last", "bf16 autocast + channels_last"
-    images_per_second: float
-    steps: int  # timed steps (after one warm-up step; 0: only the warm-up step, which is then the figure)
-    relative_to_fp32: float
+    images_per_second: float  # at the median step time; 0.0 when not measurable
+    steps: int  # timed steps after one warm-up step (fewer than diagnostics.MIN_STEPS: not measurable)
+    relative_to_fp32: Optional[float]  # median speed over fp32's; None when either was not measurable
+    spread: float = 0.0  # half the interquartile range of the step times, as a fraction of the median
+    verdict: str = ""  # against fp32: faster, slower, no difference measurable here, or why not measurable
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ class DoctorReport:
     device: str  # where the probe ran and a run would train: cuda or cpu
     auto_precision: str  # what with_amp=auto picks on that device, and why
     probe_model: str
-    probe_batch_size: int
+    probe_batch_size: int  # the batch probed (smaller than asked when the machine was too slow for it)
+    probe_budget_seconds: float
     probes: list[ProbeResult] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0

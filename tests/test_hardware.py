@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import time
+from typing import Any, Callable
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cifar10_dist import api, engines, hardware
+from cifar10_dist import api, diagnostics, engines, hardware
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, run_in_process
@@ -95,12 +97,72 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
                                                                "bf16 autocast + channels_last"]
     assert all(probe["images_per_second"] > 0 for probe in report["probes"])
     assert report["probes"][0]["relative_to_fp32"] == 1.0
-    assert report["advice"][0].startswith("with_amp=auto picks fp32 here; fp32 + channels_last ")
+    assert report["advice"][0].startswith("with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + "
+                                          "channels_last ")
     text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
     assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
     assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
     bad = run_in_process("doctor", "--model=no_such_net")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no_such_net" in bad.stderr
+
+
+def slowed_steps(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[Any, int], float]) -> None:
+    """Every probe step sleeps ``seconds(precision, batch size)`` on top of its work (a slow or busy machine)."""
+    real_step = diagnostics.plain_training_step
+
+    def slowed(model, optimizer, loss_fn, precision):
+        step = real_step(model, optimizer, loss_fn, precision)
+
+        def slow_step(inputs, targets):
+            time.sleep(seconds(precision, len(inputs)))
+            return step(inputs, targets)
+
+        return slow_step
+
+    monkeypatch.setattr(diagnostics, "plain_training_step", slowed)
+
+
+def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budget(monkeypatch):
+    """bf16 emulated on a CPU without it (a step of 0.3 s here): under 3 timed steps fit in its 0.5 s, so it is
+    'not measurable here', with no speed advised from it; the probe stays within (settings + 1) x its budget
+    plus one warm-up step."""
+    fake_cpu(monkeypatch, AVX2_ONLY)
+    slowed_steps(monkeypatch, lambda precision, batch: 0.3 if precision.dtype is not None else 0.0)
+    started = time.perf_counter()
+    report = api.doctor("simple_cnn", batch_size=8, budget_seconds=0.5)
+    assert time.perf_counter() - started < 4 * 0.5 + 0.3 + 1.0  # + 1 s for everything but the probe
+    fp32, layout, bf16 = report.probes
+    assert fp32.steps >= 3 and fp32.relative_to_fp32 == 1.0 and fp32.verdict == "the reference"
+    assert bf16.steps < 3 and bf16.relative_to_fp32 is None and bf16.images_per_second == 0.0
+    assert re.fullmatch(r"not measurable here: [0-2] steps after a 0\.3\d s warm-up fit in its budget, 3 needed",
+                        bf16.verdict)
+    assert "this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto or " \
+           "False" in report.advice
+    assert not any("x slower" in line for line in report.advice)
+    assert "bf16 autocast + channels_last not measurable" in report.advice[0]
+    text = diagnostics.render(report)
+    assert re.search(r"\n  bf16 autocast \+ channels_last +not measurable here: ", text), text
+
+
+def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(monkeypatch):
+    slowed_steps(monkeypatch, lambda precision, batch: 0.01 * batch)  # 0.64 s a step at batch 64
+    report = api.doctor("simple_cnn", batch_size=64, budget_seconds=0.6)
+    assert report.probe_batch_size < 64 and report.probes[0].steps >= 3
+    assert f"probe: training steps of simple_cnn, batch {report.probe_batch_size}, on cpu, about 0.6 s per setting" \
+           in diagnostics.render(report)
+
+
+@pytest.mark.parametrize(("steps", "verdict", "advice"), [
+    ((0.010, 0.011, 0.010, 0.012), "faster", "use channels_last=True for this model in fp32 (1.90x, beyond the spread)"),
+    ((0.030, 0.031, 0.030, 0.029), "slower", "keep channels_last=False for this model in fp32 (0.67x, beyond the spread)"),
+    ((0.015, 0.025, 0.040, 0.020), "no difference measurable here",
+     "channels_last: no difference measurable here in fp32 (0.89x within the spread of 4 steps)"),
+])
+def test_a_setting_is_called_faster_or_slower_only_beyond_the_spread(steps, verdict, advice):
+    fp32 = diagnostics.Timing(8, 0.05, (0.021, 0.020, 0.019, 0.020, 0.022))
+    layout = diagnostics.result_of("fp32 + channels_last", diagnostics.Timing(8, 0.05, steps), fp32)
+    assert layout.verdict == verdict
+    assert diagnostics.channels_last_advice(layout) == advice
 
 
 class DeviceReads(TorchDispatchMode):
