@@ -14,7 +14,7 @@ docstring opens with what it measures, on which machine it was last run, how man
     gpu          bare loop vs trainer per speed setting, real epochs, fast.yaml vs airbench94 on a GPU
     gpu_report   gpu_report.md/json from what scripts/gpu_check.sh left in its folder
 
-Shared pieces: ``runner`` (our run through ``api.train`` in a fresh process, read back through ``reports``),
+Shared pieces: ``runner`` (our run through ``api.train`` in a fresh process, read back through ``outputs.reading``),
 ``peer`` (airbench94's train94 in its own process, on a CPU or a GPU), ``steps`` (the bare training step and
 loops), ``records`` (the machine, the commit, JSON files). Figures in docs/measurements/ come from these.
 """

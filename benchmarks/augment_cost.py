@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from benchmarks import records
-from cifar10_dist import augmentation
+from cifar10_dist.data import augmentation
 
 
 def cases(size: int) -> dict[str, Callable[[torch.Tensor, torch.Tensor], object]]:

@@ -27,7 +27,12 @@ import torch
 from torch import nn
 
 from benchmarks import records
-from cifar10_dist import api, augmentation, data, hardware, launch, reports, training
+from cifar10_dist import api
+from cifar10_dist.data import augmentation
+from cifar10_dist.data.synthetic import make_synthetic
+from cifar10_dist.outputs import reading
+from cifar10_dist.system import cpu, hardware
+from cifar10_dist.training import worker
 
 BATCH = 8
 
@@ -41,7 +46,7 @@ def bare_loop(iterations: int) -> float:
     """Seconds of a bare PyTorch loop over in-memory uint8 images: shuffled batches of 8, normalised, one SGD
     step each, the loss never read (what a careful hand-written loop does)."""
     torch.manual_seed(0)
-    train, _ = data.make_synthetic(BATCH * iterations, 1, 0)
+    train, _ = make_synthetic(BATCH * iterations, 1, 0)
     model = tiny_linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
@@ -60,7 +65,7 @@ def bare_loop(iterations: int) -> float:
 def our_run(iterations: int, profiler: Any = None) -> float:
     """Seconds of the training epoch of a real run in this process with the same model, batch and data, no
     augmentation; ``profiler`` (Ignite's HandlersTimeProfiler) is attached to its trainer when given."""
-    setup_engines = training.setup_engines
+    setup_engines = worker.setup_engines
 
     def with_profiler(*args: Any, **kwargs: Any) -> Any:
         engine_set = setup_engines(*args, **kwargs)
@@ -72,13 +77,13 @@ def our_run(iterations: int, profiler: Any = None) -> float:
                              model="benchmarks.overhead:tiny_linear", batch_size=BATCH, num_epochs=1,
                              num_warmup_epochs=0.1, num_workers=0, data_on_device=True, train_eval_size=0,
                              crop_padding=0, flip="none", output_path=output, run_name="overhead")
-        training.setup_engines = with_profiler if profiler is not None else setup_engines
+        worker.setup_engines = with_profiler if profiler is not None else setup_engines
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 result = api.train(config)
         finally:
-            training.setup_engines = setup_engines
-        epochs, _ = reports.read_metrics(Path(result.run_dir))
+            worker.setup_engines = setup_engines
+        epochs, _ = reading.read_metrics(Path(result.run_dir))
     return epochs[-1]["epoch_time"]
 
 
@@ -125,7 +130,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--default_allocator", action="store_true", help="leave glibc's allocator as it is")
     args = parser.parse_args()
-    if not args.default_allocator and launch.keep_freed_memory():
+    if not args.default_allocator and cpu.keep_freed_memory():
         print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
     os.environ["OMP_NUM_THREADS"] = "1"  # our run keeps it (else it takes a thread per core)
     torch.set_num_threads(1)

@@ -22,23 +22,24 @@ from typing import Any
 
 import torch
 
-from cifar10_dist import data, hardware, launch
+from cifar10_dist.data import cifar
+from cifar10_dist.system import cpu, hardware
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "airbench==0.1.8"
 QUICK_EPOCHS = 0.01  # a few steps of train94
 # the glibc setting our runs make themselves (keep_freed_memory, on by default), so that times compare recipes,
 # not allocators (it makes both about 1.1x faster at batch 1024 on the Zen 4 machine)
-KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(launch.NEVER_TRIM)}
+KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(cpu.NEVER_TRIM)}
 
 
 def write_peer_data(data_path: str, folder: Path) -> None:
     """Our CIFAR-10 files as airbench's cifar10/train.pt and test.pt (uint8 NHWC images, labels, classes)."""
-    _, train_set, test_set = data.read_dataset("cifar10", Path(data_path))
+    _, train_set, test_set = cifar.read_dataset("cifar10", Path(data_path))
     (folder / "cifar10").mkdir()
     for name, images in (("train", train_set), ("test", test_set)):
         torch.save({"images": torch.as_tensor(images.images).permute(0, 2, 3, 1).contiguous(),
-                    "labels": torch.as_tensor(images.labels), "classes": list(data.CLASSES)},
+                    "labels": torch.as_tensor(images.labels), "classes": list(cifar.CLASSES)},
                    folder / "cifar10" / f"{name}.pt")
 
 

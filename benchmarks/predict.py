@@ -22,13 +22,16 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from cifar10_dist import cli, data, inference, models
+from cifar10_dist import cli, models
+from cifar10_dist.data import cifar
+from cifar10_dist.data.synthetic import make_synthetic
+from cifar10_dist.serve import inference
 
 
 def test_images(count: int, data_path: str | None) -> torch.Tensor:
     if data_path:
-        return data.read_cifar10(Path(data_path) / data.FOLDER)[1].images[:count]
-    return data.make_synthetic(1, count, seed=0)[1].images
+        return cifar.read_cifar10(Path(data_path) / cifar.FOLDER)[1].images[:count]
+    return make_synthetic(1, count, seed=0)[1].images
 
 
 def write_pngs(images: torch.Tensor, folder: Path) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from cifar10_dist import files, hardware
+from cifar10_dist.outputs import files
+from cifar10_dist.system import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Our training run as every benchmark runs it: ``api.train`` in a fresh Python process (no other model's memory,
-threads or allocator state in it; the GPUs hidden for a CPU run), its results read back through ``reports``
+threads or allocator state in it; the GPUs hidden for a CPU run), its results read back through ``outputs.reading``
 (summary.json, metrics.jsonl), never from its log.
 
     python -m benchmarks.runner REQUEST_JSON      (the worker side; benchmarks call ``train_ours``)
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cifar10_dist import reports
+from cifar10_dist.outputs import reading
 from cifar10_dist.results import RunSummary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,10 +73,10 @@ def train_ours(output: Path, config_file: str | Path | None = None, device: str 
             raise SystemExit(f"our benchmark run failed (exit {done.returncode}): {done.stderr.strip()[-3000:]}")
         reported = json.loads(answer.read_text())
     run_dir = Path(reported["run_dir"])
-    summary = reports.read_summary(run_dir)
+    summary = reading.read_summary(run_dir)
     if summary is None:
         raise SystemExit(f"our benchmark run wrote no summary.json in {run_dir}")
-    epochs, evaluations = reports.read_metrics(run_dir)
+    epochs, evaluations = reading.read_metrics(run_dir)
     return OurRun(run_dir, summary, epochs, evaluations, wall, reported["peak_rss_mib"])
 
 

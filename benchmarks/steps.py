@@ -1,4 +1,4 @@
-"""The training step every benchmark measures against: one plain step (``diagnostics.plain_training_step``, as
+"""The training step every benchmark measures against: one plain step (``doctor.plain_training_step``, as
 ``doctor`` probes), the bare loop of such steps on one batch, and our trainer with its per-iteration handlers on
 the same batch, each in any speed setting (channels_last, autocast, torch.compile) on any device."""
 
@@ -14,7 +14,12 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
-from cifar10_dist import diagnostics, engines, faults, models, schedules, tracking
+from cifar10_dist import models
+from cifar10_dist.outputs import tracking
+from cifar10_dist.system import doctor, stopping
+from cifar10_dist.system.precision import choose_precision
+from cifar10_dist.training import schedules
+from cifar10_dist.training.step import TrainStep, create_trainer
 
 CPU = torch.device("cpu")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -41,7 +46,7 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Mo
               device: torch.device = CPU) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """One plain training step (fp16 with a GradScaler on CUDA, as our trainer does), returning the loss as a float
     (the bare loop reads it, as most hand-written loops do)."""
-    step = diagnostics.plain_training_step(model, optimizer, loss_fn, engines.choose_precision(device, amp))
+    step = doctor.plain_training_step(model, optimizer, loss_fn, choose_precision(device, amp))
     return lambda inputs, targets: step(inputs, targets).item()
 
 
@@ -84,12 +89,11 @@ def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels
     metrics.jsonl) on the same batch."""
     model, optimizer, loss_fn = setup(model_name, device)
     model, batch = prepared(model, batch, device, channels_last, compile)
-    precision = engines.choose_precision(device, amp)
-    trainer = engines.create_trainer(model, optimizer, loss_fn, lambda b, i: b, precision,
-                                     engines.make_grad_scaler(precision))
+    precision = choose_precision(device, amp)
+    trainer = create_trainer(TrainStep(model, optimizer, loss_fn, precision), lambda b, i: b)
     total = (steps + warmup) * 10
     trainer.add_event_handler(Events.ITERATION_STARTED, schedules.create_lr_scheduler(optimizer, 0.01, 5, total))
-    faults.attach_stop_checks(trainer, faults.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))
+    stopping.attach_stop_checks(trainer, stopping.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:
         recorder = tracking.Recorder(Path(folder))

@@ -26,7 +26,9 @@ import torch
 
 from benchmarks import records, runner
 from benchmarks.steps import Batch, bare_loop, engine_loop, flops_per_image, make_step, setup
-from cifar10_dist import data, hardware, launch
+from cifar10_dist.data import cifar
+from cifar10_dist.data.records import MEAN, STD
+from cifar10_dist.system import cpu, hardware
 
 VARIANTS = {
     "fp32": {},
@@ -60,10 +62,10 @@ def conventional_pipeline(model_name: str, data_path: str, batch_size: int, step
             return True
 
         def _load_meta(self) -> None:
-            self.classes = list(data.CLASSES)
+            self.classes = list(cifar.CLASSES)
 
     transform = T.Compose([T.Pad(4), T.RandomCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
-                           T.Normalize(data.MEAN, data.STD)])
+                           T.Normalize(MEAN, STD)])
     dataset = UncheckedCIFAR10(data_path, train=True, transform=transform)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, drop_last=True)
     step = make_step(*setup(model_name))
@@ -182,7 +184,7 @@ def main() -> None:
                              "does too unless told not to)")
     args = parser.parse_args()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    if not args.default_allocator and launch.keep_freed_memory():
+    if not args.default_allocator and cpu.keep_freed_memory():
         print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
     if args.variants:

@@ -1,4 +1,4 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``runs``), ``predict``, ``export``, ``tune``,
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``predict``, ``export``, ``tune``,
 ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
@@ -12,10 +12,9 @@ from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
-from cifar10_dist.results import (DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult,
-                                  TuneResult)
-from cifar10_dist import runs
-from cifar10_dist.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
+from cifar10_dist.launch import runs
+from cifar10_dist.launch.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
+from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult, TuneResult
 
 __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "predict_files", "export",
            "tune", "doctor", "report", "prepare_data"]
@@ -27,7 +26,7 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
     with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
     has them, unless ``raw_weights``."""
-    from cifar10_dist import inference
+    from cifar10_dist.serve import inference
 
     trained = inference.load_trained_model(checkpoint, device, raw_weights)
     return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.image_size), batch_size, tta)
@@ -38,7 +37,7 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_siz
     """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
     batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
     each file's probabilities and the files that cannot be read)."""
-    from cifar10_dist import inference
+    from cifar10_dist.serve import inference
 
     if tta is not None:
         inference.check_tta(tta)
@@ -50,7 +49,7 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
            raw_weights: bool = False) -> ExportResult:
     """Write the checkpoint's model as safetensors, torchscript or onnx (default: next to the checkpoint), with a
     JSON sidecar; the file is loaded back by its own runtime and compared with the PyTorch model first."""
-    from cifar10_dist import exporting
+    from cifar10_dist.serve import exporting
 
     return exporting.export(checkpoint, format, output, raw_weights)
 
@@ -64,26 +63,26 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
     may share it). Returns a TuneResult (best trial, value, params, the final test when run); with
     ``report_only`` only reports an existing study."""
-    from cifar10_dist import search_space, tuning
+    from cifar10_dist.tuning import search_space, studies
 
-    options = tuning.TuneOptions(study=str(study or ""), trials=trials, storage=storage, sampler=sampler,
+    options = studies.TuneOptions(study=str(study or ""), trials=trials, storage=storage, sampler=sampler,
                                  sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
                                  pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat)
     resolved = resolve(config, **overrides)
     if report_only:
-        return tuning.report_only(options.study, storage, resolved.output_path, final_test, echo)
+        return studies.report_only(options.study, storage, resolved.output_path, final_test, echo)
     if space is None:
         raise UserError("tune needs --space=SPACE.yaml: the config keys to search and their ranges "
                         "(see configs/space_fast.yaml)")
     searched = search_space.read_space(space)
-    tuning.require_optuna()
-    from cifar10_dist import checks
+    studies.require_optuna()
+    from cifar10_dist.launch import preflight
 
-    if checks.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
+    if preflight.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
         raise UserError("tune starts each trial's processes itself: run one tune process per worker (not under "
                         "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials")
-    checks.check_before_launch(resolved)
-    return tuning.tune(resolved, searched, options, echo)
+    preflight.check_before_launch(resolved)
+    return studies.tune(resolved, searched, options, echo)
 
 
 def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:
@@ -92,17 +91,18 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
     (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
     if batch_size < 1 or budget_seconds <= 0:
         raise UserError(f"doctor needs batch_size >= 1 and budget_seconds > 0, not {batch_size} and {budget_seconds}")
-    from cifar10_dist import diagnostics, models
+    from cifar10_dist import models
     from cifar10_dist.config import absolute_model_reference
+    from cifar10_dist.system.doctor import examine
 
     model = absolute_model_reference(str(model))
     models.check_model(model, None, models.NUM_CLASSES)
-    return diagnostics.examine(model, batch_size, budget_seconds)
+    return examine(model, batch_size, budget_seconds)
 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
              output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
-    """``runs.evaluate`` (test-set metrics, per-class accuracy, confusion matrix of a saved model); with
+    """``launch.runs.evaluate`` (test-set metrics, per-class accuracy, confusion matrix of a saved model); with
     ``output_dir`` the confusion matrix is also written there as confusion_<checkpoint name>.json and .png."""
     metrics = runs.evaluate(checkpoint, config, raw_weights=raw_weights, **overrides)
     if metrics is not None and output_dir is not None:
@@ -115,7 +115,7 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
     """Compare run folders: a table, one plot overlaying their curves in ``output`` and, with ``targets``, the time
     each run took to reach those accuracies. A folder that cannot be read in full is one line through ``warn``;
     a UserError when none can be read."""
-    from cifar10_dist import reports
+    from cifar10_dist.outputs import reading
 
     folders = [Path(str(run_dir)) for run_dir in run_dirs]
     if not folders:
@@ -123,17 +123,17 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
     for folder in folders:
         if not folder.is_dir():
             raise UserError(f"run folder '{folder}' does not exist")
-    comparison = reports.compare(folders)
+    comparison = reading.compare(folders)
     for problem in comparison.problems:
         warn(problem)
     if not comparison.rows:
         raise UserError(f"nothing to report: none of the {len(folders)} run folder(s) could be read (see above)")
     times = None
     if targets:
-        rows = [reports.time_to_accuracy(folder, list(targets)) for folder in comparison.folders]
-        times = reports.format_time_to_accuracy(rows, list(targets))
-    reports.render_comparison(comparison.folders, Path(output))
-    return ReportResult(reports.format_table(comparison.rows), str(output), times, list(comparison.problems))
+        rows = [reading.time_to_accuracy(folder, list(targets)) for folder in comparison.folders]
+        times = reading.format_time_to_accuracy(rows, list(targets))
+    reading.render_comparison(comparison.folders, Path(output))
+    return ReportResult(reading.format_table(comparison.rows), str(output), times, list(comparison.problems))
 
 
 def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", synthetic: int | None = None,
@@ -143,44 +143,25 @@ def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", sy
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""
-    from cifar10_dist import data
+    from cifar10_dist import sources
 
-    if dataset == "folder":
-        from cifar10_dist import folder_data
-
-        resolve(None, dataset="folder", data_path=str(data_path), image_size=image_size)  # the values checked
-        loaded = folder_data.load(Path(str(data_path)), image_size, skip_bad_images, drop_test_duplicates,
-                                  Path(str(cache_dir)) if cache_dir else None)
-        return PreparedData(str(loaded.cache), len(loaded.train), len(loaded.test), synthetic=False,
-                            card=folder_data.card(loaded, Path(str(data_path))))
-
-    if dataset not in data.LAYOUTS:
-        raise UserError(f"dataset={dataset!r} is not accepted here: choose {', '.join(data.LAYOUTS)} or folder")
-    layout = data.LAYOUTS[dataset]
-    if synthetic is not None:
-        folder = Path(str(data_path)) / layout.folder
-        num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
-        if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
-            raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")
-        train_set, test_set = data.make_synthetic(synthetic, num_test, seed, data.num_classes(dataset))
-        (data.write_cifar100 if dataset == "cifar100" else data.write_cifar10)(folder, train_set, test_set)
-        return PreparedData(str(folder), len(train_set), len(test_set), synthetic=True)
-    folder, train_set, test_set = data.read_dataset(dataset, Path(str(data_path)))
-    return PreparedData(str(folder), len(train_set), len(test_set), synthetic=False,
-                        official=data.matches_official_release(folder, layout))
+    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size,
+                     skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
+                     cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
+    return sources.source_of(dataset).implementation().prepare(config, synthetic, synthetic_test, seed)
 
 
 def _write_confusion(metrics: Any, checkpoint: Path, folder: Path) -> None:
     """An evaluation's confusion matrix as confusion_<checkpoint name>.json and .png in ``folder``."""
-    from cifar10_dist import files, reports
+    from cifar10_dist.outputs import files, reading
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
-    stem = reports.confusion_stem(checkpoint)
+    stem = reading.confusion_stem(checkpoint)
     files.write_json(folder / f"{stem}.json", {
         "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
         "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
-    files.write_file(folder / f"{stem}.png", lambda path: reports.render_confusion(
+    files.write_file(folder / f"{stem}.png", lambda path: reading.render_confusion(
         metrics.confusion_matrix, path, checkpoint.name, metrics.classes))

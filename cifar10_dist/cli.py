@@ -64,13 +64,13 @@ def evaluate(
     """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
-    from cifar10_dist import reports
+    from cifar10_dist.outputs import reading
 
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
     metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), output_dir=folder, **overrides)
     if metrics is None:
         return
-    stem = reports.confusion_stem(Path(str(checkpoint)))
+    stem = reading.confusion_stem(Path(str(checkpoint)))
     if json:
         print(json_module.dumps(metrics.to_dict()))
         return
@@ -217,10 +217,10 @@ def show_config(config: str | None = None, **overrides: Any) -> None:
 
 def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0, json: bool = False) -> None:
     """Print what this machine is and what will be fast on it (JSON with --json)."""
-    from cifar10_dist import diagnostics
+    from cifar10_dist.system.doctor import render
 
     report = api.doctor(str(model), int(batch_size), float(budget_seconds))
-    print(json_module.dumps(report.to_dict(), indent=2) if json else diagnostics.render(report))
+    print(json_module.dumps(report.to_dict(), indent=2) if json else render(report))
 
 
 COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from cifar10_dist import augmentation, data, loaders
+from cifar10_dist.data import augmentation, cifar, loaders
+from cifar10_dist.data.records import MEAN, STD
+from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
 from tests.conftest import run_in_process, write_dataset
 
@@ -19,12 +21,12 @@ def test_prepare_data_synthetic_is_read_back_by_the_loader(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "wrote 250 synthetic training and 40 test images" in result.stdout
     folder = tmp_path / "cifar-10-batches-py"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*data.TRAIN_FILES, data.TEST_FILE, "batches.meta"])
-    train, test = data.read_cifar10(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*cifar.TRAIN_FILES, cifar.TEST_FILE, "batches.meta"])
+    train, test = cifar.read_cifar10(folder)
     assert (len(train), len(test)) == (250, 40)
     assert train.images.shape == (250, 3, 32, 32) and train.images.dtype == torch.uint8
     assert set(train.labels.tolist()) <= set(range(10))
-    expected_train, _ = data.make_synthetic(250, 40, seed=0)
+    expected_train, _ = make_synthetic(250, 40, seed=0)
     assert torch.equal(train.images, expected_train.images)
     assert torch.equal(train.labels, expected_train.labels)
 
@@ -40,47 +42,47 @@ def test_prepare_data_validates_an_existing_copy_and_reports_checksums(tmp_path)
 def test_files_in_torchvision_layout_are_read_with_bytes_keys_too(tmp_path):
     """The official release was pickled by Python 2 with bytes keys."""
     write_dataset(tmp_path, 20, 5)
-    folder = tmp_path / data.FOLDER
+    folder = tmp_path / cifar.FOLDER
     entry = pickle.loads((folder / "test_batch").read_bytes())
     entry = {key.encode(): value for key, value in entry.items()}
     (folder / "test_batch").write_bytes(pickle.dumps(entry, protocol=2))
-    _, test = data.read_cifar10(folder)
+    _, test = cifar.read_cifar10(folder)
     assert len(test) == 5
 
 
 def test_missing_batch_file_is_named(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    (tmp_path / data.FOLDER / "data_batch_3").unlink()
+    (tmp_path / cifar.FOLDER / "data_batch_3").unlink()
     with pytest.raises(UserError, match="is missing data_batch_3"):
-        data.read_cifar10(tmp_path / data.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar.FOLDER)
 
 
 def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / data.FOLDER / "data_batch_2"
+    path = tmp_path / cifar.FOLDER / "data_batch_2"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match="data_batch_2 is not a readable CIFAR-10 batch file"):
-        data.read_cifar10(tmp_path / data.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar.FOLDER)
 
 
 def test_wrong_image_shape_is_rejected(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / data.FOLDER / "test_batch"
+    path = tmp_path / cifar.FOLDER / "test_batch"
     entry = pickle.loads(path.read_bytes())
     entry["data"] = entry["data"][:, :1000]
     path.write_bytes(pickle.dumps(entry))
     with pytest.raises(UserError, match=r"test_batch: data must be uint8 rows of 3072 values .* \(5, 1000\)"):
-        data.read_cifar10(tmp_path / data.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar.FOLDER)
 
 
 def test_label_out_of_range_is_rejected(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / data.FOLDER / "test_batch"
+    path = tmp_path / cifar.FOLDER / "test_batch"
     entry = pickle.loads(path.read_bytes())
     entry["labels"][3] = 10
     path.write_bytes(pickle.dumps(entry))
     with pytest.raises(UserError, match="label 10 is out of range: labels must be 0..9"):
-        data.read_cifar10(tmp_path / data.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar.FOLDER)
 
 
 def test_a_batch_file_that_would_run_code_is_refused(tmp_path):
@@ -91,15 +93,15 @@ def test_a_batch_file_that_would_run_code_is_refused(tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    (tmp_path / data.FOLDER / "test_batch").write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
+    (tmp_path / cifar.FOLDER / "test_batch").write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
     with pytest.raises(UserError, match="refusing to load"):
-        data.read_cifar10(tmp_path / data.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar.FOLDER)
     assert not marker.exists()
 
 
 def test_missing_folder_without_download_says_where_to_put_the_files(tmp_path):
     with pytest.raises(UserError, match=f"put cifar-10-python.tar.gz .* in '{tmp_path}'"):
-        data.ensure_cifar10(tmp_path, download=False)
+        cifar.ensure_cifar10(tmp_path, download=False)
 
 
 def test_archive_is_extracted_when_present(tmp_path):
@@ -108,11 +110,11 @@ def test_archive_is_extracted_when_present(tmp_path):
     source = write_dataset(tmp_path / "source", 20, 5)
     target = tmp_path / "target"
     target.mkdir()
-    with tarfile.open(target / data.ARCHIVE, "w:gz") as tar:
-        tar.add(source / data.FOLDER, arcname=data.FOLDER)
-    folder = data.ensure_cifar10(target, download=False)
-    assert folder == target / data.FOLDER
-    assert len(data.read_cifar10(folder)[1]) == 5
+    with tarfile.open(target / cifar.ARCHIVE, "w:gz") as tar:
+        tar.add(source / cifar.FOLDER, arcname=cifar.FOLDER)
+    folder = cifar.ensure_cifar10(target, download=False)
+    assert folder == target / cifar.FOLDER
+    assert len(cifar.read_cifar10(folder)[1]) == 5
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -156,7 +158,7 @@ def test_augment_is_reproducible_from_the_generator_seed():
 
 def test_normalize_uses_the_cifar_channel_statistics():
     images = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
-    expected = [(1 - m) / s for m, s in zip(data.MEAN, data.STD)]
+    expected = [(1 - m) / s for m, s in zip(MEAN, STD)]
     assert np.allclose(augmentation.normalize(images)[0, :, 0, 0].numpy(), expected, atol=1e-5)
 
 
@@ -169,16 +171,16 @@ def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the
     source = write_dataset(tmp_path / "source", 20, 5)
     good = tmp_path / "good"
     good.mkdir()
-    with tarfile.open(good / data.ARCHIVE, "w:gz") as tar:
-        tar.add(source / data.FOLDER, arcname=data.FOLDER)
-    assert len(data.read_cifar10(data.ensure_cifar10(good, download=False))[1]) == 5
+    with tarfile.open(good / cifar.ARCHIVE, "w:gz") as tar:
+        tar.add(source / cifar.FOLDER, arcname=cifar.FOLDER)
+    assert len(cifar.read_cifar10(cifar.ensure_cifar10(good, download=False))[1]) == 5
 
     hostile = tmp_path / "hostile"
     hostile.mkdir()
-    with tarfile.open(hostile / data.ARCHIVE, "w:gz") as tar:
+    with tarfile.open(hostile / cifar.ARCHIVE, "w:gz") as tar:
         member = tarfile.TarInfo("../escaped.txt")
         member.size = 3
         tar.addfile(member, io.BytesIO(b"bad"))
     with pytest.raises(UserError, match=r"could not be extracted \(refusing to extract '../escaped.txt'"):
-        data.ensure_cifar10(hostile, download=False)
+        cifar.ensure_cifar10(hostile, download=False)
     assert not (tmp_path / "escaped.txt").exists()

@@ -131,9 +131,8 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
 def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_path):
     """airbench94's train94 from the installed package, adapted to the CPU in its own process, on our on-disk
     data (1,024 training images: one step of its batch), then its printed table read back."""
-    from tests.conftest import write_dataset
-
     from benchmarks import peer as peer_code
+    from tests.conftest import write_dataset
 
     data_path = write_dataset(tmp_path / "data", 1024, 200)
     peer = peer_code.run_peer(str(data_path), "cpu", seed=0, quick=True)
@@ -170,9 +169,8 @@ def run():
 def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksums(tmp_path):
     """A stand-in with the tutorial's data reading and logging (Ignite's own epoch lines): the benchmark's
     driver gets it past torchvision's md5 checks on our re-encoded data, and reads epochs and accuracy back."""
-    from tests.conftest import write_dataset
-
     from benchmarks import tutorial as bench
+    from tests.conftest import write_dataset
 
     data_path = write_dataset(tmp_path / "data", 200, 10)
     (tmp_path / "tutorial.py").write_text(STAND_IN_TUTORIAL)

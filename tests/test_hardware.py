@@ -17,9 +17,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cifar10_dist import api, diagnostics, engines, hardware
+from cifar10_dist import api
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
+from cifar10_dist.system import doctor, hardware
+from cifar10_dist.system.precision import choose_precision
 from tests.conftest import TINY, run_in_process
 from tests.test_recipe import FAST_TINY
 
@@ -42,7 +44,7 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, info: hardware.CpuInfo) -> None:
 ])
 def test_auto_precision_on_a_cpu_is_bf16_only_with_native_bf16_kernels(monkeypatch, info, dtype, words):
     fake_cpu(monkeypatch, info)
-    precision = engines.choose_precision(torch.device("cpu"), "auto")
+    precision = choose_precision(torch.device("cpu"), "auto")
     assert precision.dtype == dtype and precision.warning is None
     assert precision.reason.startswith(words)
     assert not precision.needs_grad_scaler
@@ -50,14 +52,14 @@ def test_auto_precision_on_a_cpu_is_bf16_only_with_native_bf16_kernels(monkeypat
 
 def test_explicit_amp_on_a_cpu_without_native_bf16_trains_bf16_but_warns(monkeypatch):
     fake_cpu(monkeypatch, AVX2_ONLY)
-    precision = engines.choose_precision(torch.device("cpu"), True)
+    precision = choose_precision(torch.device("cpu"), True)
     assert precision.dtype == torch.bfloat16 and precision.reason == "bf16 autocast (with_amp=True)"
     assert precision.warning.startswith("with_amp=True on a CPU without native bf16 (Fake EPYC 7B12, AVX2, no native "
                                         "bf16): bf16 autocast is emulated here, typically 5-15x slower than fp32")
     assert precision.warning.endswith("--with_amp=auto trains in fp32 on this CPU")
     fake_cpu(monkeypatch, AMX)
-    assert engines.choose_precision(torch.device("cpu"), True).warning is None
-    assert engines.choose_precision(torch.device("cpu"), False).reason == "fp32 (with_amp=False)"
+    assert choose_precision(torch.device("cpu"), True).warning is None
+    assert choose_precision(torch.device("cpu"), False).reason == "fp32 (with_amp=False)"
 
 
 def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
@@ -108,7 +110,7 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
 
 def slowed_steps(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[Any, int], float]) -> None:
     """Every probe step sleeps ``seconds(precision, batch size)`` on top of its work (a slow or busy machine)."""
-    real_step = diagnostics.plain_training_step
+    real_step = doctor.plain_training_step
 
     def slowed(model, optimizer, loss_fn, precision):
         step = real_step(model, optimizer, loss_fn, precision)
@@ -119,7 +121,7 @@ def slowed_steps(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[Any, int], 
 
         return slow_step
 
-    monkeypatch.setattr(diagnostics, "plain_training_step", slowed)
+    monkeypatch.setattr(doctor, "plain_training_step", slowed)
 
 
 def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budget(monkeypatch):
@@ -140,7 +142,7 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
            "False" in report.advice
     assert not any("x slower" in line for line in report.advice)
     assert "bf16 autocast + channels_last not measurable" in report.advice[0]
-    text = diagnostics.render(report)
+    text = doctor.render(report)
     assert re.search(r"\n  bf16 autocast \+ channels_last +not measurable here: ", text), text
 
 
@@ -149,7 +151,7 @@ def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(mon
     report = api.doctor("simple_cnn", batch_size=64, budget_seconds=0.6)
     assert report.probe_batch_size < 64 and report.probes[0].steps >= 3
     assert f"probe: training steps of simple_cnn, batch {report.probe_batch_size}, on cpu, about 0.6 s per setting" \
-           in diagnostics.render(report)
+           in doctor.render(report)
 
 
 @pytest.mark.parametrize(("steps", "verdict", "advice"), [
@@ -159,10 +161,10 @@ def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(mon
      "channels_last: no difference measurable here in fp32 (0.89x within the spread of 4 steps)"),
 ])
 def test_a_setting_is_called_faster_or_slower_only_beyond_the_spread(steps, verdict, advice):
-    fp32 = diagnostics.Timing(8, 0.05, (0.021, 0.020, 0.019, 0.020, 0.022))
-    layout = diagnostics.result_of("fp32 + channels_last", diagnostics.Timing(8, 0.05, steps), fp32)
+    fp32 = doctor.Timing(8, 0.05, (0.021, 0.020, 0.019, 0.020, 0.022))
+    layout = doctor.result_of("fp32 + channels_last", doctor.Timing(8, 0.05, steps), fp32)
     assert layout.verdict == verdict
-    assert diagnostics.channels_last_advice(layout) == advice
+    assert doctor.channels_last_advice(layout) == advice
 
 
 class DeviceReads(TorchDispatchMode):

@@ -76,9 +76,9 @@ def test_the_cache_holds_every_format_at_the_image_size_and_is_reused_until_a_fi
 def test_the_normalisation_comes_from_the_training_images(tmp_path):
     root = write_image_folder(tmp_path / "data", train=6, test=2)
     card = api.prepare_data(root, "folder").card
-    from cifar10_dist import folder_data
+    from cifar10_dist.data import folder_source
 
-    loaded = folder_data.load(root, 32)
+    loaded = folder_source.load_folder(root, 32)
     pixels = loaded.train.images.double() / 255
     assert loaded.info.mean == pytest.approx(tuple(pixels.mean(dim=(0, 2, 3)).tolist()), abs=1e-6)
     assert loaded.info.std == pytest.approx(tuple(pixels.std(dim=(0, 2, 3), unbiased=False).tolist()), abs=1e-6)

@@ -4,16 +4,23 @@ and the environment that srun gives its tasks. The "nodes" are two launchers on 
 
 from __future__ import annotations
 
-import pytest
 import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-from tests.conftest import (TINY, assert_same_training_state, cli_env, free_slurm_job_id, run_in_process, start_cli,
-                            stop_all)
+from tests.conftest import (
+    TINY,
+    assert_same_training_state,
+    cli_env,
+    free_slurm_job_id,
+    run_in_process,
+    start_cli,
+    stop_all,
+)
 
 FINAL = "training_checkpoint_36.pt"  # 600 images, global batch 32, 2 epochs
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # as each of the 2 spawned reference processes has on 2 cores
@@ -130,13 +137,13 @@ def test_local_ranks_beyond_the_gpu_count_share_gpus_round_robin(monkeypatch):
     """scripts/slurm/shared_gpu.sbatch: 4 tasks, 1 GPU; Ignite calls torch.cuda.set_device(local_rank)."""
     import torch
 
-    from cifar10_dist import launch
+    from cifar10_dist.launch import spawn
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    with launch._gpus_shared_by_local_ranks():
+    with spawn._gpus_shared_by_local_ranks():
         for local_rank in range(5):
             torch.cuda.set_device(local_rank)
     torch.cuda.set_device(7)  # outside: untouched

@@ -1,80 +1,116 @@
-"""The package's floors: every module imports only modules on lower floors (imports inside functions count), so
-there is no import circle and nothing below reaches up. README's "Development" section draws the same floors."""
+"""The package's floors: the subpackages (``cifar10_dist.data``, ``cifar10_dist.training``, ...) and the top-level
+modules each sit on a floor, and every module imports only from floors below its own (imports inside functions
+count), so no package reaches up and there is no import circle between them. README's "Development" section
+draws the same floors."""
 
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cifar10_dist"
 
-# top to bottom; a module imports only from floors below its own
+# top to bottom; a unit (a subpackage, or a module at the top of the package) imports only from floors below
 FLOORS = [
     ("cli",),
     ("api", "cli_help"),
-    ("tuning", "diagnostics"),
-    ("runs", "exporting"),
-    ("training", "inference", "evaluation"),
-    ("process_setup", "run_data", "batches"),
-    ("launch", "trials", "provenance"),
-    ("checks", "tracking", "run_folder", "study_report"),
-    ("folder_data",),
-    ("optimizers", "checkpointing", "reports", "files", "loaders", "augmentation"),
-    ("engines", "schedules", "models", "data", "faults", "xla_compat", "search_space"),
-    ("image_folders",),
+    ("tuning",),
+    ("launch", "serve"),
+    ("training",),
+    ("data",),
+    ("outputs",),
+    ("system",),
+    ("models",),
     ("results",),
-    ("config", "hardware", "ranks"),
+    ("config",),
+    ("sources",),
     ("errors",),
 ]
-FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in modules}
+FLOOR = {unit: level for level, units in enumerate(FLOORS) for unit in units}
+TOP_LEVEL_LIMIT = 10  # modules at the top of cifar10_dist/, __init__ and __main__ included
+LINE_LIMIT, CONFIG_LINE_LIMIT = 400, 450
 
 
-def package_imports(module: str) -> set[str]:
-    """The package's modules that ``module`` imports anywhere in its file (top level or inside functions)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+def dotted(path: Path, package: Path) -> str:
+    """cifar10_dist/train/step.py -> 'train.step'; cifar10_dist/train/__init__.py -> 'train'."""
+    parts = path.relative_to(package).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(name: str) -> str:
+    """The floor's unit of a dotted module name: its subpackage, or the top-level module itself."""
+    return name.split(".")[0]
+
+
+def package_imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """The package's modules (dotted, without 'cifar10_dist.') that the file imports anywhere (top level or
+    inside functions), as far as the import names them."""
+    tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cifar10_dist":
-            parts = node.module.split(".")
-            found.update([alias.name for alias in node.names] if len(parts) == 1 else [parts[1]])
+            base = node.module.split(".")[1:]
+            if base:
+                found.add(".".join(base))
+            else:
+                found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[1] for alias in node.names
+            found.update(".".join(alias.name.split(".")[1:]) for alias in node.names
                          if alias.name.startswith("cifar10_dist."))
-    return {name for name in found if (PACKAGE / f"{name}.py").is_file() and name != module}
+    return found - {dotted(path, package)}
 
 
-def modules() -> list[str]:
-    return sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in ("__init__", "__main__"))
+def sources(package: Path = PACKAGE) -> list[Path]:
+    return sorted(path for path in package.rglob("*.py") if path.name != "__main__.py" and path != package / "__init__.py")
 
 
-def test_every_module_has_a_floor():
-    assert set(modules()) == set(FLOOR), "place new modules on a floor (and in README's layout)"
+def test_every_unit_has_a_floor():
+    units = {unit_of(dotted(path, PACKAGE)) for path in sources()}
+    assert units == set(FLOOR), "place new packages and top-level modules on a floor (and in README's layout)"
 
 
-def test_every_import_goes_down_a_floor_so_there_is_no_circle():
-    upward = [f"{module} (floor {FLOOR[module]}) imports {imported} (floor {FLOOR[imported]})"
-              for module in modules() for imported in sorted(package_imports(module))
-              if FLOOR[imported] <= FLOOR[module]]
+def test_every_import_goes_down_a_floor_so_no_package_reaches_up():
+    upward = [f"{dotted(path, PACKAGE)} (floor {FLOOR[unit_of(dotted(path, PACKAGE))]}) imports {imported} "
+              f"(floor {FLOOR[unit_of(imported)]})"
+              for path in sources() for imported in sorted(package_imports(path))
+              if unit_of(imported) != unit_of(dotted(path, PACKAGE))
+              and FLOOR[unit_of(imported)] <= FLOOR[unit_of(dotted(path, PACKAGE))]]
     assert upward == []
 
 
-def test_the_floor_check_sees_imports_inside_functions(tmp_path, monkeypatch):
-    """The check would catch what the old tuning -> api import did: an import inside a function, upward."""
-    (tmp_path / "low.py").write_text("def f():\n    from cifar10_dist import high\n    return high\n")
-    (tmp_path / "high.py").write_text("import cifar10_dist.low\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
-    assert package_imports("low") == {"high"} and package_imports("high") == {"low"}
+def test_the_floor_check_sees_imports_inside_functions(tmp_path):
+    """An import inside a function counts: the check would catch one that reaches up to a higher package."""
+    (tmp_path / "low").mkdir()
+    (tmp_path / "low" / "mod.py").write_text("def f():\n    from cifar10_dist.high import thing\n    return thing\n")
+    (tmp_path / "high").mkdir()
+    (tmp_path / "high" / "thing.py").write_text("import cifar10_dist.low.mod\n")
+    assert package_imports(tmp_path / "low" / "mod.py", tmp_path) == {"high"}
+    assert package_imports(tmp_path / "high" / "thing.py", tmp_path) == {"low.mod"}
+
+
+def test_the_top_of_the_package_holds_few_modules_and_each_package_says_what_it_holds():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_LIMIT, top
+    for package in sorted(path.parent for path in PACKAGE.glob("*/__init__.py")):
+        docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+        assert docstring and "import" in docstring.lower(), f"{package.name}/__init__.py: say what it holds and imports"
+
+
+def test_no_module_is_over_its_line_limit():
+    long = [f"{path.relative_to(PACKAGE)}: {count} lines" for path in sources()
+            if (count := len(path.read_text().splitlines())) > (CONFIG_LINE_LIMIT if path.name == "config.py"
+                                                                   else LINE_LIMIT)]
+    assert long == []
 
 
 def test_benchmarks_and_tests_import_by_name_never_by_path():
     """The benchmarks are one package (``python -m benchmarks.NAME``) and tests import it by name: no module of
     ours is loaded from a file path or found through an edited sys.path."""
     repo = PACKAGE.parent
-    sources = [*repo.glob("benchmarks/*.py"), *repo.glob("scripts/**/*.py"), *repo.glob("tests/**/*.py")]
-    assert len(sources) > 30
+    found_sources = [*repo.glob("benchmarks/*.py"), *repo.glob("scripts/**/*.py"), *repo.glob("tests/**/*.py")]
+    assert len(found_sources) > 30
     this_file = Path(__file__).resolve()
-    found = [f"{path.relative_to(repo)}: {needle}" for path in sources if path.resolve() != this_file
+    found = [f"{path.relative_to(repo)}: {needle}" for path in found_sources if path.resolve() != this_file
              for needle in ("sys.path.insert", "sys.path.append", "spec_from_file_location")
              if needle in path.read_text()]
     assert found == []

@@ -11,10 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from cifar10_dist import checks, models, optimizers
-from cifar10_dist import schedules as lr_schedules
+from cifar10_dist import models
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
+from cifar10_dist.launch import preflight
+from cifar10_dist.training import optimizers
+from cifar10_dist.training import schedules as lr_schedules
 from tests.conftest import REPO, assert_same_training_state, run_in_process
 from tests.test_recipe import SMALL, lrs_during
 
@@ -154,4 +156,4 @@ def test_muon_refuses_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(UserError, match=r"^muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
                                         r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr unset$"):
-        checks.check_before_launch(load_config(MUON_YAML))
+        preflight.check_before_launch(load_config(MUON_YAML))

@@ -14,7 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from cifar10_dist import augmentation, data, models
+from cifar10_dist import models
+from cifar10_dist.data import augmentation, cifar
+from cifar10_dist.data.records import MEAN, STD, ImageSet
+from cifar10_dist.data.synthetic import make_synthetic
 from tests.conftest import run_in_process
 
 
@@ -24,10 +27,10 @@ def trained(long_reference) -> Path:
     return sorted(long_reference.glob("best_model_*.pt"))[-1]
 
 
-def write_png_folder(images: data.ImageSet, folder: Path) -> None:
+def write_png_folder(images: ImageSet, folder: Path) -> None:
     """Each image as folder/<class name>/<index>.png (lossless: the pixels are the dataset's)."""
     for index, (image, label) in enumerate(zip(images.images, images.labels)):
-        target = folder / data.CLASSES[label] / f"{index:04d}.png"
+        target = folder / cifar.CLASSES[label] / f"{index:04d}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image.permute(1, 2, 0).numpy()).save(target)
 
@@ -35,7 +38,7 @@ def write_png_folder(images: data.ImageSet, folder: Path) -> None:
 def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained, small_dataset, tmp_path):
     """The 1,001 test images as PNG files in class folders: top-1 of predict --json against the folder names gives
     the accuracy evaluate computes from the dataset files (same pixels, normalisation and model)."""
-    test = data.read_cifar10(small_dataset / data.FOLDER)[1]
+    test = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
     predicted = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "images"), "--json",
                                "--top_k=3", "--batch_size=100")
@@ -68,7 +71,7 @@ def test_predict_converts_resizes_and_reports_unreadable_files(trained, tmp_path
         str(folder / name) for name in ("gray.png", "nested/big.jpg", "rgb.png", "rgba.png"))
     for line in result.stdout.splitlines():
         names_and_values = line.split(": ", 1)[1].split(", ")
-        assert len(names_and_values) == 3 and all(item.split()[0] in data.CLASSES for item in names_and_values)
+        assert len(names_and_values) == 3 and all(item.split()[0] in cifar.CLASSES for item in names_and_values)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{folder / 'broken.png'}: cannot be read as an image" in errors[0]
     assert "1 of 4 images were not 32x32 and were resized" in result.stderr
@@ -85,7 +88,7 @@ def test_predict_on_a_folder_without_images_is_one_line(trained, tmp_path):
 def test_predict_api_takes_paths_pil_images_and_uint8_tensors_alike(trained, tmp_path):
     import cifar10_dist
 
-    images = data.make_synthetic(1, 6, seed=3)[1].images
+    images = make_synthetic(1, 6, seed=3)[1].images
     paths = []
     for index, image in enumerate(images):
         paths.append(tmp_path / f"{index}.png")
@@ -144,7 +147,7 @@ def saved_model(folder: Path, model: str, model_kwargs: dict | None = None) -> t
     torch.manual_seed(0)
     network = models.build_model(model, model_kwargs)
     if isinstance(network, models.AirbenchNet):
-        network.init_whitening(augmentation.normalize(data.make_synthetic(1, 256)[1].images))
+        network.init_whitening(augmentation.normalize(make_synthetic(1, 256)[1].images))
     with torch.no_grad():
         network.train()(torch.randn(16, 3, 32, 32) * 2 + 0.5)  # moves the running statistics
     path = folder / f"best_model_1_val_accuracy=0.5000_{model.replace('/', '_').replace(':', '_')}.pt"
@@ -185,7 +188,7 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     from safetensors.torch import load_file
 
     checkpoint, model = checkpoints[family]
-    images = augmentation.normalize(data.make_synthetic(1, 7, seed=5)[1].images)
+    images = augmentation.normalize(make_synthetic(1, 7, seed=5)[1].images)
     with torch.no_grad():
         expected = model(images)
 
@@ -196,8 +199,8 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     assert f"read back: {len(state)} of {len(state)} tensors torch.equal" in printed
     sidecar = json.loads((tmp_path / "model.safetensors.json").read_text())
     recorded = torch.load(checkpoint, weights_only=True)["meta"]["config"]
-    assert sidecar["model"] == recorded["model"] and sidecar["classes"] == list(data.CLASSES)
-    assert sidecar["mean"] == list(data.MEAN) and sidecar["std"] == list(data.STD)
+    assert sidecar["model"] == recorded["model"] and sidecar["classes"] == list(cifar.CLASSES)
+    assert sidecar["mean"] == list(MEAN) and sidecar["std"] == list(STD)
 
     export(checkpoint, "torchscript", tmp_path / "model.pt")
     scripted = torch.jit.load(tmp_path / "model.pt")
@@ -213,7 +216,7 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
         assert (logits - expected[:len(batch)]).abs().max() <= 1e-4
         assert torch.equal(logits.argmax(1), expected[:len(batch)].argmax(1))
     metadata = {entry.key: entry.value for entry in onnx.load(str(tmp_path / "model.onnx")).metadata_props}
-    assert json.loads(metadata["classes"]) == list(data.CLASSES)
+    assert json.loads(metadata["classes"]) == list(cifar.CLASSES)
 
 
 def test_an_export_of_a_model_with_large_logits_is_accepted_by_their_scale(checkpoints, tmp_path):

@@ -11,8 +11,14 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import augmentation, batches, data, engines, loaders, models, optimizers, schedules
+from cifar10_dist import models
 from cifar10_dist.config import load_config
+from cifar10_dist.data import augmentation, batches, cifar, loaders
+from cifar10_dist.data.records import ImageSet
+from cifar10_dist.system.precision import choose_precision
+from cifar10_dist.training import optimizers, schedules
+from cifar10_dist.training.averaging import Lookahead
+from cifar10_dist.training.evaluators import tta_logits
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 
@@ -128,7 +134,7 @@ def test_a_single_group_keeps_the_plain_schedule():
 def test_lookahead_pulls_weights_to_their_average_and_restores_from_its_state():
     model = nn.Linear(2, 1, bias=False)
     nn.init.zeros_(model.weight)
-    lookahead = engines.Lookahead(model, total_iterations=20, start_fraction=0.5, every=5, decay=0.9, power=1.0)
+    lookahead = Lookahead(model, total_iterations=20, start_fraction=0.5, every=5, decay=0.9, power=1.0)
     trajectory = []
 
     def step(engine, batch):
@@ -147,7 +153,7 @@ def test_lookahead_pulls_weights_to_their_average_and_restores_from_its_state():
     after_20 = after_15 + (1 - 0.9**5) * 5
     assert torch.allclose(model.weight, torch.full((1, 2), after_20))
     assert torch.equal(lookahead.average["weight"], model.weight)
-    restored = engines.Lookahead(model, total_iterations=20)
+    restored = Lookahead(model, total_iterations=20)
     restored.load_state_dict(lookahead.state_dict())
     assert torch.equal(restored.average["weight"], lookahead.average["weight"])
 
@@ -167,13 +173,13 @@ class Recorder(nn.Module):
 def test_test_time_augmentation_averages_mirrors_and_one_pixel_shifts():
     images = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
     model = Recorder()
-    assert torch.equal(engines.predict(model, images, 0), model(images)) and len(model.views) == 2
+    assert torch.equal(tta_logits(model, images, 0), model(images)) and len(model.views) == 2
     model.views.clear()
-    mirrored = engines.predict(model, images, 1)
+    mirrored = tta_logits(model, images, 1)
     assert len(model.views) == 2
     assert torch.allclose(mirrored, 0.5 * model(images) + 0.5 * model(images.flip(-1)))
     model.views.clear()
-    logits = engines.predict(model, images, 2)
+    logits = tta_logits(model, images, 2)
     assert len(model.views) == 6
     padded = nn.functional.pad(images, (1, 1, 1, 1), mode="reflect")
     up_left, down_right = padded[..., :4, :4], padded[..., 2:, 2:]
@@ -204,8 +210,8 @@ def test_flip_all_and_none_and_pre_flip():
     assert torch.equal(augmentation.augment(images, generator, padding=0, flip="none"), images)
     assert torch.equal(augmentation.augment(images, generator, padding=0, flip="all"), images.flip(-1))
     labels = torch.zeros(200, dtype=torch.long)
-    first = loaders.pre_flip(data.ImageSet(images, labels), seed=7).images
-    assert torch.equal(first, loaders.pre_flip(data.ImageSet(images, labels), seed=7).images)
+    first = loaders.pre_flip(ImageSet(images, labels), seed=7).images
+    assert torch.equal(first, loaders.pre_flip(ImageSet(images, labels), seed=7).images)
     flipped = [torch.equal(first[i], images[i].flip(-1)) for i in range(200)]
     kept = [torch.equal(first[i], images[i]) for i in range(200)]
     assert all(f or k for f, k in zip(flipped, kept)) and 70 < sum(flipped) < 130
@@ -213,7 +219,7 @@ def test_flip_all_and_none_and_pre_flip():
 
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), config, 3, data.cifar_info("cifar10"))
+    prepare = batches.train_batch_preparer(torch.device("cpu"), config, 3, cifar.cifar_info("cifar10"))
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]
@@ -226,13 +232,13 @@ def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
 
 
 def test_amp_on_cpu_means_bf16_autocast():
-    precision = engines.choose_precision(torch.device("cpu"), with_amp=True)
+    precision = choose_precision(torch.device("cpu"), with_amp=True)
     assert precision.dtype == torch.bfloat16 and not precision.needs_grad_scaler
     with precision.autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
-    assert engines.choose_precision(torch.device("cpu"), with_amp=False).dtype is None
-    assert engines.choose_precision(torch.device("cuda"), with_amp=True).needs_grad_scaler  # fp16 on CUDA
-    assert not engines.choose_precision(torch.device("cuda"), True, "bfloat16").needs_grad_scaler
+    assert choose_precision(torch.device("cpu"), with_amp=False).dtype is None
+    assert choose_precision(torch.device("cuda"), with_amp=True).needs_grad_scaler  # fp16 on CUDA
+    assert not choose_precision(torch.device("cuda"), True, "bfloat16").needs_grad_scaler
 
 
 def test_amp_dtype_float16_trains_with_a_checkpointed_grad_scaler(tmp_path):

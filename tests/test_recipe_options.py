@@ -12,9 +12,12 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import augmentation, engines, optimizers, schedules
 from cifar10_dist.config import load_config
+from cifar10_dist.data import augmentation
 from cifar10_dist.errors import UserError
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import optimizers, schedules
+from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 from tests.conftest import TINY, run_in_process
 
 
@@ -109,14 +112,14 @@ def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradien
         return step(*args, **kwargs)
 
     optimizer.step = recording_step
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    trainer = engines.create_trainer(model, optimizer, nn.CrossEntropyLoss(), lambda batch, iteration: batch,
-                                     engines.Precision("cpu", torch.float16), scaler,
-                                     engines.Accumulation(accumulate), clip_grad_norm=0.01)
+    train_step = TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", torch.float16),
+                           Accumulation(accumulate), clip_grad_norm=0.01)
+    train_step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    trainer = create_trainer(train_step, lambda batch, iteration: batch)
     data = [(10 * torch.randn(8, 3, 4, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
     trainer.run(data, max_epochs=1)
     assert len(norms) == 4 // accumulate and all(norm <= 0.01 * (1 + 1e-3) for norm in norms)
-    assert trainer.state.grad_norm.item() > 0.01  # the pre-clip norm, unscaled: far above the bound
+    assert trainer.state.output.grad_norm.item() > 0.01  # the pre-clip norm, unscaled: far above the bound
 
 
 @pytest.mark.parametrize("overrides, message", [

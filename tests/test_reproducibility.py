@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from cifar10_dist import data, loaders
+from cifar10_dist.data import loaders
+from cifar10_dist.data.records import ImageSet
 from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]
@@ -37,7 +38,7 @@ def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
     chosen = {ws: json.loads((run_dir / "held_out_indices.json").read_text()) for ws, (_, run_dir) in held_out_runs.items()}
     assert len(chosen[1]) == 60 and chosen[1] == sorted(set(chosen[1]))
     assert chosen[1] == chosen[3]
-    full = data.ImageSet(torch.zeros(600, 1, 1, 1, dtype=torch.uint8), torch.zeros(600, dtype=torch.long))
+    full = ImageSet(torch.zeros(600, 1, 1, 1, dtype=torch.uint8), torch.zeros(600, dtype=torch.long))
     assert loaders.hold_out(full, 0.1, seed=0).indices.tolist() == chosen[1]  # training seed plays no part
     assert loaders.hold_out(full, 0.1, seed=1).indices.tolist() != chosen[1]
 
@@ -59,7 +60,7 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
     images = torch.zeros(count, 3, 32, 32, dtype=torch.uint8)
     images[:, 0, 0, 0] = torch.arange(count) % 256  # each image carries its index
     images[:, 0, 0, 1] = torch.arange(count) // 256
-    split = loaders.hold_out(data.ImageSet(images, torch.zeros(count, dtype=torch.long)), 0.1, seed=0)
+    split = loaders.hold_out(ImageSet(images, torch.zeros(count, dtype=torch.long)), 0.1, seed=0)
     made = loaders.make_loaders(split.train, split.val, val=split.val, batch_size=32, num_workers=0,
                                 train_eval_size=100, seed=5)
     seen = set()

@@ -262,10 +262,10 @@ def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
     mean_row = next(line for line in lines if line.startswith("mean +- std"))
     assert mean_row.split()[3:6] == ["4.0+-2.8", "5.5+-3.5", "4.0+-0.0"]  # 94%: one run of two got there
     assert "[1/2]" in mean_row and "0.9350+-0.0071" in mean_row
-    from cifar10_dist import reports
+    from cifar10_dist.outputs import reading
 
-    rows = [reports.time_to_accuracy(folder, [0.99]) for folder in (fast, slow)]
-    assert reports.format_time_to_accuracy(rows, [0.99]).splitlines()[-2].split()[3] == "never"
+    rows = [reading.time_to_accuracy(folder, [0.99]) for folder in (fast, slow)]
+    assert reading.format_time_to_accuracy(rows, [0.99]).splitlines()[-2].split()[3] == "never"
 
 
 def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
@@ -278,19 +278,19 @@ def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
 def test_summary_json_is_written_and_read_through_one_record(tracked_run, tmp_path):
     """RunSummary writes summary.json and reads it back unchanged; a summary from an older version (without the
     newer keys) reads with their defaults, and one that is not a summary is a DamagedFile naming the file."""
-    from cifar10_dist import reports
+    from cifar10_dist.outputs import reading
     from cifar10_dist.results import RunSummary
 
     _, run_dir = tracked_run
     written = json.loads((run_dir / "summary.json").read_text())
-    summary = reports.read_summary(run_dir)
+    summary = reading.read_summary(run_dir)
     assert isinstance(summary, RunSummary) and summary.to_dict() == written
     assert "trial" not in written and summary.best.split == "test" and summary.final["test"].num_samples > 0
     older = tmp_path / "older"
     older.mkdir()
     (older / "summary.json").write_text(json.dumps({key: written[key] for key in ("run_dir", "best", "final", "epochs")}))
-    old = reports.read_summary(older)
+    old = reading.read_summary(older)
     assert (old.precision, old.hardware, old.world_size_changes, old.best) == (None, {}, [], summary.best)
     (older / "summary.json").write_text(json.dumps({"best": {"split": "test"}}))
-    with pytest.raises(reports.DamagedFile, match=r"summary.json is damaged: not a run summary"):
-        reports.read_summary(older)
+    with pytest.raises(reading.DamagedFile, match=r"summary.json is damaged: not a run summary"):
+        reading.read_summary(older)

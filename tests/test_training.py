@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from cifar10_dist import data
+from cifar10_dist.data import cifar
 from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
 
@@ -115,7 +115,7 @@ def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp
 
 KEPT_BLOCKS = """
 import ctypes, sys, torch
-from cifar10_dist import launch
+from cifar10_dist.system import cpu
 class MallocInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
@@ -125,7 +125,7 @@ def mapped_blocks_of_a_64_mib_tensor():
     before = mallinfo2().hblks
     tensor = torch.empty(64 * 2**20, dtype=torch.uint8)
     return mallinfo2().hblks - before
-print(mapped_blocks_of_a_64_mib_tensor(), launch.keep_freed_memory(), mapped_blocks_of_a_64_mib_tensor())
+print(mapped_blocks_of_a_64_mib_tensor(), cpu.keep_freed_memory(), mapped_blocks_of_a_64_mib_tensor())
 """
 
 
@@ -148,5 +148,5 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
         assert code == 0, output.err[-3000:]
         metrics = json.loads(output.out.strip().splitlines()[-1])
         assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes"}
-        assert metrics["classes"] == list(data.CLASSES)
+        assert metrics["classes"] == list(cifar.CLASSES)
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0

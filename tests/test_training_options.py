@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cifar10_dist import engines
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 from tests.conftest import SPAWN_2, TINY, assert_same_training_state, run_in_process
 
 # A model without BatchNorm: a batch of 128 and two accumulated batches of 64 compute the same gradient.
@@ -75,9 +76,8 @@ def test_batches_that_do_not_step_skip_the_gradient_all_reduce(tmp_path):
         model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)))
         calls = counted_all_reduces(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        trainer = engines.create_trainer(
-            model, optimizer, nn.CrossEntropyLoss(), lambda batch, iteration: batch,
-            engines.Precision("cpu", None), None, engines.Accumulation(3, model))
+        trainer = create_trainer(TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", None),
+                                           Accumulation(3, model)), lambda batch, iteration: batch)
         data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(6)]
         trainer.run(data, max_epochs=1)
         assert calls[0] == 2
@@ -96,8 +96,9 @@ def test_accumulation_with_grad_scaler_matches_the_documented_amp_loop():
         return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.amp.GradScaler("cpu")
 
     model, optimizer, scaler = build()
-    trainer = engines.create_trainer(model, optimizer, nn.CrossEntropyLoss(), lambda batch, iteration: batch,
-                                     engines.Precision("cpu", torch.float16), scaler, engines.Accumulation(2))
+    train_step = TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", torch.float16), Accumulation(2))
+    train_step.scaler = scaler
+    trainer = create_trainer(train_step, lambda batch, iteration: batch)
     trainer.run(data, max_epochs=1)
 
     reference, reference_optimizer, reference_scaler = build()
@@ -190,8 +191,8 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
         accuracy = json.loads(evaluated.stdout.strip().splitlines()[-1])["accuracy"]
         assert accuracy == pytest.approx(splits[split][-1]["accuracy"]), split
     import cifar10_dist
-    from cifar10_dist import data
+    from cifar10_dist.data.synthetic import make_synthetic
 
-    images = data.make_synthetic(1, 8, seed=1)[1].images
+    images = make_synthetic(1, 8, seed=1)[1].images
     ema, raw = cifar10_dist.predict(final, images), cifar10_dist.predict(final, images, raw_weights=True)
     assert not torch.allclose(ema, raw)  # predict (and export) take the EMA weights too, unless told

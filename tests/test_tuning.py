@@ -117,7 +117,7 @@ def test_optuna_dashboard_serves_the_study(finished_study):
     _, output = finished_study
     if shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("optuna-dashboard is not installed (pip install 'cifar10-dist[tune]')")
-    from cifar10_dist.launch import free_port
+    from cifar10_dist.launch.spawn import free_port
 
     port = free_port()
     dashboard = subprocess.Popen(
@@ -188,7 +188,7 @@ def postgresql(tmp_path_factory):
         account = pwd.getpwnam("postgres")
         os.chown(folder, account.pw_uid, account.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    from cifar10_dist.launch import free_port
+    from cifar10_dist.launch.spawn import free_port
 
     port = free_port()
     data = folder / "data"
@@ -324,7 +324,7 @@ def test_missing_optuna_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_shipped_spaces_fit_their_configs():
-    from cifar10_dist import search_space
+    from cifar10_dist.tuning import search_space
 
     for config, space in (("default.yaml", "space_resnet18.yaml"), ("fast.yaml", "space_fast.yaml")):
         base = load_config(REPO / "configs" / config, val_split=0.1)
@@ -335,7 +335,7 @@ def test_shipped_spaces_fit_their_configs():
 
 def test_the_recipe_options_are_searchable_and_their_bounds_checked(tmp_path):
     """lr_schedule, mixup_alpha, auto_augment ... are ordinary keys of a space; a bound the config refuses is one line."""
-    from cifar10_dist import search_space
+    from cifar10_dist.tuning import search_space
 
     base = load_config(None, val_split=0.1)
     (tmp_path / "space.yaml").write_text("lr_schedule: {type: categorical, choices: [linear, cosine]}\n"
@@ -402,17 +402,17 @@ def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
 def _open_study_at_the_barrier(barrier, folder: str, rounds: int, worker: int) -> list[str]:
     """One tune worker's start: at each round, wait for the others, then open a fresh SQLite study and run one
     (instant) trial in it. Returns each round's outcome: "ok" or the one-line error."""
-    from cifar10_dist import search_space, tuning
+    from cifar10_dist.tuning import search_space, studies
 
     base = load_config(val_split=0.1, output_path=folder)
     space = {"learning_rate": search_space.Dimension("learning_rate", "float", 0.01, 0.1)}
     outcomes = []
     for number in range(rounds):
-        options = tuning.TuneOptions(study="race", storage=f"sqlite:///{folder}/round-{number}.db",
+        options = studies.TuneOptions(study="race", storage=f"sqlite:///{folder}/round-{number}.db",
                                      sampler="random", pruner="none")
         barrier.wait(timeout=60)
         try:
-            study, _ = tuning.open_study(options, base, space)
+            study, _ = studies.open_study(options, base, space)
             study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + worker, n_trials=1)
             outcomes.append("ok")
         except UserError as error:

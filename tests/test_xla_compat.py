@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from cifar10_dist import xla_compat
+from cifar10_dist.launch import xla_compat
 
 
 def test_nothing_is_patched_without_torch_xla():

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from cifar10_dist.data import loaders
 from tests.conftest import assert_same_training_state, cli_env, run_cli, run_torchrun
 from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
-from cifar10_dist import loaders
 
 pytestmark = pytest.mark.gpu
 
@@ -124,9 +124,9 @@ def test_data_on_device_trains_exactly_as_the_loader_does(check_data, tmp_path, 
 
 def test_loaders_pin_memory_on_cuda():
     cuda_only()
-    from cifar10_dist import data
+    from cifar10_dist.data.synthetic import make_synthetic
 
-    train, test = data.make_synthetic(200, 40, 0)
+    train, test = make_synthetic(200, 40, 0)
     made = loaders.make_loaders(train, test, batch_size=32, num_workers=2, train_eval_size=0, seed=0)
     assert made.train.pin_memory and made.test.pin_memory
 
@@ -141,8 +141,8 @@ def test_channels_last_and_compile_train_and_save_plain_checkpoints(check_data, 
 
 def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
     cuda_only()
-    from cifar10_dist import process_setup
     from cifar10_dist.config import load_config
+    from cifar10_dist.training import process_setup
 
     device = torch.device("cuda", 0)
     process_setup.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import pickle
+
 import pytest
 import torch
 from ignite.engine import Engine
 
-from cifar10_dist import checkpointing, cli
+from cifar10_dist import cli
 from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import checkpoint_files
+from cifar10_dist.training import checkpointing
 from tests.conftest import TINY, run_cli, run_in_process
 
 
@@ -42,7 +45,7 @@ def test_a_save_interrupted_midway_leaves_no_file_under_the_final_name(tmp_path,
 
 
 def test_checkpoints_record_config_versions_and_world_size(finished_run):
-    checkpoint = checkpointing.load_checkpoint(finished_run / "training_checkpoint_36.pt")
+    checkpoint = checkpoint_files.load_checkpoint(finished_run / "training_checkpoint_36.pt")
     meta = checkpoint["meta"]
     assert meta["config"]["model"] == "simple_cnn" and meta["world_size"] == 1
     assert meta["versions"]["torch"] == str(torch.__version__) and "pytorch-ignite" in meta["versions"]
@@ -75,7 +78,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, ca
         assert "it asks to import posix.system, refused" in stderr.strip().splitlines()[-1]
         assert not marker.exists()
     with pytest.raises(UserError, match="refused"):
-        checkpointing.load_checkpoint(hostile)
+        checkpoint_files.load_checkpoint(hostile)
     assert not marker.exists()
 
 

@@ -8,8 +8,17 @@ import signal
 
 import pytest
 
-from tests.conftest import (LONG, SPAWN_2, TINY, assert_same_training_state, run_cli, run_in_process, start_cli,
-                            stop_all, wait_for_file)
+from tests.conftest import (
+    LONG,
+    SPAWN_2,
+    TINY,
+    assert_same_training_state,
+    run_cli,
+    run_in_process,
+    start_cli,
+    stop_all,
+    wait_for_file,
+)
 
 LAUNCH = {1: [], 2: SPAWN_2}
 # 600 images, global batch 32: 18 iterations per epoch, 72 in all; checkpoints every 25: 50 and 72 (end) kept

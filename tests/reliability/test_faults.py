@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import os
 import re
 import signal
@@ -10,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import LONG as LONG_RUN

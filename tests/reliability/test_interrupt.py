@@ -17,8 +17,16 @@ import torch
 
 from cifar10_dist import api, load_config
 from cifar10_dist.errors import Interrupted
-from tests.conftest import (LONG, TINY, assert_same_training_state, run_cli, run_in_process, start_cli, stop_all,
-                            wait_for_file)
+from tests.conftest import (
+    LONG,
+    TINY,
+    assert_same_training_state,
+    run_cli,
+    run_in_process,
+    start_cli,
+    stop_all,
+    wait_for_file,
+)
 from tests.reliability.test_faults import gone, worker_pids
 
 RUN = [*LONG, "--checkpoint_every=2"]  # 72 iterations, a checkpoint every 2

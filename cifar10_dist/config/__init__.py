@@ -1,0 +1,20 @@
+"""The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts and own rules
+(``fields``), the rules that tie keys together (``rules``), and building one from defaults, a YAML file and
+overrides (``loading``). Plain data: it imports nothing heavier than PyYAML, and only ``sources`` (the dataset
+names) and ``errors`` below it; checks against the filesystem, the model registry and the launch environment
+are ``launch.preflight``'s."""
+
+from cifar10_dist.config.fields import FIELDS, PRUNERS, Bounds, Config, PrunerSpec, TrialSpec, choices, describe_options
+from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
+from cifar10_dist.config.rules import (
+                                        MODEL_REFERENCE,
+                                        absolute_model_reference,
+                                        is_model_reference,
+                                        milestone_epochs,
+                                        planned_world_size,
+                                        validate,
+)
+
+__all__ = ["FIELDS", "PRUNERS", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
+           "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
+           "is_model_reference", "milestone_epochs", "planned_world_size", "validate"]

@@ -1,0 +1,323 @@
+"""The run configuration's fields: one typed, frozen dataclass, the single source of defaults, help texts and
+each key's own rules (a ``Literal`` annotation for a word's choices, ``Bounds`` for a number's range), checked
+by ``check_field``. Adding a key with a range is one field here; rules that tie several keys together are in
+``rules``."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from cifar10_dist.errors import UserError
+
+PRUNERS = ("median", "hyperband", "none")
+LIST_FIELDS = ("lr_milestones",)  # str fields holding comma-separated numbers (fire gives a tuple for 30,60)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A number field's accepted range, declared with the field: ``low``/``high`` (either may be None), each
+    included unless ``*_open``. ``reads`` replaces how the rule reads in the error ("in 0..16 pixels"); ``note``
+    follows it (", e.g. 0.999")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    reads: str | None = None
+    note: str = ""
+
+    def accepts(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def describe(self, whole: bool) -> str:
+        """'at least 1', '0 or more', 'greater than 0', 'in [0, 1)', 'in 1..20' (whole numbers), plus the note."""
+        if self.reads is not None:
+            text = self.reads
+        elif self.high is None:
+            text = (f"greater than {self.low:g}" if self.low_open else "0 or more" if self.low == 0
+                    else f"at least {self.low:g}")
+        elif whole:
+            text = f"in {self.low:g}..{self.high:g}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return text + self.note
+
+
+AT_LEAST_1, AT_LEAST_0, ABOVE_0 = Bounds(1), Bounds(0), Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
+
+
+def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
+           choices_read: str | None = None, internal: bool = False) -> Any:
+    """A config field with its one-line help text and its own rules: ``bounds`` for a number, the ``Literal``
+    annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words accepted
+    besides the field's type; ``internal``: set by the tool itself, left out of --help and the docs."""
+    return field(default=default, metadata={"help": help, "also": also, "bounds": bounds,
+                                            "choices_read": choices_read, "internal": internal})
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    """A study's pruner as plain data: a study keeps its pruner in the process, not in the storage, so a trial's
+    processes build the same one from this (``trials.make_pruner``)."""
+
+    name: str = "median"  # one of PRUNERS
+    startup_trials: int = 5  # median: trials that are never pruned, the first ones
+    warmup_epochs: int = 0  # median: epochs of a trial that are never pruned
+    max_epochs: int = 1  # hyperband: the largest resource, the trials' num_epochs
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """The Optuna trial a run is (``Config.trial``, set by tune): where its study is, its number, the values tried
+    and the pruner, so that each of its processes reaches the trial through the storage."""
+
+    study: str
+    storage: str
+    number: int
+    params: dict[str, Any]
+    pruner: PrunerSpec = PrunerSpec()
+
+    @classmethod
+    def from_mapping(cls, values: Any) -> TrialSpec:
+        """A spec from config.yaml's ``trial`` mapping (a trial's run resumed or run again), or one line naming
+        what is missing or wrong."""
+        if isinstance(values, TrialSpec):
+            return values
+        keys = {f.name for f in dataclasses.fields(cls)}
+        pruner_keys = {f.name for f in dataclasses.fields(PrunerSpec)}
+        if (not isinstance(values, dict) or not {"study", "storage", "number", "params"} <= set(values) <= keys
+                or not isinstance(values.get("pruner", {}), dict) or not set(values.get("pruner", {})) <= pruner_keys):
+            raise UserError(f"trial={values!r} is not a tuning trial: expected study, storage, number, params and "
+                            f"pruner ({', '.join(sorted(pruner_keys))}); tune sets this key, leave it out")
+        pruner = PrunerSpec(**values.get("pruner", {}))
+        return cls(**{**values, "params": dict(values["params"]), "pruner": pruner})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a training or evaluation run needs. Defaults follow the Ignite CIFAR-10 tutorial."""
+
+    # data
+    dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), synthetic (generated in memory), or "
+                          "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)")
+    data_path: str = option("cifar10", "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when "
+                            "missing)")
+    label_mode: Literal["fine", "coarse"] = option("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20 "
+                                                   "superclasses)", choices_read="fine or coarse")
+    download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)")
+    image_size: int = option(32, "dataset=folder: images are stored and trained at this size (shorter side scaled, "
+                             "centre crop); CIFAR is 32", bounds=Bounds(8, 1024, reads="in 8..1024 pixels"))
+    skip_bad_images: bool = option(False, "dataset=folder: train without unreadable image files (else refused, "
+                                   "naming them)")
+    drop_test_duplicates: bool = option(False, "dataset=folder: remove test/val images that are exact copies of "
+                                        "training images (always counted and warned about)")
+    cache_dir: Optional[str] = option(None, "dataset=folder: where the decoded images are cached (default: "
+                                      "data_path/.cifar10_dist_cache)")
+    synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)",
+                                 bounds=Bounds(10, reads="at least 10 (it is too small)"))
+    num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)", bounds=AT_LEAST_0)
+    train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics",
+                                  bounds=Bounds(0, reads="0 (off) or more"))
+    val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "
+                              "test set then used once at the end (0: validate on the test set)",
+                              bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"))
+    val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)")
+    data_on_device: bool = option(False, "keep all images on the training device as uint8 and slice batches there "
+                                  "(GPU: no host copies; num_workers unused)")
+    # augmentation
+    crop_padding: int = option(4, "pixels of padding before the random 32x32 crop (0: no crop)",
+                               bounds=Bounds(0, 16, reads="in 0..16 pixels"))
+    crop_pad_mode: Literal["zeros", "reflect"] = option("zeros", "padding for the crop: zeros or reflect",
+                                                        choices_read="zeros or reflect")
+    flip: Literal["random", "alternating", "none"] = option("random", "horizontal flip: random (per image), "
+                                                            "alternating (half the images pre-flipped, all flipped "
+                                                            "every other epoch) or none")
+    auto_augment: Literal["none", "trivialaugment", "randaugment", "autoaugment"] = option(
+        "none", "a torchvision.transforms.v2 policy per training image: none, trivialaugment, randaugment or "
+        "autoaugment (its CIFAR-10 policy)")
+    auto_augment_magnitude: Optional[int] = option(None, "randaugment: magnitude 0..30 (default 9); trivialaugment: "
+                                                   "number of magnitude bins 2..31 (default 31)")
+    random_erasing: float = option(0.0, "probability of erasing a random rectangle of each training image "
+                                   "(torchvision's RandomErasing), 0..1",
+                                   bounds=Bounds(0, 1, reads="a probability in 0..1"))
+    mixup_alpha: float = option(0.0, "MixUp's Beta(alpha, alpha) for training batches (0: off; with cutmix_alpha, "
+                                "one of the two per batch)", bounds=Bounds(0, reads="0 (off) or more"))
+    cutmix_alpha: float = option(0.0, "CutMix's Beta(alpha, alpha) for training batches (0: off)",
+                                 bounds=Bounds(0, reads="0 (off) or more"))
+    # model and optimisation
+    model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
+                        "your own: package.module:factory or path/to/file.py:factory")
+    model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
+                                          "(e.g. '{\"width\": 64}')")
+    seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
+    seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max",
+                        bounds=AT_LEAST_1)
+    deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
+    batch_size: int = option(512, "global batch size, split evenly over all processes", bounds=AT_LEAST_1)
+    accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
+                                     "one optimizer step: effective batch = batch_size x N; the LR schedule, "
+                                     "checkpoint_every and logging count batches (iterations)",
+                                     bounds=Bounds(1, note=" (1: no accumulation)"))
+    optimizer: Literal["sgd", "adamw"] = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_beta1, adam_beta2, "
+                                                       "adam_eps)")
+    learning_rate: float = option(0.4, "peak learning rate reached after the warmup", bounds=ABOVE_0)
+    momentum: float = option(0.9, "SGD momentum", bounds=FRACTION)
+    nesterov: bool = option(True, "use Nesterov momentum")
+    weight_decay: float = option(1e-4, "weight decay (SGD's L2 term, AdamW's decoupled decay)", bounds=AT_LEAST_0)
+    norm_weight_decay: Optional[float] = option(None, "weight decay of normalisation layers' weights and biases "
+                                                "(None: weight_decay), as torchvision's reference names it",
+                                                bounds=Bounds(0, note=" (or None: weight_decay)"))
+    bias_weight_decay: Optional[float] = option(None, "weight decay of every bias (None: weight_decay; before "
+                                                "norm_weight_decay for norm biases)",
+                                                bounds=Bounds(0, note=" (or None: weight_decay)"))
+    adam_beta1: float = option(0.9, "adamw: beta1")
+    adam_beta2: float = option(0.999, "adamw: beta2")
+    adam_eps: float = option(1e-8, "adamw: eps", bounds=ABOVE_0)
+    clip_grad_norm: Optional[float] = option(None, "clip the gradient's total norm to this (after unscaling under "
+                                             "fp16; the accumulated gradient); the pre-clip norm is logged",
+                                             bounds=Bounds(0, low_open=True, note=" (or None: off)"))
+    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm over all processes (nccl: torch's "
+                           "SyncBatchNorm computes on GPUs only)")
+    label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)",
+                                    bounds=FRACTION)
+    bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
+                                  "divided by it, so the decay per step stays)", bounds=ABOVE_0)
+    whitening_bias_lr_scale: float = option(1.0, "learning-rate factor for the airbench whitening bias (weight decay "
+                                            "divided by it)", bounds=ABOVE_0)
+    whitening_bias_epochs: float = option(3.0, "epochs the airbench whitening bias trains before it freezes, as "
+                                          "airbench does", bounds=ABOVE_0)
+    whitening_bias_decay: bool = option(False, "the whitening bias's lr falls linearly from its peak to 0 over "
+                                        "whitening_bias_epochs (airbench94_muon) instead of following the schedule")
+    muon_lr: Optional[float] = option(None, "train the convolution filters with torch.optim.Muon at this peak lr "
+                                      "(torch 2.9+; the rest with SGD), as airbench94_muon does; follows the same "
+                                      "schedule", bounds=Bounds(0, low_open=True, note=" (or None: SGD only)"))
+    muon_momentum: float = option(0.6, "Muon's Nesterov momentum (with muon_lr)", bounds=FRACTION)
+    muon_ns_steps: int = option(3, "Muon's Newton-Schulz iterations per step (with muon_lr)", bounds=Bounds(1, 20))
+    num_epochs: int = option(5, "number of training epochs", bounds=AT_LEAST_1)
+    num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup to learning_rate, then "
+                                      "linear decay")
+    lr_start: float = option(0.0, "learning rate at iteration 0, as a fraction of learning_rate")
+    lr_end: float = option(0.0, "learning rate at the last iteration, as a fraction of learning_rate")
+    lr_schedule: Literal["linear", "cosine", "step"] = option(
+        "linear", "after the warmup: linear (to lr_end), cosine (torch's CosineAnnealingLR to lr_end) or step "
+        "(x lr_gamma at each of lr_milestones)")
+    lr_milestones: Optional[str] = option(None, "step: epochs at which the lr is multiplied by lr_gamma, e.g. 30,60")
+    lr_gamma: float = option(0.1, "step: the factor at each milestone", bounds=Bounds(0, 1, low_open=True))
+    ema_decay: Optional[float] = option(None, "keep an exponential moving average of the weights, this decay per "
+                                        "optimizer step (e.g. 0.999), warmed up from 0.9 over the LR warm-up; it is "
+                                        "evaluated next to the model, chooses the best model and takes the test",
+                                        bounds=Bounds(0, 1, low_open=True, high_open=True, note=", e.g. 0.999"))
+    lookahead: bool = option(False, "airbench's lookahead: from 30% of training, every 5 steps move the weights "
+                             "to an EMA of them whose decay grows to 0.77")
+    epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)",
+                                         bounds=AT_LEAST_1)
+    # speed
+    with_amp: Union[bool, str] = option(False, "mixed precision: auto (what the hardware runs fast: bf16 on CPUs with "
+                                        "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "
+                                        "8.0+, else fp16 + GradScaler; bf16 on XLA), True (fp16 + GradScaler on CUDA, "
+                                        "bf16 elsewhere, even where slow) or False (fp32)", also=("auto",))
+    amp_dtype: Literal["auto", "float16", "bfloat16"] = option(
+        "auto", "with_amp=True's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 (with a "
+        "GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
+    channels_last: bool = option(False, "channels-last memory format for model and inputs")
+    keep_freed_memory: bool = option(True, "CPU training on Linux (glibc): freed memory stays in the process for reuse "
+                                     "instead of going back to the OS after every step (wide batches train up to "
+                                     "1.4x faster; the process keeps its peak memory until it exits)")
+    compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
+    tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
+    cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
+    # evaluation, checkpoints, logging
+    validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1)
+    early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val accuracy "
+                                                    "gain above early_stopping_min_delta (needs val_split > 0)",
+                                                    bounds=Bounds(1, note=" (or None: off)"))
+    early_stopping_min_delta: float = option(0.0, "smallest val accuracy gain that counts as an improvement",
+                                             bounds=AT_LEAST_0)
+    tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
+                      "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)")
+    checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
+                                   bounds=AT_LEAST_1)
+    log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1)
+    output_path: str = option("output-cifar10/", "parent folder of run folders")
+    run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
+    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
+    overwrite: bool = option(False, "start afresh in a run folder that holds a run: the old folder is moved aside to "
+                             "NAME.replaced-<time>, never deleted")
+    with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")
+    clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)")
+    clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import")
+    # launch
+    backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
+        None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
+        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)")
+    nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)",
+                                           bounds=Bounds(1, reads=">= 1"))
+    nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)", bounds=AT_LEAST_1)
+    node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
+    master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
+    master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)",
+                                        bounds=Bounds(1, 65535))
+    init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file")
+    dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing",
+                               bounds=Bounds(1, reads="at least 1 second"))
+    # set by tune
+    trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, "
+                                        "params); rank 0 reports each val accuracy there and the run may be pruned; "
+                                        "no test set", internal=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def choices(name: str) -> tuple[Any, ...]:
+    """The values a ``Literal`` field accepts (() for any other field)."""
+    annotation = typing.get_type_hints(Config)[name]
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(candidate) is Literal:
+            return typing.get_args(candidate)
+    return ()
+
+
+def check_field(name: str, value: Any) -> None:
+    """One field's own rules, declared with it: its choices, its bounds."""
+    meta = FIELDS[name].metadata
+    if value is None or value in meta["also"] or isinstance(value, (bool, dict, TrialSpec)):
+        return
+    accepted = choices(name)
+    if accepted and value not in accepted:
+        words = meta["choices_read"] or f"one of {', '.join(map(str, accepted))}"
+        shown, verdict = (f"'{value}'", "is unknown") if isinstance(value, str) else (value, "is not accepted")
+        raise UserError(f"{name}={shown} {verdict}: choose {words}")
+    bounds = meta["bounds"]
+    if bounds is not None and not bounds.accepts(value):
+        raise UserError(f"{name}={value} must be {bounds.describe(isinstance(value, int))}")
+    if name == "run_name" and not _is_plain_name(value):
+        raise UserError(f"run_name='{value}' must be a plain folder name")
+
+
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+def describe_options() -> str:
+    """One line per config key: name, default and meaning (for --help)."""
+    shown = {name: f for name, f in FIELDS.items() if not f.metadata["internal"]}
+    width = max(len(name) + len(repr(f.default)) for name, f in shown.items()) + 4
+    lines = []
+    for name, f in shown.items():
+        flag = f"--{name}={_format_default(f.default)}"
+        lines.append(f"  {flag:<{width}} {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def _format_default(value: Any) -> str:
+    return "None" if value is None else str(value)

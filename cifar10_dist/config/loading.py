@@ -1,0 +1,178 @@
+"""Building a Config: defaults < YAML file (``--config``) < keyword overrides (command line or Python), each value
+converted to its field's type or refused in one line, unknown keys with "did you mean"; values the user did not
+set that a shorter or accumulated run leaves no room for are adjusted with one line."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import sys
+import types
+import typing
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Collection, Literal
+
+import yaml
+
+from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, TrialSpec
+from cifar10_dist.config.rules import absolute_model_reference, validate
+from cifar10_dist.errors import UserError, first_line
+
+
+def load_config(config_file: str | Path | None = None, *, given: Collection[str] | None = None,
+                **overrides: Any) -> Config:
+    """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
+    set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
+    from_file = read_yaml_mapping(Path(config_file)) if config_file is not None else {}
+    values = {**from_file, **overrides}
+    for key in values:
+        _check_known(key, source=f"in {config_file}" if key not in overrides else "")
+    typed = {key: _coerce(key, value) for key, value in values.items()}
+    if "model" in typed:
+        typed["model"] = absolute_model_reference(typed["model"])
+    explicit = set(overrides if given is None else given)
+    if "checkpoint_every" not in explicit:
+        source = ("the default" if "checkpoint_every" not in values
+                  else f"from {config_file}" if config_file is not None else "from the config given")
+        _checkpoints_after_steps(typed, source)
+    if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:
+        _warmup_within_a_shorter_run(typed, from_file, config_file)
+    config = Config(**typed)
+    validate(config)
+    return config
+
+
+def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
+    """A checkpoint_every the user did not set (a config file's or the default) rounded up to a multiple of
+    accumulation_steps, with one INFO line; one set explicitly is refused by ``validate`` instead."""
+    steps = typed.get("accumulation_steps", FIELDS["accumulation_steps"].default)
+    every = typed.get("checkpoint_every", FIELDS["checkpoint_every"].default)
+    if steps < 1 or every < 1 or every % steps == 0:
+        return  # validate() names a bad value
+    typed["checkpoint_every"] = -(-every // steps) * steps
+    note(f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
+         f"accumulation_steps={steps}: checkpoints are taken after optimizer steps")
+
+
+def _warmup_within_a_shorter_run(typed: dict[str, Any], from_file: dict[str, Any], config_file: Any) -> None:
+    """A warmup the user did not set (a config file's or the default) that a shorter num_epochs, set explicitly,
+    leaves no room after, scaled to the same share of the run, with one INFO line (``--num_epochs=1`` on any
+    shipped config is a smoke test); a warmup set explicitly is refused by ``validate`` instead."""
+    warmup = typed.get("num_warmup_epochs", FIELDS["num_warmup_epochs"].default)
+    epochs = typed["num_epochs"]
+    if not isinstance(warmup, float) or not isinstance(epochs, int) or epochs < 1 or warmup < epochs:
+        return  # fits, or validate() names a bad value
+    planned = _coerce("num_epochs", from_file.get("num_epochs", FIELDS["num_epochs"].default))
+    source = f"from {config_file}" if "num_warmup_epochs" in from_file else "the default"
+    if planned <= warmup:
+        return  # the file's own warmup does not fit its own epochs: validate() refuses it
+    typed["num_warmup_epochs"] = round(warmup * epochs / planned, 4)
+    note(f"num_warmup_epochs={warmup} ({source}) scaled to {typed['num_warmup_epochs']} for num_epochs={epochs}: "
+         f"the same share of the run as {warmup} of {planned} epochs")
+
+
+def note(message: str) -> None:
+    """An INFO line about the config, before any run logs: through the package's logger when the caller set it up,
+    else on stderr in the runs' format."""
+    package_logger = logging.getLogger("cifar10_dist")
+    if package_logger.handlers:
+        package_logger.info(message)
+    else:
+        print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
+
+
+def read_yaml_mapping(path: Path, what: str = "config file", example: str = "configs/default.yaml") -> dict[str, Any]:
+    """A YAML file holding a mapping ({} when empty); every other case one line naming the file (``what``) and
+    what is wanted (a YAML file like ``example``)."""
+    if path.is_dir():
+        raise UserError(f"{what} '{path}' is a folder: give a YAML file (e.g. {example})")
+    if not path.is_file():
+        raise UserError(f"{what} '{path}' does not exist: give a path to a YAML file (e.g. {example})")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UserError(f"{what} '{path}' is not valid YAML: {first_line(error)}") from error
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"{what} '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
+    return loaded
+
+
+def _check_known(key: str, source: str = "") -> None:
+    if key in FIELDS:
+        return
+    where = f" {source}" if source else ""
+    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else "run with --help to list the valid keys"
+    raise UserError(f"unknown config key '{key}'{where}: {hint}")
+
+
+def _field_type(name: str) -> tuple[type, bool]:
+    """(base type, accepts None) of a field, from its annotation (a ``Literal``'s base: the type of its values)."""
+    annotation = typing.get_type_hints(Config)[name]
+    optional = False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if type(None) not in args:
+            return args[0], False  # bool | str: a bool, or one of the field's ``also`` words
+        (annotation,), optional = [arg for arg in args if arg is not type(None)], True
+    if typing.get_origin(annotation) is Literal:
+        return type(typing.get_args(annotation)[0]), optional
+    return annotation, optional
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert a YAML/command-line value to the field's type, or raise a UserError naming both."""
+    base, optional = _field_type(name)
+    also = FIELDS[name].metadata["also"]
+    if isinstance(value, str) and value.lower() in also:
+        return value.lower()
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise UserError(f"{name}=None is not accepted: expected {base.__name__}")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)  # fire turns --run_name=7 into the int 7
+        if name in LIST_FIELDS and isinstance(value, (list, tuple)):
+            return ",".join(str(item) for item in value)  # fire turns --lr_milestones=30,60 into (30, 60)
+    elif base is dict:
+        return _json_object(name, value)
+    elif base is TrialSpec:
+        return TrialSpec.from_mapping(value)
+    type_name = " or ".join([base.__name__, *also, *(["None"] if optional else [])])
+    raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
+
+
+def _json_object(name: str, value: Any) -> dict[str, Any]:
+    """A mapping as given (fire and YAML parse one), or a JSON object text, made of JSON values only."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise UserError(f"{name}={value!r} is not valid JSON ({error.msg}): give an object, e.g. '{{\"width\": 64}}'"
+                            ) from error
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise UserError(f"{name}={value!r} must be a JSON object with string keys, e.g. '{{\"width\": 64}}'")
+    try:
+        return json.loads(json.dumps(value))  # plain JSON values only (they go into config.yaml and checkpoints)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{name}={value!r} holds a value JSON cannot carry: {error}") from error
+
+

@@ -1,0 +1,150 @@
+"""The config rules that tie several keys together (each key's own rules are declared with its field), and
+model references."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from cifar10_dist import sources
+from cifar10_dist.config.fields import FIELDS, Config, check_field
+from cifar10_dist.errors import UserError
+
+# package.module:factory or path/to/file.py:factory (the factory may be an attribute path: module:Class.create)
+MODEL_REFERENCE = re.compile(r"^(?P<source>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attribute>[A-Za-z_][\w.]*)$")
+
+
+def is_model_reference(model: str) -> bool:
+    """True for a user model (``module:factory`` or ``file.py:factory``) rather than a built-in name."""
+    return ":" in model
+
+
+def absolute_model_reference(model: str) -> str:
+    """A file reference made absolute (it is recorded in config.yaml and checkpoints and used from any folder)."""
+    match = MODEL_REFERENCE.match(model)
+    if match is None or not match["source"].endswith(".py"):
+        return model
+    return f"{os.path.abspath(match['source'])}:{match['attribute']}"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+def validate(config: Config) -> None:
+    """Reject impossible values before anything starts; each message names the value and what is accepted.
+    Each field's own rules are declared with it (``fields.check_field``); the rules below tie several keys together."""
+    c = config
+    for name in FIELDS:
+        check_field(name, getattr(c, name))
+    _require(c.num_warmup_epochs >= 0 and c.num_warmup_epochs < c.num_epochs,
+             f"num_warmup_epochs={c.num_warmup_epochs} must be at least 0 and less than num_epochs={c.num_epochs}")
+    _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
+    _require(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1,
+             f"adam_beta1={c.adam_beta1} and adam_beta2={c.adam_beta2} must be in [0, 1)")
+    sources.check(c.dataset, c.label_mode, c.image_size)
+    _require(c.seeds == 1 or c.resume_from in (None, "auto"),
+             f"seeds={c.seeds} with resume_from='{c.resume_from}': one checkpoint cannot continue several runs; use auto")
+    _require(c.with_amp != "auto" or c.amp_dtype == "auto",
+             f"amp_dtype={c.amp_dtype} with with_amp=auto: auto chooses the type itself; give with_amp=True to choose it")
+    _require(not (c.compile and c.backend == "xla-tpu"),
+             "compile=True is not supported with backend xla-tpu (XLA compiles the graph itself): leave compile off")
+    _require(c.resume_from != "auto" or c.run_name is not None,
+             "resume_from=auto needs run_name: the run folder (output_path/run_name) to continue")
+    _require(not (c.overwrite and c.resume_from is not None),
+             f"overwrite=True and resume_from='{c.resume_from}' contradict each other: continue or start afresh, not both")
+    _validate_training_options(c)
+    _validate_launch(c)
+
+
+def _validate_training_options(c: Config) -> None:
+    """The model reference, accumulation, early stopping, the optimizer, the schedule and the augmentations."""
+    _require(not is_model_reference(c.model) or MODEL_REFERENCE.match(c.model) is not None,
+             f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory")
+    _require(c.checkpoint_every % c.accumulation_steps == 0,
+             f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
+             "checkpoints are taken after optimizer steps")
+    _require(not (c.lookahead and c.accumulation_steps > 1),
+             f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
+             f"accumulation_steps={c.accumulation_steps}")
+    _require(c.early_stopping_patience is None or c.val_split > 0,
+             f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
+             "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen")
+    _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
+    _require(c.muon_lr is None or c.optimizer == "sgd",
+             f"muon_lr={c.muon_lr} with optimizer={c.optimizer}: Muon trains the filters next to SGD; use "
+             "optimizer=sgd, or leave muon_lr unset")
+    milestones = milestone_epochs(c.lr_milestones)
+    _require(c.lr_schedule == "step" or not milestones,
+             f"lr_milestones={c.lr_milestones} is for lr_schedule=step, not {c.lr_schedule}")
+    _require(c.lr_schedule != "step" or bool(milestones),
+             "lr_schedule=step needs lr_milestones: the epochs at which the lr drops, e.g. --lr_milestones=30,60")
+    _require(all(c.num_warmup_epochs < m < c.num_epochs for m in milestones) and milestones == sorted(set(milestones)),
+             f"lr_milestones={c.lr_milestones} must increase and lie between num_warmup_epochs={c.num_warmup_epochs} "
+             f"and num_epochs={c.num_epochs}")
+    magnitude, ranges = c.auto_augment_magnitude, {"randaugment": (0, 30), "trivialaugment": (2, 31)}
+    _require(magnitude is None or c.auto_augment in ranges,
+             f"auto_augment_magnitude={magnitude} is for randaugment or trivialaugment, not auto_augment={c.auto_augment}")
+    low, high = ranges.get(c.auto_augment, (0, 0))
+    _require(magnitude is None or low <= magnitude <= high,
+             f"auto_augment_magnitude={magnitude} is out of range for {c.auto_augment}: {low}..{high}")
+    _require(not c.sync_bn or c.backend == "nccl",
+             f"sync_bn=True with backend={c.backend}: torch's SyncBatchNorm computes on GPUs only; it needs "
+             "backend=nccl (and several processes)")
+
+
+def milestone_epochs(milestones: str | None) -> list[float]:
+    """lr_milestones as numbers ([] when None); a UserError naming a value that is not one."""
+    if milestones is None:
+        return []
+    try:
+        return [float(part) for part in str(milestones).split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"lr_milestones='{milestones}' must be epochs separated by commas, e.g. 30,60") from None
+
+
+def _validate_launch(c: Config) -> None:
+    """Spawning keys need a backend; several nodes need their rank and node 0's address."""
+    if c.backend is None:
+        for key in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port"):
+            _require(getattr(c, key) is None, f"{key}={getattr(c, key)} needs a distributed backend: add "
+                                              "--backend=gloo (CPU) or nccl (GPU)")
+        _require(c.init_method == "env://", f"init_method='{c.init_method}' needs backend gloo or nccl")
+        return
+    _validate_init_method(c)
+    nnodes = c.nnodes or 1
+    if nnodes > 1 or c.node_rank is not None:
+        _require(c.nproc_per_node is not None, "nnodes and node_rank are for spawning: give nproc_per_node too")
+    if nnodes > 1:
+        _require(c.node_rank is not None and 0 <= c.node_rank < nnodes,
+                 f"node_rank={c.node_rank} must be given and in 0..{nnodes - 1} when nnodes={nnodes}")
+        _require(c.init_method != "env://" or (c.master_addr is not None and c.master_port is not None),
+                 f"nnodes={nnodes} needs master_addr and master_port (the address and a free port of node 0)")
+
+
+def _validate_init_method(c: Config) -> None:
+    """env:// (MASTER_ADDR/PORT) or file:// (a shared file system); Ignite refuses tcp:// because it hangs."""
+    accepted = "env:// or file:///path/on/a/shared/filesystem"
+    if c.init_method == "env://":
+        return
+    _require(c.init_method.startswith("file:///"), f"init_method='{c.init_method}' is not accepted: use {accepted}")
+    _require(
+        c.backend in ("gloo", "nccl"),
+        f"init_method='{c.init_method}' works with backend gloo or nccl only, not '{c.backend}'",
+    )
+    _require(
+        c.master_addr is None and c.master_port is None,
+        f"init_method='{c.init_method}' replaces master_addr/master_port: drop them",
+    )
+
+
+def planned_world_size(config: Config) -> int | None:
+    """World size known from the config alone (internal spawning or one process), else None (torchrun decides)."""
+    if config.backend is None:
+        return 1
+    if config.nproc_per_node is not None:
+        return config.nproc_per_node * (config.nnodes or 1)
+    return None
+
+

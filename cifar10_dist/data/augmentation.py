@@ -1,0 +1,106 @@
+"""Batch transforms on the training device: pad, random crop and flip of a uint8 batch from a seeded generator,
+normalisation with the dataset's channel statistics, and torchvision.transforms.v2's policies (TrivialAugment,
+RandAugment, AutoAugment per image), RandomErasing and MixUp/CutMix, which draw from torch's default generator
+(reseeded per iteration by ``batches``: resume stays exact)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from cifar10_dist.data.records import MEAN, STD
+
+PAD = 4  # pixels of padding before the random crop, CIFAR's default
+
+
+def augment(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = PAD,
+    pad_mode: str = "zeros",
+    flip: str = "random",
+) -> torch.Tensor:
+    """Pad (zeros or reflect), take a random 32x32 crop per image and flip (``random``: each image with
+    probability 1/2, ``all`` or ``none``), on a uint8 batch.
+
+    Random numbers come from ``generator`` (a CPU generator), so results do not depend on the device.
+    """
+    if padding == 0 and flip == "none":
+        return images  # nothing to draw or move
+    count, size = images.shape[0], images.shape[-1]
+    mode = "constant" if pad_mode == "zeros" else "reflect"
+    padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
+    offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator).to(images.device)
+    if flip == "random":
+        flips = (torch.rand(count, generator=generator) < 0.5).to(images.device)
+    else:
+        flips = torch.full((count,), flip == "all", device=images.device)
+    steps = torch.arange(size, device=images.device)
+    rows = (offsets[0, :, None] + steps)[:, None, :, None]  # (N, 1, 32, 1)
+    columns = offsets[1, :, None] + steps  # (N, 32)
+    columns = torch.where(flips[:, None], columns.flip(1), columns)[:, None, None, :]  # (N, 1, 1, 32)
+    batch_index = torch.arange(count, device=images.device)[:, None, None, None]
+    channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
+    return padded[batch_index, channel_index, rows, columns]
+
+
+def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:
+    """uint8 (N, 3, H, W) to float32 normalised with a channel mean and std of 0..1 pixels (CIFAR-10's unless
+    given: a folder dataset's come from its training images, ``data.records.DatasetInfo``)."""
+    scaled_mean, scaled_std = _normalization(images.device, tuple(mean), tuple(std))
+    return (images.float() - scaled_mean) / scaled_std
+
+
+@functools.lru_cache(maxsize=8)
+def _normalization(device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch)."""
+    return (torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255,
+            torch.tensor(std, device=device).view(1, 3, 1, 1) * 255)
+
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def policy(name: str, magnitude: int | None = None) -> Transform | None:
+    """torchvision.transforms.v2's augmentation policy for one uint8 image (3, H, W), or None for "none":
+    TrivialAugmentWide (``magnitude``: its number of bins, default 31), RandAugment (magnitude, default 9) or
+    AutoAugment with its CIFAR-10 policy."""
+    if name == "none":
+        return None
+    from torchvision.transforms import v2
+
+    if name == "trivialaugment":
+        return v2.TrivialAugmentWide(num_magnitude_bins=31 if magnitude is None else magnitude)
+    if name == "randaugment":
+        return v2.RandAugment(magnitude=9 if magnitude is None else magnitude)
+    return v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10)
+
+
+def random_erasing(probability: float) -> Transform | None:
+    """torchvision's RandomErasing for one normalised image (erased to 0, the mean), or None when off."""
+    if probability <= 0:
+        return None
+    from torchvision.transforms import v2
+
+    return v2.RandomErasing(p=probability, value=0)
+
+
+def per_image(transform: Transform, images: torch.Tensor) -> torch.Tensor:
+    """``transform`` on each image of a batch with its own random draws (v2 given a batch draws once for all)."""
+    return torch.stack([transform(image) for image in images])
+
+
+def mixing(mixup_alpha: float, cutmix_alpha: float, num_classes: int
+           ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """torchvision's MixUp and/or CutMix on a (float images, int labels) batch, returning soft labels (N, classes);
+    with both, one of the two per batch (as torchvision's reference script does). None when both are off."""
+    from torchvision.transforms import v2
+
+    chosen = [*([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []),
+              *([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])]
+    if not chosen:
+        return None
+    return chosen[0] if len(chosen) == 1 else v2.RandomChoice(chosen)

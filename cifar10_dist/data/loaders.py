@@ -1,0 +1,162 @@
+"""In-memory images served in batches: whole batches sliced from one uint8 tensor (on the training device with
+``data_on_device``), a seeded sampler that can resume part-way through an epoch, exact evaluation shards at any
+world size, the held-out validation images and the fixed train subset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from cifar10_dist.data.records import ImageSet
+from cifar10_dist.errors import UserError
+
+
+class BatchTensorDataset(Dataset):
+    """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work."""
+
+    def __init__(self, images: ImageSet) -> None:
+        self.images = images.images
+        self.labels = images.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, device=self.images.device)
+        return self.images[index], self.labels[index]
+
+    def __repr__(self) -> str:
+        return f"BatchTensorDataset({len(self)} images)"
+
+
+def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate function for BatchTensorDataset: the batch is already assembled."""
+    return batch
+
+
+class ResumableSampler(DistributedSampler):
+    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-epoch exactly."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def start_next_pass_at(self, position: int) -> None:
+        """Skip the first ``position`` indices of the next pass only."""
+        self.start = position
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0
+        return iter(indices)
+
+
+class ShardSampler(DistributedSampler):
+    """Every index exactly once over all ranks (rank r gets r, r + W, ...): no padding, for exact evaluation."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    train_eval: DataLoader | None
+    test: DataLoader
+    val: DataLoader | None = None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The training images left to train on, the held-out validation images, and their original indices."""
+
+    train: ImageSet
+    val: ImageSet | None
+    indices: torch.Tensor  # sorted indices into the full training set; empty when nothing is held out
+
+
+def hold_out(train: ImageSet, fraction: float, seed: int) -> HeldOut:
+    """Hold out round(fraction * N) training images, chosen by ``seed`` alone: the same images on every rank,
+    at every world size and in every run with that seed, whatever the training seed."""
+    count = round(fraction * len(train))
+    if count == 0:
+        return HeldOut(train, None, torch.empty(0, dtype=torch.long))
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+    held, kept = order[:count].sort().values, order[count:].sort().values
+    return HeldOut(ImageSet(train.images[kept], train.labels[kept]), ImageSet(train.images[held], train.labels[held]), held)
+
+
+def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
+    """The same ``size`` images on every rank and every run with this seed."""
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size]
+    return ImageSet(images.images[order], images.labels[order])
+
+
+def make_loaders(
+    train: ImageSet,
+    test: ImageSet,
+    *,
+    batch_size: int,
+    num_workers: int,
+    train_eval_size: int,
+    seed: int,
+    val: ImageSet | None = None,
+    device: torch.device | None = None,
+) -> Loaders:
+    """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders.
+
+    With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
+    """
+    import ignite.distributed as idist
+
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    if len(train) < batch_size:
+        raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
+    common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
+    if device is not None:
+        train, test = to_device(train, device), to_device(test, device)
+        val = to_device(val, device) if val is not None else None
+        common.update(num_workers=0, persistent_workers=False, pin_memory=False)
+    train_dataset = BatchTensorDataset(train)
+    train_sampler = ResumableSampler(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
+    train_loader = idist.auto_dataloader(
+        train_dataset, batch_size=batch_size, sampler=train_sampler, drop_last=True, **common
+    )
+    train_eval_loader = None
+    if train_eval_size > 0:
+        subset = fixed_subset(train, min(train_eval_size, len(train)), seed)
+        train_eval_loader = _eval_loader(subset, 2 * batch_size, common, world_size, rank)
+    test_loader = _eval_loader(test, 2 * batch_size, common, world_size, rank)
+    val_loader = _eval_loader(val, 2 * batch_size, common, world_size, rank) if val is not None else None
+    return Loaders(train_loader, train_eval_loader, test_loader, val_loader)
+
+
+def to_device(images: ImageSet, device: torch.device) -> ImageSet:
+    return ImageSet(images.images.to(device), images.labels.to(device))
+
+
+def pre_flip(images: ImageSet, seed: int) -> ImageSet:
+    """A copy with a seeded random half of the images mirrored: the start of alternating flip, where every
+    other epoch then mirrors whole batches, so each image is seen both ways in any two consecutive epochs."""
+    flips = torch.rand(len(images), generator=torch.Generator().manual_seed(seed)) < 0.5
+    mirrored = torch.where(flips[:, None, None, None], images.images.flip(-1), images.images)
+    return ImageSet(mirrored, images.labels)
+
+
+def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> DataLoader:
+    import ignite.distributed as idist
+
+    dataset = BatchTensorDataset(images)
+    sampler = ShardSampler(dataset, num_replicas=world_size, rank=rank)
+    return idist.auto_dataloader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **common)

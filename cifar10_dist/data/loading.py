@@ -1,0 +1,83 @@
+"""A run's images: loaded from its dataset source (``sources``: CIFAR-10/100 downloaded by one process per node,
+an image folder decoded into its cache by one process per node, synthetic data, or a source of one's own), held
+out, put in loaders, counted into iterations, and described in the run's provenance."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+
+from cifar10_dist import sources
+from cifar10_dist.config import Config
+from cifar10_dist.data import loaders
+from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.outputs import provenance
+from cifar10_dist.system import ranks
+from cifar10_dist.system.precision import Precision
+
+logger = logging.getLogger("cifar10_dist")
+
+
+@dataclass
+class DataSetup:
+    """The images, their loaders and the numbers derived from them, the same on every rank."""
+
+    train: ImageSet  # the training images left after holding out
+    info: DatasetInfo  # classes, normalisation, image size
+    loaders: loaders.Loaders
+    split: str  # where the best model is chosen: "val" (held-out images) or "test"
+    held_out_indices: list[int] | None
+    provenance: dict[str, Any]
+    iterations_per_epoch: int
+    total_iterations: int
+    images_per_iteration: int  # what all processes together train on per step
+
+
+def setup_data(config: Config, device: torch.device, precision: Precision) -> DataSetup:
+    loaded = load_datasets(config)
+    train_set, test_set = loaded.train, loaded.test
+    record = describe_run(config, loaded, device, precision)
+    if loaded.val is not None:  # a val/ folder replaces val_split
+        held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
+    else:
+        held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
+    train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
+    batch_loaders = loaders.make_loaders(
+        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
+        train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
+    )
+    iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
+    images_per_iteration = batch_loaders.train.batch_size * idist.get_world_size()
+    if images_per_iteration != config.batch_size:
+        ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
+                           "%d per step", config.batch_size, idist.get_world_size(), batch_loaders.train.batch_size,
+                           images_per_iteration)
+    return DataSetup(
+        train=held_out.train, info=loaded.info, loaders=batch_loaders, split="val" if held_out.val is not None else "test",
+        held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
+        provenance=record,
+        iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
+        images_per_iteration=images_per_iteration,
+    )
+
+
+def load_datasets(config: Config) -> LoadedData:
+    """The images of the run's dataset source (``sources``): downloaded, or a folder's cache built, by one process
+    per node first where that is needed."""
+    return sources.source_of(config.dataset).implementation().load(config)
+
+
+def describe_run(config: Config, loaded: LoadedData, device: torch.device, precision: Precision
+                 ) -> dict[str, Any]:
+    """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
+    dataset's classes, normalisation and image size, and a folder's check findings."""
+    checksum = ranks.on_rank_zero(provenance.dataset_sha256, loaded.train.images, loaded.train.labels,
+                                  loaded.test.images, loaded.test.labels)
+    record = provenance.collect(config.dataset, checksum, device, precision.name)
+    record["dataset"].update(info=loaded.info.to_dict(), **({"checks": loaded.checks} if loaded.checks else {}))
+    logger.info("provenance: %s", provenance.describe(record))
+    return record

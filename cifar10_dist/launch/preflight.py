@@ -1,0 +1,162 @@
+"""Checks of a resolved config against the world, made once, before any process starts: the model registry,
+the files the config names, and the launch environment (torchrun, GPUs, optional backends, a script's main
+guard).
+
+``config`` checks the values alone (and imports no torch); everything that has to look around is here.
+Each check raises a UserError naming the value and what to do instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import sys
+from pathlib import Path
+
+import ignite.distributed as idist
+import torch
+
+from cifar10_dist import models, sources
+from cifar10_dist.config import Config, planned_world_size
+from cifar10_dist.errors import UserError
+from cifar10_dist.system import stopping
+from cifar10_dist.training import optimizers
+
+
+def check_before_launch(config: Config) -> None:
+    """Everything that would crash or hang later, refused now with a message saying what to do instead."""
+    source = sources.source_of(config.dataset).implementation()
+    source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
+    models.check_model(config.model, config.model_kwargs, len(source.info(config).classes), config.image_size)
+    check_files(config)
+    check_launch(config)
+    check_batch_fits_world(config)
+    stopping.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
+    check_amp_dtype(config)
+    optimizers.check_muon_available(config.muon_lr)
+
+
+def check_amp_dtype(config: Config) -> None:
+    if config.with_amp and config.amp_dtype == "bfloat16" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
+        raise UserError(f"amp_dtype=bfloat16: {torch.cuda.get_device_name()} has no bf16; use amp_dtype=float16 "
+                        "(or auto)")
+
+
+def check_files(config: Config) -> None:
+    if config.resume_from not in (None, "auto") and not Path(config.resume_from).is_file():
+        raise UserError(f"resume_from='{config.resume_from}' does not exist: give a training_checkpoint_*.pt file")
+    if not config.init_method.startswith("file://"):
+        return
+    init_file = Path(config.init_method.removeprefix("file://"))
+    if not init_file.parent.is_dir():
+        raise UserError(f"init_method='{config.init_method}': the folder {init_file.parent} does not exist")
+    single_node_spawn = config.nproc_per_node is not None and (config.nnodes or 1) == 1
+    if single_node_spawn and init_file.exists():
+        raise UserError(
+            f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
+            "torch needs a new, empty file for every run: delete it or choose another name"
+        )
+
+
+def started_by_torchrun() -> bool:
+    """True in a process that torchrun (torch.distributed.run) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"LOCAL_RANK", "RANK", "WORLD_SIZE"} <= os.environ.keys()
+
+
+def check_launch(config: Config) -> None:
+    if started_by_torchrun():
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if config.nproc_per_node is not None:
+            raise UserError(
+                f"nproc_per_node={config.nproc_per_node} cannot be used under torchrun, which already started "
+                f"{world_size} processes: drop --nproc_per_node (torchrun's own --nproc_per_node sets it)"
+            )
+        if config.backend is None and world_size > 1:
+            raise UserError(
+                f"torchrun started {world_size} processes but backend is None: add --backend=gloo (CPU) or nccl (GPU)"
+            )
+    if config.backend is not None and config.nproc_per_node is not None and torch.cuda.is_available():
+        if config.nproc_per_node > torch.cuda.device_count():
+            raise UserError(
+                f"nproc_per_node={config.nproc_per_node} is more than the {torch.cuda.device_count()} visible GPUs: "
+                "to run several replicas per GPU, start them with srun or torchrun and --backend=gloo "
+                "(see scripts/slurm/shared_gpu.sbatch)"
+            )
+    if config.backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("backend='nccl' needs CUDA GPUs, but none is available here: use --backend=gloo on CPU")
+    if config.backend == "xla-tpu" and not idist.has_xla_support:
+        raise UserError("backend='xla-tpu' needs torch_xla, which is not installed (TPU runtimes provide it)")
+    if config.backend == "horovod" and not idist.has_hvd_support:
+        raise UserError("backend='horovod' needs horovod, which is not installed: pip install horovod")
+
+
+def expected_world_size(config: Config) -> int | None:
+    """The world size this launch will have: from the config (spawning or one process), torchrun's WORLD_SIZE,
+    or srun's SLURM_NTASKS; None where nothing says yet."""
+    planned = planned_world_size(config)
+    if planned is not None:
+        return planned
+    for variable in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return None
+
+
+def check_batch_fits_world(config: Config) -> None:
+    world_size = expected_world_size(config)
+    if world_size is not None and config.batch_size < world_size:
+        raise UserError(
+            f"batch_size={config.batch_size} is smaller than the world size {world_size}: every process needs a sample"
+        )
+
+
+def require_main_guard(workers: int | None) -> None:
+    """Refuse, before any process starts, a script that launches at its top level without
+    ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver
+    do), so each would start the launch anew."""
+    script, line = _main_script_call()
+    if script is None or _is_guarded(script, line):
+        return
+    source = linecache.getline(script, line).strip()
+    source = source if len(source) <= 60 else source[:57] + "..."
+    raise UserError(f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
+                    f"`if __name__ == \"__main__\":`: each worker imports {Path(script).name} again and would run "
+                    "that line itself; put the call under `if __name__ == \"__main__\":` (Python's rule for spawned "
+                    "processes)")
+
+
+def _main_script_call() -> tuple[str | None, int]:
+    """The file of the __main__ module and the line of it that led here (its outermost frame), or (None, 0) when
+    __main__ is no file (a REPL, python -c)."""
+    frame, found = sys._getframe(), None
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
+            found = frame
+        frame = frame.f_back
+    script = found.f_globals.get("__file__") if found is not None else None
+    return (script, found.f_lineno) if script and Path(script).is_file() else (None, 0)
+
+
+def _is_guarded(script: str, line: int) -> bool:
+    """Whether ``line`` of ``script`` lies inside an ``if __name__ == "__main__":`` block."""
+    try:
+        tree = ast.parse(Path(script).read_text(), filename=script)
+    except (OSError, SyntaxError, ValueError):
+        return True  # cannot tell: do not stand in the way
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _tests_main(node.test):
+            if any(child.lineno <= line <= (child.end_lineno or child.lineno) for child in node.body):
+                return True
+    return False
+
+
+def _tests_main(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, *test.comparators]
+    names = [side.id for side in sides if isinstance(side, ast.Name)]
+    values = [side.value for side in sides if isinstance(side, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]

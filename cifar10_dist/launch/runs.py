@@ -1,0 +1,98 @@
+"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint. The layer below
+``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
+
+Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
+checks it against the world once (``preflight``) and launches the per-process function of ``training.worker`` in
+every process (``spawn``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cifar10_dist.config import Config, load_config
+from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult
+
+# keys that evaluate takes from the checkpoint's recorded config unless given
+INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "label_mode", "data_path", "synthetic_size", "tta",
+                         "image_size", "skip_bad_images", "drop_test_duplicates", "cache_dir")
+
+
+def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
+    """A validated Config: ``config`` itself (with ``overrides`` applied) or built from a YAML path."""
+    if isinstance(config, Config):
+        return load_config(None, given=overrides, **{**config.to_dict(), **overrides}) if overrides else config
+    return load_config(config, **overrides)
+
+
+def train(config: Config | str | Path | None = None, **overrides: Any) -> RunResult | SeedsResult | None:
+    """Train with the given config (a Config, or a YAML file) and overrides; return the final metrics and run folder.
+
+    With ``seeds`` > 1 the runs of ``train_seeds`` and their summary. None in the processes of a torchrun/srun
+    launch other than rank 0 (rank 0 reports).
+    """
+    resolved = resolve(config, **overrides)
+    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist.training import worker
+
+    preflight.check_before_launch(resolved)
+    if resolved.seeds > 1:
+        return _train_seeds(resolved)
+    reported = spawn.run(worker.training, resolved)
+    return RunResult.from_dict(reported) if reported else None
+
+
+def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> SeedsResult | None:
+    """Train ``seeds`` times (seed, seed+1, ...) one after another; summarise the final metrics.
+
+    The summary (mean, sample std, min, max of each final metric) is also written to
+    output_path/seeds_<run_name or time>.json.
+    """
+    resolved = resolve(config, **overrides)
+    from cifar10_dist.launch import preflight
+
+    preflight.check_before_launch(resolved)
+    return _train_seeds(resolved)
+
+
+def _train_seeds(config: Config) -> SeedsResult | None:
+    from cifar10_dist.launch import spawn
+    from cifar10_dist.outputs import files, reading
+    from cifar10_dist.training import worker
+
+    runs = []
+    for seed in range(config.seed, config.seed + config.seeds):
+        run_name = f"{config.run_name}-seed{seed}" if config.run_name else None
+        reported = spawn.run(worker.training, dataclasses.replace(config, seed=seed, seeds=1, run_name=run_name))
+        if not reported:
+            return None  # a non-zero rank under torchrun: rank 0 reports
+        runs.append(dataclasses.replace(RunResult.from_dict(reported), seed=seed))
+    summary = reading.summarize_seeds([run.to_dict() for run in runs])
+    name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(config.output_path) / f"seeds_{name}.json"
+    result = SeedsResult(runs=runs, summary=summary, summary_file=str(path))
+    files.write_json(path, {"config": config.to_dict(), **result.to_dict()})
+    return result
+
+
+def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
+             **overrides: Any) -> EvaluationResult | None:
+    """Test-set accuracy, loss, per-class accuracy and confusion matrix of a saved model (a training checkpoint
+    or a best-model file). The model and data keys recorded in the checkpoint are used unless given; a training
+    checkpoint of a run with ema_decay is evaluated with its EMA weights unless ``raw_weights``."""
+    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist.outputs import checkpoint_files
+    from cifar10_dist.training import checkpointing, evaluation
+
+    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
+    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
+    if isinstance(config, Config):
+        resolved = resolve(config, **{**inherited, **overrides})
+    else:
+        resolved = load_config(config, **{**inherited, **overrides})
+    preflight.check_before_launch(resolved)
+    reported = spawn.run(evaluation.EvaluationWorker(str(checkpoint), raw_weights), resolved)
+    return EvaluationResult.from_dict(reported) if reported else None

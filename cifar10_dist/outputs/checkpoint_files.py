@@ -1,0 +1,91 @@
+"""A run folder's checkpoint files: their names, listing them (newest or best first), and reading one safely
+(``torch.load(weights_only=True)``, one line for a missing or damaged file). Writing them is
+``training.checkpointing``'s.
+
+- ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
+- ``best_model_<epoch>_(test|val)_accuracy=<acc>.pt``: keys model, meta.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cifar10_dist.errors import UserError, first_line
+
+logger = logging.getLogger(__name__)
+
+TRAINING_KEYS = ("trainer", "model", "optimizer", "lr_scheduler")
+
+
+TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
+
+
+BEST_PATTERN = re.compile(r"^best_model_(\d+)_(?:test|val)_accuracy=([0-9.]+)\.pt$")
+
+
+def best_model_file(run_dir: Path) -> Path | None:
+    """The best-model file with the highest score in run_dir (None when there is none)."""
+    found = existing_checkpoints(run_dir, BEST_PATTERN, lambda m: float(m.group(2)))
+    return run_dir / found[-1][1] if found else None
+
+
+def existing_checkpoints(run_dir: Path, pattern: re.Pattern, priority: Any) -> list[tuple[Any, str]]:
+    """Checkpoints already in a resumed run's folder, so that n_saved also counts (and prunes) them."""
+    found = []
+    for path in sorted(run_dir.glob("*.pt")):
+        match = pattern.match(path.name)
+        if match:
+            found.append((priority(match), path.name))
+    return sorted(found)
+
+
+def training_checkpoints(run_dir: Path) -> list[Path]:
+    """training_checkpoint_<N>.pt files in run_dir, newest (highest N) first."""
+    found = existing_checkpoints(run_dir, TRAINING_PATTERN, lambda m: int(m.group(1)))
+    return [run_dir / name for _, name in reversed(found)]
+
+
+def newest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """The newest training checkpoint in run_dir that loads and has every key; damaged ones are skipped."""
+    for path in training_checkpoints(run_dir):
+        try:
+            checkpoint = load_checkpoint(path)
+        except UserError as error:
+            logger.warning("skipping %s: %s", path.name, error)
+            continue
+        missing = [key for key in TRAINING_KEYS if key not in checkpoint]
+        if missing:
+            logger.warning("skipping %s: missing %s", path.name, ", ".join(missing))
+            continue
+        return path
+    return None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint file without executing code; a clear UserError for missing or unreadable files."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from error
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict")
+    return checkpoint
+
+
+def _load_failure(error: BaseException) -> str:
+    """A one-line reason for a failed torch.load: a refused global (code on unpickling) or a damaged file."""
+    text = str(error)
+    refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+    if refused:
+        return f"it asks to import {refused.group(1)}, refused (only tensors and plain data are loaded)"
+    if "weights_only" in text and "WeightsUnpickler error:" in text:
+        return "refused by the safe loader: " + text.split("WeightsUnpickler error:")[1].strip().splitlines()[0][:200]
+    return f"the file is truncated or not a PyTorch checkpoint ({first_line(error, 200)})"

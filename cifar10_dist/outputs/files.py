@@ -1,0 +1,91 @@
+"""Writing a run's files atomically (a temporary name in the same folder, then a rename): a file is complete or
+absent, and a full disk or a read-only folder is one line (``errors.OutputNotWritable``, from ``writing``)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import yaml
+
+from cifar10_dist.errors import OutputNotWritable
+
+# errno values that mean "this file cannot be written here" rather than a bug
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:
+    """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
+    or absent. A full disk or a read-only folder ends the run with one line (``errors.OutputNotWritable``) and
+    leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with writing(path):
+        try:
+            if callable(content):
+                content(temporary)
+            elif isinstance(content, bytes):
+                temporary.write_bytes(content)
+            else:
+                temporary.write_text(content)
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, content: Any) -> None:
+    write_file(path, json.dumps(content, indent=2) + "\n")
+
+
+def write_yaml(path: Path, content: Mapping[str, Any]) -> None:
+    write_file(path, yaml.safe_dump(dict(content), sort_keys=False))
+
+
+def unwritable_cause(error: BaseException | None) -> OSError | None:
+    """The OSError (disk full, quota, read-only, ...) behind an exception, following its causes and contexts:
+    torch.save, for one, reports a full disk as a RuntimeError whose context is the OSError."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in UNWRITABLE:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def free_space(folder: Path) -> str:
+    """Free space on the filesystem holding folder (or its nearest existing parent), e.g. '1.2 MiB'."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = float(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown space"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if free < 1024 or unit == "GiB":
+            return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
+        free /= 1024
+    return f"{free:.1f} TiB"
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a failure to write ``path`` (full disk, quota, read-only folder) into OutputNotWritable: one line
+    naming the file, its folder and the space left there."""
+    try:
+        yield
+    except OutputNotWritable:
+        raise
+    except Exception as error:
+        cause = unwritable_cause(error)
+        if cause is None:
+            raise
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        raise OutputNotWritable(
+            f"cannot write {path.name} in {path.parent}: {reason} ({free_space(path.parent)} free there); "
+            "the files written before it are intact"
+        ) from error

@@ -1,0 +1,144 @@
+"""The run folder: named, created and locked by rank 0 for the life of the run (one run per folder), what an
+existing folder holds, and the files written when a run starts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import ignite.distributed as idist
+
+from cifar10_dist.errors import OutputNotWritable, UserError, resume_hint
+from cifar10_dist.outputs import checkpoint_files, reading
+from cifar10_dist.outputs.files import write_json, write_yaml
+from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
+
+logger = logging.getLogger("cifar10_dist")
+
+
+def default_run_name(model: str, backend: str | None, world_size: int) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    model = model.rsplit(":", 1)[-1]  # a user model (module:factory, file.py:factory) by its factory's name
+    return f"{model}_backend-{backend}-{world_size}_{stamp}"
+
+
+LOCK_FILE = ".run.lock"  # held (flock) by rank 0 for the life of the run; the OS releases it when the holder dies
+HOLDER_FILE = ".run.lock.json"  # who holds it: host, pid, start time
+
+
+@contextlib.contextmanager
+def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None, resuming: bool,
+                    overwrite: bool) -> Iterator[Path]:
+    """The run folder, created and locked by rank 0 for as long as the run lasts; every rank gets its path.
+
+    A folder in use by another run is refused (naming the holder); a folder that already holds a run is refused
+    unless the run resumes (``resuming``) or ``overwrite`` moves the old folder aside (NAME.replaced-<time>).
+    A file of the run that cannot be written ends it with one line saying how to continue.
+    """
+    held: list[Any] = []
+
+    def claim() -> str:
+        name = run_name or default_run_name(model, backend, idist.get_world_size())
+        held.append(_claim(Path(output_path), name, resuming, overwrite))
+        return name
+
+    name = from_rank_zero(claim)
+    try:
+        yield Path(output_path) / name
+    except OutputNotWritable as error:
+        raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
+                                f"{resume_hint(name)}") from error
+    finally:
+        for lock in held:
+            if lock is not None:
+                lock.release()
+
+
+def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any:
+    folder = output_path / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"output_path='{output_path}' is not writable: {error.strerror} ({error.filename})") from error
+    lock = _lock(folder)
+    existing = describe_existing_run(folder)
+    if existing and not resuming:
+        if not overwrite:
+            _release(lock)
+            raise UserError(
+                f"run folder '{folder}' already holds a run ({existing}): continue it with --resume_from=auto, "
+                f"choose another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)"
+            )
+        aside = folder.with_name(f"{name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        folder.rename(aside)
+        logger.info("overwrite: the earlier run in %s was moved to %s", folder, aside)
+        _release(lock)
+        folder.mkdir()
+        lock = _lock(folder)
+    holder = {"host": platform.node(), "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
+    write_json(folder / HOLDER_FILE, holder)
+    return lock
+
+
+def _lock(folder: Path) -> Any:
+    """An exclusive flock on folder/.run.lock, or a UserError naming the run that holds it. Where the filesystem
+    has no flock (Lustre mounted without -o flock), a warning and no lock."""
+    from filelock import Timeout, UnixFileLock
+
+    lock = UnixFileLock(str(folder / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as busy:
+        raise UserError(f"run folder '{folder}' is in use by another run ({_holder(folder)}): wait for it to end, "
+                        "or choose another --run_name") from busy
+    except (NotImplementedError, OSError) as unsupported:
+        logger.warning("run folder %s cannot be locked on this filesystem (%s): nothing keeps a second run out",
+                       folder, unsupported)
+        return None
+    return lock
+
+
+def _release(lock: Any) -> None:
+    if lock is not None:
+        lock.release()
+
+
+def _holder(folder: Path) -> str:
+    try:
+        holder = json.loads((folder / HOLDER_FILE).read_text())
+        return f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}"
+    except (OSError, ValueError, KeyError):
+        return "holder unknown"
+
+
+def describe_existing_run(folder: Path) -> str | None:
+    """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
+    checkpoints = checkpoint_files.training_checkpoints(folder)  # newest first
+    has_metrics = (folder / "metrics.jsonl").exists()
+    if not (checkpoints or has_metrics or checkpoint_files.best_model_file(folder) or (folder / "config.yaml").exists()):
+        return None
+    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[0].name}" if checkpoints else "")]
+    epochs = reading.read_metrics(folder)[0] if has_metrics else []
+    parts.append(f"last epoch recorded {epochs[-1]['epoch']}" if epochs else "no epoch recorded")
+    if (folder / "summary.json").exists():
+        parts.append("finished")
+    return ", ".join(parts)
+
+
+def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: Mapping[str, Any],
+                    held_out_indices: list[int] | None) -> None:
+    """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
+
+    def write() -> None:
+        write_yaml(run_dir / "config.yaml", config)
+        write_json(run_dir / "provenance.json", provenance)
+        if held_out_indices is not None:
+            write_json(run_dir / "held_out_indices.json", held_out_indices)
+
+    on_rank_zero(write)

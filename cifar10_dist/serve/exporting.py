@@ -1,0 +1,214 @@
+"""Taking a trained model out: safetensors weights, a TorchScript module, or an ONNX graph, each verified.
+
+Every form maps normalised float32 images (N, 3, S, S) to logits, exactly as the trained ``nn.Module`` does;
+a JSON sidecar (``<file>.json``) and the file's own metadata carry the model reference, class names, the
+normalisation mean/std and provenance. Each export is checked by loading it back with its own runtime (safetensors,
+``torch.jit.load``, ``onnx.checker`` and ONNX Runtime) against the PyTorch model on a batch of images, and the file
+appears only when that check passed (it is written under a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from cifar10_dist import models, sources
+from cifar10_dist.data import augmentation
+from cifar10_dist.data.records import DatasetInfo
+from cifar10_dist.data.synthetic import make_synthetic
+from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import files
+from cifar10_dist.results import ExportResult
+from cifar10_dist.serve import inference
+
+FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
+NEEDS = {"safetensors": ("safetensors",), "torchscript": (), "onnx": ("onnx", "onnxscript", "onnxruntime")}
+INSTALL_HINT = "pip install 'cifar10-dist[export]'"
+# The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
+# logits' scale (their largest absolute value, at least 1): fp32 kernels of other runtimes and CPUs sum in another
+# order, and their rounding grows with the values (seen: 1.2e-5 of the scale on an AVX-512 Xeon, 3e-6 on AVX2)
+RELATIVE_TOLERANCE = 1e-3
+CHECK_IMAGES = 64  # images the exported form and the PyTorch model are compared on
+
+
+def require(format: str) -> None:
+    """The packages an export format needs, or a one-line UserError saying how to install them."""
+    for module in NEEDS[format]:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UserError(f"format={format} needs the {module} package, which is not installed: {INSTALL_HINT}"
+                            ) from error
+
+
+def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
+           raw_weights: bool = False) -> ExportResult:
+    """Export a checkpoint's model to ``format`` at ``output`` (default: next to the checkpoint), verified; the
+    EMA weights of a run with ema_decay unless ``raw_weights``."""
+    if format not in FORMATS:
+        raise UserError(f"format={format!r} is not accepted: choose one of {', '.join(FORMATS)}")
+    require(format)
+    trained = inference.load_trained_model(checkpoint, device="cpu", raw_weights=raw_weights)
+    path = Path(output) if output is not None else Path(checkpoint).with_suffix(FORMATS[format])
+    if path.is_dir():
+        raise UserError(f"output='{path}' is a folder: give a file name, e.g. {path / ('model' + FORMATS[format])}")
+    if not path.parent.is_dir():
+        raise UserError(f"output='{path}': the folder {path.parent} does not exist")
+    metadata = describe(trained)
+    images, source = check_images(trained.config, trained.info)
+    exporter = {"safetensors": write_safetensors, "torchscript": write_torchscript, "onnx": write_onnx}[format]
+    found: dict[str, Any] = {}
+    files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
+    sidecar = path.with_name(path.name + ".json")
+    files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
+    return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
+
+
+def describe(trained: inference.TrainedModel) -> dict[str, Any]:
+    """What a user of the exported model needs: input layout and normalisation, class names, where it came from."""
+    return {
+        "model": trained.config.get("model"),
+        "model_kwargs": trained.config.get("model_kwargs"),
+        "classes": list(trained.classes),
+        "input": {"shape": ["N", 3, trained.info.image_size, trained.info.image_size], "dtype": "float32",
+                  "layout": "RGB, channels first",
+                  "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255",
+                  "resize": "shorter side to the size (bilinear), then the centre square"},
+        "mean": list(trained.info.mean),
+        "std": list(trained.info.std),
+        "output": "logits (N, classes); softmax gives probabilities",
+        "checkpoint": str(trained.checkpoint),
+        "provenance": trained.provenance,
+        "torch": str(torch.__version__),
+    }
+
+
+def check_images(config: dict[str, Any], info: DatasetInfo) -> tuple[torch.Tensor, str]:
+    """Normalised images for the check (with the model's normalisation): the first test images of the data the
+    model was trained on when that is still readable (its source says), else synthetic images of its size."""
+    source = sources.SOURCES.get(str(config.get("dataset")))
+    found = source.implementation().sample_images(config, CHECK_IMAGES) if source is not None else None
+    images, described = found if found is not None else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images,
+                                                         f"{CHECK_IMAGES} synthetic images")
+    if info.image_size != images.shape[-1]:
+        images = torch.nn.functional.interpolate(images.float(), size=info.image_size).to(torch.uint8)
+    return augmentation.normalize(images, info.mean, info.std), described
+
+
+def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:
+    """How far the exported form's logits are from the model's. ``agrees``: within RELATIVE_TOLERANCE of the
+    logits' scale, and the same top-1 class on every image whose two best classes are further apart than twice
+    the accepted difference (a closer tie may flip within it)."""
+    difference = float((reference - exported).abs().max())
+    scale = max(1.0, float(reference.abs().max()))
+    same = reference.argmax(1) == exported.argmax(1)
+    best_two = reference.topk(min(2, reference.shape[1]), dim=1).values
+    decided = best_two[:, 0] - best_two[:, -1] > 2 * RELATIVE_TOLERANCE * scale
+    return {"max_abs_difference": difference, "relative_difference": difference / scale, "logit_scale": scale,
+            "accepted_relative_difference": RELATIVE_TOLERANCE, "same_top1": int(same.sum()), "num_images": len(reference),
+            "agrees": difference <= RELATIVE_TOLERANCE * scale and bool(same[decided].all())}
+
+
+@torch.no_grad()
+def logits(model: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor) -> torch.Tensor:
+    return model(images).float()
+
+
+def write_safetensors(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
+                      images: torch.Tensor) -> dict[str, Any]:
+    """The state dict (no pickle), loaded back into a freshly built model to compare tensors and logits."""
+    from safetensors.torch import load_model, save_model
+
+    model = trained.model
+    save_model(model, str(path), metadata={"cifar10_dist": json.dumps(metadata)})
+    rebuilt = models.build_model(trained.config["model"], trained.config.get("model_kwargs"),
+                                 len(trained.classes)).eval()
+    load_model(rebuilt, str(path), strict=True)
+    state, loaded = model.state_dict(), rebuilt.state_dict()
+    equal = sum(torch.equal(state[key], loaded[key]) for key in state)
+    if equal != len(state):
+        raise UserError(f"safetensors export of {trained.checkpoint}: only {equal} of {len(state)} tensors read back "
+                        "equal; no file written")
+    return {**checked(trained, "safetensors", compare(logits(model, images), logits(rebuilt, images))),
+            "tensors_equal": equal}
+
+
+def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
+                      images: torch.Tensor) -> dict[str, Any]:
+    """A traced module in eval mode (torch.jit is deprecated in torch but still loads everywhere libtorch runs)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            traced = torch.jit.trace(trained.model, images[:2])
+        except Exception as error:
+            raise cannot_export(trained, "torchscript", error) from error
+        torch.jit.save(traced, str(path), _extra_files={"metadata.json": json.dumps(metadata)})
+        loaded = torch.jit.load(str(path), map_location="cpu")
+    return checked(trained, "TorchScript", compare(logits(trained.model, images), logits(loaded, images)))
+
+
+def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
+               images: torch.Tensor) -> dict[str, Any]:
+    """torch.onnx (dynamo) with a dynamic batch dimension and the metadata as metadata_props; checked by
+    onnx.checker, then run by ONNX Runtime (CPU) against PyTorch."""
+    import onnx
+    import onnxruntime
+
+    messages = io.StringIO()  # torch.onnx prints its progress
+    with contextlib.redirect_stdout(messages), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(trained.model, (images[:2],), None, dynamo=True, input_names=["images"],
+                                        output_names=["logits"], dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+            proto = program.model_proto
+        except Exception as error:
+            raise cannot_export(trained, "onnx", error) from error
+    for key, value in {"cifar10_dist": json.dumps(metadata), "classes": json.dumps(metadata["classes"]),
+                       "mean": json.dumps(metadata["mean"]), "std": json.dumps(metadata["std"])}.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save(proto, str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return checked(trained, "ONNX", compare(logits(trained.model, images),
+                                           torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])))
+
+
+def checked(trained: inference.TrainedModel, form: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The comparison, or a UserError naming both numbers when the exported form computes something else."""
+    if not result["agrees"]:
+        raise UserError(
+            f"the {form} export of {trained.checkpoint} does not compute what the model computes: "
+            f"{describe_difference(result)}, same top-1 on {result['same_top1']} of {result['num_images']} images; "
+            "no file written")
+    return {key: value for key, value in result.items() if key != "agrees"}
+
+
+def describe_difference(result: dict[str, Any]) -> str:
+    """'logits max abs difference 1.22e-04 (1.2e-05 of their scale 10.1; accepted: 1e-03 of it)'."""
+    return (f"logits max abs difference {result['max_abs_difference']:.2e} ({result['relative_difference']:.1e} "
+            f"of their scale {result['logit_scale']:.3g}; accepted: {RELATIVE_TOLERANCE:.0e} of it)")
+
+
+def cannot_export(trained: inference.TrainedModel, format: str, error: BaseException) -> UserError:
+    return UserError(f"model={trained.config.get('model')} cannot be exported to {format}: {failure_reason(error)}")
+
+
+def failure_reason(error: BaseException) -> str:
+    """The operator or reason an exporter gives, in one line (its messages run to pages)."""
+    text = str(error)
+    operator = re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", text)
+    if operator:
+        return f"operator {operator.group(1)} has no ONNX conversion in torch {torch.__version__}"
+    summary = re.search(r"## Exception summary\s+<class '([^']+)'>: (.+)", text)
+    if summary:
+        return f"{summary.group(1).rsplit('.', 1)[-1]}: {summary.group(2).strip()[:300]}"
+    first = " ".join(text.split("\n\n")[0].split())
+    return f"{type(error).__name__}: {first[:300]}" if first else type(error).__name__

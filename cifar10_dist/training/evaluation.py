@@ -1,0 +1,74 @@
+"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``launch.runs.evaluate`` launches it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from torch import nn
+
+from cifar10_dist.config import Config
+from cifar10_dist.data import batches, loaders, loading
+from cifar10_dist.data.records import DatasetInfo, LoadedData
+from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import checkpoint_files, provenance, tracking
+from cifar10_dist.results import EvaluationResult
+from cifar10_dist.system import ranks
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import checkpointing, process_setup
+from cifar10_dist.training.evaluators import create_evaluator
+
+logger = logging.getLogger("cifar10_dist")
+
+
+class EvaluationWorker:
+    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
+
+    def __init__(self, checkpoint: str, raw_weights: bool = False) -> None:
+        self.checkpoint, self.raw_weights = checkpoint, raw_weights
+
+    def __call__(self, config: Config) -> dict[str, Any]:
+        with tracking.package_logging():
+            device = idist.device()
+            loaded = loading.load_datasets(config)
+            batch_loaders = loaders.make_loaders(
+                loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
+                num_workers=config.num_workers,
+                train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
+            )
+            precision = process_setup.setup_precision(config, device)
+            model, info = self.load_model(config, loaded, device, precision)
+            evaluator = create_evaluator(
+                model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
+                precision, device, num_classes=len(info.classes), tta=config.tta,
+            )
+            metrics = evaluator.run(batch_loaders.test).metrics
+            matrix = metrics["confusion_matrix"].long()
+            per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
+            return EvaluationResult(
+                accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
+                per_class_accuracy=per_class, confusion_matrix=matrix.tolist(),
+                classes=list(info.classes),
+            ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
+
+    def load_model(self, config: Config, loaded: LoadedData, device: torch.device,
+                   precision: Precision) -> tuple[nn.Module, DatasetInfo]:
+        """The checkpoint's weights in a fresh model, wrapped for the backend, and what it was trained with
+        (classes, normalisation); warns (rank 0) when the checkpoint was made with another package version or
+        other data, and refuses data with other classes."""
+        checkpoint = checkpoint_files.load_checkpoint(self.checkpoint)
+        info = checkpointing.checkpoint_info(checkpoint)
+        if info.classes != loaded.info.classes:
+            raise UserError(f"checkpoint '{self.checkpoint}' was trained on the classes {', '.join(info.classes[:6])}"
+                            f"{'...' if len(info.classes) > 6 else ''}, this data has "
+                            f"{', '.join(loaded.info.classes[:6])}{'...' if len(loaded.info.classes) > 6 else ''}: "
+                            "evaluate it on data with its classes")
+        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
+                                            self.raw_weights)
+        present = loading.describe_run(config, loaded, device, precision)
+        for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
+            ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
+                                  self.checkpoint, difference)
+        return idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last))), info

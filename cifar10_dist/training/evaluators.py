@@ -1,0 +1,94 @@
+"""Evaluation engines: accuracy, loss and the number of images (exact across processes, optionally the confusion
+matrix), with test-time augmentation; and when a trainer validates."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric
+from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
+from torch import nn
+
+from cifar10_dist.data.batches import Batch, PrepareBatch
+from cifar10_dist.system.precision import Precision
+
+
+class NumSamples(Metric):
+    """How many samples the evaluation saw, summed over all processes."""
+
+    @reinit__is_reduced
+    def reset(self) -> None:
+        self._count = torch.tensor(0, device=self._device)
+
+    @reinit__is_reduced
+    def update(self, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self._count += output[1].shape[0]
+
+    @sync_all_reduce("_count")
+    def compute(self) -> int:
+        return int(self._count.item())
+
+
+def tta_logits(model: nn.Module, inputs: torch.Tensor, tta: int = 0) -> torch.Tensor:
+    """Logits, averaged over test-time views: 0 the image only, 1 also its mirror, 2 also both of them shifted by
+    one pixel up-left and down-right (reflect padding), weighted as in airbench (half unshifted, half shifted)."""
+    if tta == 0:
+        return model(inputs)
+    mirrored = 0.5 * model(inputs) + 0.5 * model(inputs.flip(-1))
+    if tta == 1:
+        return mirrored
+    size = inputs.shape[-1]
+    padded = nn.functional.pad(inputs, (1, 1, 1, 1), mode="reflect")
+    shifted = [padded[..., :size, :size], padded[..., 2:, 2:]]
+    shifted_logits = [0.5 * model(view) + 0.5 * model(view.flip(-1)) for view in shifted]
+    return 0.5 * mirrored + 0.25 * (shifted_logits[0] + shifted_logits[1])
+
+
+def create_evaluator(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    prepare_batch: PrepareBatch,
+    precision: Precision,
+    device: torch.device,
+    num_classes: int | None = None,
+    tta: int = 0,
+) -> Engine:
+    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes
+    (and the confusion matrix when ``num_classes`` is given), with test-time augmentation level ``tta``."""
+
+    @torch.no_grad()
+    def eval_step(engine: Engine, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        model.eval()
+        inputs, targets = prepare_batch(batch, engine.state.iteration)
+        with precision.autocast():
+            outputs = tta_logits(model, inputs, tta)
+        return outputs.float(), targets
+
+    evaluator = Engine(eval_step)
+    evaluator.logger = logging.getLogger("cifar10_dist.evaluator")
+    evaluator.logger.setLevel(logging.CRITICAL)
+    metric_device = torch.device("cpu") if device.type == "xla" else device  # Ignite keeps XLA metrics on CPU
+    Accuracy(device=metric_device).attach(evaluator, "accuracy")
+    Loss(loss_fn, device=metric_device).attach(evaluator, "loss")
+    NumSamples(device=metric_device).attach(evaluator, "num_samples")
+    if num_classes is not None:
+        ConfusionMatrix(num_classes, device=metric_device).attach(evaluator, "confusion_matrix")
+    return evaluator
+
+
+def attach_validation(
+    trainer: Engine, every_epochs: int, validate: Callable[[Engine], Any]
+) -> None:
+    """Call ``validate(trainer)`` every N epochs and once at the end, never twice for the same epoch."""
+    last_validated = {"epoch": -1}
+
+    def maybe_validate(engine: Engine) -> None:
+        if last_validated["epoch"] == engine.state.epoch:
+            return
+        last_validated["epoch"] = engine.state.epoch
+        validate(engine)
+
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(every=every_epochs) | Events.COMPLETED, maybe_validate)

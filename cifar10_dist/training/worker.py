@@ -1,0 +1,392 @@
+"""What runs inside each training process: ``training`` (one of world_size processes).
+
+Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
+engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
+runs and reports. ``launch.runs`` launches it in every process; evaluating a checkpoint is ``evaluation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import EarlyStopping
+from torch import nn
+
+from cifar10_dist import models
+from cifar10_dist.config import Config, milestone_epochs
+from cifar10_dist.data import augmentation, batches, loaders, loading
+from cifar10_dist.outputs import checkpoint_files, files, reading, run_folder, tracking
+from cifar10_dist.results import RunResult, SplitMetrics
+from cifar10_dist.system import ranks, stopping
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import checkpointing, optimizers, process_setup, schedules, trials
+from cifar10_dist.training.averaging import Lookahead, WeightAverage
+from cifar10_dist.training.evaluators import attach_validation, create_evaluator
+from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
+
+logger = logging.getLogger("cifar10_dist")
+
+WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
+
+
+# ---------------------------------------------------------------- the training process
+
+
+def training(config: Config) -> dict[str, Any]:
+    """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
+    started = time.perf_counter()
+    second_interrupt = process_setup.second_interrupt_ends_at_once()
+    with tracking.package_logging(), stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
+        device = process_setup.setup_process(config)
+        precision = process_setup.setup_precision(config, device)
+        data_setup = loading.setup_data(config, device, precision)
+        network = setup_model(config, data_setup)
+        optimization = setup_optimization(config, network, data_setup, device, precision)
+        engine_set = setup_engines(config, device, network, optimization, data_setup)
+        resuming = config.resume_from is not None
+        with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
+                                        resuming=resuming, overwrite=config.overwrite) as run_dir, \
+                tracking.ClearML(config.to_dict(), run_dir) as clearml:
+            run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
+            to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
+            with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
+                validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
+                attach_validation(engine_set.trainer, config.validate_every, validation)
+                resumed = checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+                note_world_size_change(resumed, config, data_setup, recorder)
+                logger.info("run folder: %s", run_dir)
+                result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
+                ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
+                                   recorder, time.perf_counter() - started)
+        tracking.log_peak_memory()
+        return result.to_dict()
+
+
+# ---------------------------------------------------------------- model and optimisation
+
+
+@dataclass
+class Network:
+    model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
+    forward: nn.Module  # what the engines call: the model, compiled when compile=True
+
+
+def setup_model(config: Config, data_setup: loading.DataSetup) -> Network:
+    """The model, whitening-initialised from training images if it has a whitening layer, in the configured
+    memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
+    info = data_setup.info
+    model = models.build_model(config.model, config.model_kwargs, len(info.classes))
+    if isinstance(model, models.AirbenchNet):
+        model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
+                                                    info.std))
+    logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
+    if config.sync_bn and idist.get_world_size() > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+    return Network(model, torch.compile(model) if config.compile else model)
+
+
+@dataclass
+class Optimization:
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any  # PiecewiseLinear or ParamGroupScheduler
+    step: TrainStep  # forward, backward, accumulation, clipping and the optimizer step (its GradScaler under fp16)
+
+
+def setup_optimization(config: Config, network: Network, data_setup: loading.DataSetup, device: torch.device,
+                       precision: Precision) -> Optimization:
+    optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
+    optimizer = idist.auto_optim(optimizer)
+    per_epoch = data_setup.iterations_per_epoch
+    warmup = round(config.num_warmup_epochs * per_epoch)
+    drops = tuple(round(epoch * per_epoch) - warmup for epoch in milestone_epochs(config.lr_milestones))
+    lr_scheduler = schedules.create_lr_scheduler(
+        optimizer, config.learning_rate, warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
+        start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
+        shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
+    )
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
+    step = TrainStep(network.forward, optimizer, loss_fn, precision,
+                     Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm)
+    return Optimization(optimizer, lr_scheduler, step)
+
+
+# ---------------------------------------------------------------- engines
+
+
+@dataclass
+class EngineSet:
+    trainer: Engine
+    train_evaluator: Engine  # the fixed train subset, without test-time augmentation
+    selection_evaluator: Engine  # val (held out) or test: chooses the best model
+    test_evaluator: Engine  # with a held-out split, the one test evaluation; else the selection evaluator
+    lookahead: Lookahead | None
+    ema: WeightAverage | None = None
+    ema_evaluator: Engine | None = None  # the EMA weights on the selection split
+    early_stopping: EarlyStopping | None = None
+    trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
+
+    @property
+    def choosing_evaluator(self) -> Engine:
+        """The evaluation that chooses the best model and drives early stopping: the EMA's when there is one."""
+        return self.ema_evaluator or self.selection_evaluator
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.early_stopping is not None and self.early_stopping.counter >= self.early_stopping.patience
+
+
+def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
+                  data_setup: loading.DataSetup) -> EngineSet:
+    """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
+    trainer = create_trainer(optimization.step, batches.train_batch_preparer(
+        device, config, data_setup.iterations_per_epoch, data_setup.info))
+    trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
+    batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
+    lookahead = Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
+    if lookahead is not None:
+        lookahead.attach(trainer)
+
+    def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
+        prepare = batches.eval_batch_preparer(device, config.channels_last, data_setup.info)
+        return create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare, optimization.step.precision, device,
+                                tta=tta)
+
+    selection = new_evaluator(config.tta)
+    test = new_evaluator(config.tta) if data_setup.split == "val" else selection
+    engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
+    if config.ema_decay is not None:
+        warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
+        engine_set.ema = WeightAverage(network.model, trainer, config.ema_decay, warmup,
+                                               config.accumulation_steps)
+        engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
+    engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
+    if config.trial is not None:
+        engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer)
+        engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
+    return engine_set
+
+
+def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyStopping | None:
+    """Ignite's EarlyStopping on the val accuracy after each validation (every rank sees the same all-reduced
+    accuracy, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
+    if config.early_stopping_patience is None:
+        return None
+    stopper = EarlyStopping(config.early_stopping_patience, lambda engine: engine.state.metrics["accuracy"], trainer,
+                            threshold=config.early_stopping_min_delta)
+    stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
+
+    def log_stop(engine: Engine) -> None:
+        at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
+        if stopper.counter >= stopper.patience and not at_the_end:
+            logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
+                        engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
+
+    selection.add_event_handler(Events.COMPLETED, stopper)
+    trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)
+    return stopper
+
+
+# ---------------------------------------------------------------- checkpoints and trackers
+
+
+def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, network: Network,
+                      optimization: Optimization, engine_set: EngineSet, data_setup: loading.DataSetup,
+                      stop_request: stopping.StopRequest) -> dict[str, Any]:
+    """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
+    models on the selection split; returns the objects a checkpoint holds (for resuming)."""
+    meta = checkpointing.RunMetadata(config.to_dict(), data_setup.provenance)
+    to_save = {"trainer": engine_set.trainer, "model": network.model, "optimizer": optimization.optimizer,
+               "lr_scheduler": optimization.lr_scheduler}
+    if optimization.step.scaler is not None:
+        to_save["scaler"] = optimization.step.scaler
+    if engine_set.lookahead is not None:
+        to_save["lookahead"] = engine_set.lookahead
+    if engine_set.early_stopping is not None:
+        to_save["early_stopping"] = engine_set.early_stopping
+    if engine_set.ema is not None:
+        to_save["ema_model"], to_save["ema_warmup"] = engine_set.ema.model, engine_set.ema
+    best_model = engine_set.ema.model if engine_set.ema is not None else network.model
+    saver = clearml.saver(run_dir) if clearml.enabled else None
+    save_training_checkpoint = stopping.finite_weights_only(
+        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
+    )
+    stopping.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
+                              step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
+    checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
+    checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer,
+                                                {"model": best_model, "meta": meta}, run_dir, data_setup.split, saver)
+    return to_save
+
+
+def reading_iterations(config: Config, data_setup: loading.DataSetup) -> Callable[[int], bool]:
+    """The iterations at which the training loss is read from the device anyway (logs, checkpoints, epoch ends,
+    the last): the NaN check reads there too, so that no other iteration waits for the device."""
+    log, checkpoint, epoch = config.log_every_iters, config.checkpoint_every, data_setup.iterations_per_epoch
+    last = data_setup.total_iterations
+
+    def reads_at(iteration: int) -> bool:
+        return not (iteration % log and iteration % checkpoint and iteration % epoch) or iteration == last
+
+    return reads_at
+
+
+def setup_trackers(config: Config, run_dir: Path, clearml: tracking.ClearML, optimization: Optimization,
+                   engine_set: EngineSet, data_setup: loading.DataSetup) -> tracking.Recorder:
+    """TensorBoard, ClearML and metrics.jsonl (through one Recorder), and progress on the console."""
+    recorder = tracking.Recorder(run_dir, clearml)
+    recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
+                             data_setup.images_per_iteration)
+    tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
+                                     data_setup.images_per_iteration, config.num_epochs)
+    return recorder
+
+
+def resume_path(config: Config, run_dir: Path) -> str | None:
+    """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
+    if config.resume_from != "auto":
+        return config.resume_from
+
+    def newest() -> str | None:
+        found = checkpoint_files.newest_valid_checkpoint(run_dir)
+        logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
+        return str(found) if found else None
+
+    return ranks.from_rank_zero(newest)
+
+
+def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: loading.DataSetup,
+                           recorder: tracking.Recorder) -> None:
+    """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
+    metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
+    process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the
+    images an uninterrupted run would still see; the result differs all the same (augmentation is drawn per
+    process, BatchNorm statistics are per process, sums are taken in another order)."""
+    now = idist.get_world_size()
+    if resumed is None or resumed.world_size is None or resumed.world_size == now:
+        return
+    before = resumed.world_size
+    per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
+    epoch, done = divmod(resumed.iteration, data_setup.iterations_per_epoch)
+    epoch += 1
+    same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
+    if not done:
+        rest = f"epoch {epoch} starts afresh"
+    elif same_images:
+        rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
+    else:
+        because = ", with epoch_length set" if config.epoch_length else ""
+        rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
+                f"size {before}, {data_setup.images_per_iteration} now{because})")
+    ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
+                          "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
+                          "the result will differ from an uninterrupted run at world size %d", now, before,
+                          resumed.iteration, epoch, rest, before)
+    recorder.write_event({"event": "resume", "iteration": resumed.iteration, "epoch": epoch, "world_size": now,
+                          "checkpoint_world_size": before, "same_images": same_images})
+
+
+# ---------------------------------------------------------------- running and reporting
+
+
+@dataclass
+class Validation:
+    """Evaluates on the train subset (if any) and the selection split (held-out val, else test); logs and
+    records the metrics and keeps the latest."""
+
+    engine_set: EngineSet
+    split: str  # "val" or "test"
+    loaders: loaders.Loaders
+    recorder: tracking.Recorder
+    latest: dict[str, Any] | None = None
+    iteration: int = 0
+
+    def __call__(self, trainer: Engine) -> None:
+        if trainer.state.output is not None and not math.isfinite(float(trainer.state.output.loss)):
+            return  # training stopped on NaN: nothing worth measuring
+        epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
+        results: dict[str, Any] = {"epoch": epoch, "train": None}
+        if self.loaders.train_eval is not None:
+            results["train"] = self.measure("train_subset", self.engine_set.train_evaluator, self.loaders.train_eval, epoch)
+        loader = self.loaders.val if self.split == "val" else self.loaders.test
+        results[self.split] = self.measure(self.split, self.engine_set.selection_evaluator, loader, epoch)
+        if self.engine_set.ema_evaluator is not None:
+            results[f"{self.split}_ema"] = self.measure(f"{self.split}_ema", self.engine_set.ema_evaluator, loader,
+                                                        epoch)
+        self.latest = results
+
+    def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        metrics = dict(evaluator.run(loader).metrics)
+        seconds = time.perf_counter() - start
+        tracking.log_metrics(epoch, split, metrics, seconds)
+        self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
+        return metrics
+
+
+def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
+                   data_setup: loading.DataSetup) -> RunResult:
+    """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
+    """
+    trainer = engine_set.trainer
+    if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
+        logger.info("the checkpoint is from the end of training%s: evaluating only",
+                    " (stopped early)" if engine_set.stopped_early else "")
+        validation(trainer)  # Ignite would restart a finished run from iteration 0
+    else:
+        trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+    stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
+    if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
+        validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
+    latest = dict(validation.latest or {})
+    if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
+        latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
+    return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
+                     stopped_early=trainer.state.epoch if stopped_early else None,
+                     pruned_at=engine_set.trial_reporter.pruned_at if engine_set.trial_reporter else None,
+                     **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
+                        for split in ("test", "val", "train")})
+
+
+def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validation) -> dict[str, Any]:
+    """The one test-set evaluation of a run with a held-out split: the model chosen on val (rank 0 reads the
+    best-model file and sends the weights to the others, so no shared filesystem is needed)."""
+    network = models.unwrap(model)
+
+    def load_best() -> str:
+        best = checkpoint_files.best_model_file(run_dir)
+        if best is None:
+            return "final"
+        checkpointing.load_model_weights(network, checkpointing.model_weights(checkpoint_files.load_checkpoint(best)),
+                                         str(best))
+        return best.name
+
+    name = ranks.from_rank_zero(load_best)
+    if idist.get_world_size() > 1:
+        for tensor in network.state_dict().values():
+            tensor.copy_(idist.broadcast(tensor, src=0))
+    logger.info("test set, used once: %s", "the final model (no best model saved)" if name == "final" else name)
+    epoch = validation.latest["epoch"] if validation.latest else 0
+    metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
+    return {**metrics, "model": name}
+
+
+def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
+                  clearml: tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
+    """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
+    files.write_json(run_dir / "metrics.json", result.to_dict())
+    summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds),
+                                  clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
+                                  pruned_at_epoch=result.pruned_at if config.trial is not None else None)
+    files.write_json(run_dir / "summary.json", summary.to_dict())
+    files.write_file(run_dir / "curves.png", lambda path: reading.render_curves(run_dir, path))
+    recorder.write_hparams(config.to_dict(), reading.final_scalars(summary), result.iterations)

@@ -1,0 +1,113 @@
+"""A tuning study's search space (SPACE.yaml): one ``Dimension`` per config key (float/int ranges, log scale,
+steps, categorical choices), read and checked against the config before any trial."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from cifar10_dist.config import FIELDS, Config, load_config, read_yaml_mapping
+from cifar10_dist.errors import UserError
+
+SPACE_TYPES = ("float", "int", "categorical")
+
+
+# set by tune for every trial: never searched
+UNTUNABLE = ("output_path", "run_name", "resume_from", "overwrite", "trial", "seeds", "backend", "nproc_per_node",
+             "nnodes", "node_rank", "master_addr", "master_port", "init_method", "dataset", "data_path", "download",
+             "val_split", "val_seed", "synthetic_size", "with_clearml", "clearml_project", "clearml_offline",
+             "cache_dir", "skip_bad_images", "drop_test_duplicates")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched config key: float or int in [low, high] (log scale, int step), or categorical choices."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: Any) -> Any:
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.type == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+
+    def extremes(self) -> list[Any]:
+        """The values that bound what this dimension can suggest (checked against the config before any trial)."""
+        if self.type == "categorical":
+            return list(self.choices)
+        if self.type == "int":
+            return [int(self.low), int(self.high)]
+        return [self.low, self.high]
+
+    def grid(self) -> list[Any]:
+        if self.type == "categorical":
+            return list(self.choices)
+        if self.type == "int" and not self.log:
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        raise UserError(f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
+                        f"(give it choices: {{type: categorical, choices: [...]}})")
+
+
+def read_space(path: str | Path) -> dict[str, Dimension]:
+    """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
+    path = Path(path)
+    loaded = read_yaml_mapping(path, "space file", "configs/space_fast.yaml")
+    if not loaded:
+        raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
+                        "{type: float, low: 0.01, high: 1.0, log: true}")
+    return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
+
+
+def _dimension(name: str, entry: Any, path: Path) -> Dimension:
+    where = f"space file '{path}': {name}"
+    if name not in FIELDS:
+        close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else "run cifar10-dist run --help to list the keys"
+        raise UserError(f"space file '{path}': unknown config key '{name}': {hint}")
+    if name in UNTUNABLE:
+        raise UserError(f"{where} cannot be tuned (tune sets it, or it decides the data every trial must share)")
+    if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
+        raise UserError(f"{where} needs type: float, int or categorical (got {entry!r})")
+    known = {"float": {"low", "high", "log", "step"}, "int": {"low", "high", "log", "step"},
+             "categorical": {"choices"}}[entry["type"]] | {"type"}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise UserError(f"{where}: '{unknown[0]}' is not accepted for type {entry['type']} "
+                        f"(accepted: {', '.join(sorted(known))})")
+    if entry["type"] == "categorical":
+        choices = entry.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise UserError(f"{where}: choices must be a non-empty list, e.g. choices: [128, 256, 512]")
+        return Dimension(name, "categorical", choices=tuple(choices))
+    low, high, step = entry.get("low"), entry.get("high"), entry.get("step")
+    numbers = [value for value in (low, high) if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    if len(numbers) != 2 or not low < high:
+        raise UserError(f"{where}: low and high must be numbers with low < high (got low={low}, high={high})")
+    if entry["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
+        raise UserError(f"{where}: an int range needs whole low and high (got low={low}, high={high})")
+    log = entry.get("log", False)
+    if log and (low <= 0 or step is not None):
+        raise UserError(f"{where}: log: true needs low > 0 and no step (got low={low}, step={step})")
+    if step is not None and not (isinstance(step, (int, float)) and step > 0):
+        raise UserError(f"{where}: step must be a number > 0 (got {step!r})")
+    return Dimension(name, entry["type"], float(low), float(high), bool(log), step)
+
+
+def check_space(base: Config, space: Mapping[str, Dimension]) -> None:
+    """Every bound and choice of the space must make a valid config with the base config (before any trial)."""
+    for dimension in space.values():
+        for value in dimension.extremes():
+            try:
+                load_config(None, **{**base.to_dict(), dimension.name: value})
+            except UserError as error:
+                raise UserError(f"space: {dimension.name}={value!r} is outside what the config accepts: {error}"
+                                ) from error
