@@ -31,6 +31,7 @@ def test_two_spawned_gloo_processes_train_together(spawned_run):
     assert "distributed: backend gloo, world size 2" in result.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_with_two_gloo_processes_trains_and_reports_once(small_dataset, tmp_path):
     result = run_torchrun(2, "run", *TINY, "--backend=gloo", f"--data_path={small_dataset}",
                           f"--output_path={tmp_path}", "--run_name=torchrun")

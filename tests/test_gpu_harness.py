@@ -128,6 +128,7 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 
+@pytest.mark.slow
 def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_path):
     """airbench94's train94 from the installed package, adapted to the CPU in its own process, on our on-disk
     data (1,024 training images: one step of its batch), then its printed table read back."""

@@ -120,6 +120,7 @@ def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path)
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
 
 
+@pytest.mark.slow
 def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small_dataset, tmp_path):
     """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
     job_id = free_slurm_job_id()
@@ -150,6 +151,7 @@ def test_local_ranks_beyond_the_gpu_count_share_gpus_round_robin(monkeypatch):
     assert chosen == [0, 1, 0, 1, 0, 7]
 
 
+@pytest.mark.slow
 def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_starts(small_dataset, tmp_path):
     """Python's spawn and forkserver import the script again in every worker: without the guard each worker would
     start the launch anew. The launcher says so in one line, and nothing starts or is written."""

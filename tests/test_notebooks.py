@@ -16,6 +16,7 @@ from tests.conftest import REPO
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.slow
 def test_the_jupyter_notebook_trains_with_two_processes_from_a_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("CIFAR10_DIST_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook trains into a fresh temporary folder

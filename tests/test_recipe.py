@@ -299,6 +299,7 @@ def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
+@pytest.mark.slow
 def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evaluate_alike(tmp_path):
     """compile + with_amp=auto (bf16 autocast on a CPU with native bf16; fp32 elsewhere, so that no machine pays for
     emulated bf16) + channels_last + tta=1 in one run of a user's model (a file reference); `evaluate` (eager,
@@ -335,6 +336,7 @@ def test_the_benchmark_steps_measure_the_bare_loop_and_our_trainer_on_a_small_mo
     assert steps.flops_per_image("airbench") == pytest.approx(0.708e9, rel=0.02)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runner_trains_through_the_api_in_a_fresh_process_and_reads_the_run_back(tmp_path, small_dataset):
     """benchmarks.runner: one real run (api.train in its own process), read back through reports (no log)."""
     from benchmarks import runner

@@ -427,7 +427,7 @@ def test_workers_starting_together_on_a_fresh_sqlite_study_all_run_their_trials(
     from concurrent.futures import ProcessPoolExecutor
 
     rounds, workers = 5, 3
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("fork")  # the workers use Optuna and SQLite only, not torch
     barrier = context.Manager().Barrier(workers)
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         outcomes = list(pool.map(_open_study_at_the_barrier, [barrier] * workers, [str(tmp_path)] * workers,

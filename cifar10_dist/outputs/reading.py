@@ -242,7 +242,7 @@ def render_curves(run_dir: Path, path: Path) -> None:
         axes.grid(alpha=0.3)
         axes.legend()
     figure.suptitle(run_dir.name, fontsize=9)
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.07, right=0.985, bottom=0.13, top=0.9, wspace=0.22)  # tight_layout: 0.3 s a run
     figure.savefig(path, dpi=100, format="png")
 
 

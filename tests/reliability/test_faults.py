@@ -83,6 +83,7 @@ def signal_a_spawned_worker(data: Path, output: Path, timeout: int, worker_signa
         stop_all(job)
 
 
+@pytest.mark.slow
 def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_dataset, tmp_path):
     job, stderr, ended_after, workers = signal_a_spawned_worker(small_dataset, tmp_path, 20, signal.SIGKILL)
     assert ended_after < 10, ended_after  # the survivor is stopped at once, not after dist_timeout

@@ -71,6 +71,7 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
 
+@pytest.mark.slow
 def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path):
     code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT))
     assert code == 130, stderr[-3000:]
@@ -79,6 +80,7 @@ def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(s
     assert gone(workers) and seconds < 30
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_dataset, tmp_path):
     def twice(job):
         job.send_signal(signal.SIGINT)
@@ -137,6 +139,7 @@ def test_train_in_process_raises_interrupted_with_the_checkpoint_after_the_worke
 # ---------------------------------------------------------------- one run per folder
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_dataset, tmp_path):
     """The second run starts while the first holds the folder (its lock is taken), however slowly either starts."""
     args = ["run", *TINY, "--num_epochs=40", f"--data_path={small_dataset}", f"--output_path={tmp_path}",

@@ -98,6 +98,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(sma
     assert_same_training_state(reference, run_dir / FINAL)
 
 
+@pytest.mark.slow
 def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, small_filesystem, reference):
     """The run folder becomes read-only under the running process: a read-only bind mount over it (a remount of
     the whole filesystem is refused while the run holds files open, its lock among them)."""
