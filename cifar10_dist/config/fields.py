@@ -153,6 +153,10 @@ class Config:
     # model and optimisation
     model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
                         "your own: package.module:factory or path/to/file.py:factory")
+    pretrained: Optional[str] = option(None, "start from pretrained weights: a torchvision weights name (DEFAULT, "
+                                       "IMAGENET1K_V1, ...) for a torchvision model, or a file: one of our "
+                                       "checkpoints or best-model files, a state-dict .pt/.pth or a .safetensors "
+                                       "file; the head is new for the run's classes (docs/fine-tuning.md)")
     model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
                                           "(e.g. '{\"width\": 64}')")
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")

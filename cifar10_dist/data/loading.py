@@ -4,6 +4,7 @@ out, put in loaders, counted into iterations, and described in the run's provena
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from cifar10_dist import sources
 from cifar10_dist.config import Config
 from cifar10_dist.data import loaders
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
@@ -39,8 +41,15 @@ class DataSetup:
 
 def setup_data(config: Config, device: torch.device, precision: Precision) -> DataSetup:
     loaded = load_datasets(config)
+    weights = pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
+    if weights is not None and weights.mean is not None:  # images as the weights learned them
+        loaded.info = dataclasses.replace(loaded.info, mean=weights.mean, std=weights.std)
+        ranks.on_rank_zero(logger.info, "normalisation: the pretrained weights' own, mean %s, std %s (not the "
+                           "data's)", _rounded(weights.mean), _rounded(weights.std))
     train_set, test_set = loaded.train, loaded.test
     record = describe_run(config, loaded, device, precision)
+    if weights is not None:
+        record["pretrained"] = weights.describe()
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
     else:
@@ -63,6 +72,10 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration,
     )
+
+
+def _rounded(values: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{value:.4f}" for value in values) + ")"
 
 
 def load_datasets(config: Config) -> LoadedData:

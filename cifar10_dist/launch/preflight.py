@@ -20,6 +20,7 @@ import torch
 from cifar10_dist import models, sources
 from cifar10_dist.config import Config, planned_world_size
 from cifar10_dist.errors import UserError
+from cifar10_dist.models import pretrained
 from cifar10_dist.system import stopping
 from cifar10_dist.training import optimizers
 
@@ -29,6 +30,10 @@ def check_before_launch(config: Config) -> None:
     source = sources.source_of(config.dataset).implementation()
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
     models.check_model(config.model, config.model_kwargs, len(source.info(config).classes), config.image_size)
+    if config.pretrained is not None:  # the weights named now; fetched once, before any worker starts
+        weights = pretrained.resolve(config.model, config.pretrained)
+        if config.resume_from is None:
+            pretrained.fetch(weights)
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)

@@ -25,11 +25,19 @@ from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import models
+from cifar10_dist.config import Config
 from cifar10_dist.data import cifar
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import files
-from cifar10_dist.outputs.checkpoint_files import BEST_PATTERN, TRAINING_PATTERN, existing_checkpoints, load_checkpoint
+from cifar10_dist.outputs.checkpoint_files import (
+    BEST_PATTERN,
+    TRAINING_PATTERN,
+    existing_checkpoints,
+    load_checkpoint,
+    newest_valid_checkpoint,
+)
+from cifar10_dist.system import ranks
 
 logger = logging.getLogger(__name__)
 
@@ -271,3 +279,23 @@ def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
     except RuntimeError as error:
         raise UserError(f"checkpoint '{source}' does not fit the model: {first_line(error)}") from error
 
+
+def resuming_from_a_checkpoint(config: Config) -> bool:
+    """Whether this run continues from a checkpoint (resume_from given, or auto with one in the run folder)."""
+    if config.resume_from != "auto":
+        return config.resume_from is not None
+    folder = Path(config.output_path) / str(config.run_name)
+    return folder.is_dir() and newest_valid_checkpoint(folder) is not None
+
+
+def resume_path(config: Config, run_dir: Path) -> str | None:
+    """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
+    if config.resume_from != "auto":
+        return config.resume_from
+
+    def newest() -> str | None:
+        found = newest_valid_checkpoint(run_dir)
+        logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
+        return str(found) if found else None
+
+    return ranks.from_rank_zero(newest)

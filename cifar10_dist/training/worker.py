@@ -24,6 +24,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import augmentation, batches, loaders, loading
+from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files, files, reading, run_folder, tracking
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
@@ -61,7 +62,7 @@ def training(config: Config) -> dict[str, Any]:
             with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
                 validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
                 attach_validation(engine_set.trainer, config.validate_every, validation)
-                resumed = checkpointing.resume_if_asked(to_save, resume_path(config, run_dir), config.to_dict())
+                resumed = checkpointing.resume_if_asked(to_save, checkpointing.resume_path(config, run_dir), config.to_dict())
                 note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
@@ -85,7 +86,9 @@ def setup_model(config: Config, data_setup: loading.DataSetup) -> Network:
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
-    if isinstance(model, models.AirbenchNet):
+    if config.pretrained is not None and not checkpointing.resuming_from_a_checkpoint(config):  # a resume loads its own weights
+        pretrained.load(model, pretrained.resolve(config.model, config.pretrained), info.classes)
+    elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
         model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
                                                     info.std))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
@@ -249,19 +252,6 @@ def setup_trackers(config: Config, run_dir: Path, clearml: tracking.ClearML, opt
     tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
                                      data_setup.images_per_iteration, config.num_epochs)
     return recorder
-
-
-def resume_path(config: Config, run_dir: Path) -> str | None:
-    """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
-    if config.resume_from != "auto":
-        return config.resume_from
-
-    def newest() -> str | None:
-        found = checkpoint_files.newest_valid_checkpoint(run_dir)
-        logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
-        return str(found) if found else None
-
-    return ranks.from_rank_zero(newest)
 
 
 def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: loading.DataSetup,

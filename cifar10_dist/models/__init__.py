@@ -1,0 +1,24 @@
+"""Models: the networks by name (``networks``: torchvision's, CIFAR ResNets, airbench, simple_cnn, your own
+factories) and a pretrained start for them (``pretrained``: torchvision's weights from the standard cache, or a
+file of our own or of plain tensors, with a new head for the run's classes). Imports ``config`` and ``errors``
+only; nothing here knows about data or launching."""
+
+from cifar10_dist.models.networks import (
+                                          CIFAR_RESNETS,
+                                          NUM_CLASSES,
+                                          AirbenchNet,
+                                          available_models,
+                                          build_model,
+                                          check_model,
+                                          check_model_name,
+                                          cifar_resnet,
+                                          count_parameters,
+                                          import_factory,
+                                          simple_cnn,
+                                          torchvision_models,
+                                          unwrap,
+)
+
+__all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "AirbenchNet", "available_models", "build_model", "check_model",
+           "check_model_name", "cifar_resnet", "count_parameters", "import_factory", "simple_cnn",
+           "torchvision_models", "unwrap"]

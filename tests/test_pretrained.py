@@ -1,0 +1,164 @@
+"""A pretrained start (``pretrained``): torchvision weights from a file placed under torch's standard cache name
+(no network here), our own checkpoints and exported safetensors files with another class count, the head replaced
+per torchvision family, a misfit refused in one line, and no download possible refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from cifar10_dist import api, models
+from cifar10_dist.errors import UserError
+from cifar10_dist.models import pretrained
+from tests.conftest import run_in_process
+
+RESNET18_FILE = "resnet18-f37072fd.pth"  # torchvision's IMAGENET1K_V1 file name (its URL's last part)
+RUN = ["--dataset=synthetic", "--synthetic_size=64", "--num_epochs=1", "--num_warmup_epochs=0", "--batch_size=32",
+       "--num_workers=0", "--train_eval_size=0", "--learning_rate=0.01"]
+
+
+@pytest.fixture()
+def torch_home(tmp_path, monkeypatch) -> Path:
+    """An empty torch cache of its own (TORCH_HOME), as on a machine that never downloaded anything."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    return tmp_path / "torch_home"
+
+
+def place_resnet18_weights(torch_home: Path) -> dict[str, torch.Tensor]:
+    """Stand-in ImageNet weights (random, 1000 classes) under the cache name torchvision loads them from."""
+    torch.manual_seed(123)
+    state = torchvision.models.resnet18().state_dict()
+    (torch_home / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(state, torch_home / "hub" / "checkpoints" / RESNET18_FILE)
+    return state
+
+
+def test_torchvision_weights_from_the_cache_load_with_a_new_head_and_their_normalisation(torch_home, tmp_path):
+    expected = place_resnet18_weights(torch_home)
+    weights = pretrained.resolve("resnet18", "IMAGENET1K_V1")
+    assert weights.path == str(torch_home / "hub" / "checkpoints" / RESNET18_FILE)
+    assert weights.url == "https://download.pytorch.org/models/resnet18-f37072fd.pth"
+    model = models.build_model("resnet18", None, 10)
+    pretrained.load(model, weights, tuple("abcdefghij"))
+    state = model.state_dict()
+    assert all(torch.equal(state[name], expected[name]) for name in expected if not name.startswith("fc."))
+    assert state["fc.weight"].shape == (10, 512)
+
+    result = run_in_process("run", *RUN, "--model=resnet18", "--pretrained=IMAGENET1K_V1", f"--output_path={tmp_path}",
+                            "--run_name=tv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("INFO pretrained resnet18 IMAGENET1K_V1: layer fc replaced for the run's 10 classes (the weights' head "
+            "has 1000 other classes); new tensors: fc.weight, fc.bias; 120 loaded") in result.stderr
+    provenance = json.loads((tmp_path / "tv" / "provenance.json").read_text())
+    assert provenance["pretrained"]["url"] == weights.url and len(provenance["pretrained"]["sha256"]) == 64
+    assert provenance["dataset"]["info"]["mean"] == [0.485, 0.456, 0.406]  # ImageNet's, used by evaluate/predict
+    assert provenance["dataset"]["info"]["std"] == [0.229, 0.224, 0.225]
+
+
+def test_without_network_or_the_cached_file_the_run_stops_before_anything_starts(torch_home, tmp_path):
+    result = run_in_process("run", *RUN, "--model=resnet18", "--pretrained=DEFAULT", f"--output_path={tmp_path}",
+                            "--run_name=offline")
+    cached = torch_home / "hub" / "checkpoints" / RESNET18_FILE
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"error: pretrained=DEFAULT: {RESNET18_FILE} is not in torch's cache and cannot be downloaded (")
+    assert result.stderr.strip().endswith(f"download https://download.pytorch.org/models/{RESNET18_FILE} and place "
+                                          f"it at {cached} (TORCH_HOME chooses the cache)")
+    assert not (tmp_path / "offline").exists() and not cached.exists()  # nothing half-downloaded either
+
+
+@pytest.mark.parametrize(("model", "name", "message"), [
+    ("resnet18", "IMAGENET1K_V2", "pretrained='IMAGENET1K_V2' is not a weights name of resnet18: did you mean "
+                                  "'IMAGENET1K_V1'? choose one of IMAGENET1K_V1, DEFAULT (or give a file)"),
+    ("simple_cnn", "DEFAULT", "pretrained='DEFAULT' is a weights name, which only torchvision models have "
+                              "(model=simple_cnn is not one)"),
+    ("simple_cnn", "no/such/file.pt", "pretrained='no/such/file.pt' does not exist"),
+])
+def test_a_pretrained_value_that_names_nothing_is_one_line(model, name, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        pretrained.resolve(model, name)
+
+
+@pytest.mark.parametrize(("family", "head"), [("resnet18", "fc"), ("mobilenet_v3_small", "classifier.3"),
+                                              ("efficientnet_b0", "classifier.1"), ("vit_b_16", "heads.head"),
+                                              ("convnext_tiny", "classifier.2"), ("densenet121", "classifier")])
+def test_the_head_replaced_is_the_last_linear_layer_of_each_torchvision_family(family, head):
+    with torch.device("meta"):  # the architecture only: no memory, no initialisation
+        model = torchvision.models.get_model(family, weights=None)
+    name, module = pretrained.head_of(model)
+    assert name == head and module.out_features == 1000
+
+
+@pytest.fixture(scope="module")
+def our_run(tmp_path_factory) -> Path:
+    """A simple_cnn (width 8) trained by us on synthetic data (10 classes): its folder."""
+    folder = tmp_path_factory.mktemp("ours")
+    api.train(dataset="synthetic", synthetic_size=64, model="simple_cnn", model_kwargs={"width": 8}, num_epochs=1,
+              num_warmup_epochs=0, batch_size=32, num_workers=0, train_eval_size=0, output_path=str(folder),
+              run_name="ten")
+    return folder / "ten"
+
+
+def test_our_checkpoint_starts_a_model_for_other_classes_with_its_head_new(our_run, caplog):
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    recorded = torch.load(best, weights_only=True)["model"]
+    weights = pretrained.resolve("simple_cnn", str(best))
+    assert weights.kind == "file" and len(weights.classes) == 10 and weights.mean == (0.4914, 0.4822, 0.4465)
+    model = models.build_model("simple_cnn", {"width": 8}, 3)
+    with caplog.at_level(logging.INFO, logger="cifar10_dist"):
+        pretrained.load(model, weights, ("cat", "dog", "eel"))
+    head = [name for name in recorded if name.startswith(pretrained.head_of(model)[0] + ".")]
+    state = model.state_dict()
+    assert all(torch.equal(state[name], recorded[name]) for name in recorded if name not in head)
+    assert [tuple(state[name].shape) for name in head] == [(3, pretrained.head_of(model)[1].in_features), (3,)]
+    assert "10 other classes" in caplog.text and f"new tensors: {', '.join(head)}" in caplog.text
+    same_count = models.build_model("simple_cnn", {"width": 8}, 10)  # ten classes, but not CIFAR-10's ten
+    pretrained.load(same_count, weights, tuple(f"class{index}" for index in range(10)))
+    assert not torch.equal(same_count.state_dict()[head[0]], recorded[head[0]])
+
+
+def test_an_exported_safetensors_file_with_the_same_classes_loads_whole(our_run, tmp_path):
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    exported = api.export(best, "safetensors", tmp_path / "ten.safetensors")
+    weights = pretrained.resolve("simple_cnn", exported.path)
+    assert weights.classes == ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                               "truck")
+    model = models.build_model("simple_cnn", {"width": 8}, 10)
+    pretrained.load(model, weights, weights.classes)
+    recorded = torch.load(best, weights_only=True)["model"]
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in recorded.items())
+
+
+def test_weights_of_another_architecture_are_refused_naming_the_first_misfit(our_run):
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    wider = models.build_model("simple_cnn", {"width": 16}, 10)
+    with pytest.raises(UserError, match=r"^pretrained \S+ does not fit this model: 15 tensors of another shape, "
+                                        r"first 0\.0\.weight: \(8, 3, 3, 3\) there, \(16, 3, 3, 3\) here"):
+        pretrained.load(wider, pretrained.resolve("simple_cnn", str(best)), tuple(range(10)))
+
+
+def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoints_normalisation(our_run, tmp_path):
+    """Our CIFAR-trained model as the start of a 3-class image-folder run: the head is new, the run records the
+    starting weights' normalisation, and evaluate uses it on the folder's test images."""
+    from tests.test_image_folders import FOLDER_RUN, write_image_folder
+
+    root = write_image_folder(tmp_path / "data", train=12, test=4)
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", "--model=simple_cnn",
+                            '--model_kwargs={"width": 8}', f"--pretrained={best}", "--num_epochs=2",
+                            f"--output_path={tmp_path}", "--run_name=tuned")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "replaced for the run's 3 classes (the weights' head has 10 other classes)" in result.stderr
+    provenance = json.loads((tmp_path / "tuned" / "provenance.json").read_text())
+    assert provenance["pretrained"]["kind"] == "file" and provenance["pretrained"]["path"] == str(best.resolve())
+    assert provenance["dataset"]["info"]["mean"] == [0.4914, 0.4822, 0.4465]  # the start's, not the folder's
+    checkpoint = sorted((tmp_path / "tuned").glob("best_model_*.pt"))[-1]
+    evaluated = api.evaluate(checkpoint, num_workers=0)
+    summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
+    assert list(evaluated.classes) == ["cat", "dog", "eel"]
+    assert evaluated.accuracy == pytest.approx(summary["final"]["test"]["accuracy"])
