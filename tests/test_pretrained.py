@@ -162,3 +162,59 @@ def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoi
     summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
     assert list(evaluated.classes) == ["cat", "dog", "eel"]
     assert evaluated.accuracy == pytest.approx(summary["final"]["test"]["accuracy"])
+
+
+# ---------------------------------------------------------------- the head first, then everything
+
+
+def test_frozen_epochs_leave_the_backbone_and_its_batchnorm_statistics_as_loaded(our_run, tmp_path):
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    start = torch.load(best, weights_only=True)["model"]
+    result = run_in_process("run", *RUN, "--num_epochs=2", "--model=simple_cnn", '--model_kwargs={"width": 8}',
+                            f"--pretrained={best}", "--freeze_epochs=1", "--checkpoint_every=2",
+                            f"--output_path={tmp_path}", "--run_name=frozen")
+    assert result.returncode == 0, result.stderr[-3000:]
+    head = pretrained.head_of(models.build_model("simple_cnn", {"width": 8}))[0] + "."
+    after_epoch_1 = torch.load(tmp_path / "frozen" / "training_checkpoint_2.pt", weights_only=True)["model"]
+    after_epoch_2 = torch.load(tmp_path / "frozen" / "training_checkpoint_4.pt", weights_only=True)["model"]
+    backbone = [name for name in start if not name.startswith(head)]
+    assert any("running_mean" in name for name in backbone)  # BatchNorm statistics are among them
+    assert all(torch.equal(after_epoch_1[name], start[name]) for name in backbone)  # weights and statistics
+    assert not torch.equal(after_epoch_1[head + "weight"], start[head + "weight"])  # the head trained
+    assert not all(torch.equal(after_epoch_2[name], start[name]) for name in backbone)  # then everything did
+
+
+def test_a_run_resumed_inside_its_frozen_epochs_ends_bit_exactly_as_the_uninterrupted_one(our_run, tmp_path):
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    common = ["run", *RUN, "--num_epochs=3", "--model=simple_cnn", '--model_kwargs={"width": 8}',
+              f"--pretrained={best}", "--freeze_epochs=2", "--backbone_lr_scale=0.5", "--checkpoint_every=3",
+              f"--output_path={tmp_path}"]
+    whole = run_in_process(*common, "--run_name=whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed = run_in_process(*common, "--run_name=resumed",
+                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_3.pt'}")  # frozen until 4
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ours = torch.load(tmp_path / "resumed" / "training_checkpoint_6.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "whole" / "training_checkpoint_6.pt", weights_only=True)
+    assert all(torch.equal(ours["model"][name], theirs["model"][name]) for name in theirs["model"])
+    assert "replaced for the run's" in whole.stderr and "replaced for the run's" not in resumed.stderr  # not reloaded
+
+
+def test_the_backbone_learns_at_its_scale_and_not_at_all_while_frozen():
+    from cifar10_dist.config import load_config
+    from cifar10_dist.training import optimizers, schedules
+
+    config = load_config(model="simple_cnn", learning_rate=0.2, num_warmup_epochs=0, num_epochs=4, freeze_epochs=1,
+                         backbone_lr_scale=0.1)
+    model = models.build_model("simple_cnn")
+    head = {id(parameter) for parameter in pretrained.head_of(model)[1].parameters()}
+    optimizer, group_schedules = optimizers.build_optimizer(model, config, total_iterations=40)
+    scheduler = schedules.create_lr_scheduler(optimizer, 0.2, 0, 40, group_schedules=group_schedules)
+    is_head = [all(id(p) in head for p in group["params"]) for group in optimizer.param_groups]
+    assert sorted(is_head) == [False, True]
+    lrs = []
+    for _ in range(40):
+        scheduler(None)
+        lrs.append({flag: group["lr"] for flag, group in zip(is_head, optimizer.param_groups)})
+    assert all(step[False] == 0 for step in lrs[:10]) and lrs[10][False] > 0  # frozen for the first epoch
+    assert all(step[False] == pytest.approx(0.1 * step[True]) for step in lrs[10:])

@@ -157,6 +157,11 @@ class Config:
                                        "IMAGENET1K_V1, ...) for a torchvision model, or a file: one of our "
                                        "checkpoints or best-model files, a state-dict .pt/.pth or a .safetensors "
                                        "file; the head is new for the run's classes (docs/fine-tuning.md)")
+    freeze_epochs: int = option(0, "train the head (the model's last Linear) alone for the first N epochs: the rest's "
+                                "lr is 0 and its BatchNorm statistics are frozen; then everything trains",
+                                bounds=AT_LEAST_0)
+    backbone_lr_scale: float = option(1.0, "learning-rate factor of everything but the head (the model's last "
+                                      "Linear), e.g. 0.1 when fine-tuning pretrained weights", bounds=ABOVE_0)
     model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
                                           "(e.g. '{\"width\": 64}')")
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")

@@ -65,6 +65,8 @@ def _validate_training_options(c: Config) -> None:
     _require(c.checkpoint_every % c.accumulation_steps == 0,
              f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
              "checkpoints are taken after optimizer steps")
+    _require(c.freeze_epochs < c.num_epochs,
+             f"freeze_epochs={c.freeze_epochs} must be less than num_epochs={c.num_epochs}: the whole model trains after")
     _require(not (c.lookahead and c.accumulation_steps > 1),
              f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
              f"accumulation_steps={c.accumulation_steps}")

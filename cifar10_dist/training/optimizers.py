@@ -5,6 +5,7 @@ so the trainer, the LR schedule, GradScaler, ``idist.auto_optim`` and checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
+from cifar10_dist.models.pretrained import head_of
 from cifar10_dist.training import schedules
 
 
@@ -86,14 +88,43 @@ def with_decay_overrides(groups: list[ParamGroup], overrides: dict[int, float]) 
     return split
 
 
+def head_parameters(model: nn.Module, config: Config) -> set[int]:
+    """ids of the head's parameters (the model's last Linear: the classifier a fine-tuning run trains first)."""
+    name, head = head_of(models.unwrap(model))
+    if head is None:
+        raise UserError(f"freeze_epochs={config.freeze_epochs} and backbone_lr_scale={config.backbone_lr_scale} need a "
+                        f"head, the model's last nn.Linear: model={config.model} has none")
+    return {id(parameter) for parameter in head.parameters()}
+
+
+def with_backbone_schedule(groups: list[ParamGroup], head: set[int], config: Config,
+                           total_iterations: int) -> list[ParamGroup]:
+    """Each group split into its head and backbone parameters: the backbone's lr times ``backbone_lr_scale``,
+    and 0 for its first ``freeze_epochs`` (the head trains alone); the head's as the group's."""
+    if config.freeze_epochs == 0 and config.backbone_lr_scale == 1.0:
+        return groups
+    scale, train_from = config.backbone_lr_scale, total_iterations * config.freeze_epochs // config.num_epochs
+    split = []
+    for group in groups:
+        split.append(ParamGroup([p for p in group.params if id(p) in head], group.lr, group.weight_decay,
+                                group.schedule))
+        split.append(ParamGroup([p for p in group.params if id(p) not in head], group.lr * scale, group.weight_decay,
+                                dataclasses.replace(group.schedule, lr_scale=group.schedule.lr_scale * scale,
+                                                    train_from=train_from)))
+    return [group for group in split if group.params]
+
+
 def build_optimizer(model: nn.Module, config: Config,
                     total_iterations: int) -> tuple[torch.optim.Optimizer, list[schedules.GroupSchedule]]:
     """SGD (Nesterov when asked), or with ``muon_lr`` SGD for everything but the convolution filters and Muon for
     those; with the schedule of each param group in the optimizer's order."""
     sgd_options = dict(lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
                        nesterov=config.nesterov and config.momentum > 0)
+    fine_tuning = config.freeze_epochs > 0 or config.backbone_lr_scale != 1.0
+    head = head_parameters(model, config) if fine_tuning else set()
     if config.muon_lr is None:
         groups = with_decay_overrides(parameter_groups(model, config, total_iterations), decay_overrides(model, config))
+        groups = with_backbone_schedule(groups, head, config, total_iterations)
         if config.optimizer == "adamw":
             optimizer = torch.optim.AdamW([g.for_optimizer() for g in groups], lr=config.learning_rate,
                                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
@@ -106,9 +137,13 @@ def build_optimizer(model: nn.Module, config: Config,
                         "Muon to train; leave muon_lr unset")
     groups = with_decay_overrides(parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters))),
                                   decay_overrides(model, config))
+    groups = with_backbone_schedule(groups, head, config, total_iterations)
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)
     optimizer = SGDWithMuon(sgd, filters, config.muon_lr, config.muon_momentum, config.muon_ns_steps)
-    muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)
+    muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)  # filters: backbone
+    if fine_tuning:
+        muon_schedule = dataclasses.replace(muon_schedule, lr_scale=muon_schedule.lr_scale * config.backbone_lr_scale,
+                                            train_from=total_iterations * config.freeze_epochs // config.num_epochs)
     return optimizer, [*(g.schedule for g in groups), muon_schedule]
 
 

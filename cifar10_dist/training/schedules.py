@@ -57,6 +57,16 @@ def torch_schedule(shape: Shape, learning_rate: float, steps: int, eta_min: floa
 
 
 def _scaled(milestones: list[tuple[int, float]], schedule: GroupSchedule) -> list[tuple[int, float]]:
+    scaled = _scaled_until(milestones, schedule)
+    start = schedule.train_from
+    if start <= 0:
+        return scaled
+    value_at_start = float(np.interp(start, [i for i, _ in scaled], [v for _, v in scaled]))
+    later = [(iteration, value) for iteration, value in scaled if iteration > start]
+    return [(0, 0.0), *([(start - 1, 0.0)] if start > 1 else []), (start, value_at_start), *later]
+
+
+def _scaled_until(milestones: list[tuple[int, float]], schedule: GroupSchedule) -> list[tuple[int, float]]:
     """The milestones times the group's lr scale, and 0 after its ``train_until`` (a parameter frozen part-way),
     or a linear decay from the scaled peak to 0 there."""
     scale, until, last = schedule.lr_scale, schedule.train_until, milestones[-1][0]
@@ -74,11 +84,13 @@ def _scaled(milestones: list[tuple[int, float]], schedule: GroupSchedule) -> lis
 class GroupSchedule:
     """How one parameter group follows the schedule: its lr is ``lr_scale`` times the others', and 0 after
     iteration ``train_until`` (a parameter frozen part-way; None: trained to the end); with ``decay_to_until``
-    it falls instead linearly from ``lr_scale`` times the peak lr at the start to 0 at ``train_until``."""
+    it falls instead linearly from ``lr_scale`` times the peak lr at the start to 0 at ``train_until``; 0 before
+    iteration ``train_from`` (counted from 0, as the scheduler counts: iterations 1..train_from do not move it)."""
 
     lr_scale: float = 1.0
     train_until: int | None = None
     decay_to_until: bool = False
+    train_from: int = 0  # lr 0 before this iteration (a backbone frozen for the first epochs: ``freeze_epochs``)
 
 
 def create_lr_scheduler(

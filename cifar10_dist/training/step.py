@@ -63,10 +63,13 @@ class TrainStep:
         self.scaler = make_grad_scaler(precision)
         self.clipped = [p for group in optimizer.param_groups for p in group["params"]] if clip_grad_norm else []
         self.grad_norm: torch.Tensor | None = None
+        self.frozen_norms: list[nn.Module] = []  # kept in eval mode (``freezing.BackboneFreeze``)
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, stepping: bool = True) -> StepOutput:
         if not self.model.training:  # after an evaluation (model.train() visits every module: ~1 us each)
             self.model.train()
+            for norm in self.frozen_norms:
+                norm.eval()
         with contextlib.nullcontext() if stepping else self.accumulation.without_gradient_sync():
             with self.precision.autocast():
                 loss = self.loss_fn(self.model(inputs), targets)

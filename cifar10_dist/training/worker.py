@@ -32,6 +32,7 @@ from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import checkpointing, optimizers, process_setup, schedules, trials
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import attach_validation, create_evaluator
+from cifar10_dist.training.freezing import BackboneFreeze
 from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
@@ -154,6 +155,9 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
         device, config, data_setup.iterations_per_epoch, data_setup.info))
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
+    if config.freeze_epochs:
+        BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch
+                       ).attach(trainer)
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
     lookahead = Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
     if lookahead is not None:
