@@ -218,3 +218,63 @@ def test_the_backbone_learns_at_its_scale_and_not_at_all_while_frozen():
         lrs.append({flag: group["lr"] for flag, group in zip(is_head, optimizer.param_groups)})
     assert all(step[False] == 0 for step in lrs[:10]) and lrs[10][False] > 0  # frozen for the first epoch
     assert all(step[False] == pytest.approx(0.1 * step[True]) for step in lrs[10:])
+
+
+# ---------------------------------------------------------------- timm's zoo
+
+
+def place_timm_weights(hf_home: Path, name: str) -> dict[str, torch.Tensor]:
+    """Stand-in pretrained weights of timm's ``name`` (random, 1000 classes) in the Hugging Face cache layout
+    (hub/models--timm--NAME/{refs/main, snapshots/REVISION/model.safetensors}), as a download leaves them."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    repository = hf_home / "hub" / f"models--timm--{name}"
+    revision = "0" * 40
+    (repository / "refs").mkdir(parents=True)
+    (repository / "refs" / "main").write_text(revision)
+    (repository / "snapshots" / revision).mkdir(parents=True)
+    torch.manual_seed(7)
+    state = timm.create_model(name.split(".")[0]).state_dict()
+    save_file(state, str(repository / "snapshots" / revision / "model.safetensors"))
+    return state
+
+
+def test_a_timm_model_starts_from_its_pretrained_tag_in_the_hugging_face_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    expected = place_timm_weights(tmp_path / "hf", "resnet18.a1_in1k")
+    weights = pretrained.resolve("timm:resnet18.a1_in1k", "true")
+    assert weights.kind == "timm" and weights.mean == (0.485, 0.456, 0.406)  # timm's pretrained_cfg
+    pretrained.fetch(weights)  # cached: nothing to download
+    model = models.build_model("timm:resnet18.a1_in1k", None, 5)
+    pretrained.load(model, weights, tuple("abcde"))
+    state = model.state_dict()
+    assert all(torch.equal(state[name], expected[name]) for name in expected if not name.startswith("fc."))
+    assert state["fc.weight"].shape == (5, 512)
+
+
+def test_a_timm_model_without_network_or_cache_is_refused_at_once(tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    result = run_in_process("run", *RUN, "--model=timm:resnet18.a1_in1k", "--pretrained=true",
+                            f"--output_path={tmp_path}", "--run_name=offline")
+    assert result.returncode == 2 and not (tmp_path / "offline").exists()
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: pretrained=true: the weights of timm:resnet18.a1_in1k are not in the Hugging Face cache (HF_HOME) "
+        "and cannot be downloaded (")
+    assert result.stderr.strip().endswith("download https://huggingface.co/timm/resnet18.a1_in1k (model.safetensors) "
+                                          "and give --pretrained=THAT_FILE")
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_timm_model_from_a_local_file_exports_to_onnx_checked_by_onnx_runtime(tmp_path):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(3)
+    torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "resnet18_imagenet.pth")  # 1000 classes
+    result = run_in_process("run", *RUN, "--model=timm:resnet18", f"--pretrained={tmp_path / 'resnet18_imagenet.pth'}",
+                            "--freeze_epochs=0", f"--output_path={tmp_path}", "--run_name=timm")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pretrained " in result.stderr and "layer fc replaced for the run's 10 classes" in result.stderr
+    checkpoint = sorted((tmp_path / "timm").glob("best_model_*.pt"))[-1]
+    exported = api.export(checkpoint, "onnx", tmp_path / "timm.onnx")
+    assert exported.same_top1 == exported.num_images == 64 and exported.relative_difference <= 1e-3

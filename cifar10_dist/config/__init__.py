@@ -8,6 +8,7 @@ from cifar10_dist.config.fields import FIELDS, PRUNERS, Bounds, Config, PrunerSp
 from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
                                         MODEL_REFERENCE,
+                                        TIMM_PREFIX,
                                         absolute_model_reference,
                                         is_model_reference,
                                         milestone_epochs,
@@ -17,4 +18,4 @@ from cifar10_dist.config.rules import (
 
 __all__ = ["FIELDS", "PRUNERS", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
-           "is_model_reference", "milestone_epochs", "planned_world_size", "validate"]
+           "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size", "validate"]

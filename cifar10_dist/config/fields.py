@@ -154,9 +154,10 @@ class Config:
     model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
                         "your own: package.module:factory or path/to/file.py:factory")
     pretrained: Optional[str] = option(None, "start from pretrained weights: a torchvision weights name (DEFAULT, "
-                                       "IMAGENET1K_V1, ...) for a torchvision model, or a file: one of our "
-                                       "checkpoints or best-model files, a state-dict .pt/.pth or a .safetensors "
-                                       "file; the head is new for the run's classes (docs/fine-tuning.md)")
+                                       "IMAGENET1K_V1, ...) for a torchvision model, true for a timm model (its "
+                                       "pretrained tag), or a file: one of our checkpoints or best-model files, a "
+                                       "state-dict .pt/.pth or a .safetensors file; the head is new for the run's "
+                                       "classes (docs/fine-tuning.md)", also=("true",))
     freeze_epochs: int = option(0, "train the head (the model's last Linear) alone for the first N epochs: the rest's "
                                 "lr is 0 and its BatchNorm statistics are frozen; then everything trains",
                                 bounds=AT_LEAST_0)

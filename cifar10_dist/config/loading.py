@@ -130,6 +130,8 @@ def _coerce(name: str, value: Any) -> Any:
     also = FIELDS[name].metadata["also"]
     if isinstance(value, str) and value.lower() in also:
         return value.lower()
+    if value is True and "true" in also:  # fire reads --pretrained=true as a bool
+        return "true"
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
             return None

@@ -14,9 +14,12 @@ from cifar10_dist.errors import UserError
 MODEL_REFERENCE = re.compile(r"^(?P<source>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attribute>[A-Za-z_][\w.]*)$")
 
 
+TIMM_PREFIX = "timm:"  # model=timm:NAME is a model of timm's zoo (``pip install 'cifar10-dist[timm]'``)
+
+
 def is_model_reference(model: str) -> bool:
-    """True for a user model (``module:factory`` or ``file.py:factory``) rather than a built-in name."""
-    return ":" in model
+    """True for a user model (``module:factory`` or ``file.py:factory``) rather than a built-in or timm name."""
+    return ":" in model and not model.startswith(TIMM_PREFIX)
 
 
 def absolute_model_reference(model: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from cifar10_dist.config import MODEL_REFERENCE, is_model_reference
+from cifar10_dist.config import MODEL_REFERENCE, TIMM_PREFIX, is_model_reference
 from cifar10_dist.errors import UserError
 
 NUM_CLASSES = 10
@@ -44,6 +44,9 @@ def check_model_name(name: str) -> None:
         return
     if name in ("simple_cnn", "airbench", *CIFAR_RESNETS):
         return  # no need to import torchvision to know these
+    if name.startswith(TIMM_PREFIX):
+        check_timm_name(name)
+        return
     choices = available_models()
     if name in choices:
         return
@@ -66,7 +69,29 @@ def build_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: in
         raise UserError(f"model={name} does not accept model_kwargs={kwargs}: {error}") from error
 
 
+def require_timm() -> Any:
+    """The timm module, or one line saying how to install it."""
+    try:
+        import timm
+    except ImportError as missing:
+        raise UserError("model=timm:NAME needs the timm package, which is not installed: pip install "
+                        "'cifar10-dist[timm]'") from missing
+    return timm
+
+
+def check_timm_name(name: str) -> None:
+    """A model of timm's zoo (a pretrained tag may follow the name: timm:resnet50.a1_in1k), else one line."""
+    timm = require_timm()
+    wanted = name[len(TIMM_PREFIX):]
+    if not timm.models.is_model(wanted):
+        close = difflib.get_close_matches(wanted, timm.list_models(), n=1)
+        hint = f" (did you mean 'timm:{close[0]}'?)" if close else ""
+        raise UserError(f"model='{name}' is not a model of timm {timm.__version__}{hint}: see timm.list_models()")
+
+
 def _builtin_builder(name: str) -> Callable[..., nn.Module]:
+    if name.startswith(TIMM_PREFIX):
+        return lambda **kwargs: require_timm().create_model(name[len(TIMM_PREFIX):], pretrained=False, **kwargs)
     if name == "simple_cnn":
         return simple_cnn
     if name == "airbench":

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from cifar10_dist.config import TIMM_PREFIX
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger("cifar10_dist")
@@ -48,10 +49,10 @@ class Weights:
 
     def describe(self) -> dict[str, Any]:
         """For provenance and the log: what it is, and the file's SHA-256 when it is there."""
-        record = {"kind": self.kind, "name": self.name, "path": self.path}
+        record = {"kind": self.kind, "name": self.name, **({"path": self.path} if self.path else {})}
         if self.url:
             record["url"] = self.url
-        if Path(self.path).is_file():
+        if self.path and Path(self.path).is_file():
             record["sha256"] = _sha256(Path(self.path))
         return record
 
@@ -67,7 +68,25 @@ def resolve(model_name: str, pretrained: str) -> Weights:
         classes, mean, std = _recorded(path)
         return Weights("file", str(path.resolve()), str(path.resolve()), pretrained, classes=classes, mean=mean,
                        std=std)
+    if model_name.startswith(TIMM_PREFIX):
+        if pretrained.lower() != "true":
+            raise UserError(f"pretrained='{pretrained}' for model={model_name}: give true (timm's weights for its "
+                            "pretrained tag) or a file of weights")
+        return _timm_weights(model_name)
     return _torchvision_weights(model_name, pretrained)
+
+
+def _timm_weights(model_name: str) -> Weights:
+    """timm's pretrained weights for the name (and tag) through timm's own ``create_model``: its Hugging Face
+    cache (HF_HOME), its normalisation (``pretrained_cfg``)."""
+    from cifar10_dist.models.networks import require_timm
+
+    timm = require_timm()
+    config = timm.models.get_pretrained_cfg(model_name[len(TIMM_PREFIX):]) or {}
+    config = config if isinstance(config, dict) else config.to_dict()
+    source = f"https://huggingface.co/{config['hf_hub_id']}" if config.get("hf_hub_id") else config.get("url")
+    return Weights("timm", model_name, "", "true", source, None, tuple(config.get("mean") or ()) or None,
+                   tuple(config.get("std") or ()) or None)
 
 
 def _torchvision_weights(model_name: str, name: str) -> Weights:
@@ -97,6 +116,11 @@ def cache_file(url: str) -> Path:
 def fetch(weights: Weights) -> None:
     """Before any worker starts: a torchvision weights file is in the cache, downloaded now if it is not; without
     network, one line naming the file, its URL and where to place it."""
+    if weights.kind == "timm":
+        if _hugging_face_file(weights) is None:
+            _refuse_without_network(weights)
+            _download_to_hugging_face_cache(weights)  # the workers read it from there
+        return
     target = Path(weights.path)
     if weights.kind != "torchvision" or target.is_file():
         return
@@ -165,7 +189,73 @@ def _check_fit(state: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tens
                     "model_kwargs?)")
 
 
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm fetches from a Hugging Face repository
+
+
+def hugging_face_cache() -> Path:
+    """The Hugging Face hub cache, read from the environment now (HF_HUB_CACHE, else HF_HOME/hub, else
+    ~/.cache/huggingface/hub), not when huggingface_hub was imported."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def _repository(weights: Weights) -> str:
+    return weights.url.removeprefix("https://huggingface.co/") if weights.url else ""
+
+
+def _hugging_face_file(weights: Weights) -> str | None:
+    """The weights' file in the Hugging Face cache (HF_HOME/hub), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in HUB_FILES:
+        found = (try_to_load_from_cache(_repository(weights), name, cache_dir=hugging_face_cache())
+                 if _repository(weights) else None)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def _download_to_hugging_face_cache(weights: Weights) -> None:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        hf_hub_download(_repository(weights), HUB_FILES[0], cache_dir=hugging_face_cache())
+    except Exception as error:  # huggingface_hub's errors: no such file, no network after all
+        raise UserError(_unreachable(weights, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
+                        ) from error
+    logger.info("pretrained weights of %s downloaded to the Hugging Face cache", weights.name)
+
+
+def _refuse_without_network(weights: Weights) -> None:
+    """One line at once when the weights' host cannot be reached (huggingface_hub would retry for a minute)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(weights.url or "", method="HEAD"), timeout=DOWNLOAD_TIMEOUT)
+    except OSError as error:
+        raise UserError(_unreachable(weights, getattr(error, "reason", error))) from error
+
+
+def _unreachable(weights: Weights, reason: Any) -> str:
+    return (f"pretrained=true: the weights of {weights.name} are not in the Hugging Face cache (HF_HOME) and cannot be "
+            f"downloaded ({reason}): download {weights.url} (model.safetensors) and give --pretrained=THAT_FILE")
+
+
+def _timm_state(weights: Weights) -> Mapping[str, torch.Tensor]:
+    """timm's pretrained weights for the name, loaded by timm itself (its key mapping and filters) from the file
+    the launcher put in the Hugging Face cache: no network in the workers."""
+    from cifar10_dist.models.networks import require_timm
+
+    cached = _hugging_face_file(weights)
+    if cached is None:
+        raise UserError(_unreachable(weights, "not fetched before the workers started"))
+    return require_timm().create_model(weights.name[len(TIMM_PREFIX):], pretrained=True,
+                                       pretrained_cfg_overlay={"file": cached}).state_dict()
+
+
 def _read(weights: Weights) -> Mapping[str, torch.Tensor]:
+    if weights.kind == "timm":
+        return _timm_state(weights)
     path = Path(weights.path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
