@@ -242,39 +242,57 @@ def place_timm_weights(hf_home: Path, name: str) -> dict[str, torch.Tensor]:
 
 def test_a_timm_model_starts_from_its_pretrained_tag_in_the_hugging_face_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    expected = place_timm_weights(tmp_path / "hf", "resnet18.a1_in1k")
-    weights = pretrained.resolve("timm:resnet18.a1_in1k", "true")
-    assert weights.kind == "timm" and weights.mean == (0.485, 0.456, 0.406)  # timm's pretrained_cfg
+    expected = place_timm_weights(tmp_path / "hf", "test_resnet.r160_in1k")
+    weights = pretrained.resolve("timm:test_resnet.r160_in1k", "true")
+    assert weights.kind == "timm" and weights.mean == (0.5, 0.5, 0.5)  # timm's pretrained_cfg for it
     pretrained.fetch(weights)  # cached: nothing to download
-    model = models.build_model("timm:resnet18.a1_in1k", None, 5)
+    model = models.build_model("timm:test_resnet.r160_in1k", None, 5)
     pretrained.load(model, weights, tuple("abcde"))
     state = model.state_dict()
     assert all(torch.equal(state[name], expected[name]) for name in expected if not name.startswith("fc."))
-    assert state["fc.weight"].shape == (5, 512)
+    assert state["fc.weight"].shape == (5, 96)
 
 
 def test_a_timm_model_without_network_or_cache_is_refused_at_once(tmp_path, monkeypatch):
     pytest.importorskip("timm")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
-    result = run_in_process("run", *RUN, "--model=timm:resnet18.a1_in1k", "--pretrained=true",
+    result = run_in_process("run", *RUN, "--model=timm:test_resnet.r160_in1k", "--pretrained=true",
                             f"--output_path={tmp_path}", "--run_name=offline")
     assert result.returncode == 2 and not (tmp_path / "offline").exists()
     assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: pretrained=true: the weights of timm:resnet18.a1_in1k are not in the Hugging Face cache (HF_HOME) "
-        "and cannot be downloaded (")
-    assert result.stderr.strip().endswith("download https://huggingface.co/timm/resnet18.a1_in1k (model.safetensors) "
-                                          "and give --pretrained=THAT_FILE")
+        "error: pretrained=true: the weights of timm:test_resnet.r160_in1k are not in the Hugging Face cache "
+        "(HF_HOME) and cannot be downloaded (")
+    assert result.stderr.strip().endswith("download https://huggingface.co/timm/test_resnet.r160_in1k "
+                                          "(model.safetensors) and give --pretrained=THAT_FILE")
 
 
-@pytest.mark.slow
 def test_a_fine_tuned_timm_model_from_a_local_file_exports_to_onnx_checked_by_onnx_runtime(tmp_path):
     timm = pytest.importorskip("timm")
     torch.manual_seed(3)
-    torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "resnet18_imagenet.pth")  # 1000 classes
-    result = run_in_process("run", *RUN, "--model=timm:resnet18", f"--pretrained={tmp_path / 'resnet18_imagenet.pth'}",
-                            "--freeze_epochs=0", f"--output_path={tmp_path}", "--run_name=timm")
+    weights = tmp_path / "test_resnet_imagenet.pth"
+    torch.save(timm.create_model("test_resnet").state_dict(), weights)  # 1000 classes
+    result = run_in_process("run", *RUN, "--model=timm:test_resnet", f"--pretrained={weights}",
+                            f"--output_path={tmp_path}", "--run_name=timm")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pretrained " in result.stderr and "layer fc replaced for the run's 10 classes" in result.stderr
     checkpoint = sorted((tmp_path / "timm").glob("best_model_*.pt"))[-1]
     exported = api.export(checkpoint, "onnx", tmp_path / "timm.onnx")
     assert exported.same_top1 == exported.num_images == 64 and exported.relative_difference <= 1e-3
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_start_from_the_same_weights_and_freeze_alike(our_run, tmp_path):
+    """Each spawned process loads the start itself; with the backbone frozen, it is still the start after epoch 1
+    (the processes' BatchNorm statistics, broadcast by DDP from rank 0, included)."""
+    from tests.conftest import SPAWN_2
+
+    best = sorted(our_run.glob("best_model_*.pt"))[-1]
+    result = run_in_process("run", *RUN, *SPAWN_2, "--num_epochs=2", "--model=simple_cnn",
+                            '--model_kwargs={"width": 8}', f"--pretrained={best}", "--freeze_epochs=1",
+                            "--checkpoint_every=2", f"--output_path={tmp_path}", "--run_name=two")
+    assert result.returncode == 0, result.stderr[-3000:]
+    start = torch.load(best, weights_only=True)["model"]
+    after_epoch_1 = torch.load(tmp_path / "two" / "training_checkpoint_2.pt", weights_only=True)["model"]
+    head = pretrained.head_of(models.build_model("simple_cnn", {"width": 8}))[0] + "."
+    after_epoch_1 = {name.removeprefix("module."): tensor for name, tensor in after_epoch_1.items()}
+    assert all(torch.equal(after_epoch_1[name], start[name]) for name in start if not name.startswith(head))
