@@ -162,6 +162,10 @@ def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoi
     summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
     assert list(evaluated.classes) == ["cat", "dog", "eel"]
     assert evaluated.accuracy == pytest.approx(summary["final"]["test"]["accuracy"])
+    sidecar = json.loads(Path(api.export(checkpoint, "safetensors", tmp_path / "tuned.safetensors").sidecar).read_text())
+    assert sidecar["mean"] == [0.4914, 0.4822, 0.4465] and sidecar["classes"] == ["cat", "dog", "eel"]  # for predict
+    image = next((root / "test" / "eel").iterdir())
+    assert api.predict(checkpoint, [image]).shape == (1, 3)
 
 
 # ---------------------------------------------------------------- the head first, then everything
@@ -296,3 +300,15 @@ def test_two_gloo_processes_start_from_the_same_weights_and_freeze_alike(our_run
     head = pretrained.head_of(models.build_model("simple_cnn", {"width": 8}))[0] + "."
     after_epoch_1 = {name.removeprefix("module."): tensor for name, tensor in after_epoch_1.items()}
     assert all(torch.equal(after_epoch_1[name], start[name]) for name in start if not name.startswith(head))
+
+
+def test_the_fine_tuning_keys_are_searchable_and_their_bounds_checked():
+    from cifar10_dist.config import load_config
+    from cifar10_dist.tuning.search_space import Dimension, check_space
+
+    base = load_config(val_split=0.1, num_epochs=4)
+    check_space(base, {"freeze_epochs": Dimension("freeze_epochs", "int", 0, 3),
+                       "backbone_lr_scale": Dimension("backbone_lr_scale", "float", 0.01, 1.0, log=True)})
+    with pytest.raises(UserError, match=r"^space: freeze_epochs=4 is outside what the config accepts: "
+                                        r"freeze_epochs=4 must be less than num_epochs=4"):
+        check_space(base, {"freeze_epochs": Dimension("freeze_epochs", "int", 0, 4)})
