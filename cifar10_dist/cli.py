@@ -135,12 +135,12 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 
 def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
            raw_weights: bool = False) -> None:
-    """Export a checkpoint's model (safetensors, torchscript, onnx), verified against PyTorch; print the check."""
+    """Export a checkpoint's model (safetensors, pt2, onnx, torchscript), verified against PyTorch; print the check."""
     if checkpoint is None or format is None:
-        raise UserError("export needs --checkpoint=PATH and --format=safetensors|torchscript|onnx")
+        raise UserError("export needs --checkpoint=PATH and --format=safetensors|pt2|onnx|torchscript")
     result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights))
     runtime = {"safetensors": "safetensors read back into the model", "torchscript": "torch.jit.load",
-               "onnx": "ONNX Runtime (CPU)"}[result.format]
+               "pt2": "torch.export.load", "onnx": "ONNX Runtime (CPU)"}[result.format]
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
     print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e} "

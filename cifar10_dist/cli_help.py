@@ -49,18 +49,19 @@ A file that cannot be read gets one error line, the others are still classified,
 """
 
 EXPORT_HELP = """\
-Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|torchscript|onnx [--output=PATH] [--debug]
+Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|pt2|onnx|torchscript [--output=PATH] [--debug]
 
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
 (N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
 normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
 compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime): logits within
 1e-3 of their scale (the largest absolute logit) and the same top-1 class, or no file.
-Needs: pip install 'cifar10-dist[export]'
+Needs: pip install 'cifar10-dist[export]' (safetensors, onnx; pt2 and torchscript need torch alone)
 
   --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
-  --format=FORMAT            safetensors (weights), torchscript (traced module) or onnx (dynamic batch size)
-  --output=None              file to write (default: next to the checkpoint, .safetensors/.torchscript.pt/.onnx)
+  --format=FORMAT            safetensors (weights), pt2 (torch.export program, dynamic batch size), onnx
+                             (dynamic batch size) or torchscript (traced module; deprecated by torch: use pt2)
+  --output=None              file to write (default: next to the checkpoint, .safetensors/.pt2/.onnx/.torchscript.pt)
   --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --debug                    show tracebacks for errors
 """

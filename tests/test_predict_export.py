@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -203,9 +204,20 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     assert sidecar["mean"] == list(MEAN) and sidecar["std"] == list(STD)
 
     export(checkpoint, "torchscript", tmp_path / "model.pt")
-    scripted = torch.jit.load(tmp_path / "model.pt")
+    with warnings.catch_warnings():  # torch.jit.load is deprecated (a FutureWarning): loaded here on purpose
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.load(tmp_path / "model.pt")
     with torch.no_grad():
         assert torch.allclose(scripted(images), expected, atol=1e-5)
+
+    printed = export(checkpoint, "pt2", tmp_path / "model.pt2")
+    assert "torch.export.load vs PyTorch on 64 " in printed and "same top-1 class on 64 of 64" in printed
+    extra = {"metadata.json": ""}
+    program = torch.export.load(tmp_path / "model.pt2", extra_files=extra)
+    assert json.loads(extra["metadata.json"])["classes"] == list(cifar.CLASSES)
+    for batch in (images[:1], images):  # a dynamic batch dimension
+        with torch.no_grad():
+            assert torch.allclose(program.module()(batch), expected[:len(batch)], rtol=1e-4, atol=1e-5)
 
     printed = export(checkpoint, "onnx", tmp_path / "model.onnx")
     assert "ONNX Runtime (CPU) vs PyTorch on 64 " in printed and "same top-1 class on 64 of 64" in printed
@@ -277,10 +289,11 @@ def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tm
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--format=tflite"], "error: format='tflite' is not accepted: choose one of safetensors, torchscript, onnx"),
+    (["--format=tflite"], "error: format='tflite' is not accepted: choose one of safetensors, pt2, onnx, "
+                          "torchscript"),
     (["--format=onnx", "--output=/no/such/folder/m.onnx"], "error: output='/no/such/folder/m.onnx': the folder "
                                                            "/no/such/folder does not exist"),
-    ([], "error: export needs --checkpoint=PATH and --format=safetensors|torchscript|onnx"),
+    ([], "error: export needs --checkpoint=PATH and --format=safetensors|pt2|onnx|torchscript"),
 ])
 def test_bad_export_arguments_are_one_line(trained, args, expected):
     result = run_in_process("export", f"--checkpoint={trained}", *args)

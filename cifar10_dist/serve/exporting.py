@@ -1,4 +1,5 @@
-"""Taking a trained model out: safetensors weights, a TorchScript module, or an ONNX graph, each verified.
+"""Taking a trained model out: safetensors weights, a torch.export program (pt2), an ONNX graph, or a TorchScript
+module (deprecated by torch), each verified.
 
 Every form maps normalised float32 images (N, 3, S, S) to logits, exactly as the trained ``nn.Module`` does;
 a JSON sidecar (``<file>.json``) and the file's own metadata carry the model reference, class names, the
@@ -29,8 +30,8 @@ from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
 from cifar10_dist.serve import inference
 
-FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
-NEEDS = {"safetensors": ("safetensors",), "torchscript": (), "onnx": ("onnx", "onnxscript", "onnxruntime")}
+FORMATS = {"safetensors": ".safetensors", "pt2": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
+NEEDS = {"safetensors": ("safetensors",), "pt2": (), "onnx": ("onnx", "onnxscript", "onnxruntime"), "torchscript": ()}
 INSTALL_HINT = "pip install 'cifar10-dist[export]'"
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
 # logits' scale (their largest absolute value, at least 1): fp32 kernels of other runtimes and CPUs sum in another
@@ -64,7 +65,8 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
         raise UserError(f"output='{path}': the folder {path.parent} does not exist")
     metadata = describe(trained)
     images, source = check_images(trained.config, trained.info)
-    exporter = {"safetensors": write_safetensors, "torchscript": write_torchscript, "onnx": write_onnx}[format]
+    exporter = {"safetensors": write_safetensors, "pt2": write_pt2, "torchscript": write_torchscript,
+                "onnx": write_onnx}[format]
     found: dict[str, Any] = {}
     files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
     sidecar = path.with_name(path.name + ".json")
@@ -141,9 +143,26 @@ def write_safetensors(trained: inference.TrainedModel, path: Path, metadata: dic
             "tensors_equal": equal}
 
 
+def write_pt2(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
+              images: torch.Tensor) -> dict[str, Any]:
+    """``torch.export`` of the model in eval mode with a dynamic batch dimension (an ExportedProgram, torch's
+    supported form for deployment), saved with the metadata as ``metadata.json``, loaded back with
+    ``torch.export.load`` and run against the PyTorch model."""
+    try:
+        program = torch.export.export(trained.model, (images[:2],), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+    except Exception as error:
+        raise cannot_export(trained, "pt2", error) from error
+    archive = io.BytesIO()  # the file has a temporary name until checked, and torch wants .pt2 names or buffers
+    torch.export.save(program, archive, extra_files={"metadata.json": json.dumps(metadata)})
+    path.write_bytes(archive.getvalue())
+    loaded = torch.export.load(io.BytesIO(path.read_bytes()))
+    return checked(trained, "pt2", compare(logits(trained.model, images), logits(loaded.module(), images)))
+
+
 def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
                       images: torch.Tensor) -> dict[str, Any]:
-    """A traced module in eval mode (torch.jit is deprecated in torch but still loads everywhere libtorch runs)."""
+    """A traced module in eval mode. Deprecated: torch deprecates TorchScript (torch 2.14 warns on
+    ``torch.jit.load``: "Please switch to torch.export"); kept for libtorch users, pt2 is its successor."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         try:
