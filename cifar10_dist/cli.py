@@ -37,7 +37,8 @@ def print_run_result(result: RunResult) -> None:
     for name, metrics in (("val", result.val), ("test", result.test), ("train subset", result.train)):
         if metrics is not None:
             chosen = f", {metrics.model}" if metrics.model else ""
-            print(f"final {name}: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} "
+            top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
+            print(f"final {name}: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} "
                   f"({metrics.num_samples} images{chosen})")
     if result.stopped_early is not None:
         print(f"stopped early at epoch {result.stopped_early} (early_stopping_patience)")
@@ -79,7 +80,8 @@ def evaluate(
     for name, accuracy in zip(metrics.classes, metrics.per_class_accuracy):
         print(f"{name:<{width}} {accuracy:8.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
-    print(f"test: accuracy {metrics.accuracy:.4f}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
+    top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
+    print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 
 
 def predict(*paths: str, checkpoint: str | None = None, top_k: int | None = None, json: bool = False, batch_size: int = 256,

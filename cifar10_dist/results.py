@@ -19,6 +19,7 @@ class SplitMetrics:
     loss: float
     num_samples: int
     model: Optional[str] = None
+    top5_accuracy: Optional[float] = None  # with more than 5 classes
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> SplitMetrics | None:
@@ -74,6 +75,7 @@ class EvaluationResult:
     per_class_accuracy: list[float] = field(default_factory=list)
     confusion_matrix: list[list[int]] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)  # names of the rows and columns
+    top5_accuracy: Optional[float] = None  # with more than 5 classes
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

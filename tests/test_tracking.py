@@ -47,8 +47,8 @@ def jsonl(run_dir: Path) -> list[dict]:
 
 
 SCALARS = {"training/batch_loss", "training/lr", "training/epoch_loss", "training/epoch_time",
-           "training/images_per_second", "test/accuracy", "test/loss", "test/duration", "train_subset/accuracy",
-           "train_subset/loss", "train_subset/duration"}
+           "training/images_per_second", "test/accuracy", "test/top5_accuracy", "test/loss", "test/duration",
+           "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration"}
 
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -74,7 +74,7 @@ def test_tensorboard_holds_each_quantity_once_under_its_documented_name(tracked_
     for line in lines:  # metrics.jsonl: the same numbers under the same names (event/key = tag)
         group = "training" if line["event"] == "epoch" else line["split"]
         names = ("epoch_loss", "epoch_time", "images_per_second") if group == "training" else (
-            "accuracy", "loss", "duration")
+            "accuracy", "top5_accuracy", "loss", "duration")
         for name in names:
             assert logged[f"{group}/{name}"][line["epoch"]] == pytest.approx(line[name], rel=1e-6), (group, name)
 
@@ -102,7 +102,8 @@ def test_hyperparameters_and_final_metrics_reach_tensorboards_hparams_tab(tracke
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {metric.name.tag for metric in experiment.metric_infos} == {
-        "final/test_accuracy", "final/test_loss", "final/train_accuracy", "final/train_loss", "best/test_accuracy"}
+        "final/test_accuracy", "final/test_top5_accuracy", "final/test_loss", "final/train_accuracy",
+        "final/train_top5_accuracy", "final/train_loss", "best/test_accuracy"}
     final = scalars(run_dir)["final/test_accuracy"]
     assert list(final.values()) == [pytest.approx(summary["final"]["test"]["accuracy"])]
 

@@ -140,6 +140,8 @@ def final_scalars(summary: RunSummary) -> dict[str, float]:
     for split, metrics in summary.final.items():
         scalars[f"final/{split}_accuracy"] = metrics.accuracy
         scalars[f"final/{split}_loss"] = metrics.loss
+        if metrics.top5_accuracy is not None:
+            scalars[f"final/{split}_top5_accuracy"] = metrics.top5_accuracy
     if summary.best is not None:
         scalars[f"best/{summary.best.split}_accuracy"] = summary.best.accuracy
     return scalars
@@ -278,9 +280,9 @@ def compare(run_dirs: Sequence[Path]) -> Comparison:
 def _row(run_dir: Path, summary: RunSummary | None, evaluations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     last = {e["split"]: e for e in evaluations}
     selection, _, best = selection_split(evaluations)
-    final_test = last.get("test", {}).get("accuracy")
+    final_test, final_top5 = last.get("test", {}).get("accuracy"), last.get("test", {}).get("top5_accuracy")
     if summary is not None and "test" in summary.final:
-        final_test = summary.final["test"].accuracy
+        final_test, final_top5 = summary.final["test"].accuracy, summary.final["test"].top5_accuracy
     epochs_so_far = max((e["epoch"] for e in evaluations), default=0)
     return {
         "run": run_dir.name,
@@ -290,6 +292,7 @@ def _row(run_dir: Path, summary: RunSummary | None, evaluations: Sequence[Mappin
         "best_split": selection,
         "best_accuracy": best["accuracy"] if best else None,
         "final_test_accuracy": final_test,
+        "final_test_top5": final_top5,
         "training_time": summary.training_time if summary else None,
     }
 
@@ -301,12 +304,14 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
     width = max(len("run"), *(len(row["run"]) for row in rows))
-    lines = [f"{'run':<{width}}  {'procs':>5}  {'epochs':>6}  {'best (split)':>15}  {'final test':>10}  {'train s':>8}"]
+    lines = [f"{'run':<{width}}  {'procs':>5}  {'epochs':>6}  {'best (split)':>15}  {'final test':>10}  {'top-5':>6}  "
+             f"{'train s':>8}"]
     for row in rows:
         best = f"{cell(row['best_accuracy'])} ({row['best_split']})"
         name = row["run"] + ("" if row["finished"] else " *")
         lines.append(f"{name:<{width}}  {cell(row['world_size']):>5}  {cell(row['epochs']):>6}  {best:>15}  "
-                     f"{cell(row['final_test_accuracy']):>10}  {cell(row['training_time'], 1):>8}")
+                     f"{cell(row['final_test_accuracy']):>10}  {cell(row.get('final_test_top5')):>6}  "
+                     f"{cell(row['training_time'], 1):>8}")
     if not all(row["finished"] for row in rows):
         lines.append("* not finished (no readable summary.json): numbers so far")
     return "\n".join(lines)

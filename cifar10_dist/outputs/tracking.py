@@ -94,8 +94,9 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
 
 
 def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float) -> None:
-    logger.info("epoch %d %s: accuracy %.4f, loss %.4f on %d images (%.1f s)",
-                epoch, split, metrics["accuracy"], metrics["loss"], metrics["num_samples"], seconds)
+    top5 = f", top-5 {metrics['top5_accuracy']:.4f}" if "top5_accuracy" in metrics else ""
+    logger.info("epoch %d %s: accuracy %.4f%s, loss %.4f on %d images (%.1f s)",
+                epoch, split, metrics["accuracy"], top5, metrics["loss"], metrics["num_samples"], seconds)
 
 
 def log_peak_memory() -> None:
@@ -312,9 +313,11 @@ class Recorder:
     def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float) -> None:
         if self.writer is None:
             return
-        self._scalars(split, {"accuracy": metrics["accuracy"], "loss": metrics["loss"], "duration": seconds}, epoch)
+        top5 = {"top5_accuracy": metrics["top5_accuracy"]} if "top5_accuracy" in metrics else {}
+        self._scalars(split, {"accuracy": metrics["accuracy"], **top5, "loss": metrics["loss"], "duration": seconds},
+                      epoch)
         self._append({"event": "evaluation", "split": split, "epoch": epoch, "iteration": iteration,
-                      "accuracy": metrics["accuracy"], "loss": metrics["loss"],
+                      "accuracy": metrics["accuracy"], **top5, "loss": metrics["loss"],
                       "num_samples": metrics["num_samples"], "duration": seconds})
 
     def write_event(self, line: Mapping[str, Any]) -> None:

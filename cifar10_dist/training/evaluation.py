@@ -42,13 +42,14 @@ class EvaluationWorker:
             model, info = self.load_model(config, loaded, device, precision)
             evaluator = create_evaluator(
                 model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
-                precision, device, num_classes=len(info.classes), tta=config.tta,
+                precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
             )
             metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
             return EvaluationResult(
                 accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
+                top5_accuracy=metrics.get("top5_accuracy"),
                 per_class_accuracy=per_class, confusion_matrix=matrix.tolist(),
                 classes=list(info.classes),
             ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 from ignite.engine import Engine, Events
-from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric
+from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric, TopKCategoricalAccuracy
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
@@ -55,9 +55,10 @@ def create_evaluator(
     device: torch.device,
     num_classes: int | None = None,
     tta: int = 0,
+    top5: bool = False,
 ) -> Engine:
-    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes
-    (and the confusion matrix when ``num_classes`` is given), with test-time augmentation level ``tta``."""
+    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes (the confusion
+    matrix when ``num_classes`` is given, top-5 accuracy with ``top5``), with test-time augmentation level ``tta``."""
 
     @torch.no_grad()
     def eval_step(engine: Engine, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +77,8 @@ def create_evaluator(
     NumSamples(device=metric_device).attach(evaluator, "num_samples")
     if num_classes is not None:
         ConfusionMatrix(num_classes, device=metric_device).attach(evaluator, "confusion_matrix")
+    if top5:
+        TopKCategoricalAccuracy(k=5, device=metric_device).attach(evaluator, "top5_accuracy")
     return evaluator
 
 

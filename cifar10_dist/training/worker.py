@@ -37,6 +37,7 @@ from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
 
+TOP5_FROM = 5  # top-5 accuracy is reported when there are more classes than this
 WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
 
 
@@ -166,7 +167,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
         prepare = batches.eval_batch_preparer(device, config.channels_last, data_setup.info)
         return create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare, optimization.step.precision, device,
-                                tta=tta)
+                                tta=tta, top5=len(data_setup.info.classes) > TOP5_FROM)
 
     selection = new_evaluator(config.tta)
     test = new_evaluator(config.tta) if data_setup.split == "val" else selection
