@@ -103,10 +103,15 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
              output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
     """``launch.runs.evaluate`` (test-set metrics, per-class accuracy, confusion matrix of a saved model); with
-    ``output_dir`` the confusion matrix is also written there as confusion_<checkpoint name>.json and .png."""
+    ``output_dir`` the confusion matrix is also written there as confusion_<checkpoint name>.json and .png, and
+    the most confident mistakes as mistakes_<checkpoint name>.png and .json (``serve.mistakes``)."""
     metrics = runs.evaluate(checkpoint, config, raw_weights=raw_weights, **overrides)
     if metrics is not None and output_dir is not None:
+        from cifar10_dist.serve import mistakes
+
         _write_confusion(metrics, Path(checkpoint), Path(output_dir))
+        mistakes.write(Path(checkpoint), runs.evaluation_config(checkpoint, config, **overrides), Path(output_dir),
+                       raw_weights)
     return metrics
 
 

@@ -62,7 +62,8 @@ def evaluate(
     checkpoint: str | None = None, config: str | None = None, json: bool = False, output_dir: str | None = None,
     raw_weights: bool = False, **overrides: Any,
 ) -> None:
-    """Evaluate a checkpoint on the test set; write its confusion matrix (JSON and PNG)."""
+    """Evaluate a checkpoint on the test set; write its confusion matrix and its most confident mistakes (JSON and
+    PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist.outputs import reading
@@ -80,6 +81,7 @@ def evaluate(
     for name, accuracy in zip(metrics.classes, metrics.per_class_accuracy):
         print(f"{name:<{width}} {accuracy:8.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
+    print(f"most confident mistakes: {folder / ('mistakes_' + Path(str(checkpoint)).stem)}.png, .json")
     top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
     print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
 

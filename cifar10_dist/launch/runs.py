@@ -78,21 +78,27 @@ def _train_seeds(config: Config) -> SeedsResult | None:
     return result
 
 
+def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None = None, **overrides: Any) -> Config:
+    """The config a checkpoint is evaluated with: its recorded model and data keys, unless given."""
+    from cifar10_dist.outputs import checkpoint_files
+    from cifar10_dist.training import checkpointing
+
+    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
+    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
+    if isinstance(config, Config):
+        return resolve(config, **{**inherited, **overrides})
+    return load_config(config, **{**inherited, **overrides})
+
+
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
              **overrides: Any) -> EvaluationResult | None:
     """Test-set accuracy, loss, per-class accuracy and confusion matrix of a saved model (a training checkpoint
     or a best-model file). The model and data keys recorded in the checkpoint are used unless given; a training
     checkpoint of a run with ema_decay is evaluated with its EMA weights unless ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.outputs import checkpoint_files
-    from cifar10_dist.training import checkpointing, evaluation
+    from cifar10_dist.training import evaluation
 
-    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
-    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
-    if isinstance(config, Config):
-        resolved = resolve(config, **{**inherited, **overrides})
-    else:
-        resolved = load_config(config, **{**inherited, **overrides})
+    resolved = evaluation_config(checkpoint, config, **overrides)
     preflight.check_before_launch(resolved)
     reported = spawn.run(evaluation.EvaluationWorker(str(checkpoint), raw_weights), resolved)
     return EvaluationResult.from_dict(reported) if reported else None

@@ -1,0 +1,41 @@
+"""The mistakes as a picture: evaluate writes the test images its model got wrong with the most confidence,
+drawn (mistakes_<checkpoint>.png) and listed (.json), most confident first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cifar10_dist import api
+from cifar10_dist.serve import mistakes
+from tests.conftest import run_in_process
+
+
+def test_the_most_confident_mistakes_are_the_wrong_ones_in_order_of_confidence():
+    probabilities = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.95, 0.05]])
+    labels = torch.tensor([0, 0, 1, 1, 1])  # wrong: 1 (0.8), 2 (0.6), 4 (0.95)
+    found = mistakes.most_confident(probabilities, labels, ("cat", "dog"), count=2)
+    assert [(m.index, m.true, m.predicted, m.confidence) for m in found] == [(4, "dog", "cat", 0.95),
+                                                                              (1, "cat", "dog", 0.8)]
+
+
+def test_evaluate_draws_and_lists_its_most_confident_mistakes(tmp_path):
+    api.train(dataset="synthetic", synthetic_size=320, model="simple_cnn", batch_size=32, num_workers=0, num_epochs=1,
+              num_warmup_epochs=0, train_eval_size=0, learning_rate=0.02, output_path=str(tmp_path), run_name="m")
+    best = sorted((tmp_path / "m").glob("best_model_*.pt"))[-1]
+    result = run_in_process("evaluate", f"--checkpoint={best}", "--num_workers=0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = json.loads((tmp_path / "m" / f"mistakes_{best.stem}.json").read_text())
+    wrong = round((1 - api.evaluate(best, num_workers=0).accuracy) * listed["test_images"])
+    assert len(listed["mistakes"]) == min(mistakes.SHOWN, wrong) > 0
+    confidences = [entry["confidence"] for entry in listed["mistakes"]]
+    assert confidences == sorted(confidences, reverse=True)
+    assert all(entry["true"] != entry["predicted"] for entry in listed["mistakes"])
+    picture = tmp_path / "m" / f"mistakes_{best.stem}.png"
+    assert picture.stat().st_size > 1000 and f"most confident mistakes: {picture.with_suffix('')}.png" in result.stdout
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    assert Image.open(picture).size == (int(1.6 * 8 * 100), int((1.9 * 2 + 0.4) * 100))  # 16 tiles: 8 x 2
