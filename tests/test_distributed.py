@@ -12,7 +12,7 @@ from tests.conftest import TINY, run_cli, run_in_process, run_torchrun
 
 
 def final_metrics(stdout: str) -> tuple[float, float, int]:
-    match = re.search(r"final test: accuracy ([0-9.]+), loss ([0-9.]+) \((\d+) images\)", stdout)
+    match = re.search(r"final test: accuracy ([0-9.]+)(?:, top-5 [0-9.]+)?, loss ([0-9.]+) \((\d+) images\)", stdout)
     assert match, stdout
     return float(match.group(1)), float(match.group(2)), int(match.group(3))
 

@@ -46,7 +46,7 @@ def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
 def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_runs):
     for world_size, (result, run_dir) in held_out_runs.items():
         assert len(re.findall(r"epoch \d+ test: accuracy", result.stderr)) == 1, world_size
-        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+, loss [0-9.]+ on 60 images", result.stderr)) == 2
+        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", result.stderr)) == 2
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 1001
         best = metrics["test"]["model"]

@@ -17,7 +17,7 @@ from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
 
 def final_test_accuracy(stdout: str) -> float:
-    match = re.search(r"final test: accuracy ([0-9.]+), loss ([0-9.]+) \((\d+) images\)", stdout)
+    match = re.search(r"final test: accuracy ([0-9.]+)(?:, top-5 [0-9.]+)?, loss ([0-9.]+) \((\d+) images\)", stdout)
     assert match, stdout
     return float(match.group(1))
 
@@ -147,6 +147,7 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
         output = capsys.readouterr()
         assert code == 0, output.err[-3000:]
         metrics = json.loads(output.out.strip().splitlines()[-1])
-        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes"}
+        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes",
+                                "top5_accuracy"}
         assert metrics["classes"] == list(cifar.CLASSES)
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0
