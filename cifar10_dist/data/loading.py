@@ -37,6 +37,7 @@ class DataSetup:
     iterations_per_epoch: int
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
+    pretrained: pretrained.Weights | None = None  # the weights the model starts from, resolved once
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision) -> DataSetup:
@@ -48,8 +49,8 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
                            "data's)", _rounded(weights.mean), _rounded(weights.std))
     train_set, test_set = loaded.train, loaded.test
     record = describe_run(config, loaded, device, precision)
-    if weights is not None:
-        record["pretrained"] = weights.describe()
+    if weights is not None:  # the file hashed once, on rank 0
+        record["pretrained"] = ranks.from_rank_zero(weights.describe)
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
     else:
@@ -70,7 +71,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration,
+        images_per_iteration=images_per_iteration, pretrained=weights,
     )
 
 

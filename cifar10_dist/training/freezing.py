@@ -27,8 +27,8 @@ class BackboneFreeze:
 
     def attach(self, trainer: Engine) -> None:
         """Acts at the iterations up to the thaw, and not after it."""
-        trainer.add_event_handler(Events.ITERATION_STARTED(event_filter=lambda _, iteration: iteration <= self.until + 1),
-                                  self)
+        up_to_the_thaw = Events.ITERATION_STARTED(event_filter=lambda _, iteration: iteration <= self.until + 1)
+        trainer.add_event_handler(up_to_the_thaw, self)
 
     def __call__(self, engine: Engine) -> None:
         frozen = engine.state.iteration <= self.until

@@ -97,13 +97,18 @@ def head_parameters(model: nn.Module, config: Config) -> set[int]:
     return {id(parameter) for parameter in head.parameters()}
 
 
+def frozen_iterations(config: Config, total_iterations: int) -> int:
+    """The iterations of the first ``freeze_epochs``, in which only the head trains."""
+    return total_iterations * config.freeze_epochs // config.num_epochs
+
+
 def with_backbone_schedule(groups: list[ParamGroup], head: set[int], config: Config,
                            total_iterations: int) -> list[ParamGroup]:
     """Each group split into its head and backbone parameters: the backbone's lr times ``backbone_lr_scale``,
     and 0 for its first ``freeze_epochs`` (the head trains alone); the head's as the group's."""
     if config.freeze_epochs == 0 and config.backbone_lr_scale == 1.0:
         return groups
-    scale, train_from = config.backbone_lr_scale, total_iterations * config.freeze_epochs // config.num_epochs
+    scale, train_from = config.backbone_lr_scale, frozen_iterations(config, total_iterations)
     split = []
     for group in groups:
         split.append(ParamGroup([p for p in group.params if id(p) in head], group.lr, group.weight_decay,
@@ -143,7 +148,7 @@ def build_optimizer(model: nn.Module, config: Config,
     muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)  # filters: backbone
     if fine_tuning:
         muon_schedule = dataclasses.replace(muon_schedule, lr_scale=muon_schedule.lr_scale * config.backbone_lr_scale,
-                                            train_from=total_iterations * config.freeze_epochs // config.num_epochs)
+                                            train_from=frozen_iterations(config, total_iterations))
     return optimizer, [*(g.schedule for g in groups), muon_schedule]
 
 

@@ -88,8 +88,8 @@ def setup_model(config: Config, data_setup: loading.DataSetup) -> Network:
     memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
-    if config.pretrained is not None and not checkpointing.resuming_from_a_checkpoint(config):  # a resume loads its own weights
-        pretrained.load(model, pretrained.resolve(config.model, config.pretrained), info.classes)
+    if data_setup.pretrained is not None and not checkpointing.resuming_from_a_checkpoint(config):
+        pretrained.load(model, data_setup.pretrained, info.classes)  # (a resume loads its checkpoint's weights)
     elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
         model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
                                                     info.std))
