@@ -77,13 +77,16 @@ def evaluate(
         print(json_module.dumps(metrics.to_dict()))
         return
     width = max(12, *(len(name) for name in metrics.classes))
-    print(f"{'class':<{width}} accuracy")
-    for name, accuracy in zip(metrics.classes, metrics.per_class_accuracy):
-        print(f"{name:<{width}} {accuracy:8.4f}")
+    print(f"{'class':<{width}} {'images':>6} {'recall':>6} {'precision':>9} {'F1':>6}")
+    supports = [sum(row) for row in metrics.confusion_matrix]
+    for name, support, recall, precision, f1 in zip(metrics.classes, supports, metrics.per_class_accuracy,
+                                                    metrics.per_class_precision, metrics.per_class_f1):
+        print(f"{name:<{width}} {support:>6} {recall:6.4f} {precision:9.4f} {f1:6.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
     print(f"most confident mistakes: {folder / ('mistakes_' + Path(str(checkpoint)).stem)}.png, .json")
     top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
-    print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images)")
+    print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images); "
+          f"balanced accuracy {metrics.balanced_accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
 
 
 def predict(*paths: str, checkpoint: str | None = None, top_k: int | None = None, json: bool = False, batch_size: int = 256,

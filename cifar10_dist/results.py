@@ -20,6 +20,8 @@ class SplitMetrics:
     num_samples: int
     model: Optional[str] = None
     top5_accuracy: Optional[float] = None  # with more than 5 classes
+    balanced_accuracy: Optional[float] = None  # the mean of per-class recalls
+    macro_f1: Optional[float] = None  # the mean of per-class F1
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> SplitMetrics | None:
@@ -66,8 +68,8 @@ class SeedsResult:
 
 @dataclass(frozen=True)
 class EvaluationResult:
-    """Test-set metrics of one checkpoint, with per-class accuracy and the confusion matrix
-    (rows: true class, columns: predicted)."""
+    """Test-set metrics of one checkpoint, with per-class accuracy (the recall), precision and F1, their means
+    (balanced accuracy, macro-F1) and the confusion matrix (rows: true class, columns: predicted)."""
 
     accuracy: float
     loss: float
@@ -76,6 +78,10 @@ class EvaluationResult:
     confusion_matrix: list[list[int]] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)  # names of the rows and columns
     top5_accuracy: Optional[float] = None  # with more than 5 classes
+    balanced_accuracy: Optional[float] = None
+    macro_f1: Optional[float] = None
+    per_class_precision: list[float] = field(default_factory=list)
+    per_class_f1: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -187,6 +193,8 @@ class BestResult:
     split: str
     accuracy: float
     epoch: int
+    metric: str = "accuracy"  # the best_metric that chose it
+    value: Optional[float] = None  # that metric's value (older summaries: None, the accuracy chose)
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,8 @@ def test_imbalanced_classes_are_a_warning_with_the_counts(tmp_path):
         path.unlink()
     card = api.prepare_data(root, "folder").card
     assert "warning: classes are imbalanced: the largest has 11.0x the images of the smallest (above 10): cat 22, " \
-           "dog 22, eel 2" in card
+           "dog 22, eel 2; remedies: --sampler=balanced or --class_weights=auto, and " \
+           "--best_metric=balanced_accuracy or macro_f1" in card
 
 
 def test_without_a_test_folder_a_stable_tenth_of_train_is_the_test_set(tmp_path):

@@ -148,7 +148,8 @@ MODERN = ["--optimizer=adamw", "--learning_rate=0.003", "--weight_decay=0.05", "
 @pytest.mark.slow
 def test_every_option_together_with_two_processes_resumes_exactly_and_evaluates_alike(small_dataset, tmp_path):
     common = ["run", *TINY, *MODERN, "--num_epochs=3", "--backend=gloo", "--nproc_per_node=2",
-              f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--checkpoint_every=40"]
+              f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--checkpoint_every=40",
+              "--sampler=balanced", "--best_metric=balanced_accuracy"]
     whole = run_in_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54)

@@ -48,7 +48,8 @@ def jsonl(run_dir: Path) -> list[dict]:
 
 SCALARS = {"training/batch_loss", "training/lr", "training/epoch_loss", "training/epoch_time",
            "training/images_per_second", "test/accuracy", "test/top5_accuracy", "test/loss", "test/duration",
-           "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration"}
+           "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration",
+           "test/balanced_accuracy", "test/macro_f1", "train_subset/balanced_accuracy", "train_subset/macro_f1"}
 
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -129,7 +130,8 @@ def test_summary_json_tells_the_whole_story(tracked_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     tests = [line for line in jsonl(run_dir) if line.get("split") == "test"]
     best = max(tests, key=lambda line: line["accuracy"])
-    assert summary["best"] == {"split": "test", "accuracy": best["accuracy"], "epoch": best["epoch"]}
+    assert summary["best"] == {"split": "test", "accuracy": best["accuracy"], "epoch": best["epoch"],
+                               "metric": "accuracy", "value": best["accuracy"]}
     assert summary["final"]["test"] == json.loads((run_dir / "metrics.json").read_text())["test"]
     assert (summary["world_size"], summary["backend"], summary["epochs"], summary["iterations"]) == (2, "gloo", 2, 36)
     assert summary["training_time"] == pytest.approx(sum(line["epoch_time"] for line in jsonl(run_dir) if line["event"] == "epoch"))
@@ -156,7 +158,10 @@ def test_clearml_offline_session_gets_each_quantity_once_under_the_same_names(tr
             if event.get("type") == "training_stats_scalar":
                 reported.add((f"{event['metric']}/{event['variant']}", event["iter"]))
     names = {name for name, _ in reported}
-    assert names == SCALARS, names ^ SCALARS  # no second copy under another name (lr/0, training/loss ...)
+    headline = {name for name in names if name.startswith(("final/", "best/"))}  # as TensorBoard's, at the end
+    assert headline == {f"final/{split}_{metric}" for split in ("test", "train")
+                        for metric in ("accuracy", "top5_accuracy", "loss")} | {"best/test_accuracy"}
+    assert names - headline == SCALARS, names ^ SCALARS  # no second copy under another name (lr/0, training/loss)
     assert sorted(step for name, step in reported if name == "training/lr") == [5, 10, 15, 20, 25, 30, 35]
     assert "[rank 1] INFO" not in result.stderr  # other ranks only warn
 

@@ -148,6 +148,16 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
         assert code == 0, output.err[-3000:]
         metrics = json.loads(output.out.strip().splitlines()[-1])
         assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes",
-                                "top5_accuracy"}
+                                "top5_accuracy", "balanced_accuracy", "macro_f1", "per_class_precision",
+                                "per_class_f1"}
         assert metrics["classes"] == list(cifar.CLASSES)
         assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0
+        matrix = metrics["confusion_matrix"]  # rows: true class; the means by hand, as sklearn defines them
+        recalls = [row[c] / sum(row) for c, row in enumerate(matrix)]
+        precisions = [matrix[c][c] / max(sum(row[c] for row in matrix), 1) for c in range(len(matrix))]
+        f1s = [2 * p * r / (p + r) if p + r else 0.0 for p, r in zip(precisions, recalls)]
+        assert metrics["per_class_accuracy"] == pytest.approx(recalls)
+        assert metrics["per_class_precision"] == pytest.approx(precisions)
+        assert metrics["per_class_f1"] == pytest.approx(f1s)
+        assert metrics["balanced_accuracy"] == pytest.approx(sum(recalls) / len(recalls))
+        assert metrics["macro_f1"] == pytest.approx(sum(f1s) / len(f1s))

@@ -10,6 +10,8 @@ from cifar10_dist.config.rules import (
                                         MODEL_REFERENCE,
                                         TIMM_PREFIX,
                                         absolute_model_reference,
+                                        class_weights_for,
+                                        explicit_class_weights,
                                         is_model_reference,
                                         milestone_epochs,
                                         planned_world_size,
@@ -18,4 +20,5 @@ from cifar10_dist.config.rules import (
 
 __all__ = ["FIELDS", "PRUNERS", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
-           "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size", "validate"]
+           "class_weights_for", "explicit_class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
+           "validate"]

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from cifar10_dist.errors import UserError
 
 PRUNERS = ("median", "hyperband", "none")
-LIST_FIELDS = ("lr_milestones",)  # str fields holding comma-separated numbers (fire gives a tuple for 30,60)
+LIST_FIELDS = ("lr_milestones", "class_weights")  # str fields holding comma-separated numbers (fire: a tuple)
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,11 @@ class Config:
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)")
     data_on_device: bool = option(False, "keep all images on the training device as uint8 and slice batches there "
                                   "(GPU: no host copies; num_workers unused)")
+    sampler: Literal["shuffle", "balanced"] = option(
+        "shuffle", "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
+        "every class equally likely, with replacement: for imbalanced classes)")
+    class_weights: Optional[str] = option(None, "weight each class in the training loss: auto (inverse class "
+                                          "frequency of the training split) or one weight per class, e.g. 1,1,5")
     # augmentation
     crop_padding: int = option(4, "pixels of padding before the random 32x32 crop (0: no crop)",
                                bounds=Bounds(0, 16, reads="in 0..16 pixels"))
@@ -244,11 +249,14 @@ class Config:
     cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
     # evaluation, checkpoints, logging
     validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1)
-    early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val accuracy "
-                                                    "gain above early_stopping_min_delta (needs val_split > 0)",
+    early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val "
+                                                    "best_metric gain above early_stopping_min_delta (needs val_split > 0)",
                                                     bounds=Bounds(1, note=" (or None: off)"))
-    early_stopping_min_delta: float = option(0.0, "smallest val accuracy gain that counts as an improvement",
+    early_stopping_min_delta: float = option(0.0, "smallest val best_metric gain that counts as an improvement",
                                              bounds=AT_LEAST_0)
+    best_metric: Literal["accuracy", "balanced_accuracy", "macro_f1"] = option(
+        "accuracy", "what chooses the best model, drives early stopping and ranks tuning trials: accuracy, "
+        "balanced_accuracy (the mean of per-class recalls) or macro_f1 (the mean of per-class F1)")
     tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
                       "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)")
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
@@ -262,6 +270,12 @@ class Config:
     with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")
     clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)")
     clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import")
+    with_mlflow: bool = option(False, "track the run with MLflow (pip install cifar10-dist[mlflow]): config, "
+                               "metrics, provenance tags, artifacts; a resume continues the same MLflow run")
+    mlflow_tracking_uri: Optional[str] = option(None, "MLflow store: any URI MLflow accepts (default: "
+                                                "MLFLOW_TRACKING_URI, else sqlite:///output_path/mlflow.db)")
+    mlflow_experiment: str = option("cifar10_dist", "MLflow experiment name (the run is named after the run folder)")
+    mlflow_log_model: bool = option(False, "with_mlflow: also store the best model file as an MLflow artifact")
     # launch
     backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
         None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
@@ -280,6 +294,8 @@ class Config:
     trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, "
                                         "params); rank 0 reports each val accuracy there and the run may be pruned; "
                                         "no test set", internal=True)
+    mlflow_parent_run: Optional[str] = option(None, "set by tune: the MLflow run of the study, parent of this "
+                                              "trial's MLflow run", internal=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

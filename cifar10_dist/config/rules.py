@@ -94,9 +94,35 @@ def _validate_training_options(c: Config) -> None:
     low, high = ranges.get(c.auto_augment, (0, 0))
     _require(magnitude is None or low <= magnitude <= high,
              f"auto_augment_magnitude={magnitude} is out of range for {c.auto_augment}: {low}..{high}")
+    explicit_class_weights(c.class_weights)
+    _require(c.class_weights is None or c.sampler != "balanced",
+             f"class_weights={c.class_weights} with sampler=balanced corrects the same imbalance twice: choose one")
     _require(not c.sync_bn or c.backend == "nccl",
              f"sync_bn=True with backend={c.backend}: torch's SyncBatchNorm computes on GPUs only; it needs "
              "backend=nccl (and several processes)")
+
+
+def explicit_class_weights(weights: str | None) -> list[float] | None:
+    """class_weights as numbers, None for unset or auto; a UserError naming a value that is not a weight."""
+    if weights is None or str(weights) == "auto":
+        return None
+    try:
+        values = [float(part) for part in str(weights).split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(value >= 0 and value < float("inf") for value in values) or not any(values):
+        raise UserError(f"class_weights='{weights}' must be auto or one weight per class (0 or more, not all 0) "
+                        "separated by commas, e.g. 1,1,5")
+    return values
+
+
+def class_weights_for(weights: str | None, classes: list[str]) -> list[float] | None:
+    """explicit_class_weights, which must give one weight per class (a UserError naming both counts)."""
+    values = explicit_class_weights(weights)
+    if values is not None and len(values) != len(classes):
+        raise UserError(f"class_weights={weights} gives {len(values)} weights for the {len(classes)} classes "
+                        f"{', '.join(classes[:6])}{'...' if len(classes) > 6 else ''}: give one per class")
+    return values
 
 
 def milestone_epochs(milestones: str | None) -> list[float]:

@@ -68,7 +68,9 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     if imbalance > folder_cache.IMBALANCE_RATIO:
         warnings.append(f"classes are imbalanced: the largest has {imbalance:.1f}x the images of the smallest "
                         f"(above {folder_cache.IMBALANCE_RATIO:g}): " + ", ".join(
-                            f"{name} {count}" for name, count in zip(meta.classes, counts)))
+                            f"{name} {count}" for name, count in zip(meta.classes, counts))
+                        + "; remedies: --sampler=balanced or --class_weights=auto, and --best_metric=balanced_accuracy "
+                        "or macro_f1 (docs/your-data.md)")
     for split in ("train", "test"):
         if not indices.get(split):
             raise UserError(f"{root}: no readable {split} images are left: {split} needs at least one")

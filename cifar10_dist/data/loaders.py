@@ -57,6 +57,25 @@ class ResumableSampler(DistributedSampler):
         return iter(indices)
 
 
+class BalancedSampler(ResumableSampler):
+    """``sampler=balanced``: each epoch draws as many indices as there are images, with replacement, every class
+    equally likely (an image's weight is 1 / its class's count), seeded by (seed, epoch) alone; rank r takes
+    every W-th of them. The draw is the same at every world size (when W divides it) and resumes mid-epoch like
+    the shuffle."""
+
+    def __init__(self, dataset: BatchTensorDataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, seed=seed)
+        labels = dataset.labels.cpu()
+        self.weights = (1.0 / torch.bincount(labels).double())[labels]
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.multinomial(self.weights, len(self.weights), replacement=True, generator=generator)
+        indices = drawn[: self.total_size][self.rank :: self.num_replicas].tolist()[self.start :]
+        self.start = 0
+        return iter(indices)
+
+
 class ShardSampler(DistributedSampler):
     """Every index exactly once over all ranks (rank r gets r, r + W, ...): no padding, for exact evaluation."""
 
@@ -113,9 +132,11 @@ def make_loaders(
     seed: int,
     val: ImageSet | None = None,
     device: torch.device | None = None,
+    balanced: bool = False,
 ) -> Loaders:
     """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders.
 
+    ``balanced``: the training order draws every class equally often (``BalancedSampler``).
     With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
     """
     import ignite.distributed as idist
@@ -129,7 +150,8 @@ def make_loaders(
         val = to_device(val, device) if val is not None else None
         common.update(num_workers=0, persistent_workers=False, pin_memory=False)
     train_dataset = BatchTensorDataset(train)
-    train_sampler = ResumableSampler(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
+    sampler_type = BalancedSampler if balanced else ResumableSampler
+    train_sampler = sampler_type(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
     train_loader = idist.auto_dataloader(
         train_dataset, batch_size=batch_size, sampler=train_sampler, drop_last=True, **common
     )

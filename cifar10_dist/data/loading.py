@@ -13,7 +13,7 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import sources
-from cifar10_dist.config import Config
+from cifar10_dist.config import Config, class_weights_for
 from cifar10_dist.data import loaders
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.models import pretrained
@@ -38,6 +38,7 @@ class DataSetup:
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
     pretrained: pretrained.Weights | None = None  # the weights the model starts from, resolved once
+    class_weights: list[float] | None = None  # the training loss's weight per class (class_weights)
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision) -> DataSetup:
@@ -59,7 +60,13 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
+        balanced=config.sampler == "balanced",
     )
+    class_weights = loss_class_weights(config.class_weights, held_out.train.labels, loaded.info.classes)
+    if class_weights is not None:
+        record["class_weights"] = class_weights
+        ranks.on_rank_zero(logger.info, "class weights in the training loss: %s",
+                           ", ".join(f"{name} {weight:.3g}" for name, weight in zip(loaded.info.classes, class_weights)))
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
     images_per_iteration = batch_loaders.train.batch_size * idist.get_world_size()
     if images_per_iteration != config.batch_size:
@@ -71,8 +78,22 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration, pretrained=weights,
+        images_per_iteration=images_per_iteration, pretrained=weights, class_weights=class_weights,
     )
+
+
+def loss_class_weights(setting: str | None, labels: torch.Tensor, classes: list[str]) -> list[float] | None:
+    """class_weights as one weight per class: ``auto`` is N / (C x n_c) for the n_c training images of class c
+    (1 for every class when balanced; 0 for a class without training images), else the given list, which must
+    have one weight per class."""
+    if setting is None:
+        return None
+    explicit = class_weights_for(setting, classes)
+    if explicit is not None:
+        return explicit
+    counts = torch.bincount(labels.cpu(), minlength=len(classes)).double()
+    weights = torch.where(counts > 0, counts.sum() / (len(classes) * counts.clamp(min=1)), torch.zeros_like(counts))
+    return [round(float(weight), 6) for weight in weights]
 
 
 def _rounded(values: tuple[float, ...]) -> str:

@@ -18,9 +18,10 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import models, sources
-from cifar10_dist.config import Config, planned_world_size
+from cifar10_dist.config import Config, class_weights_for, planned_world_size
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
+from cifar10_dist.outputs import mlflow_tracking
 from cifar10_dist.system import stopping
 from cifar10_dist.training import optimizers
 
@@ -29,7 +30,9 @@ def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
     source = sources.source_of(config.dataset).implementation()
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
-    models.check_model(config.model, config.model_kwargs, len(source.info(config).classes), config.image_size)
+    classes = source.info(config).classes
+    models.check_model(config.model, config.model_kwargs, len(classes), config.image_size)
+    class_weights_for(config.class_weights, classes)
     if config.pretrained is not None:  # the weights named now; fetched once, before any worker starts
         weights = pretrained.resolve(config.model, config.pretrained)
         if config.resume_from is None:
@@ -40,6 +43,8 @@ def check_before_launch(config: Config) -> None:
     stopping.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
     check_amp_dtype(config)
     optimizers.check_muon_available(config.muon_lr)
+    if config.with_mlflow:
+        mlflow_tracking.require_mlflow()
 
 
 def check_amp_dtype(config: Config) -> None:

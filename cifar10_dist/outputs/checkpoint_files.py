@@ -3,7 +3,8 @@
 ``training.checkpointing``'s.
 
 - ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
-- ``best_model_<epoch>_(test|val)_accuracy=<acc>.pt``: keys model, meta.
+- ``best_model_<epoch>_(test|val)_<best_metric>=<value>.pt``: keys model, meta (best_metric: accuracy,
+  balanced_accuracy or macro_f1).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ TRAINING_KEYS = ("trainer", "model", "optimizer", "lr_scheduler")
 TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
 
 
-BEST_PATTERN = re.compile(r"^best_model_(\d+)_(?:test|val)_accuracy=([0-9.]+)\.pt$")
+BEST_PATTERN = re.compile(r"^best_model_(\d+)_(?:test|val)_(?:accuracy|balanced_accuracy|macro_f1)=([0-9.]+)\.pt$")
 
 
 def best_model_file(run_dir: Path) -> Path | None:

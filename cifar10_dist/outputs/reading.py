@@ -83,14 +83,15 @@ def read_summary(run_dir: Path) -> RunSummary | None:
         raise DamagedFile(f"{path} is damaged: not a run summary ({first_line(error)})") from error
 
 
-def selection_split(evaluations: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
+def selection_split(evaluations: Sequence[Mapping[str, Any]], metric: str = "accuracy"
+                    ) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
     """(split that chose the best model: val if the run held one out, else test, and its EMA's evaluations when
-    the run kept one; its evaluations; the best one)."""
+    the run kept one; its evaluations; the best one by ``metric``, accuracy in older records that lack it)."""
     split = "val" if any(e["split"] == "val" for e in evaluations) else "test"
     if any(e["split"] == f"{split}_ema" for e in evaluations):
         split = f"{split}_ema"
     chosen = [e for e in evaluations if e["split"] == split]
-    return split, chosen, max(chosen, key=lambda e: e["accuracy"], default=None)
+    return split, chosen, max(chosen, key=lambda e: e.get(metric, e["accuracy"]), default=None)
 
 
 def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -109,16 +110,18 @@ def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, fl
     return summary
 
 
-def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float) -> RunSummary:
+def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float,
+              best_metric: str = "accuracy") -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions, checkpoint paths."""
     events = read_events(run_dir)
     epochs, evaluations = epochs_and_evaluations(events)
-    selection, _, best = selection_split(evaluations)
+    selection, _, best = selection_split(evaluations, best_metric)
     resumes = [event for event in events if event["event"] == "resume"]
     return RunSummary(
         run_dir=str(run_dir),
-        best=BestResult(selection, best["accuracy"], best["epoch"]) if best else None,
+        best=BestResult(selection, best["accuracy"], best["epoch"], best_metric, best.get(best_metric, best["accuracy"]))
+        if best else None,
         final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
         epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
         total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),

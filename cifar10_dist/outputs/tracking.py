@@ -1,11 +1,13 @@
-"""What rank 0 reports while a run goes: log lines, progress on the console, TensorBoard, metrics.jsonl, ClearML.
+"""What rank 0 reports while a run goes: log lines, progress on the console, TensorBoard, metrics.jsonl, and the
+trackers that are on (``clearml_tracking``, ``mlflow_tracking``).
 Other ranks only log warnings (the rank itself is tested in ``ranks`` alone; the run folder is ``run_folder``).
 
-One name per quantity, the same in TensorBoard, ClearML (title/series) and metrics.jsonl (event/key):
+One name per quantity, the same in TensorBoard, ClearML (title/series), MLflow and metrics.jsonl (event/key):
 ``training/batch_loss`` and ``training/lr`` every log_every_iters iterations (and ``training/grad_norm``, the
 pre-clip gradient norm, with clip_grad_norm); ``training/epoch_loss``,
 ``training/epoch_time``, ``training/images_per_second`` per epoch (metrics.jsonl: ``"event": "epoch"``);
-``<split>/accuracy``, ``<split>/loss``, ``<split>/duration`` per evaluation (``"event": "evaluation"``).
+``<split>/accuracy``, ``<split>/loss``, ``<split>/duration``, ``<split>/balanced_accuracy``, ``<split>/macro_f1``
+(and ``<split>/top5_accuracy`` with more than 5 classes) per evaluation (``"event": "evaluation"``).
 """
 
 from __future__ import annotations
@@ -93,10 +95,13 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
     logger.info("config: %s", ", ".join(f"{key}={value}" for key, value in config.items()))
 
 
-def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float) -> None:
+def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float,
+                best_metric: str = "accuracy") -> None:
+    """One line per evaluation: accuracy, top-5 (with more than 5 classes), the best_metric when it is another."""
     top5 = f", top-5 {metrics['top5_accuracy']:.4f}" if "top5_accuracy" in metrics else ""
-    logger.info("epoch %d %s: accuracy %.4f%s, loss %.4f on %d images (%.1f s)",
-                epoch, split, metrics["accuracy"], top5, metrics["loss"], metrics["num_samples"], seconds)
+    chosen = f", {best_metric} {metrics[best_metric]:.4f}" if best_metric != "accuracy" else ""
+    logger.info("epoch %d %s: accuracy %.4f%s%s, loss %.4f on %d images (%.1f s)",
+                epoch, split, metrics["accuracy"], top5, chosen, metrics["loss"], metrics["num_samples"], seconds)
 
 
 def log_peak_memory() -> None:
@@ -182,67 +187,13 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-# ---------------------------------------------------------------- scalars: TensorBoard, ClearML, metrics.jsonl
-
-
-class ClearML:
-    """ClearML tracking (rank 0; ``with_clearml``): a task named after the run folder with the resolved config
-    connected; scalars arrive through ``Recorder`` only (ClearML's own TensorBoard capture is off, so each
-    quantity arrives once), checkpoints through Ignite's ClearMLSaver. ClearML's git detection is off: it ran
-    git in a thread whose pipe a forked helper could inherit, which hung the task's close; provenance.json
-    records the commit instead. ``clearml_offline`` (or ClearML's own
-    CLEARML_OFFLINE_MODE=1) records the session locally."""
-
-    def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
-        self.logger: Any = None
-        self.task: Any = None
-        self.enabled = bool(config["with_clearml"])
-        if self.enabled:
-            on_rank_zero(self._start, config, run_dir)
-
-    def _start(self, config: Mapping[str, Any], run_dir: Path) -> None:
-        from clearml import Task
-        from ignite.handlers.clearml_logger import ClearMLLogger
-
-        if config["clearml_offline"]:
-            Task.set_offline(offline_mode=True)
-        self.logger = ClearMLLogger(project_name=config["clearml_project"], task_name=run_dir.name,
-                                    auto_connect_frameworks={"tensorboard": False, "matplotlib": False,
-                                                             "detect_repository": False})
-        self.task = Task.current_task()  # the task ClearMLLogger just started
-        self.task.connect(dict(config), name="config")
-
-    def saver(self, run_dir: Path) -> Any:
-        """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""
-        from ignite.handlers.clearml_logger import ClearMLSaver
-
-        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True)
-
-    def report_scalar(self, tag: str, value: float, step: int) -> None:
-        if self.task is not None:
-            title, series = tag.split("/", 1)
-            self.task.get_logger().report_scalar(title=title, series=series, value=value, iteration=step)
-
-    def offline_folder(self) -> str | None:
-        if self.task is None or not self.task.is_offline():
-            return None
-        return str(self.task.get_offline_mode_folder())
-
-    def close(self) -> None:
-        if self.logger is not None:
-            logger_, self.logger = self.logger, None
-            logger_.close()
-
-    def __enter__(self) -> ClearML:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+# ---------------------------------------------------------------- scalars: TensorBoard, metrics.jsonl, trackers
 
 
 class Recorder:
-    """Rank 0's record of a run: TensorBoard, ClearML (when on) and metrics.jsonl, from one source, one name
-    per quantity (see the module docstring); a no-op on the other ranks.
+    """Rank 0's record of a run: TensorBoard, metrics.jsonl and the trackers that are on (ClearML, MLflow: each
+    has ``report_scalar`` and ``flush``), from one source, one name per quantity (see the module docstring); a
+    no-op on the other ranks.
 
     metrics.jsonl gets one line per epoch (``"event": "epoch"``: lr, epoch_loss = mean training loss of the
     epoch on rank 0, epoch_time = seconds of training, evaluation excluded, images_per_second) and one per
@@ -250,9 +201,9 @@ class Recorder:
     appends; a later line for the same epoch (and split) supersedes an earlier one.
     """
 
-    def __init__(self, run_dir: Path, clearml: ClearML | None = None) -> None:
+    def __init__(self, run_dir: Path, *trackers: Any) -> None:
         self.run_dir = run_dir
-        self.clearml = clearml
+        self.trackers = tuple(tracker for tracker in trackers if tracker is not None and tracker.enabled)
         self.writer: Any = None
         self.events_file: Path | None = None  # TensorBoard's file, named once its writer opened it
         self.lines = run_dir / "metrics.jsonl"
@@ -313,11 +264,12 @@ class Recorder:
     def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float) -> None:
         if self.writer is None:
             return
-        top5 = {"top5_accuracy": metrics["top5_accuracy"]} if "top5_accuracy" in metrics else {}
-        self._scalars(split, {"accuracy": metrics["accuracy"], **top5, "loss": metrics["loss"], "duration": seconds},
-                      epoch)
+        optional = {name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1")
+                    if name in metrics}
+        self._scalars(split, {"accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"],
+                              "duration": seconds}, epoch)
         self._append({"event": "evaluation", "split": split, "epoch": epoch, "iteration": iteration,
-                      "accuracy": metrics["accuracy"], **top5, "loss": metrics["loss"],
+                      "accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"],
                       "num_samples": metrics["num_samples"], "duration": seconds})
 
     def write_event(self, line: Mapping[str, Any]) -> None:
@@ -339,7 +291,11 @@ class Recorder:
                 self.writer._get_file_writer().add_summary(summary)
             for name, value in final.items():
                 self.writer.add_scalar(name, value, step)
+                for tracker in self.trackers:
+                    tracker.report_scalar(name, value, step)
             self.writer.flush()
+        for tracker in self.trackers:
+            tracker.flush()
 
     def _scalars(self, group: str, values: Mapping[str, float], step: int, flush: bool = True) -> None:
         """Write scalars; ``flush`` them to disk at once (epochs, evaluations; batch scalars wait for the next
@@ -347,10 +303,13 @@ class Recorder:
         with self._writing_events():
             for name, value in values.items():
                 self.writer.add_scalar(f"{group}/{name}", value, step)
-                if self.clearml is not None:
-                    self.clearml.report_scalar(f"{group}/{name}", value, step)
+                for tracker in self.trackers:
+                    tracker.report_scalar(f"{group}/{name}", value, step)
             if flush:
                 self.writer.flush()
+        if flush:
+            for tracker in self.trackers:
+                tracker.flush()
 
     def _writing_events(self) -> contextlib.AbstractContextManager:
         return files.writing(self.events_file or self.run_dir / "events.out.tfevents.*")

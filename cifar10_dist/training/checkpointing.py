@@ -2,7 +2,7 @@
 
 Files (in the run folder):
 - ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
-- ``best_model_<epoch>_test_accuracy=<acc>.pt``: keys model, meta.
+- ``best_model_<epoch>_<split>_<best_metric>=<value>.pt``: keys model, meta.
 ``meta`` records the config, library versions and world size. Files are written to a temporary name and
 renamed (Ignite's DiskSaver with atomic=True), an old file is removed only after its successor is complete
 (``KeepUntilSaved``), and files are always loaded with ``torch.load(weights_only=True)``.
@@ -26,10 +26,10 @@ from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import models
 from cifar10_dist.config import Config
-from cifar10_dist.data import cifar
+from cifar10_dist.data import cifar, loading
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError, first_line
-from cifar10_dist.outputs import files
+from cifar10_dist.outputs import files, tracking
 from cifar10_dist.outputs.checkpoint_files import (
     BEST_PATTERN,
     TRAINING_PATTERN,
@@ -123,16 +123,16 @@ def attach_training_checkpoints(trainer: Engine, handler: Callable[[Engine], Non
 
 def attach_best_model_checkpoints(
     evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, split: str,
-    saver: DiskSaver | None = None,
+    saver: DiskSaver | None = None, metric: str = "accuracy",
 ) -> Checkpoint:
-    """After each evaluation on ``split`` (val or test) keep the 2 models with the highest accuracy there."""
+    """After each evaluation on ``split`` (val or test) keep the 2 models with the highest ``metric`` there."""
     handler = Checkpoint(
         to_save,
         _saver(run_dir, saver),
         filename_pattern="best_model_{global_step}_{score_name}={score}.{ext}",
         n_saved=2,
-        score_function=Checkpoint.get_default_score_fn("accuracy"),
-        score_name=f"{split}_accuracy",
+        score_function=Checkpoint.get_default_score_fn(metric),
+        score_name=f"{split}_{metric}",
         global_step_transform=global_step_from_engine(trainer),
     )
     handler.load_state_dict({"_saved": existing_checkpoints(run_dir, BEST_PATTERN, lambda m: float(m.group(2)))})
@@ -299,3 +299,34 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
         return str(found) if found else None
 
     return ranks.from_rank_zero(newest)
+
+
+def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: loading.DataSetup,
+                           recorder: tracking.Recorder) -> None:
+    """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
+    metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
+    process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the
+    images an uninterrupted run would still see; the result differs all the same (augmentation is drawn per
+    process, BatchNorm statistics are per process, sums are taken in another order)."""
+    now = idist.get_world_size()
+    if resumed is None or resumed.world_size is None or resumed.world_size == now:
+        return
+    before = resumed.world_size
+    per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
+    epoch, done = divmod(resumed.iteration, data_setup.iterations_per_epoch)
+    epoch += 1
+    same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
+    if not done:
+        rest = f"epoch {epoch} starts afresh"
+    elif same_images:
+        rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
+    else:
+        because = ", with epoch_length set" if config.epoch_length else ""
+        rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
+                f"size {before}, {data_setup.images_per_iteration} now{because})")
+    ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
+                          "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
+                          "the result will differ from an uninterrupted run at world size %d", now, before,
+                          resumed.iteration, epoch, rest, before)
+    recorder.write_event({"event": "resume", "iteration": resumed.iteration, "epoch": epoch, "world_size": now,
+                          "checkpoint_world_size": before, "same_images": same_images})

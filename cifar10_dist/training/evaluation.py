@@ -18,7 +18,7 @@ from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import checkpointing, process_setup
-from cifar10_dist.training.evaluators import create_evaluator
+from cifar10_dist.training.evaluators import create_evaluator, per_class_f1
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -43,14 +43,17 @@ class EvaluationWorker:
             evaluator = create_evaluator(
                 model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
                 precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
+                confusion_matrix=True,
             )
             metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
-            per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
             return EvaluationResult(
                 accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
-                top5_accuracy=metrics.get("top5_accuracy"),
-                per_class_accuracy=per_class, confusion_matrix=matrix.tolist(),
+                top5_accuracy=metrics.get("top5_accuracy"), balanced_accuracy=metrics["balanced_accuracy"],
+                macro_f1=metrics["macro_f1"],
+                per_class_accuracy=(matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist(),
+                per_class_precision=(matrix.diag() / matrix.sum(dim=0).clamp(min=1)).tolist(),
+                per_class_f1=per_class_f1(matrix.double()).tolist(), confusion_matrix=matrix.tolist(),
                 classes=list(info.classes),
             ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 

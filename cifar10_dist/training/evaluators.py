@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 from ignite.engine import Engine, Events
-from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric, TopKCategoricalAccuracy
+from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric, MetricsLambda, TopKCategoricalAccuracy
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
@@ -30,6 +30,26 @@ class NumSamples(Metric):
     @sync_all_reduce("_count")
     def compute(self) -> int:
         return int(self._count.item())
+
+
+def balanced_accuracy(matrix: torch.Tensor) -> float:
+    """The mean of the per-class recalls (rows: true classes), over the classes that have images here."""
+    totals = matrix.sum(dim=1)
+    present = totals > 0
+    return float((matrix.diag()[present] / totals[present]).mean())
+
+
+def per_class_f1(matrix: torch.Tensor) -> torch.Tensor:
+    """F1 of each class, 2 TP / (2 TP + FP + FN); 0 for a class neither present nor predicted."""
+    true_positives = matrix.diag()
+    denominator = 2 * true_positives + (matrix.sum(dim=0) - true_positives) + (matrix.sum(dim=1) - true_positives)
+    return torch.where(denominator > 0, 2 * true_positives / denominator.clamp(min=1), torch.zeros_like(denominator))
+
+
+def macro_f1(matrix: torch.Tensor) -> float:
+    """The mean F1 over the classes present or predicted here (sklearn's f1_score, average='macro')."""
+    seen = (matrix.sum(dim=0) + matrix.sum(dim=1)) > 0
+    return float(per_class_f1(matrix.double())[seen].mean())
 
 
 def tta_logits(model: nn.Module, inputs: torch.Tensor, tta: int = 0) -> torch.Tensor:
@@ -56,9 +76,11 @@ def create_evaluator(
     num_classes: int | None = None,
     tta: int = 0,
     top5: bool = False,
+    confusion_matrix: bool = False,
 ) -> Engine:
-    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes (the confusion
-    matrix when ``num_classes`` is given, top-5 accuracy with ``top5``), with test-time augmentation level ``tta``."""
+    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes (with
+    ``num_classes``: balanced_accuracy and macro_f1, and the confusion matrix itself with ``confusion_matrix``;
+    top-5 accuracy with ``top5``), with test-time augmentation level ``tta``."""
 
     @torch.no_grad()
     def eval_step(engine: Engine, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +98,11 @@ def create_evaluator(
     Loss(loss_fn, device=metric_device).attach(evaluator, "loss")
     NumSamples(device=metric_device).attach(evaluator, "num_samples")
     if num_classes is not None:
-        ConfusionMatrix(num_classes, device=metric_device).attach(evaluator, "confusion_matrix")
+        matrix = ConfusionMatrix(num_classes, device=metric_device)
+        if confusion_matrix:
+            matrix.attach(evaluator, "confusion_matrix")
+        MetricsLambda(balanced_accuracy, matrix).attach(evaluator, "balanced_accuracy")
+        MetricsLambda(macro_f1, matrix).attach(evaluator, "macro_f1")
     if top5:
         TopKCategoricalAccuracy(k=5, device=metric_device).attach(evaluator, "top5_accuracy")
     return evaluator

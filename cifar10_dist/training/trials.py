@@ -103,24 +103,25 @@ def make_pruner(spec: PrunerSpec) -> Any:
 
 
 class TrialReporter:
-    """Attached by ``training.worker`` to the evaluation that chooses the best model: rank 0 reports its accuracy to the
-    trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
+    """Attached by ``training.worker`` to the evaluation that chooses the best model: rank 0 reports its
+    ``metric`` (the run's best_metric) to the trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
     the trainer after this validation (it then ends like any finished run)."""
 
-    def __init__(self, spec: TrialSpec, trainer: Any) -> None:
+    def __init__(self, spec: TrialSpec, trainer: Any, metric: str = "accuracy") -> None:
         self.spec = spec
         self.trainer = trainer
+        self.metric = metric
         self.pruned_at: int | None = None
         self._trial: Any = None
 
     def __call__(self, evaluator: Any) -> None:
         state = self.trainer.state
-        epoch, accuracy = state.epoch, float(evaluator.state.metrics["accuracy"])
+        epoch, accuracy = state.epoch, float(evaluator.state.metrics[self.metric])
         finished = state.iteration >= state.max_epochs * state.epoch_length  # reported, never pruned: it is done
         if ranks.from_rank_zero(self._report, accuracy, epoch) and not finished:
             self.pruned_at = epoch
-            logger.info("pruned at epoch %d: val accuracy %.4f is below what the pruner keeps (trial %d)", epoch,
-                        accuracy, self.spec.number)
+            logger.info("pruned at epoch %d: val %s %.4f is below what the pruner keeps (trial %d)", epoch,
+                        self.metric, accuracy, self.spec.number)
             self.trainer.terminate()
 
     def _report(self, accuracy: float, epoch: int) -> bool:

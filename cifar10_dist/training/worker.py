@@ -25,7 +25,15 @@ from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import augmentation, batches, loaders, loading
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import checkpoint_files, files, reading, run_folder, tracking
+from cifar10_dist.outputs import (
+    checkpoint_files,
+    clearml_tracking,
+    files,
+    mlflow_tracking,
+    reading,
+    run_folder,
+    tracking,
+)
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -58,18 +66,20 @@ def training(config: Config) -> dict[str, Any]:
         resuming = config.resume_from is not None
         with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                         resuming=resuming, overwrite=config.overwrite) as run_dir, \
-                tracking.ClearML(config.to_dict(), run_dir) as clearml:
+                clearml_tracking.ClearML(config.to_dict(), run_dir) as clearml, \
+                mlflow_tracking.MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
             run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
-            with setup_trackers(config, run_dir, clearml, optimization, engine_set, data_setup) as recorder:
-                validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder)
+            with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set, data_setup) as recorder:
+                validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder, config.best_metric)
                 attach_validation(engine_set.trainer, config.validate_every, validation)
                 resumed = checkpointing.resume_if_asked(to_save, checkpointing.resume_path(config, run_dir), config.to_dict())
-                note_world_size_change(resumed, config, data_setup, recorder)
+                checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
                 ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
                                    recorder, time.perf_counter() - started)
+                ranks.on_rank_zero(mlflow.log_artifacts, run_dir, config.mlflow_log_model)
         tracking.log_peak_memory()
         return result.to_dict()
 
@@ -119,7 +129,8 @@ def setup_optimization(config: Config, network: Network, data_setup: loading.Dat
         start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
         shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
     )
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing).to(device)
+    weight = torch.tensor(data_setup.class_weights) if data_setup.class_weights is not None else None
+    loss_fn = nn.CrossEntropyLoss(weight=weight, label_smoothing=config.label_smoothing).to(device)
     step = TrainStep(network.forward, optimizer, loss_fn, precision,
                      Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm)
     return Optimization(optimizer, lr_scheduler, step)
@@ -167,7 +178,8 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
         prepare = batches.eval_batch_preparer(device, config.channels_last, data_setup.info)
         return create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare, optimization.step.precision, device,
-                                tta=tta, top5=len(data_setup.info.classes) > TOP5_FROM)
+                                num_classes=len(data_setup.info.classes), tta=tta,
+                                top5=len(data_setup.info.classes) > TOP5_FROM)
 
     selection = new_evaluator(config.tta)
     test = new_evaluator(config.tta) if data_setup.split == "val" else selection
@@ -179,25 +191,26 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
         engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
     engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
     if config.trial is not None:
-        engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer)
+        engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer, config.best_metric)
         engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
     return engine_set
 
 
 def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyStopping | None:
-    """Ignite's EarlyStopping on the val accuracy after each validation (every rank sees the same all-reduced
-    accuracy, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
+    """Ignite's EarlyStopping on the val best_metric after each validation (every rank sees the same all-reduced
+    value, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
     if config.early_stopping_patience is None:
         return None
-    stopper = EarlyStopping(config.early_stopping_patience, lambda engine: engine.state.metrics["accuracy"], trainer,
+    metric = config.best_metric
+    stopper = EarlyStopping(config.early_stopping_patience, lambda engine: engine.state.metrics[metric], trainer,
                             threshold=config.early_stopping_min_delta)
     stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
 
     def log_stop(engine: Engine) -> None:
         at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
         if stopper.counter >= stopper.patience and not at_the_end:
-            logger.info("early stopping at epoch %d: val accuracy did not rise above %.4f + %g for %d validations",
-                        engine.state.epoch, stopper.best_score, stopper.threshold, stopper.patience)
+            logger.info("early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
+                        engine.state.epoch, metric, stopper.best_score, stopper.threshold, stopper.patience)
 
     selection.add_event_handler(Events.COMPLETED, stopper)
     trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)
@@ -207,7 +220,7 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
-def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, network: Network,
+def setup_checkpoints(config: Config, run_dir: Path, clearml: clearml_tracking.ClearML, network: Network,
                       optimization: Optimization, engine_set: EngineSet, data_setup: loading.DataSetup,
                       stop_request: stopping.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
@@ -232,7 +245,8 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: tracking.ClearML, 
                               step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer,
-                                                {"model": best_model, "meta": meta}, run_dir, data_setup.split, saver)
+                                                {"model": best_model, "meta": meta}, run_dir, data_setup.split, saver,
+                                                config.best_metric)
     return to_save
 
 
@@ -248,46 +262,16 @@ def reading_iterations(config: Config, data_setup: loading.DataSetup) -> Callabl
     return reads_at
 
 
-def setup_trackers(config: Config, run_dir: Path, clearml: tracking.ClearML, optimization: Optimization,
+def setup_trackers(config: Config, run_dir: Path, trackers: tuple[Any, ...], optimization: Optimization,
                    engine_set: EngineSet, data_setup: loading.DataSetup) -> tracking.Recorder:
-    """TensorBoard, ClearML and metrics.jsonl (through one Recorder), and progress on the console."""
-    recorder = tracking.Recorder(run_dir, clearml)
+    """TensorBoard, metrics.jsonl and the trackers (ClearML, MLflow) through one Recorder, and progress on the
+    console."""
+    recorder = tracking.Recorder(run_dir, *trackers)
     recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
                              data_setup.images_per_iteration)
     tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
                                      data_setup.images_per_iteration, config.num_epochs)
     return recorder
-
-
-def note_world_size_change(resumed: checkpointing.Resumed | None, config: Config, data_setup: loading.DataSetup,
-                           recorder: tracking.Recorder) -> None:
-    """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
-    metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
-    process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the
-    images an uninterrupted run would still see; the result differs all the same (augmentation is drawn per
-    process, BatchNorm statistics are per process, sums are taken in another order)."""
-    now = idist.get_world_size()
-    if resumed is None or resumed.world_size is None or resumed.world_size == now:
-        return
-    before = resumed.world_size
-    per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
-    epoch, done = divmod(resumed.iteration, data_setup.iterations_per_epoch)
-    epoch += 1
-    same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
-    if not done:
-        rest = f"epoch {epoch} starts afresh"
-    elif same_images:
-        rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
-    else:
-        because = ", with epoch_length set" if config.epoch_length else ""
-        rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
-                f"size {before}, {data_setup.images_per_iteration} now{because})")
-    ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
-                          "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
-                          "the result will differ from an uninterrupted run at world size %d", now, before,
-                          resumed.iteration, epoch, rest, before)
-    recorder.write_event({"event": "resume", "iteration": resumed.iteration, "epoch": epoch, "world_size": now,
-                          "checkpoint_world_size": before, "same_images": same_images})
 
 
 # ---------------------------------------------------------------- running and reporting
@@ -302,6 +286,7 @@ class Validation:
     split: str  # "val" or "test"
     loaders: loaders.Loaders
     recorder: tracking.Recorder
+    best_metric: str = "accuracy"
     latest: dict[str, Any] | None = None
     iteration: int = 0
 
@@ -323,7 +308,7 @@ class Validation:
         start = time.perf_counter()
         metrics = dict(evaluator.run(loader).metrics)
         seconds = time.perf_counter() - start
-        tracking.log_metrics(epoch, split, metrics, seconds)
+        tracking.log_metrics(epoch, split, metrics, seconds, self.best_metric)
         self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
         return metrics
 
@@ -376,12 +361,13 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
 
 
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
-                  clearml: tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
+                  clearml: clearml_tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
-    summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds),
+    summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
                                   clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
                                   pruned_at_epoch=result.pruned_at if config.trial is not None else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())
     files.write_file(run_dir / "curves.png", lambda path: reading.render_curves(run_dir, path))
     recorder.write_hparams(config.to_dict(), reading.final_scalars(summary), result.iterations)
+

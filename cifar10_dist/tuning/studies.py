@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cifar10_dist.config import PRUNERS, Config, PrunerSpec, TrialSpec, load_config
+from cifar10_dist.config import FIELDS, PRUNERS, Config, PrunerSpec, TrialSpec, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.outputs import reading
 from cifar10_dist.results import TuneResult
@@ -42,7 +42,8 @@ RECORD = "cifar10_dist"  # the study's user attribute holding its base config, s
 # keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
 WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
                "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
-               "clearml_offline", "cache_dir")
+               "clearml_offline", "cache_dir", "with_mlflow", "mlflow_tracking_uri", "mlflow_experiment",
+               "mlflow_log_model", "mlflow_parent_run")
 
 
 # ---------------------------------------------------------------- options, storage and the study
@@ -141,6 +142,8 @@ def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any
         for key in sorted(set(stored) | set(record[part])):
             if part == "base_config" and key in WORKER_KEYS:
                 continue
+            if part == "base_config" and key not in stored and record[part][key] == FIELDS[key].default:
+                continue  # a key newer than the study, at its default: the study trained with that too
             if stored.get(key) != record[part].get(key):
                 raise UserError(f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "
                                 f"{stored.get(key)!r} there and {record[part].get(key)!r} here (use the same "
@@ -166,6 +169,7 @@ class Objective:
     study: Any
     pruner: PrunerSpec
     current: int | None = None
+    mlflow_parent: tuple[str, str] | None = None  # with_mlflow: (store URI, the study's MLflow run)
 
     def __call__(self, trial: Any) -> float:
         optuna = require_optuna()
@@ -194,6 +198,8 @@ class Objective:
                           pruner=self.pruner)
         values = {**self.base.to_dict(), **params, "output_path": str(self.study_dir), "run_name": f"trial-{number}",
                   "resume_from": resume, "overwrite": False, "seeds": 1, "trial": trial}
+        if self.mlflow_parent is not None:  # the trial's MLflow run: a child of the study's, in the same store
+            values.update(mlflow_tracking_uri=self.mlflow_parent[0], mlflow_parent_run=self.mlflow_parent[1])
         return load_config(None, **values)
 
 
@@ -217,11 +223,12 @@ def retried_checkpoint(history: list[int], study_dir: Path) -> str | None:
 
 
 def best_accuracy(run_dir: Path) -> float:
-    """The objective: the best selection (val) accuracy of a finished trial run, from its summary.json."""
+    """The objective: the best selection (val) value of the run's best_metric (accuracy by default) of a finished
+    trial run, from its summary.json."""
     summary = reading.read_summary(run_dir)
     if summary is None or summary.best is None:
         raise TrialFailed(f"{run_dir} has no validation result: it cannot be ranked")
-    return float(summary.best.accuracy)
+    return float(summary.best.value if summary.best.value is not None else summary.best.accuracy)
 
 
 # ---------------------------------------------------------------- the tuning loop, the final test, the report
@@ -239,12 +246,18 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
     check_space(base, space)
     study, url = open_study(options, base, space)
     study_dir = Path(study_of(study)["study_dir"])
-    objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs))
+    objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs),
+                          mlflow_parent=study_mlflow_run(base, space, options) if base.with_mlflow else None)
     echo(f"study {options.study} in {without_password(url)}: {len(study.trials)} trials so far; running "
          f"{options.trials} here")
 
     def announce(done_study: Any, trial: Any) -> None:
         echo(format_trial_line(trial))
+        if objective.mlflow_parent is not None and done_study.best_trials:
+            from cifar10_dist.outputs import mlflow_tracking
+
+            finished = sum(t.state.is_finished() for t in done_study.get_trials(deepcopy=False))
+            mlflow_tracking.log_study_best(*objective.mlflow_parent, done_study.best_value, finished)
 
     try:
         study.optimize(objective, n_trials=options.trials, catch=(TrialFailed,), callbacks=[announce])
@@ -255,6 +268,17 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
                    f"{options.study}; run the same tune command (or any worker of the study) to continue it")
         raise (Preempted(message) if isinstance(stop, Preempted) else Interrupted(message)) from stop
     return report(study, echo, final_test=options.final_test)
+
+
+def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: TuneOptions) -> tuple[str, str]:
+    """with_mlflow: the study's MLflow run (found or created once), whose children the trials' runs are; its
+    parameters are the study's settings and searched keys."""
+    from cifar10_dist.outputs import mlflow_tracking
+
+    uri = mlflow_tracking.tracking_uri(base.mlflow_tracking_uri, base.output_path)
+    params = {"study": options.study, "sampler": options.sampler, "pruner": options.pruner,
+              "best_metric": base.best_metric, **{f"space.{name}": dim for name, dim in space.items()}}
+    return uri, mlflow_tracking.study_run(uri, base.mlflow_experiment, base.output_path, options.study, params)
 
 
 def queue_again(study: Any, number: int | None) -> None:
@@ -283,7 +307,8 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         best = study.best_trial
         best_config = best_config_of(study, best)
         files.write_yaml(study_dir / "best_config.yaml", best_config)
-        echo(f"best: trial {best.number}, val accuracy {best.value:.4f}, {format_params(best.params)}")
+        metric = study_of(study)["base_config"].get("best_metric", "accuracy")
+        echo(f"best: trial {best.number}, val {metric} {best.value:.4f}, {format_params(best.params)}")
         echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run --config={study_dir / 'best_config.yaml'})")
         summary = dataclasses.replace(summary, best_trial=best.number, best_value=best.value,
                                       best_params=dict(best.params), plots=write_plots(study, study_dir))

@@ -1,0 +1,234 @@
+"""MLflow tracking (rank 0; ``with_mlflow``): one MLflow run per run folder, kept across resumes.
+
+The run's parameters are the resolved config, its tags the provenance (git commit, data checksum, hardware,
+precision, world size), its metrics the scalars ``tracking.Recorder`` writes to TensorBoard (same names, same
+steps), its artifacts config.yaml, provenance.json, summary.json, curves.png and the mistakes picture (and the best
+model file with ``mlflow_log_model``). The MLflow run's id is kept in the run folder (``mlflow.json``), so a
+resumed run continues the same MLflow run. A tuning trial's run is a child of its study's run
+(``mlflow_parent_run``). The store is ``mlflow_tracking_uri``, else MLflow's own MLFLOW_TRACKING_URI, else a
+SQLite file in the output folder (artifacts beside it in ``mlartifacts/``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import checkpoint_files, files
+from cifar10_dist.system.ranks import on_rank_zero
+
+RUN_FILE = "mlflow.json"  # in the run folder: the store and the MLflow run this run folder reports to
+ARTIFACTS = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs (what its UI nests by)
+BATCH = 1000  # metrics per log_batch call (MLflow's limit); params and tags: 100
+QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # "Creating initial MLflow database tables"
+
+logger = logging.getLogger("cifar10_dist")
+
+
+def require_mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError:
+        raise UserError("with_mlflow needs MLflow: pip install 'cifar10-dist[mlflow]' (or pip install mlflow)") \
+            from None
+    return mlflow
+
+
+def tracking_uri(configured: str | None, output_path: str | Path) -> str:
+    """The store: the configured URI, else MLFLOW_TRACKING_URI, else sqlite:///<output_path>/mlflow.db."""
+    if configured:
+        return configured
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(Path(output_path) / 'mlflow.db').resolve()}"
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """A local SQLite store's schema is created by the first client: processes starting together (tune workers)
+    take turns (the file lock beside the database), as for the Optuna study (``training.trials``)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    from filelock import FileLock
+
+    database = Path(uri[len("sqlite:///"):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(database) + ".lock", timeout=120):
+        yield
+
+
+def open_client(uri: str) -> Any:
+    """An MlflowClient on the store, its schema created or checked under the store lock."""
+    mlflow = require_mlflow()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with store_lock(uri):
+        client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # creates or upgrades a SQLite store's tables now, under the lock
+    return client
+
+
+def experiment_id(client: Any, name: str, uri: str, output_path: str | Path) -> str:
+    """The experiment's id, created when missing (a SQLite store's artifacts go beside it, in mlartifacts/)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    with store_lock(uri):
+        found = client.get_experiment_by_name(name)  # a worker beside this one may have made it meanwhile
+        return found.experiment_id if found is not None else client.create_experiment(name, location)
+
+
+def provenance_tags(record: Mapping[str, Any]) -> dict[str, str]:
+    """The provenance worth filtering runs by, as MLflow tags."""
+    package, dataset = record.get("package", {}), record.get("dataset", {})
+    cpu = record.get("hardware", {}).get("cpu", {})
+    tags = {
+        "git_commit": package.get("git_commit"), "git_dirty": package.get("git_dirty"),
+        "package_version": package.get("version"), "dataset": dataset.get("name"),
+        "dataset_sha256": dataset.get("sha256"), "precision": record.get("precision"),
+        "backend": record.get("backend"), "world_size": record.get("world_size"),
+        "devices": ", ".join(f"{count} x {name}" for name, count in record.get("devices", {}).items()),
+        "cpu": cpu.get("model"), "torch": record.get("versions", {}).get("torch"),
+    }
+    return {f"cifar10_dist.{key}": str(value) for key, value in tags.items() if value is not None}
+
+
+def as_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """The config as MLflow parameters: strings (mappings and lists as JSON), at most MLflow's 6,000 characters."""
+    def text(value: Any) -> str:
+        return json.dumps(value) if isinstance(value, (dict, list, tuple)) else str(value)
+
+    return {key: text(value)[:6000] for key, value in config.items()}
+
+
+class MLflow:
+    """The MLflow run of this run folder (rank 0; nothing elsewhere or when ``with_mlflow`` is off): started or
+    continued when the run starts, fed scalars by the Recorder, given the artifacts and its status at the end."""
+
+    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.pending: list[Any] = []
+        self.enabled = bool(config["with_mlflow"])
+        if self.enabled:
+            require_mlflow()
+            on_rank_zero(self._start, config, run_dir, provenance)
+
+    def _start(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
+        uri = tracking_uri(config["mlflow_tracking_uri"], config["output_path"])
+        self.client = open_client(uri)
+        kept = read_run_file(run_dir)
+        if kept is not None and kept["tracking_uri"] == uri and self._still_there(kept["run_id"]):
+            self.run_id = kept["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.client.set_tag(self.run_id, "cifar10_dist.resumed_from", str(config["resume_from"]))
+            logger.info("mlflow: continuing run %s in %s", self.run_id, uri)
+            return
+        experiment = experiment_id(self.client, config["mlflow_experiment"], uri, config["output_path"])
+        tags = {**provenance_tags(provenance), "cifar10_dist.run_dir": str(run_dir.resolve())}
+        if config.get("mlflow_parent_run"):
+            tags[PARENT_TAG] = config["mlflow_parent_run"]
+        run = self.client.create_run(experiment, run_name=run_dir.name, tags=tags)
+        self.run_id = run.info.run_id
+        self._log_params(as_params({key: value for key, value in config.items() if key != "mlflow_parent_run"}))
+        files.write_json(run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment, "run_id": self.run_id})
+        logger.info("mlflow: run %s (%s) in experiment %s of %s; to browse: mlflow ui --backend-store-uri %s",
+                    run_dir.name, self.run_id, config["mlflow_experiment"], uri, uri)
+
+    def _still_there(self, run_id: str) -> bool:
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except Exception:  # deleted from the store, or another store at the same address: a new MLflow run
+            return False
+
+    def _log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(key, value) for key, value in params.items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start:start + 100])
+
+    def report_scalar(self, tag: str, value: float, step: int) -> None:
+        """A metric, sent at the next flush (each log_batch is one store transaction)."""
+        if self.run_id is not None:
+            from mlflow.entities import Metric
+
+            self.pending.append(Metric(tag, float(value), int(time.time() * 1000), step))
+
+    def flush(self) -> None:
+        if self.run_id is not None and self.pending:
+            pending, self.pending = self.pending, []
+            for start in range(0, len(pending), BATCH):
+                self.client.log_batch(self.run_id, metrics=pending[start:start + BATCH])
+
+    def log_artifacts(self, run_dir: Path, with_best_model: bool = False) -> None:
+        """The run's record files (those present) and, when asked (mlflow_log_model), the best model file."""
+        if self.run_id is None:
+            return
+        self.flush()
+        for name in (*ARTIFACTS, *sorted(path.name for path in run_dir.glob("mistakes*.png"))):
+            if (run_dir / name).is_file():
+                self.client.log_artifact(self.run_id, str(run_dir / name))
+        best_model = checkpoint_files.best_model_file(run_dir) if with_best_model else None
+        if best_model is not None:
+            self.client.log_artifact(self.run_id, str(best_model), artifact_path="model")
+
+    def end(self, status: str) -> None:
+        """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""
+        if self.run_id is not None:
+            with contextlib.suppress(Exception):
+                self.flush()
+            self.client.set_terminated(self.run_id, status=status)
+            self.run_id = None
+
+    def __enter__(self) -> MLflow:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        from cifar10_dist.errors import Interrupted, Preempted
+
+        if exc_type is None:
+            self.end("FINISHED")
+        else:
+            with contextlib.suppress(Exception):
+                self.end("KILLED" if issubclass(exc_type, (Interrupted, Preempted)) else "FAILED")
+
+
+def read_run_file(run_dir: Path) -> dict[str, str] | None:
+    try:
+        kept = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) and {"tracking_uri", "run_id"} <= set(kept) else None
+
+
+def study_run(uri: str, experiment: str, output_path: str | Path, study: str, params: Mapping[str, Any]) -> str:
+    """The MLflow run of a tuning study (the parent of its trials' runs): found by its tag, or created once
+    (workers starting together take turns under the store lock); returns its id."""
+    client = open_client(uri)
+    experiment_number = experiment_id(client, experiment, uri, output_path)
+    query = f"tags.`cifar10_dist.study` = '{study}'"
+    with store_lock(uri):
+        found = client.search_runs([experiment_number], filter_string=query, max_results=1)
+        if found:
+            return found[0].info.run_id
+        run = client.create_run(experiment_number, run_name=f"study {study}", tags={"cifar10_dist.study": study})
+    client.log_batch(run.info.run_id, params=[require_mlflow().entities.Param(key, value)
+                                              for key, value in as_params(params).items()][:100])
+    return run.info.run_id
+
+
+def log_study_best(uri: str, run_id: str, best_value: float, trials: int) -> None:
+    """The study's best val accuracy so far, a metric of its run at step = trials finished."""
+    open_client(uri).log_metric(run_id, "study/best_value", best_value, step=trials)
