@@ -1,5 +1,6 @@
 """The mistakes as a picture: evaluate writes the test images its model got wrong with the most confidence,
-drawn (mistakes_<checkpoint>.png) and listed (.json), most confident first."""
+drawn (mistakes_<checkpoint>.png) and listed (.json), most confident first; a run writes its own from its final
+test evaluation in every process (mistakes.png, and in TensorBoard), the same images evaluate finds."""
 
 from __future__ import annotations
 
@@ -39,3 +40,26 @@ def test_evaluate_draws_and_lists_its_most_confident_mistakes(tmp_path):
     from PIL import Image
 
     assert Image.open(picture).size == (int(1.6 * 8 * 100), int((1.9 * 2 + 0.4) * 100))  # 16 tiles: 8 x 2
+
+
+def test_a_run_with_two_processes_finds_the_mistakes_that_evaluate_finds_and_shows_them_in_tensorboard(small_dataset,
+                                                                                                       spawned_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, output = spawned_run
+    (run_dir,) = output.iterdir()
+    final = max(run_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+    assert run_in_process("evaluate", f"--checkpoint={final}", f"--data_path={small_dataset}",
+                          "--num_workers=0").returncode == 0
+    own = json.loads((run_dir / "mistakes.json").read_text())
+    evaluated = json.loads((run_dir / f"mistakes_{final.stem}.json").read_text())
+    assert own["test_images"] == 1001 and own["model"] == "final"
+    assert [(m["index"], m["true"], m["predicted"]) for m in own["mistakes"]] == \
+        [(m["index"], m["true"], m["predicted"]) for m in evaluated["mistakes"]]  # rank 1's indices mapped back
+    assert [m["confidence"] for m in own["mistakes"]] == pytest.approx([m["confidence"] for m in evaluated["mistakes"]],
+                                                                        abs=2e-4)
+    assert len(own["mistakes"]) == mistakes.SHOWN and (run_dir / "mistakes.png").stat().st_size > 1000
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    events.Reload()
+    (image,) = events.Images("test/mistakes")
+    assert (image.width, image.height) == (int(1.6 * 8 * 100), int((1.9 * 2 + 0.4) * 100))

@@ -177,6 +177,7 @@ def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tm
         row = next(line for line in result.stdout.splitlines() if line.startswith(folder.name))
         assert f"{summary['best']['accuracy']:.4f} (test)" in row
         assert f"{summary['final']['test']['accuracy']:.4f}" in row and f"{summary['training_time']:.1f}" in row
+        assert f"mistakes of {folder.name}: {folder / 'mistakes.png'}" in result.stdout
     assert png_size(tmp_path / "cmp.png") == (1000, 400)
 
 
@@ -200,7 +201,7 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
         "cut reported from metrics.jsonl alone",
         f"error: {broken / 'metrics.jsonl'} is damaged at line {lines}: not valid JSON (Unterminated string starting "
         "at): '{\"event\": \"epo': broken left out"]
-    names = [line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(("*", "plot:"))]
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(("*", "plot:", "mistakes"))]
     assert names == ["cut", other.name]  # in the order given, the unreadable one left out
     assert result.stdout.splitlines()[1].startswith("cut *")  # numbers so far, as for an unfinished run
     assert png_size(tmp_path / "cmp.png") == (1000, 400)

@@ -297,6 +297,7 @@ def _row(run_dir: Path, summary: RunSummary | None, evaluations: Sequence[Mappin
         "final_test_accuracy": final_test,
         "final_test_top5": final_top5,
         "training_time": summary.training_time if summary else None,
+        "mistakes": str(run_dir / "mistakes.png") if (run_dir / "mistakes.png").is_file() else None,
     }
 
 
@@ -317,6 +318,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
                      f"{cell(row['training_time'], 1):>8}")
     if not all(row["finished"] for row in rows):
         lines.append("* not finished (no readable summary.json): numbers so far")
+    lines += [f"mistakes of {row['run']}: {row['mistakes']}" for row in rows if row.get("mistakes")]
     return "\n".join(lines)
 
 

@@ -277,6 +277,13 @@ class Recorder:
         if self.writer is not None:
             self._append(line)
 
+    def write_image(self, tag: str, pixels: Any, step: int) -> None:
+        """An H x W x 3 uint8 picture in TensorBoard's image tab (rank 0)."""
+        if self.writer is not None:
+            with self._writing_events():
+                self.writer.add_image(tag, pixels, step, dataformats="HWC")
+                self.writer.flush()
+
     def write_hparams(self, config: Mapping[str, Any], final: Mapping[str, float], step: int) -> None:
         """The config as hyperparameters and the final metrics, for TensorBoard's HParams tab; the metrics are
         also scalars at ``step`` (the run's last iteration), at the right end of the charts."""

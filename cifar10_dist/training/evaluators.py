@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric, MetricsLambda, TopKCategoricalAccuracy
@@ -13,6 +14,7 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
+from cifar10_dist.outputs.mistake_grid import SHOWN, Mistake
 from cifar10_dist.system.precision import Precision
 
 
@@ -106,6 +108,41 @@ def create_evaluator(
     if top5:
         TopKCategoricalAccuracy(k=5, device=metric_device).attach(evaluator, "top5_accuracy")
     return evaluator
+
+
+class MistakeCollector:
+    """The most confident mistakes of an evaluator's latest run, from every process: each keeps its own ``count``
+    on the device as the batches pass (no host sync per batch); ``gathered`` (every rank calls it) merges them.
+    An image's index in the evaluated set follows the ShardSampler: rank r's k-th image is r + k x world size."""
+
+    def __init__(self, evaluator: Engine, batch_size: int, count: int = SHOWN) -> None:
+        self.batch_size, self.count = batch_size, count
+        self.kept: list[torch.Tensor] = []  # confidence (-1: right), index, predicted, true: the best ``count``
+        evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: self.kept.clear())
+        evaluator.add_event_handler(Events.ITERATION_COMPLETED, self.update)
+
+    def update(self, engine: Engine) -> None:
+        logits, targets = engine.state.output
+        confidence, predicted = logits.softmax(dim=1).max(dim=1)
+        first = (engine.state.iteration - 1) * self.batch_size
+        index = idist.get_rank() + idist.get_world_size() * torch.arange(first, first + len(targets),
+                                                                          device=targets.device)
+        found = [torch.where(predicted != targets, confidence.float(), -1.0), index, predicted, targets]
+        if self.kept:
+            found = [torch.cat([kept, new]) for kept, new in zip(self.kept, found)]
+        top = found[0].topk(min(self.count, len(found[0]))).indices
+        self.kept = [values[top] for values in found]
+
+    def gathered(self, classes: list[str]) -> list[Mistake]:
+        """The ``count`` most confident mistakes over all processes, most confident first (a collective)."""
+        rows = (torch.stack([values.float() for values in self.kept], dim=1) if self.kept  # indices exact to 2^24
+                else torch.zeros(0, 4, device=idist.device()))
+        padding = torch.full((self.count - len(rows), 4), -1.0, device=rows.device)
+        everyone = idist.all_gather(torch.cat([rows, padding])).cpu()
+        wrong = everyone[everyone[:, 0] >= 0]
+        wrong = wrong[wrong[:, 0].argsort(descending=True, stable=True)][: self.count]
+        return [Mistake(int(index), classes[int(true)], classes[int(predicted)], round(float(confidence), 4))
+                for confidence, index, predicted, true in wrong.tolist()]
 
 
 def attach_validation(

@@ -25,21 +25,16 @@ from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import augmentation, batches, loaders, loading
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import (
-    checkpoint_files,
-    clearml_tracking,
-    files,
-    mlflow_tracking,
-    reading,
-    run_folder,
-    tracking,
-)
+from cifar10_dist.outputs import checkpoint_files, files, mistake_grid, reading, run_folder, tracking
+from cifar10_dist.outputs.clearml_tracking import ClearML
+from cifar10_dist.outputs.mistake_grid import Mistake
+from cifar10_dist.outputs.mlflow_tracking import MLflow
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import checkpointing, optimizers, process_setup, schedules, trials
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
-from cifar10_dist.training.evaluators import attach_validation, create_evaluator
+from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
 from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 
@@ -66,8 +61,8 @@ def training(config: Config) -> dict[str, Any]:
         resuming = config.resume_from is not None
         with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                         resuming=resuming, overwrite=config.overwrite) as run_dir, \
-                clearml_tracking.ClearML(config.to_dict(), run_dir) as clearml, \
-                mlflow_tracking.MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
+                ClearML(config.to_dict(), run_dir) as clearml, \
+                MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
             run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
             with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set, data_setup) as recorder:
@@ -77,6 +72,9 @@ def training(config: Config) -> dict[str, Any]:
                 checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
+                if result.test is not None:  # (every rank has the test numbers, or none has)
+                    found = engine_set.mistakes.gathered(list(data_setup.info.classes))
+                    ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
                 ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
                                    recorder, time.perf_counter() - started)
                 ranks.on_rank_zero(mlflow.log_artifacts, run_dir, config.mlflow_log_model)
@@ -150,6 +148,7 @@ class EngineSet:
     ema_evaluator: Engine | None = None  # the EMA weights on the selection split
     early_stopping: EarlyStopping | None = None
     trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
+    mistakes: MistakeCollector | None = None  # on the evaluation that gives the final test numbers
 
     @property
     def choosing_evaluator(self) -> Engine:
@@ -190,6 +189,8 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
                                                config.accumulation_steps)
         engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
     engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
+    final_test = engine_set.test_evaluator if data_setup.split == "val" else engine_set.choosing_evaluator
+    engine_set.mistakes = MistakeCollector(final_test, data_setup.loaders.test.batch_size)
     if config.trial is not None:
         engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer, config.best_metric)
         engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
@@ -220,7 +221,7 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
-def setup_checkpoints(config: Config, run_dir: Path, clearml: clearml_tracking.ClearML, network: Network,
+def setup_checkpoints(config: Config, run_dir: Path, clearml: ClearML, network: Network,
                       optimization: Optimization, engine_set: EngineSet, data_setup: loading.DataSetup,
                       stop_request: stopping.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
@@ -360,8 +361,19 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
     return {**metrics, "model": name}
 
 
+def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.DataSetup, recorder: tracking.Recorder,
+                   result: RunResult) -> None:
+    """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
+    images = data_setup.loaders.test.dataset.images
+    title = f"{run_dir.name}, {result.test.model or 'final model'}"
+    mistake_grid.write(run_dir, "mistakes", images, found, title,
+                       {"model": result.test.model or "final", "test_images": len(images)})
+    recorder.write_image("test/mistakes", mistake_grid.as_pixels(mistake_grid.figure(images, found, title)),
+                         result.iterations)
+
+
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
-                  clearml: clearml_tracking.ClearML, recorder: tracking.Recorder, seconds: float) -> None:
+                  clearml: ClearML, recorder: tracking.Recorder, seconds: float) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
