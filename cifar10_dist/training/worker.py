@@ -366,10 +366,9 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.Data
     """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
     images = data_setup.loaders.test.dataset.images
     title = f"{run_dir.name}, {result.test.model or 'final model'}"
-    mistake_grid.write(run_dir, "mistakes", images, found, title,
-                       {"model": result.test.model or "final", "test_images": len(images)})
-    recorder.write_image("test/mistakes", mistake_grid.as_pixels(mistake_grid.figure(images, found, title)),
-                         result.iterations)
+    pixels = mistake_grid.write(run_dir, "mistakes", images, found, title,
+                                {"model": result.test.model or "final", "test_images": len(images)})
+    recorder.write_image("test/mistakes", pixels, result.iterations)
 
 
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
