@@ -16,7 +16,7 @@ from typing import Any, Collection, Literal
 
 import yaml
 
-from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, TrialSpec
+from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, TrialSpec, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
 from cifar10_dist.errors import UserError, first_line
 
@@ -112,7 +112,7 @@ def _check_known(key: str, source: str = "") -> None:
 
 def _field_type(name: str) -> tuple[type, bool]:
     """(base type, accepts None) of a field, from its annotation (a ``Literal``'s base: the type of its values)."""
-    annotation = typing.get_type_hints(Config)[name]
+    annotation = field_types()[name]
     optional = False
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
