@@ -1,5 +1,5 @@
-"""The folder source (``dataset=folder``): a labelled image folder as a run's images, the cache (``folder_cache``)
-read into uint8 tensors, its checks applied (unreadable files, duplicates across splits, imbalanced classes) and
+"""The folder source (``dataset=folder``): a labelled image folder as a run's images, read on demand from its
+memory-mapped cache (``folder_cache``; ``records.MappedImages``), its checks applied (unreadable files, duplicates across splits, imbalanced classes) and
 its card (``prepare-data``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import folder_cache
-from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
 from cifar10_dist.system import ranks
@@ -74,7 +74,7 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     for split in ("train", "test"):
         if not indices.get(split):
             raise UserError(f"{root}: no readable {split} images are left: {split} needs at least one")
-    sets = {split: _image_set(pixels, labels, chosen) for split, chosen in indices.items()}
+    sets = {split: _image_set(folder / "images.npy", labels, chosen) for split, chosen in indices.items()}
     info = DatasetInfo(tuple(meta.classes), tuple(meta.mean), tuple(meta.std), meta.image_size)
     checks = {"duplicates_across_splits": len(duplicates), "duplicates_dropped": dropped,
               "bad_files_skipped": len(meta.bad_files), "imbalance_ratio": round(imbalance, 3),
@@ -82,8 +82,9 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, built, meta)
 
 
-def _image_set(pixels: np.ndarray, labels: np.ndarray, chosen: list[int]) -> ImageSet:
-    return ImageSet(torch.from_numpy(np.ascontiguousarray(pixels[chosen])), torch.from_numpy(labels[chosen]))
+def _image_set(pixels: Path, labels: np.ndarray, chosen: list[int]) -> ImageSet:
+    """A split read on demand from the cache (``MappedImages``): no copy of its pixels in this process."""
+    return ImageSet(MappedImages(pixels, np.asarray(chosen, dtype=np.int64)), torch.from_numpy(labels[chosen]))
 
 
 def cross_split_duplicates(indices: dict[str, list[int]], hashes: np.ndarray, paths: list[str]

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from cifar10_dist.data.records import ImageSet
+from cifar10_dist.data.records import ImageSet, MappedImages
 from cifar10_dist.errors import UserError
 
 
@@ -113,13 +113,13 @@ def hold_out(train: ImageSet, fraction: float, seed: int) -> HeldOut:
         return HeldOut(train, None, torch.empty(0, dtype=torch.long))
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     held, kept = order[:count].sort().values, order[count:].sort().values
-    return HeldOut(ImageSet(train.images[kept], train.labels[kept]), ImageSet(train.images[held], train.labels[held]), held)
+    return HeldOut(train.subset(kept), train.subset(held), held)
 
 
 def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
     """The same ``size`` images on every rank and every run with this seed."""
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size]
-    return ImageSet(images.images[order], images.labels[order])
+    return images.subset(order)
 
 
 def make_loaders(
@@ -172,6 +172,8 @@ def pre_flip(images: ImageSet, seed: int) -> ImageSet:
     """A copy with a seeded random half of the images mirrored: the start of alternating flip, where every
     other epoch then mirrors whole batches, so each image is seen both ways in any two consecutive epochs."""
     flips = torch.rand(len(images), generator=torch.Generator().manual_seed(seed)) < 0.5
+    if isinstance(images.images, MappedImages):  # mirrored as the batches are read
+        return ImageSet(images.images.with_flips(flips.numpy()), images.labels)
     mirrored = torch.where(flips[:, None, None, None], images.images.flip(-1), images.images)
     return ImageSet(mirrored, images.labels)
 

@@ -5,8 +5,10 @@ The defaults are CIFAR-10's: 32x32 images and its channel statistics."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")  # CIFAR-10's
@@ -51,12 +53,89 @@ class LoadedData:
     checks: dict[str, Any] | None = None
 
 
+class MappedImages:
+    """uint8 images (N, 3, S, S) read on demand from a memory-mapped cache file: the rows ``rows`` of the array in
+    ``path`` (an .npy file), each mirrored where ``flipped`` says. Indexing with indices or a slice reads just
+    those images into a tensor; the file's pages belong to the operating system, shared by every process of a
+    node, so a process's private memory does not grow with the dataset. Pickled (to DataLoader workers) as its
+    path and rows, never as pixels."""
+
+    def __init__(self, path: Path, rows: np.ndarray, flipped: np.ndarray | None = None) -> None:
+        self.path, self.rows, self.flipped = Path(path), np.asarray(rows, dtype=np.int64), flipped
+        self._pixels: np.ndarray | None = None
+
+    @property
+    def pixels(self) -> np.ndarray:
+        if self._pixels is None:
+            self._pixels = np.load(self.path, mmap_mode="r")
+        return self._pixels
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((len(self.rows), *self.pixels.shape[1:]))
+
+    dtype, device = torch.uint8, torch.device("cpu")
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        """The images at ``index`` (an int, a slice, indices), read now, in index order."""
+        index = index.cpu().numpy() if isinstance(index, torch.Tensor) else index
+        chosen = self.rows[index]
+        scalar = np.ndim(chosen) == 0
+        chosen = np.atleast_1d(chosen)
+        order = np.argsort(chosen, kind="stable")  # the file read front to back, then put in index order
+        images = np.empty((len(chosen), *self.pixels.shape[1:]), dtype=np.uint8)
+        images[order] = self.pixels[chosen[order]]
+        if self.flipped is not None:
+            mirror = np.atleast_1d(self.flipped[index])
+            images[mirror] = images[mirror][..., ::-1]
+        tensor = torch.from_numpy(images)
+        return tensor[0] if scalar else tensor
+
+    def select(self, index: Any) -> MappedImages:
+        """The images at ``index`` as another on-demand set (nothing read)."""
+        index = index.cpu().numpy() if isinstance(index, torch.Tensor) else index
+        return MappedImages(self.path, self.rows[index], None if self.flipped is None else self.flipped[index])
+
+    def with_flips(self, flipped: np.ndarray) -> MappedImages:
+        return MappedImages(self.path, self.rows, np.asarray(flipped, dtype=bool))
+
+    def to(self, device: torch.device | str) -> torch.Tensor:
+        """All the images, read into a tensor on ``device`` (data_on_device)."""
+        return self[slice(None)].to(device)
+
+    def cpu(self) -> torch.Tensor:
+        return self[slice(None)]
+
+    def chunks(self, size: int = 4096) -> Iterator[torch.Tensor]:
+        """The images in order, ``size`` at a time (a checksum reads the set without holding it)."""
+        for start in range(0, len(self), size):
+            yield self[start:start + size]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "flipped": self.flipped}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["rows"], state["flipped"])
+
+    def __repr__(self) -> str:
+        return f"MappedImages({len(self)} images of {self.path})"
+
+
 @dataclass(frozen=True)
 class ImageSet:
-    """Images as uint8 (N, 3, 32, 32) and labels as int64 (N,)."""
+    """Images as uint8 (N, 3, S, S), in memory or read on demand from a cache (``MappedImages``), and labels as
+    int64 (N,)."""
 
-    images: torch.Tensor
+    images: torch.Tensor | MappedImages
     labels: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def subset(self, index: torch.Tensor) -> ImageSet:
+        """The images at ``index``: copied when in memory, still on demand when mapped."""
+        images = self.images.select(index) if isinstance(self.images, MappedImages) else self.images[index]
+        return ImageSet(images, self.labels[index])

@@ -92,12 +92,13 @@ def device_names(device: torch.device) -> dict[str, int]:
     return {each: names.count(each) for each in sorted(set(names))}
 
 
-def dataset_sha256(*tensors: torch.Tensor) -> str:
+def dataset_sha256(*tensors: Any) -> str:
     """SHA-256 of the tensors as loaded (a run's train images and labels, then its test images and labels):
-    equal data, equal checksum, any source."""
+    equal data, equal checksum, any source; images read on demand (``chunks``) are hashed a chunk at a time."""
     digest = hashlib.sha256()
     for tensor in tensors:
-        digest.update(tensor.contiguous().numpy())
+        for chunk in tensor.chunks() if hasattr(tensor, "chunks") else (tensor,):
+            digest.update(chunk.contiguous().numpy())
     return digest.hexdigest()
 
 

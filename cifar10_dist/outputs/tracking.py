@@ -104,6 +104,17 @@ def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: f
                 epoch, split, metrics["accuracy"], top5, chosen, metrics["loss"], metrics["num_samples"], seconds)
 
 
+def private_memory_mib() -> float:
+    """This process's private (anonymous) resident memory now, in MiB: what it holds alone, without the pages of
+    files it maps (an image cache read on demand, shared by the node's processes); -1 where /proc is missing."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return -1.0
+    line = next((line for line in status.splitlines() if line.startswith("RssAnon:")), None)
+    return int(line.split()[1]) / 1024 if line else -1.0
+
+
 def log_peak_memory() -> None:
     """Peak resident memory of this process (Linux reports ru_maxrss in KiB), and on a GPU its peak allocated
     and reserved memory."""

@@ -72,11 +72,14 @@ def training(config: Config) -> dict[str, Any]:
                 checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                 logger.info("run folder: %s", run_dir)
                 result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
+                memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
+                ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; "
+                                   "mapped cache pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
                 if result.test is not None:  # (every rank has the test numbers, or none has)
                     found = engine_set.mistakes.gathered(list(data_setup.info.classes))
                     ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
                 ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
-                                   recorder, time.perf_counter() - started)
+                                   recorder, time.perf_counter() - started, memory)
                 ranks.on_rank_zero(mlflow.log_artifacts, run_dir, config.mlflow_log_model)
         tracking.log_peak_memory()
         return result.to_dict()
@@ -372,11 +375,12 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.Data
 
 
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
-                  clearml: ClearML, recorder: tracking.Recorder, seconds: float) -> None:
+                  clearml: ClearML, recorder: tracking.Recorder, seconds: float, memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
                                   clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
+                                  private_memory_mib=memory,
                                   pruned_at_epoch=result.pruned_at if config.trial is not None else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())
     files.write_file(run_dir / "curves.png", lambda path: reading.render_curves(run_dir, path))
