@@ -29,7 +29,7 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int
     from cifar10_dist.serve import inference
 
     trained = inference.load_trained_model(checkpoint, device, raw_weights)
-    return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.image_size), batch_size, tta)
+    return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.stored_size), batch_size, tta)
 
 
 def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int = 256, tta: int | None = None,
@@ -144,13 +144,13 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
 def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", synthetic: int | None = None,
                  synthetic_test: int | None = None, seed: int = 0, image_size: int = 32,
                  skip_bad_images: bool = False, drop_test_duplicates: bool = False,
-                 cache_dir: str | Path | None = None) -> PreparedData:
+                 cache_dir: str | Path | None = None, crop_fraction: float = 1.0) -> PreparedData:
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""
     from cifar10_dist import sources
 
-    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size,
+    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size, crop_fraction=crop_fraction,
                      skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
                      cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
     return sources.source_of(dataset).implementation().prepare(config, synthetic, synthetic_test, seed)

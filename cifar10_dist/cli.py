@@ -185,12 +185,12 @@ def _parse_targets(targets: Any) -> list[float]:
 def prepare_data(
     data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0,
     dataset: str = "cifar10", image_size: int = 32, skip_bad_images: bool = False,
-    drop_test_duplicates: bool = False, cache_dir: str | None = None,
+    drop_test_duplicates: bool = False, cache_dir: str | None = None, crop_fraction: float = 1.0,
 ) -> None:
     """Download and verify CIFAR-10 (or CIFAR-100), write a synthetic dataset in the same format, or build and
     check an image folder's cache (dataset=folder) and print its card."""
     prepared = api.prepare_data(str(data_path), str(dataset), synthetic, synthetic_test, int(seed), int(image_size),
-                                bool(skip_bad_images), bool(drop_test_duplicates), cache_dir)
+                                bool(skip_bad_images), bool(drop_test_duplicates), cache_dir, float(crop_fraction))
     if prepared.card is not None:
         print(prepared.card)
         return

@@ -99,7 +99,7 @@ Needs: pip install 'cifar10-dist[tune]'
 PREPARE_HELP = """\
 Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100|folder] [--data_path=DIR] [--synthetic=N]
                                  [--synthetic_test=M] [--seed=S] [--image_size=32] [--skip_bad_images]
-                                 [--drop_test_duplicates] [--cache_dir=DIR] [--debug]
+                                 [--drop_test_duplicates] [--cache_dir=DIR] [--crop_fraction=1.0] [--debug]
 
 Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python), or write
 a synthetic dataset in the same on-disk format; with --dataset=folder, decode an image folder
@@ -111,7 +111,8 @@ counts per split, image sizes, normalisation, duplicates across splits, unreadab
   --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
   --synthetic_test=None      synthetic test images (default: N // 5)
   --seed=0                   seed of the synthetic images
-  --image_size=32            folder: the size images are stored and trained at
+  --image_size=32            folder: the size images are trained at (stored at image_size / crop_fraction)
+  --crop_fraction=1.0        folder: as the runs that will read the cache give it (e.g. 0.875)
   --skip_bad_images          folder: leave out unreadable files (else refused, naming them)
   --drop_test_duplicates     folder: remove test/val images that are copies of training images
   --cache_dir=None           folder: where the cache goes (default DIR/.cifar10_dist_cache)

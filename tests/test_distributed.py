@@ -46,11 +46,12 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     _, output = spawned_run
     (run_dir,) = output.iterdir()
     checkpoint = run_dir / "training_checkpoint_36.pt"
-    launches = {1: [], 2: ["--backend=gloo", "--nproc_per_node=2"], 3: ["--backend=gloo", "--nproc_per_node=3"]}
+    launches = {1: ["--num_workers=0"], 2: ["--backend=gloo", "--nproc_per_node=2", "--num_workers=2"],  # DataLoader
+                3: ["--backend=gloo", "--nproc_per_node=3", "--num_workers=0"]}                   # workers: 1 each
     results = {}
     for world_size, launch in launches.items():
         result = run_in_process("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
-                                "--num_workers=0", "--batch_size=64", *launch)
+                                "--batch_size=64", *launch)
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["num_samples"] for r in results.values()] == [1001, 1001, 1001]

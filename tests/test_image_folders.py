@@ -149,23 +149,26 @@ def test_without_a_test_folder_a_stable_tenth_of_train_is_the_test_set(tmp_path)
 
 def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalisation(image_folder, tmp_path):
     result = run_in_process("run", *FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}",
-                            "--run_name=run", "--image_size=40", "--num_epochs=2")
+                            "--run_name=run", "--image_size=40", "--num_epochs=2", "--crop_fraction=0.8")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["data_checks"]["duplicates_across_splits"] == 0 and summary["final"]["test"]["num_samples"] == 24
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["dataset"]["info"]["classes"] == ["cat", "dog", "eel"]
-    assert provenance["dataset"]["info"]["image_size"] == 40
+    info = provenance["dataset"]["info"]  # stored at 40 / 0.8, seen through the central 80% (40 px)
+    assert (info["image_size"], info["stored_size"], info["crop_fraction"]) == (40, 50, 0.8)
     checkpoint = sorted(run_dir.glob("training_checkpoint_*.pt"))[-1]
-    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(image_folder / "test" / "eel"),
+    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(image_folder / "test"),
                                "--top_k=3", "--json")
     rows = [json.loads(line) for line in predicted.stdout.splitlines()]
-    assert len(rows) == 8 and {entry["class"] for row in rows for entry in row["top_k"]} == {"cat", "dog", "eel"}
+    assert len(rows) == 24 and {entry["class"] for row in rows for entry in row["top_k"]} == {"cat", "dog", "eel"}
     evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0")
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert metrics["classes"] == ["cat", "dog", "eel"]
     assert metrics["accuracy"] == pytest.approx(summary["final"]["test"]["accuracy"])
+    right = sum(row["top_k"][0]["class"] == Path(row["path"]).parent.name for row in rows)
+    assert right / 24 == pytest.approx(metrics["accuracy"])  # predict sees the images as evaluate does
     exported = api.export(checkpoint, "onnx")
     sidecar = json.loads(Path(exported.sidecar).read_text())
     assert sidecar["classes"] == ["cat", "dog", "eel"] and sidecar["input"]["shape"] == ["N", 3, 40, 40]
@@ -192,7 +195,9 @@ def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
 
 @pytest.mark.slow
 def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2_3(image_folder, tmp_path):
-    common = [*FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}", "--data_on_device=True"]
+    """With random-resized crops from images stored at 32 and evaluation on their central 28 pixels."""
+    common = [*FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}", "--data_on_device=True",
+              "--image_size=28", "--crop_fraction=0.875", "--random_resized_crop=0.35"]
     whole = run_in_process("run", *common, "--run_name=whole", "--checkpoint_every=10")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_10.pt"  # iteration 10 of 18: inside epoch 2

@@ -139,6 +139,13 @@ class Config:
     # augmentation
     crop_padding: int = option(4, "pixels of padding before the random 32x32 crop (0: no crop)",
                                bounds=Bounds(0, 16, reads="in 0..16 pixels"))
+    random_resized_crop: float = option(0.0, "train on random-resized crops: the smallest area fraction of a crop "
+                                        "(e.g. 0.35, or torchvision's 0.08), aspect ratio 3/4..4/3, resized to "
+                                        "image_size on the device; replaces the padded crop (0: off)",
+                                        bounds=Bounds(0, 1, high_open=True, note=" (0: off)"))
+    crop_fraction: float = option(1.0, "evaluation, predict and export see the central crop_fraction of each image "
+                                  "resized to image_size (e.g. 0.875, torchvision's 224 of 256); a folder is stored "
+                                  "at image_size / crop_fraction", bounds=Bounds(0.5, 1, reads="in [0.5, 1]"))
     crop_pad_mode: Literal["zeros", "reflect"] = option("zeros", "padding for the crop: zeros or reflect",
                                                         choices_read="zeros or reflect")
     flip: Literal["random", "alternating", "none"] = option("random", "horizontal flip: random (per image), "

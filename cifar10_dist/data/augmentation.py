@@ -1,4 +1,5 @@
-"""Batch transforms on the training device: pad, random crop and flip of a uint8 batch from a seeded generator,
+"""Batch transforms on the training device: pad, random crop and flip of a uint8 batch from a seeded generator
+(or random-resized crops at any resolution), the evaluation view (a central crop resized),
 normalisation with the dataset's channel statistics, and torchvision.transforms.v2's policies (TrivialAugment,
 RandAugment, AutoAugment per image), RandomErasing and MixUp/CutMix, which draw from torch's default generator
 (reseeded per iteration by ``batches``: resume stays exact)."""
@@ -6,6 +7,7 @@ RandAugment, AutoAugment per image), RandomErasing and MixUp/CutMix, which draw 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import torch
@@ -44,6 +46,59 @@ def augment(
     batch_index = torch.arange(count, device=images.device)[:, None, None, None]
     channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
     return padded[batch_index, channel_index, rows, columns]
+
+
+RATIO = (3 / 4, 4 / 3)  # random-resized crops' aspect ratios, as torchvision's RandomResizedCrop
+ATTEMPTS = 10  # draws per image before falling back to the whole image, as torchvision's
+
+
+def random_resized_boxes(count: int, size: int, scale_min: float, generator: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomResizedCrop parameters for ``count`` square images of side ``size``, drawn at once:
+    (top, left, height, width) per image, int64 on the CPU. The area is a uniform fraction in [scale_min, 1] of the
+    image, the aspect ratio log-uniform in RATIO; the first of ATTEMPTS draws that fits is taken, else the whole
+    image. A fixed number of draws per image, so the generator's state after a batch does not depend on them."""
+    area = size * size * (scale_min + (1 - scale_min) * torch.rand(count, ATTEMPTS, generator=generator))
+    low, high = math.log(RATIO[0]), math.log(RATIO[1])
+    aspect = torch.exp(low + (high - low) * torch.rand(count, ATTEMPTS, generator=generator))
+    width, height = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
+    fits = (width > 0) & (height > 0) & (width <= size) & (height <= size)
+    first = fits.long().argmax(dim=1, keepdim=True)
+    found = fits.any(dim=1)
+    width = torch.where(found, width.gather(1, first)[:, 0], size)
+    height = torch.where(found, height.gather(1, first)[:, 0], size)
+    top = (torch.rand(count, generator=generator) * (size - height + 1)).long()
+    left = (torch.rand(count, generator=generator) * (size - width + 1)).long()
+    return torch.stack([top, left, height, width], dim=1)
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """Each uint8 image's box (top, left, height, width) resized to size x size, bilinear with area averaging when
+    shrinking (torchvision.ops.roi_align: one call for the batch, on its device), as uint8."""
+    from torchvision.ops import roi_align
+
+    boxes = boxes.to(images.device, torch.float32)
+    regions = torch.cat([torch.arange(len(images), device=images.device, dtype=torch.float32)[:, None],
+                         boxes[:, 1:2], boxes[:, 0:1], boxes[:, 1:2] + boxes[:, 3:4], boxes[:, 0:1] + boxes[:, 2:3]],
+                        dim=1)
+    crops = roi_align(images.float(), regions, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    return crops.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def eval_view(images: torch.Tensor, image_size: int, crop_fraction: float = 1.0) -> torch.Tensor:
+    """What evaluation, predict and export see of uint8 square images of any side T: the central crop of side
+    round(T x crop_fraction), resized (bilinear, antialiased) to image_size when it differs; the images unchanged
+    when they already are image_size and crop_fraction is 1."""
+    stored = images.shape[-1]
+    side = round(stored * crop_fraction)
+    if side == stored == image_size:
+        return images
+    start = (stored - side) // 2
+    crop = images[..., start:start + side, start:start + side]
+    if side == image_size:
+        return crop.contiguous()
+    resized = torch.nn.functional.interpolate(crop.float(), size=(image_size, image_size), mode="bilinear",
+                                              antialias=True, align_corners=False)
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:

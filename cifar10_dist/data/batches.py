@@ -57,11 +57,23 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
             return config.flip
         return "all" if ((iteration - 1) // iterations_per_epoch) % 2 else "none"
 
+    def crop(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """A random-resized crop of each image, or the evaluation view when the images are stored larger."""
+        if config.random_resized_crop:
+            boxes = augmentation.random_resized_boxes(len(images), images.shape[-1], config.random_resized_crop,
+                                                      generator)
+            return augmentation.resized_crops(images, boxes, info.image_size)
+        if images.shape[-1] != info.image_size:
+            return augmentation.eval_view(images, info.image_size, info.crop_fraction)
+        return images
+
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
-        images = augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(iteration))
+        images = crop(images, generator)
+        padding = 0 if config.random_resized_crop else config.crop_padding
+        images = augmentation.augment(images, generator, padding, config.crop_pad_mode, flip_mode(iteration))
         if image_policy is not None:
             images = augmentation.per_image(image_policy, images)
         inputs = augmentation.normalize(images, info.mean, info.std)
@@ -80,8 +92,8 @@ def eval_batch_preparer(device: torch.device, channels_last: bool, info: Dataset
 
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
-        inputs = augmentation.normalize(images.to(device, non_blocking=True), info.mean, info.std
-                                        ).contiguous(memory_format=layout)
+        view = augmentation.eval_view(images.to(device, non_blocking=True), info.image_size, info.crop_fraction)
+        inputs = augmentation.normalize(view, info.mean, info.std).contiguous(memory_format=layout)
         return inputs, labels.to(device, non_blocking=True)
 
     return prepare

@@ -4,6 +4,7 @@ its card (``prepare-data``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,12 @@ def card(loaded: FolderData, root: Path) -> str:
 # ---------------------------------------------------------------- the folder source (sources.py)
 
 
+def stored_size(config: Config) -> int:
+    """The side a folder's images are cached at: image_size, or larger by 1 / crop_fraction (evaluation's
+    central crop is then image_size, and random-resized crops have the whole picture to choose from)."""
+    return round(config.image_size / config.crop_fraction)
+
+
 def info(config: Config) -> DatasetInfo:
     """The class folders of train/ (the normalisation is the training images', known once the cache is built)."""
     return DatasetInfo(tuple(folder_cache.scan(Path(config.data_path)).classes), image_size=config.image_size)
@@ -153,13 +160,16 @@ def load(config: Config) -> FolderData:
     """The folder through its cache (local rank 0 builds it, the others wait and read it), its warnings logged
     once."""
     with idist.one_rank_first(local=True):
-        loaded = load_folder(Path(config.data_path), config.image_size, config.skip_bad_images,
+        loaded = load_folder(Path(config.data_path), stored_size(config), config.skip_bad_images,
                              config.drop_test_duplicates, Path(config.cache_dir) if config.cache_dir else None)
+    loaded.info = dataclasses.replace(loaded.info, image_size=config.image_size)
     sizes = ", ".join(f"{name} {len(images)}" for name, images in (("train", loaded.train), ("val", loaded.val),
                                                                   ("test", loaded.test)) if images is not None)
-    ranks.on_rank_zero(logger.info, "image folder %s: %d classes, %s images at %dx%d (cache %s, %s)",
-                       config.data_path, len(loaded.info.classes), sizes, config.image_size, config.image_size,
-                       loaded.cache, "built now" if loaded.built else "reused")
+    stored = stored_size(config)
+    ranks.on_rank_zero(logger.info, "image folder %s: %d classes, %s images stored at %dx%d (cache %s, %s)%s",
+                       config.data_path, len(loaded.info.classes), sizes, stored, stored, loaded.cache,
+                       "built now" if loaded.built else "reused",
+                       f", seen at {config.image_size}x{config.image_size}" if stored != config.image_size else "")
     for warning in loaded.warnings:
         ranks.on_rank_zero(logger.warning, "%s", warning)
     return loaded
@@ -178,7 +188,8 @@ def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, 
     except UserError:
         return None
     files = [root / path for path, _ in found.files["test" if found.files.get("test") else "train"][:limit]]
-    images = [folder_cache.read_fitted(path, int(values.get("image_size", 32))) for path in files]
+    stored = round(int(values.get("image_size", 32)) / float(values.get("crop_fraction", 1.0)))
+    images = [folder_cache.read_fitted(path, stored) for path in files]
     images = [torch.from_numpy(image).permute(2, 0, 1) for image in images if image is not None]
     return (torch.stack(images), f"{len(images)} images of {root}") if images else None
 
@@ -186,7 +197,7 @@ def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, 
 def prepare(config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
             ) -> PreparedData:
     """Build (or reuse) and check the folder's cache, and describe it in a card."""
-    loaded = load_folder(Path(config.data_path), config.image_size, config.skip_bad_images,
+    loaded = load_folder(Path(config.data_path), stored_size(config), config.skip_bad_images,
                          config.drop_test_duplicates, Path(config.cache_dir) if config.cache_dir else None)
     return PreparedData(str(loaded.cache), len(loaded.train), len(loaded.test), synthetic=False,
                         card=card(loaded, Path(config.data_path)))

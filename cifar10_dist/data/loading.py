@@ -103,7 +103,10 @@ def _rounded(values: tuple[float, ...]) -> str:
 def load_datasets(config: Config) -> LoadedData:
     """The images of the run's dataset source (``sources``): downloaded, or a folder's cache built, by one process
     per node first where that is needed."""
-    return sources.source_of(config.dataset).implementation().load(config)
+    loaded = sources.source_of(config.dataset).implementation().load(config)
+    loaded.info = dataclasses.replace(loaded.info, crop_fraction=config.crop_fraction,
+                                      stored=int(loaded.train.images.shape[-1]))  # what evaluation's view is cut from
+    return loaded
 
 
 def describe_run(config: Config, loaded: LoadedData, device: torch.device, precision: Precision

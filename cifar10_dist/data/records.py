@@ -30,15 +30,23 @@ class DatasetInfo:
     classes: tuple[str, ...]
     mean: tuple[float, ...] = MEAN
     std: tuple[float, ...] = STD
-    image_size: int = IMAGE_SIZE
+    image_size: int = IMAGE_SIZE  # what the model takes
+    crop_fraction: float = 1.0  # evaluation: the central crop_fraction of a stored image, resized to image_size
+    stored: int | None = None  # the side images are stored (and read for predict) at; None: image_size
+
+    @property
+    def stored_size(self) -> int:
+        return self.image_size if self.stored is None else self.stored
 
     def to_dict(self) -> dict[str, Any]:
         return {"classes": list(self.classes), "mean": list(self.mean), "std": list(self.std),
-                "image_size": self.image_size}
+                "image_size": self.image_size, "crop_fraction": self.crop_fraction, "stored_size": self.stored_size}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DatasetInfo:
-        return cls(tuple(values["classes"]), tuple(values["mean"]), tuple(values["std"]), int(values["image_size"]))
+        """Read back from provenance (older records lack crop_fraction and stored_size: 1 and image_size)."""
+        return cls(tuple(values["classes"]), tuple(values["mean"]), tuple(values["std"]), int(values["image_size"]),
+                   float(values.get("crop_fraction", 1.0)), values.get("stored_size"))
 
 
 @dataclass

@@ -100,9 +100,10 @@ def check_images(config: dict[str, Any], info: DatasetInfo) -> tuple[torch.Tenso
     found = source.implementation().sample_images(config, CHECK_IMAGES) if source is not None else None
     images, described = found if found is not None else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images,
                                                          f"{CHECK_IMAGES} synthetic images")
-    if info.image_size != images.shape[-1]:
-        images = torch.nn.functional.interpolate(images.float(), size=info.image_size).to(torch.uint8)
-    return augmentation.normalize(images, info.mean, info.std), described
+    if images.shape[-1] not in (info.image_size, info.stored_size):  # synthetic check images: 32 px
+        images = torch.nn.functional.interpolate(images.float(), size=info.stored_size).to(torch.uint8)
+    view = augmentation.eval_view(images, info.image_size, info.crop_fraction)
+    return augmentation.normalize(view, info.mean, info.std), described
 
 
 def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:

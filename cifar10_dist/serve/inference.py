@@ -62,13 +62,16 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
 @torch.no_grad()
 def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int = 256,
                   tta: int | None = None) -> torch.Tensor:
-    """Class probabilities (N, classes) on the CPU of uint8 images (N, 3, 32, 32), in batches."""
+    """Class probabilities (N, classes) on the CPU of uint8 images (N, 3, S, S) as the model's images were stored
+    (the evaluation view is cut from them), in batches."""
     views = trained.tta if tta is None else check_tta(tta)
     if batch_size < 1:
         raise UserError(f"batch_size={batch_size} must be at least 1")
     chunks = []
     for start in range(0, len(images), batch_size):
-        batch = augmentation.normalize(images[start:start + batch_size].to(trained.device), trained.info.mean,
+        view = augmentation.eval_view(images[start:start + batch_size].to(trained.device), trained.info.image_size,
+                                      trained.info.crop_fraction)
+        batch = augmentation.normalize(view, trained.info.mean,
                                        trained.info.std)
         chunks.append(torch.softmax(tta_logits(trained.model, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
@@ -183,11 +186,11 @@ def classify_files(trained: TrainedModel, paths: Iterable[str | Path], batch_siz
 
     def batches() -> Iterator[ClassifiedBatch]:
         for start in range(0, len(found.files), batch_size):
-            read = read_images(found.files[start:start + batch_size], trained.info.image_size)
+            read = read_images(found.files[start:start + batch_size], trained.info.stored_size)
             yield ClassifiedBatch(read.paths, probabilities(trained, read.images, batch_size, tta), read.failures,
                                   read.resized)
 
-    return FilePredictions(trained.classes, trained.info.image_size, list(found.failures), batches())
+    return FilePredictions(trained.classes, trained.info.stored_size, list(found.failures), batches())
 
 
 def as_uint8_batch(images: Any, size: int = IMAGE_SIZE) -> torch.Tensor:

@@ -52,6 +52,13 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return (signal.SIGINT, *(signal.Signals[name] for name in preemption_signals()))
 
 
+def accept_stop_signals() -> None:
+    """In a spawned worker that stops at no checkpoint (evaluation): the stop signals its launcher kept blocked
+    while starting it take their usual effect from now on, in it and in the DataLoader workers it starts (else a
+    SIGTERM at exit would wait forever)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals())
+
+
 class StopRequest:
     """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to other processes (spawned
     workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""

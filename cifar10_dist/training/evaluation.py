@@ -15,7 +15,7 @@ from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, provenance, tracking
 from cifar10_dist.results import EvaluationResult
-from cifar10_dist.system import ranks
+from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import checkpointing, process_setup
 from cifar10_dist.training.evaluators import create_evaluator, per_class_f1
@@ -30,6 +30,7 @@ class EvaluationWorker:
         self.checkpoint, self.raw_weights = checkpoint, raw_weights
 
     def __call__(self, config: Config) -> dict[str, Any]:
+        stopping.accept_stop_signals()
         with tracking.package_logging():
             device = idist.device()
             loaded = loading.load_datasets(config)

@@ -102,7 +102,9 @@ def setup_model(config: Config, data_setup: loading.DataSetup) -> Network:
     if data_setup.pretrained is not None and not checkpointing.resuming_from_a_checkpoint(config):
         pretrained.load(model, data_setup.pretrained, info.classes)  # (a resume loads its checkpoint's weights)
     elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
-        model.init_whitening(augmentation.normalize(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.mean,
+        first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
+                                       info.crop_fraction)
+        model.init_whitening(augmentation.normalize(first, info.mean,
                                                     info.std))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
     if config.sync_bn and idist.get_world_size() > 1:
