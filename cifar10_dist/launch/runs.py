@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cifar10_dist.config import Config, load_config
+from cifar10_dist.launch import start_method
 from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult
 
 # keys that evaluate takes from the checkpoint's recorded config unless given
@@ -35,6 +36,7 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
     launch other than rank 0 (rank 0 reports).
     """
     resolved = resolve(config, **overrides)
+    start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.training import worker
 
@@ -99,6 +101,7 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     from cifar10_dist.training import evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
+    start_method.start_early(resolved)
     preflight.check_before_launch(resolved)
     reported = spawn.run(evaluation.EvaluationWorker(str(checkpoint), raw_weights), resolved)
     return EvaluationResult.from_dict(reported) if reported else None

@@ -10,10 +10,8 @@ it (signal handlers, torch threads and deterministic flags, logging).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import socket
@@ -31,12 +29,13 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from cifar10_dist.config import Config
 from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost, resume_hint
 from cifar10_dist.launch import preflight, xla_compat
+from cifar10_dist.launch import start_method as start_methods
 from cifar10_dist.outputs import tracking
 from cifar10_dist.system import cpu, ranks, stopping
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_FILE = "result.json"
-NATIVE_BACKENDS = ("gloo", "nccl")
+NATIVE_BACKENDS = start_methods.NATIVE_BACKENDS
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
@@ -169,7 +168,7 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     stop); a second Ctrl-C ends them at once.
     """
     environment = {**os.environ, **_spawn_environment(config)}  # the whole environment: a forkserver's is older
-    start_method = _start_method()
+    start_method = start_methods.start_method()
     if start_method != "fork":
         preflight.require_main_guard(config.nproc_per_node)
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
@@ -197,25 +196,6 @@ def _supervise_with_signals(context: Any, config: Config, exchange: Path) -> Non
 
     with stopping.StopRequest(forward_to=context.pids, on_second_interrupt=end_at_once):
         _supervise(context, config, exchange)
-
-
-# what rank 0 imports at every run (TensorBoard's writer; matplotlib for curves.png and mistakes.png): 0.5 s a
-# launch saved; the forkserver leaves out a module that is not installed
-PRELOADED_FOR_RANK_ZERO = ("torch.utils.tensorboard", "matplotlib.figure", "matplotlib.backends.backend_agg")
-
-
-def _start_method() -> str:
-    """fork in a notebook (its functions stay reachable); elsewhere a forkserver that imported torch and this
-    package once, so each worker starts in a fraction of a second instead of importing them again (what spawn
-    does, and where there is no forkserver, e.g. on Windows). Workers forked from the server take this process's
-    environment, folder and import path from their arguments (``_spawned_entry``), as spawned ones would."""
-    if "__IPYTHON__" in builtins.__dict__:
-        return "fork"
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
-    multiprocessing.set_forkserver_preload(["cifar10_dist.training.worker",  # with torch and Ignite
-                                            *PRELOADED_FOR_RANK_ZERO])
-    return "forkserver"
 
 
 def _spawn_environment(config: Config) -> dict[str, str]:

@@ -149,9 +149,11 @@ def seen_images(folder, steps):
 
 
 def run_seen(tmp_path, name, processes, *extra):
+    """A run of the Seen model: in this process, but for the one whose rank 0 log the test reads (a new process)."""
     folder = tmp_path / f"seen-{name}"
     folder.mkdir()
-    return folder, run_cli("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
+    launch = run_cli if name == "two-to-three" else run_in_process
+    return folder, launch("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
                            f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen",
                            f'--model_kwargs={{"folder": "{folder}"}}', *extra)
 

@@ -96,7 +96,7 @@ def test_a_killed_spawned_worker_stops_the_others_promptly_with_a_message(small_
 def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_dataset, tmp_path):
     """A worker that stops answering (SIGSTOP: alive, silent) - the survivor gives up after dist_timeout, the
     launcher names the silent rank and ends every process, exit 4; the newest checkpoint stays loadable."""
-    timeout = 5
+    timeout = 3
     job, stderr, ended_after, workers = signal_a_spawned_worker(small_dataset, tmp_path, timeout, signal.SIGSTOP)
     assert job.returncode == 4, stderr[-3000:]
     assert timeout <= ended_after < timeout + 8, (ended_after, stderr[-1500:])
