@@ -61,6 +61,13 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["cifar10-dist", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
+def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
+    """What a run in this process printed, then rank 0's log from the run folder (run.log): the logs of spawned
+    workers reach the real stderr, not ``run_in_process``'s capture."""
+    log = run_dir / "run.log"
+    return result.stderr + (log.read_text() if log.is_file() else "")
+
+
 def run_torchrun(nproc: int, *args: str, cwd: Path | None = None, timeout: float = 300):
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--standalone", "-m", "cifar10_dist", *args]

@@ -172,6 +172,8 @@ def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalis
     exported = api.export(checkpoint, "onnx")
     sidecar = json.loads(Path(exported.sidecar).read_text())
     assert sidecar["classes"] == ["cat", "dog", "eel"] and sidecar["input"]["shape"] == ["N", 3, 40, 40]
+    assert sidecar["input"]["resize"] == ("shorter side to 50 (bilinear), then the centre 50x50, then its centre "
+                                          "40x40 (crop_fraction 0.8)")
     assert sidecar["mean"] == provenance["dataset"]["info"]["mean"] != [0.4914, 0.4822, 0.4465]
     assert exported.same_top1 == exported.num_images and "images of" in exported.images
 

@@ -13,7 +13,7 @@ import torch
 
 from cifar10_dist.data import loaders
 from cifar10_dist.data.records import ImageSet
-from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
+from tests.conftest import REPO, TINY, assert_same_training_state, run_in_process, run_log
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]
 LAUNCHES = {1: [], 3: ["--backend=gloo", "--nproc_per_node=3"]}
@@ -26,8 +26,7 @@ def held_out_runs(small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("held-out")
     results = {}
     for world_size, launch in LAUNCHES.items():
-        runner = run_in_process if world_size == 1 else run_cli  # the tests read rank 0's log of both
-        result = runner("run", *TINY, *HELD_OUT, *launch, f"--data_path={small_dataset}",
+        result = run_in_process("run", *TINY, *HELD_OUT, *launch, f"--data_path={small_dataset}",
                         f"--output_path={output}", f"--run_name=ws{world_size}")
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = (result, output / f"ws{world_size}")
@@ -45,14 +44,17 @@ def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
 
 def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_runs):
     for world_size, (result, run_dir) in held_out_runs.items():
-        assert len(re.findall(r"epoch \d+ test: accuracy", result.stderr)) == 1, world_size
-        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", result.stderr)) == 2
+        log = run_log(result, run_dir)  # rank 0's log lines, once (in-process: stderr; spawned: run.log)
+        if world_size == 1:
+            log = result.stderr
+        assert len(re.findall(r"epoch \d+ test: accuracy", log)) == 1, world_size
+        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", log)) == 2
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 1001
         best = metrics["test"]["model"]
         assert re.fullmatch(r"best_model_\d_val_accuracy=[0-9.]+\.pt", best) and (run_dir / best).is_file()
         assert f"final test: accuracy {metrics['test']['accuracy']:.4f}" in result.stdout
-        assert best in result.stderr  # "test set, used once: best_model_..."
+        assert best in log  # "test set, used once: best_model_..."
 
 
 def test_no_held_out_image_is_ever_in_a_training_batch():

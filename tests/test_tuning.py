@@ -24,7 +24,7 @@ from cifar10_dist import api
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import TuneResult
-from tests.conftest import REPO, TINY, cli_env, run_cli, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import REPO, TINY, cli_env, run_in_process, start_cli, stop_all, wait_for_file
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed")
 
@@ -158,7 +158,7 @@ def test_pruning_is_agreed_by_spawned_gloo_workers_reaching_a_journal_study(smal
                      "--pruner_startup_trials=1", "--final_test=False", f"--storage=journal:{journal}")
     first = run_in_process(*args)
     assert first.returncode == 0, first.stderr[-3000:]
-    result = run_cli(*args, "--backend=gloo", "--nproc_per_node=2")
+    result = run_in_process(*args, "--backend=gloo", "--nproc_per_node=2")
     assert result.returncode == 0, result.stderr[-3000:]
     study = load_study(tmp_path, "p", optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(journal))))

@@ -74,6 +74,16 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
     return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
 
 
+def resize_rule(info: DatasetInfo) -> str:
+    """How an image becomes the model's input square, in words (with crop_fraction, the central part of it)."""
+    if info.crop_fraction == 1 and info.stored_size == info.image_size:
+        return "shorter side to the size (bilinear), then the centre square"
+    side = round(info.stored_size * info.crop_fraction)
+    return (f"shorter side to {info.stored_size} (bilinear), then the centre {info.stored_size}x{info.stored_size}, "
+            f"then its centre {side}x{side} (crop_fraction {info.crop_fraction:g})"
+            + (f" resized to {info.image_size}x{info.image_size}" if side != info.image_size else ""))
+
+
 def describe(trained: inference.TrainedModel) -> dict[str, Any]:
     """What a user of the exported model needs: input layout and normalisation, class names, where it came from."""
     return {
@@ -83,7 +93,7 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
         "input": {"shape": ["N", 3, trained.info.image_size, trained.info.image_size], "dtype": "float32",
                   "layout": "RGB, channels first",
                   "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255",
-                  "resize": "shorter side to the size (bilinear), then the centre square"},
+                  "resize": resize_rule(trained.info)},
         "mean": list(trained.info.mean),
         "std": list(trained.info.std),
         "output": "logits (N, classes); softmax gives probabilities",

@@ -51,7 +51,8 @@ def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
     second_interrupt = process_setup.second_interrupt_ends_at_once()
-    with tracking.package_logging(), stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
+    with tracking.package_logging(), tracking.RunLog() as run_log, \
+            stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
         data_setup = loading.setup_data(config, device, precision)
@@ -63,6 +64,7 @@ def training(config: Config) -> dict[str, Any]:
                                         resuming=resuming, overwrite=config.overwrite) as run_dir, \
                 ClearML(config.to_dict(), run_dir) as clearml, \
                 MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
+            run_log.write_to(run_dir)
             run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
             to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
             with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set, data_setup) as recorder:

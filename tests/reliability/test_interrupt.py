@@ -23,6 +23,7 @@ from tests.conftest import (
     assert_same_training_state,
     run_cli,
     run_in_process,
+    run_log,
     start_cli,
     stop_all,
     wait_for_file,
@@ -64,10 +65,10 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert gone(workers)
 
-    again = run_cli("run", *RUN, *SPAWN, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                    "--run_name=job", "--resume_from=auto")
+    again = run_in_process("run", *RUN, *SPAWN, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                           "--run_name=job", "--resume_from=auto")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"continuing from {match.group(3)}" in again.stderr
+    assert f"continuing from {match.group(3)}" in run_log(again, tmp_path / "job")
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
 
