@@ -81,48 +81,6 @@ def package_logging() -> Iterator[None]:
         logger.propagate = propagate
 
 
-class QuietFileHandler(logging.FileHandler):
-    """A log file that never prints a traceback when it cannot be written (a full disk is reported by the run's
-    own writes, in one line)."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        pass
-
-
-class RunLog:
-    """Rank 0's log lines also kept in the run folder, ``run.log`` (a resumed run appends): held in memory from
-    the start until the run folder is known, then written there line by line. A no-op on the other ranks."""
-
-    def __init__(self) -> None:
-        self.buffer: logging.handlers.MemoryHandler | None = None
-
-    def __enter__(self) -> RunLog:
-        import logging.handlers
-
-        if idist.get_rank() == 0:
-            self.buffer = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1,
-                                                         flushOnClose=False)
-            logger.addHandler(self.buffer)
-        return self
-
-    def write_to(self, run_dir: Path) -> None:
-        if self.buffer is not None:
-            target = QuietFileHandler(run_dir / "run.log", mode="a", encoding="utf-8", delay=True)
-            target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-            self.buffer.setTarget(target)
-            self.buffer.flushLevel = logging.DEBUG  # from now on every line at once
-            self.buffer.flush()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self.buffer is not None:
-            self.buffer.flush()
-            logger.removeHandler(self.buffer)
-            if self.buffer.target is not None:
-                self.buffer.target.close()
-            self.buffer.close()
-            self.buffer = None
-
-
 def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
     """Versions, device, distributed setting and the resolved config."""
     logger.info(

@@ -29,6 +29,7 @@ from cifar10_dist.outputs import checkpoint_files, files, mistake_grid, reading,
 from cifar10_dist.outputs.clearml_tracking import ClearML
 from cifar10_dist.outputs.mistake_grid import Mistake
 from cifar10_dist.outputs.mlflow_tracking import MLflow
+from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -51,7 +52,7 @@ def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
     second_interrupt = process_setup.second_interrupt_ends_at_once()
-    with tracking.package_logging(), tracking.RunLog() as run_log, \
+    with tracking.package_logging(), RunLog() as run_log, \
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
