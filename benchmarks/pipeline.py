@@ -6,9 +6,10 @@ photo folder holds; made here, once, under --work). Both pipelines run in this o
 (torch.set_num_threads(1), DataLoader without workers), so each figure is what one core delivers; a DataLoader
 spreads the same work over its workers. torchvision: ImageFolder -> RandomResizedCrop(224) (PIL, bilinear) ->
 RandomHorizontalFlip -> ToTensor -> Normalize, batches of 64. Ours: the folder's cache (decoded once at 256 px,
-224 / 0.875, built in parallel and timed separately) read on demand per batch of 64 (``MappedImages``),
-random-resized crops resized to 224 (``augmentation.resized_crops``), flip and normalisation, as a run's
-training batches are prepared. Several rounds; the median is reported. Last run: docs/your-data.md (CPU named
+224 / 0.875, built in parallel and timed separately) read on demand per batch of 64 (``MappedImages``); then,
+where a run does them on the training device, random-resized crops to 224 (``augmentation.resized_crops``) and
+flips on uint8, and normalisation: three rows, for the work left on the CPU when the device is a GPU (the reads),
+when the crops are made on this CPU, and for CPU training (all of it). Several rounds; the median is reported. Last run: docs/your-data.md (CPU named
 there, JSON in docs/measurements/pipeline_cpu.json).
 
     python -m benchmarks.pipeline --work=DIR [--archive=../shared/data/cifar10-jpg.tar.xz] [--images=2000]
@@ -73,8 +74,11 @@ def torchvision_epoch(folder: Path) -> Callable[[], int]:
     return epoch
 
 
-def our_epoch(folder: Path) -> tuple[Callable[[], int], float]:
-    """One pass of our training batches over the folder's train split, and the cache's build seconds."""
+def our_epoch(folder: Path, stage: str) -> tuple[Callable[[], int], float]:
+    """One pass of our training batches over the folder's train split, up to ``stage``: "reads" (the batch
+    gathered from the cache: what the CPU does when the crops run on the GPU), "crops" (and random-resized crops
+    and flips on this CPU, uint8: normalisation then happens on the training device) or "normalised" (and
+    normalised here too: CPU training); and the cache's build seconds."""
     from cifar10_dist.data import augmentation, folder_source, loaders
 
     started = time.perf_counter()
@@ -87,9 +91,12 @@ def our_epoch(folder: Path) -> tuple[Callable[[], int], float]:
     def epoch() -> int:
         count = 0
         for images, _ in train:
-            boxes = augmentation.random_resized_boxes(len(images), STORED, SCALE, generator)
-            crops = augmentation.augment(augmentation.resized_crops(images, boxes, SIZE), generator, 0)
-            count += len(augmentation.normalize(crops, loaded.info.mean, loaded.info.std))
+            if stage != "reads":
+                boxes = augmentation.random_resized_boxes(len(images), STORED, SCALE, generator)
+                images = augmentation.augment(augmentation.resized_crops(images, boxes, SIZE), generator, 0)
+            if stage == "normalised":
+                images = augmentation.normalize(images, loaded.info.mean, loaded.info.std)
+            count += len(images)
         return count
 
     return epoch, build
@@ -108,21 +115,26 @@ def main() -> None:
     print(f"{machine}, torch {torch.__version__}; one thread", flush=True)
     work = Path(args.work)
     folder = photo_folder(extract(Path(args.archive), work), work / f"photos-{args.images}", args.images)
-    ours, build = our_epoch(folder)
+    build = our_epoch(folder, "reads")[1]
     print(f"cache of {args.images} images at {STORED} px: {build:.1f} s to build (all cores, once)", flush=True)
+    pipelines = {"torchvision ImageFolder + PIL (normalised)": torchvision_epoch(folder),
+                 "ours: reads (crops on the GPU)": our_epoch(folder, "reads")[0],
+                 "ours: reads + crops + flips (uint8)": our_epoch(folder, "crops")[0],
+                 "ours: ... + normalised (CPU training)": our_epoch(folder, "normalised")[0]}
     results: dict[str, Any] = {}
-    for name, epoch in (("torchvision ImageFolder + PIL", torchvision_epoch(folder)), ("ours (cache on demand)", ours)):
+    for name, epoch in pipelines.items():
         median, speeds = images_per_second(epoch, args.rounds)
         results[name] = {"images_per_second_per_core": median, "rounds": speeds}
-        print(f"{name:<32} {median:8.1f} images/s on one core  (rounds: "
+        print(f"{name:<44} {median:8.1f} images/s on one core  (rounds: "
               f"{', '.join(f'{speed:.1f}' for speed in speeds)})", flush=True)
-    ratio = results["ours (cache on demand)"]["images_per_second_per_core"] / \
-        results["torchvision ImageFolder + PIL"]["images_per_second_per_core"]
-    print(f"ours / torchvision: {ratio:.2f}x per core")
+    base = results["torchvision ImageFolder + PIL (normalised)"]["images_per_second_per_core"]
+    ratios = {name: result["images_per_second_per_core"] / base for name, result in results.items()}
+    for name, ratio in list(ratios.items())[1:]:
+        print(f"{name}: {ratio:.2f}x torchvision's per core")
     records.write(Path(args.json_path), {
         "machine": machine, "hardware": records.hardware_record(), "commit": records.commit(),
         "torch": str(torch.__version__), "images": args.images, "size": SIZE, "stored": STORED, "scale": SCALE,
-        "batch": BATCH, "cache_build_seconds": build, "results": results, "ratio": ratio})
+        "batch": BATCH, "cache_build_seconds": build, "results": results, "ratios": ratios})
     print(f"wrote {args.json_path}")
 
 

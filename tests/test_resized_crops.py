@@ -55,9 +55,18 @@ def test_a_crop_is_the_boxes_pixels_resized():
     crops = augmentation.resized_crops(images, box, 10)  # same size: exactly the pixels of the box
     for image, crop, (top, left, height, width) in zip(images, crops, box.tolist()):
         assert torch.equal(crop, image[:, top:top + height, left:left + width])
-    halved = augmentation.resized_crops(images, whole, 10).float()  # shrinking averages 2x2 pixels
-    pooled = torch.nn.functional.avg_pool2d(images.float(), 2)
-    assert (halved - pooled).abs().max() <= 0.5
+    shrunk = augmentation.resized_crops(images, box, 7)  # torchvision's antialiased resize of each box
+    for image, crop, (top, left, height, width) in zip(images, shrunk, box.tolist()):
+        assert torch.equal(crop, F.resize(image[:, top:top + height, left:left + width], [7, 7], antialias=True))
+
+
+def test_a_flip_alone_draws_and_mirrors_as_the_general_crop_and_flip_does():
+    images = torch.randint(0, 256, (9, 3, 6, 6), dtype=torch.uint8)
+    fast = augmentation.augment(images, torch.Generator().manual_seed(4), padding=0)
+    generator = torch.Generator().manual_seed(4)  # the general path, as a padding of 0 took it before
+    torch.randint(0, 1, (2, 9), generator=generator)
+    flips = torch.rand(9, generator=generator) < 0.5
+    assert torch.equal(fast, torch.where(flips[:, None, None, None], images.flip(-1), images)) and flips.any()
 
 
 def test_the_evaluation_view_is_the_central_crop_resized():

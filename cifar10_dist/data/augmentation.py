@@ -32,6 +32,10 @@ def augment(
     if padding == 0 and flip == "none":
         return images  # nothing to draw or move
     count, size = images.shape[0], images.shape[-1]
+    if padding == 0:  # a flip alone, without the gather of a crop: the same draws as below, the same images
+        torch.randint(0, 1, (2, count), generator=generator)
+        flips = torch.rand(count, generator=generator) < 0.5 if flip == "random" else torch.full((count,), flip == "all")
+        return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
     mode = "constant" if pad_mode == "zeros" else "reflect"
     padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
     offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator).to(images.device)
@@ -72,16 +76,12 @@ def random_resized_boxes(count: int, size: int, scale_min: float, generator: tor
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
-    """Each uint8 image's box (top, left, height, width) resized to size x size, bilinear with area averaging when
-    shrinking (torchvision.ops.roi_align: one call for the batch, on its device), as uint8."""
-    from torchvision.ops import roi_align
+    """Each uint8 image's box (top, left, height, width) resized to size x size: torchvision's ``resized_crop``
+    (bilinear, antialiased) per image, on the batch's device; on a CPU its uint8 kernel (SIMD, no float copy)."""
+    from torchvision.transforms.v2 import functional
 
-    boxes = boxes.to(images.device, torch.float32)
-    regions = torch.cat([torch.arange(len(images), device=images.device, dtype=torch.float32)[:, None],
-                         boxes[:, 1:2], boxes[:, 0:1], boxes[:, 1:2] + boxes[:, 3:4], boxes[:, 0:1] + boxes[:, 2:3]],
-                        dim=1)
-    crops = roi_align(images.float(), regions, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-    return crops.round_().clamp_(0, 255).to(torch.uint8)
+    return torch.stack([functional.resized_crop(image, top, left, height, width, [size, size], antialias=True)
+                        for image, (top, left, height, width) in zip(images, boxes.tolist())])
 
 
 def eval_view(images: torch.Tensor, image_size: int, crop_fraction: float = 1.0) -> torch.Tensor:
@@ -105,7 +105,7 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[f
     """uint8 (N, 3, H, W) to float32 normalised with a channel mean and std of 0..1 pixels (CIFAR-10's unless
     given: a folder dataset's come from its training images, ``data.records.DatasetInfo``)."""
     scaled_mean, scaled_std = _normalization(images.device, tuple(mean), tuple(std))
-    return (images.float() - scaled_mean) / scaled_std
+    return images.float().sub_(scaled_mean).div_(scaled_std)  # in place: one float copy, the same numbers
 
 
 @functools.lru_cache(maxsize=8)
