@@ -4,6 +4,7 @@ that share the cache's pages), and the on-demand images behave as the in-memory 
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from PIL import Image
 
 from cifar10_dist import api
 from cifar10_dist.data.records import ImageSet, MappedImages
-from tests.conftest import cli_env
+from tests.conftest import cli_env, run_in_process, run_log
 
 SIZE = 128  # pixels: 48 KiB an image in the cache
 
@@ -113,3 +114,29 @@ def test_on_demand_images_index_slice_subset_flip_and_pickle_like_a_tensor(tmp_p
     carried = pickle.loads(pickle.dumps(flipped))
     assert len(pickle.dumps(flipped)) < 1000  # path, rows and flips, never the pixels of the file
     assert torch.equal(carried[:], flipped[:])
+
+
+def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(tmp_path):
+    """Two simulated nodes, each its own cache_dir (its local disk): the first run there copies the finished
+    cache built beside the data (no decoding) while the node's other process waits, a later run reuses it, and
+    a copy cut short is never read (the next run copies again)."""
+    from cifar10_dist.data import folder_cache, folder_source
+
+    root = noise_folder(tmp_path / "shared", 20, 5)
+    shared = Path(api.prepare_data(root, "folder", image_size=32).folder)
+    for node in ("node-a", "node-b"):
+        result = run_in_process("run", "--dataset=folder", f"--data_path={root}", f"--cache_dir={tmp_path / node}",
+                                "--model=simple_cnn", "--batch_size=10", "--num_workers=0", "--num_epochs=1",
+                                "--num_warmup_epochs=0", "--train_eval_size=0", "--backend=gloo",
+                                "--nproc_per_node=2", f"--output_path={tmp_path / 'out'}", f"--run_name={node}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        (local,) = (tmp_path / node).iterdir()
+        assert local.name == shared.name and (local / "images.npy").read_bytes() == (shared / "images.npy").read_bytes()
+        assert "(cache " + str(local) + ", copied from the data folder's)" in run_log(result, tmp_path / "out" / node)
+        assert json.loads((tmp_path / "out" / node / "summary.json").read_text())["data_checks"]["cache"] == str(local)
+    again = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
+    assert again.how == "reused"
+    (tmp_path / "node-a" / shared.name / "meta.json").unlink()  # a copy that never finished
+    assert folder_cache.read_meta(tmp_path / "node-a" / shared.name) is None
+    copied = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
+    assert copied.how == "copied" and len(copied.train) == 40

@@ -49,13 +49,13 @@ def test_job_script_passes_known_keys_and_supports_requeue(script):
     text = script.read_text()
     assert "--resume_from=auto" in text and '--run_name="job-$SLURM_JOB_ID"' in text
     assert "#SBATCH --requeue" in text and re.search(r"#SBATCH --signal=B:USR1@\d+", text)
-    assert "stage_dataset" in text and "run_step srun" in text
+    assert ("stage_dataset" in text or '--cache_dir="$(node_local_dir)' in text) and "run_step srun" in text
 
 
 def test_job_scripts_cover_every_documented_mode():
     assert {path.name for path in JOB_SCRIPTS} == {
         "one_gpu.sbatch", "one_node_gpus.sbatch", "multi_node.sbatch", "cpu_gloo.sbatch", "shared_gpu.sbatch",
-        "tune_array.sbatch"}
+        "tune_array.sbatch", "image_folder.sbatch"}
     assert "--gres-flags=allow-task-sharing" in (SLURM_DIR / "shared_gpu.sbatch").read_text()
 
 

@@ -119,7 +119,8 @@ class Config:
     drop_test_duplicates: bool = option(False, "dataset=folder: remove test/val images that are exact copies of "
                                         "training images (always counted and warned about)")
     cache_dir: Optional[str] = option(None, "dataset=folder: where the decoded images are cached (default: "
-                                      "data_path/.cifar10_dist_cache)")
+                                      "data_path/.cifar10_dist_cache); a node-local folder (e.g. $SLURM_TMPDIR) "
+                                      "gets a copy of the cache beside the data when there is one, once per node")
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)",
                                  bounds=Bounds(10, reads="at least 10 (it is too small)"))
     num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)", bounds=AT_LEAST_0)

@@ -276,18 +276,45 @@ def read_meta(folder: Path) -> CacheMeta | None:
 
 
 def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers: int | None = None
-                 ) -> tuple[Path, CacheMeta, FolderScan, bool]:
-    """The cache for the folder at this image size: read when its fingerprint matches, built otherwise;
-    (its folder, meta, the scan, whether it was built now)."""
+                 ) -> tuple[Path, CacheMeta, FolderScan, str]:
+    """The cache for the folder at this image size: read when its fingerprint matches; with ``under`` (cache_dir,
+    e.g. a node's local disk) copied from the same cache beside the data when one is there (staging: no
+    decoding); built otherwise. (Its folder, meta, the scan, and "reused", "copied" or "built".)"""
     found = scan(root)
     key = fingerprint(found, image_size)
     folder = cache_dir(root, image_size, key, under)
     meta = read_meta(folder)
     if meta is not None:
-        return folder, meta, found, False
+        return folder, meta, found, "reused"
+    shared = cache_dir(root, image_size, key)
     try:
+        if under is not None and shared != folder and read_meta(shared) is not None:
+            return folder, copy_cache(shared, folder), found, "copied"
         meta = build_cache(found, image_size, folder, key, workers)
     except OSError as error:
         raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
                         "writable or give cache_dir=<a writable folder>") from error
-    return folder, meta, found, True
+    return folder, meta, found, "built"
+
+
+def copy_cache(source: Path, target: Path) -> CacheMeta:
+    """A finished cache copied to ``target`` (a node's local disk): into a temporary folder, renamed when
+    complete, so a copy cut short is never used (the next run copies again)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    copying = target.with_name(f".{target.name}.copying{os.getpid()}")
+    shutil.rmtree(copying, ignore_errors=True)
+    try:
+        shutil.copytree(source, copying)
+        if target.exists() and read_meta(target) is None:  # unusable (cut short, another version): no run reads it
+            shutil.rmtree(target)
+        try:
+            copying.rename(target)
+        except OSError:  # another process of this node finished the same copy first
+            if not (target / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(copying, ignore_errors=True)
+    meta = read_meta(target)
+    if meta is None:
+        raise UserError(f"the image cache copied from {source} to {target} cannot be read: remove {target}")
+    return meta

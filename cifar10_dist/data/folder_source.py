@@ -31,14 +31,18 @@ class FolderData(LoadedData):
 
     warnings: list[str] = field(default_factory=list)
     cache: Path | None = None
-    built: bool = False
+    how: str = "reused"  # the cache: "reused", "copied" (staged from beside the data) or "built" now
     meta: folder_cache.CacheMeta | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.how == "built"
 
 
 def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop_test_duplicates: bool = False,
                 cache_under: Path | None = None) -> FolderData:
     """The folder's images from its cache (built first when missing or stale), checked."""
-    folder, meta, _, built = folder_cache.ensure_cache(root, image_size, cache_under)
+    folder, meta, _, how = folder_cache.ensure_cache(root, image_size, cache_under)
     if meta.bad_files and not skip_bad_images:
         raise UserError(f"{len(meta.bad_files)} image file(s) in {root} cannot be read: {_named(meta.bad_files)}: "
                         "fix or remove them, or give --skip_bad_images=True to train without them")
@@ -80,7 +84,7 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     checks = {"duplicates_across_splits": len(duplicates), "duplicates_dropped": dropped,
               "bad_files_skipped": len(meta.bad_files), "imbalance_ratio": round(imbalance, 3),
               "test_carved_from_train": meta.carved_test, "cache": str(folder)}
-    return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, built, meta)
+    return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, how, meta)
 
 
 def _image_set(pixels: Path, labels: np.ndarray, chosen: list[int]) -> ImageSet:
@@ -136,7 +140,8 @@ def card(loaded: FolderData, root: Path) -> str:
     size = sum(path.stat().st_size for path in loaded.cache.iterdir()) / 2**20
     lines.append(f"cache: {loaded.cache} ({size:.1f} MiB), "
                  + (f"built now in {meta.build_seconds:.1f} s" if loaded.built else
-                    f"reused (built in {meta.build_seconds:.1f} s)"))
+                    f"{'copied from beside the data' if loaded.how == 'copied' else 'reused'} (built in "
+                    f"{meta.build_seconds:.1f} s)"))
     lines.extend(f"warning: {warning}" for warning in loaded.warnings)
     return "\n".join(lines)
 
@@ -168,7 +173,7 @@ def load(config: Config) -> FolderData:
     stored = stored_size(config)
     ranks.on_rank_zero(logger.info, "image folder %s: %d classes, %s images stored at %dx%d (cache %s, %s)%s",
                        config.data_path, len(loaded.info.classes), sizes, stored, stored, loaded.cache,
-                       "built now" if loaded.built else "reused",
+                       {"built": "built now", "copied": "copied from the data folder's"}.get(loaded.how, "reused"),
                        f", seen at {config.image_size}x{config.image_size}" if stored != config.image_size else "")
     for warning in loaded.warnings:
         ranks.on_rank_zero(logger.warning, "%s", warning)

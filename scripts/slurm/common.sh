@@ -8,11 +8,17 @@ job_master_port() {
   echo $((15000 + SLURM_JOB_ID % 10000))
 }
 
+# The node's local disk: Slurm's per-job folder where the cluster provides one, else one under /tmp.
+node_local_dir() {
+  echo "${SLURM_TMPDIR:-/tmp/${USER:-job}-$SLURM_JOB_ID}"
+}
+
 # Copy the dataset (a folder holding cifar-10-batches-py or cifar-10-python.tar.gz) to node-local disk on
 # every node of the job, once per node; print the local folder to pass as --data_path.
 stage_dataset() {
   local source=$1
-  local target="${SLURM_TMPDIR:-/tmp/${USER:-job}-$SLURM_JOB_ID}/cifar10"
+  local target
+  target="$(node_local_dir)/cifar10"
   # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
   srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task=1 \
     bash -c 'mkdir -p "$2" && cp -r "$1"/. "$2"/' stage "$source" "$target" >&2
