@@ -140,3 +140,16 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     assert folder_cache.read_meta(tmp_path / "node-a" / shared.name) is None
     copied = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
     assert copied.how == "copied" and len(copied.train) == 40
+
+
+def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():
+    from cifar10_dist.data import loaders
+    from cifar10_dist.errors import UserError
+
+    loaders.check_fits(3 * 2**30, 4 * 2**30, torch.device("cpu"))  # 3 of 4 GiB: 75%, below the 80% share
+    with pytest.raises(UserError) as refused:
+        loaders.check_fits(7 * 2**30, 8 * 2**30, torch.device("cuda:0"))
+    assert str(refused.value) == ("data_on_device=True: the images take 7.0 GiB and cuda:0 has 8.0 GiB free (80% "
+                                  "of it may hold data): leave data_on_device off (a folder's cache is read on "
+                                  "demand) or use fewer or smaller images")
+    assert loaders.free_bytes(torch.device("cpu")) > 2**30  # this machine's MemAvailable, read for real

@@ -146,6 +146,8 @@ def make_loaders(
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
     common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
     if device is not None:
+        check_fits(sum(images.images.shape.numel() for images in (train, test, val) if images is not None),
+                   free_bytes(device), device)
         train, test = to_device(train, device), to_device(test, device)
         val = to_device(val, device) if val is not None else None
         common.update(num_workers=0, persistent_workers=False, pin_memory=False)
@@ -162,6 +164,33 @@ def make_loaders(
     test_loader = _eval_loader(test, 2 * batch_size, common, world_size, rank)
     val_loader = _eval_loader(val, 2 * batch_size, common, world_size, rank) if val is not None else None
     return Loaders(train_loader, train_eval_loader, test_loader, val_loader)
+
+
+DEVICE_SHARE = 0.8  # of the device's free memory that data_on_device may take: the model needs the rest
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Free memory on a CUDA device, or the memory available to processes on this machine for a CPU (Linux's
+    MemAvailable); None where neither can be asked."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as meminfo:
+                line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+            return int(line.split()[1]) * 1024
+        except (OSError, StopIteration):
+            return None
+    return None
+
+
+def check_fits(needed: int, free: int | None, device: torch.device) -> None:
+    """data_on_device: refused in one line when the splits' pixels would take more than DEVICE_SHARE of what is
+    free there."""
+    if free is not None and needed > DEVICE_SHARE * free:
+        raise UserError(f"data_on_device=True: the images take {needed / 2**30:.1f} GiB and {device} has "
+                        f"{free / 2**30:.1f} GiB free ({DEVICE_SHARE:.0%} of it may hold data): leave data_on_device "
+                        "off (a folder's cache is read on demand) or use fewer or smaller images")
 
 
 def to_device(images: ImageSet, device: torch.device) -> ImageSet:
