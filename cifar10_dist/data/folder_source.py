@@ -150,10 +150,12 @@ def card(loaded: FolderData, root: Path) -> str:
 # ---------------------------------------------------------------- the folder source (sources.py)
 
 
-def stored_size(config: Config) -> int:
-    """The side a folder's images are cached at: image_size, or larger by 1 / crop_fraction (evaluation's
-    central crop is then image_size, and random-resized crops have the whole picture to choose from)."""
-    return round(config.image_size / config.crop_fraction)
+def stored_size(config: Config | Mapping[str, Any]) -> int:
+    """The side a folder's images are cached at (a config, or a checkpoint's recorded one): image_size, or larger
+    by 1 / crop_fraction (evaluation's central crop is then image_size, and random-resized crops have the whole
+    picture to choose from)."""
+    values = config.to_dict() if isinstance(config, Config) else config
+    return round(int(values.get("image_size", 32)) / float(values.get("crop_fraction", 1.0)))
 
 
 def info(config: Config) -> DatasetInfo:
@@ -193,8 +195,7 @@ def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, 
     except UserError:
         return None
     files = [root / path for path, _ in found.files["test" if found.files.get("test") else "train"][:limit]]
-    stored = round(int(values.get("image_size", 32)) / float(values.get("crop_fraction", 1.0)))
-    images = [folder_cache.read_fitted(path, stored) for path in files]
+    images = [folder_cache.read_fitted(path, stored_size(values)) for path in files]
     images = [torch.from_numpy(image).permute(2, 0, 1) for image in images if image is not None]
     return (torch.stack(images), f"{len(images)} images of {root}") if images else None
 

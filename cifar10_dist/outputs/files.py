@@ -89,3 +89,16 @@ def writing(path: Path) -> Iterator[None]:
             f"cannot write {path.name} in {path.parent}: {reason} ({free_space(path.parent)} free there); "
             "the files written before it are intact"
         ) from error
+
+
+def sqlite_lock(url: str) -> contextlib.AbstractContextManager:
+    """For a SQLite URL: a lock file next to the database, held while a process creates (or checks) its tables,
+    so that processes starting at the same instant do not create them twice ("table ... already exists"); a
+    no-op for a database server, which serialises that itself."""
+    if not url.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    database = Path(url[len("sqlite:///"):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(f"{database}.lock", timeout=120)

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, files
@@ -50,33 +50,19 @@ def tracking_uri(configured: str | None, output_path: str | Path) -> str:
     return f"sqlite:///{(Path(output_path) / 'mlflow.db').resolve()}"
 
 
-@contextlib.contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """A local SQLite store's schema is created by the first client: processes starting together (tune workers)
-    take turns (the file lock beside the database), as for the Optuna study (``training.trials``)."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    from filelock import FileLock
-
-    database = Path(uri[len("sqlite:///"):])
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(database) + ".lock", timeout=120):
-        yield
-
-
 def open_client(uri: str) -> Any:
-    """An MlflowClient on the store, its schema created or checked under the store lock."""
+    """An MlflowClient on the store, its schema created or checked under the SQLite lock (``files.sqlite_lock``:
+    tune workers starting together, as for the Optuna study)."""
     mlflow = require_mlflow()
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    with store_lock(uri):
+    with files.sqlite_lock(uri):
         client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # creates or upgrades a SQLite store's tables now, under the lock
     return client
 
 
-def experiment_id(client: Any, name: str, uri: str, output_path: str | Path) -> str:
+def experiment_id(client: Any, name: str, uri: str) -> str:
     """The experiment's id, created when missing (a SQLite store's artifacts go beside it, in mlartifacts/)."""
     found = client.get_experiment_by_name(name)
     if found is not None:
@@ -84,7 +70,7 @@ def experiment_id(client: Any, name: str, uri: str, output_path: str | Path) -> 
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    with store_lock(uri):
+    with files.sqlite_lock(uri):
         found = client.get_experiment_by_name(name)  # a worker beside this one may have made it meanwhile
         return found.experiment_id if found is not None else client.create_experiment(name, location)
 
@@ -135,7 +121,7 @@ class MLflow:
             self.client.set_tag(self.run_id, "cifar10_dist.resumed_from", str(config["resume_from"]))
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)
             return
-        experiment = experiment_id(self.client, config["mlflow_experiment"], uri, config["output_path"])
+        experiment = experiment_id(self.client, config["mlflow_experiment"], uri)
         tags = {**provenance_tags(provenance), "cifar10_dist.run_dir": str(run_dir.resolve())}
         if config.get("mlflow_parent_run"):
             tags[PARENT_TAG] = config["mlflow_parent_run"]
@@ -213,13 +199,13 @@ def read_run_file(run_dir: Path) -> dict[str, str] | None:
     return kept if isinstance(kept, dict) and {"tracking_uri", "run_id"} <= set(kept) else None
 
 
-def study_run(uri: str, experiment: str, output_path: str | Path, study: str, params: Mapping[str, Any]) -> str:
+def study_run(uri: str, experiment: str, study: str, params: Mapping[str, Any]) -> str:
     """The MLflow run of a tuning study (the parent of its trials' runs): found by its tag, or created once
     (workers starting together take turns under the store lock); returns its id."""
     client = open_client(uri)
-    experiment_number = experiment_id(client, experiment, uri, output_path)
+    experiment_number = experiment_id(client, experiment, uri)
     query = f"tags.`cifar10_dist.study` = '{study}'"
-    with store_lock(uri):
+    with files.sqlite_lock(uri):
         found = client.search_runs([experiment_number], filter_string=query, max_results=1)
         if found:
             return found[0].info.run_id

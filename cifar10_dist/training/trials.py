@@ -10,14 +10,12 @@ import math
 import random
 import time
 import warnings
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from cifar10_dist.config import PrunerSpec, TrialSpec
 from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.outputs import files
 from cifar10_dist.system import ranks
 
 logger = logging.getLogger("cifar10_dist")
@@ -55,7 +53,7 @@ def open_storage(url: str, heartbeat: int | None = None) -> Any:
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # several workers wait their turn
     for attempt in range(CREATION_ATTEMPTS):
         try:
-            with schema_lock(url):
+            with files.sqlite_lock(url):  # workers starting together on a fresh file
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine, **beats)
         except Exception as error:  # SQLAlchemy's errors: no driver, server down, bad URL
             if _lost_creation_race(error) and attempt + 1 < CREATION_ATTEMPTS:
@@ -63,17 +61,6 @@ def open_storage(url: str, heartbeat: int | None = None) -> Any:
                 continue
             raise UserError(f"storage '{without_password(url)}' cannot be opened: {first_line(error)}") from error
     raise AssertionError("unreachable")
-
-
-def schema_lock(url: str) -> AbstractContextManager:
-    """For SQLite: a lock file next to the database, held while a worker creates (or checks) its tables, so that
-    workers starting at the same instant do not create them twice ("table studies already exists"). A database
-    server serialises this itself; its races are retried (``_lost_creation_race``)."""
-    if not url.startswith("sqlite:///"):
-        return nullcontext()
-    database = Path(url[len("sqlite:///"):])
-    database.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(f"{database}.lock", timeout=120)
 
 
 def _lost_creation_race(error: Exception) -> bool:

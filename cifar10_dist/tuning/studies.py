@@ -278,7 +278,7 @@ def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: Tune
     uri = mlflow_tracking.tracking_uri(base.mlflow_tracking_uri, base.output_path)
     params = {"study": options.study, "sampler": options.sampler, "pruner": options.pruner,
               "best_metric": base.best_metric, **{f"space.{name}": dim for name, dim in space.items()}}
-    return uri, mlflow_tracking.study_run(uri, base.mlflow_experiment, base.output_path, options.study, params)
+    return uri, mlflow_tracking.study_run(uri, base.mlflow_experiment, options.study, params)
 
 
 def queue_again(study: Any, number: int | None) -> None:
