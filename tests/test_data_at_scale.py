@@ -130,7 +130,7 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
                                 "--num_warmup_epochs=0", "--train_eval_size=0", "--backend=gloo",
                                 "--nproc_per_node=2", f"--output_path={tmp_path / 'out'}", f"--run_name={node}")
         assert result.returncode == 0, result.stderr[-3000:]
-        (local,) = (tmp_path / node).iterdir()
+        (local,) = (path for path in (tmp_path / node).iterdir() if not path.name.startswith("."))  # not its lock
         assert local.name == shared.name and (local / "images.npy").read_bytes() == (shared / "images.npy").read_bytes()
         assert "(cache " + str(local) + ", copied from the data folder's)" in run_log(result, tmp_path / "out" / node)
         assert json.loads((tmp_path / "out" / node / "summary.json").read_text())["data_checks"]["cache"] == str(local)
@@ -140,6 +140,83 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     assert folder_cache.read_meta(tmp_path / "node-a" / shared.name) is None
     copied = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
     assert copied.how == "copied" and len(copied.train) == 40
+
+
+KILLED_BUILD = """
+import os, signal, sys
+from pathlib import Path
+from cifar10_dist.data import cache_builds
+
+cache_builds.PROGRESS_EVERY = 16
+saved = cache_builds._save_progress
+
+
+def save_then_die(folder, arrays, done, bad):  # killed (as by SIGKILL or a node lost) right after a save
+    saved(folder, arrays, done, bad)
+    if done >= 48:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+cache_builds._save_progress = save_then_die
+cache_builds.ensure_cache(Path(sys.argv[1]), 32, workers=1)
+"""
+
+
+def test_a_build_killed_part_way_is_never_read_and_resumes_where_it_stopped(tmp_path, caplog):
+    """A cache build killed after 48 of its 70 images leaves no cache (only its temporary folder); the next
+    run goes on from image 48 and makes the same cache, byte for byte, as a build from nothing, unreadable
+    files included; leftovers of an older version's builds are removed."""
+    from cifar10_dist.data import cache_builds, folder_cache
+
+    root = noise_folder(tmp_path / "photos", 25, 10)
+    (root / "train" / "red" / "9999.jpg").write_bytes(b"not a jpeg")  # one unreadable file, before the kill
+    found = folder_cache.scan(root)
+    target = folder_cache.cache_dir(root, 32, folder_cache.fingerprint(found, 32))
+    old = target.with_name(f".{target.name}.building4242")  # an older version's leftover (per process id)
+    old.mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(root)], capture_output=True, text=True,
+                            env=cli_env(), timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not target.exists() and folder_cache.read_meta(target) is None
+    (building,) = target.parent.glob(f".{target.name}.building-*")
+    assert json.loads((building / "progress.json").read_text())["done"] == 48
+    with caplog.at_level("INFO", logger="cifar10_dist"):
+        folder, meta, _, how = cache_builds.ensure_cache(root, 32, workers=1)
+    assert (folder, how, meta.resumed_at) == (target, "built", 48)
+    assert f"{target.name}.building-" in caplog.text and "resuming the build cut short at image 48 of 71" in caplog.text
+    assert meta.bad_files == [["train/red/9999.jpg", meta.bad_files[0][1]]]
+    assert sorted(path.name for path in target.parent.iterdir() if not path.name.startswith(".")) == [target.name]
+    assert not old.exists() and not building.exists() and not (target / "progress.json").exists()
+    fresh = cache_builds.build_cache(found, 32, tmp_path / "fresh" / target.name, meta.fingerprint, workers=1)
+    for name in ("images.npy", "hashes.npy", "good.npy", "sizes.npy", "labels.npy", "paths.txt"):
+        assert (target / name).read_bytes() == (tmp_path / "fresh" / target.name / name).read_bytes(), name
+    assert (meta.mean, meta.std, meta.sizes, fresh.resumed_at) == (fresh.mean, fresh.std, fresh.sizes, 0)
+
+
+def test_a_folders_checksum_is_read_once_per_choice_of_images_then_kept_in_the_cache(tmp_path, monkeypatch):
+    """The data checksum of a folder run equals the hash of every image, computed the first time; a later run on
+    the same images takes it from the cache folder without reading the images; other rows are hashed anew."""
+    import dataclasses
+
+    from cifar10_dist.data import folder_source, loading
+    from cifar10_dist.outputs import provenance
+
+    loaded = folder_source.load_folder(noise_folder(tmp_path / "photos", 12, 4), 32)
+    parts = (loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels)
+    expected = provenance.dataset_sha256(*parts)
+    assert loading.data_sha256(loaded) == expected
+    (kept,) = (loaded.cache / "checksums").iterdir()
+    assert kept.read_text() == expected + "\n"
+
+    def no_reading(self, size=4096):
+        raise AssertionError("the images were read again")
+
+    monkeypatch.setattr(MappedImages, "chunks", no_reading)
+    again = folder_source.load_folder(tmp_path / "photos", 32)
+    assert loading.data_sha256(again) == expected
+    fewer = dataclasses.replace(again, train=again.train.subset(torch.arange(20)))
+    with pytest.raises(AssertionError, match="read again"):
+        loading.data_sha256(fewer)
 
 
 def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():

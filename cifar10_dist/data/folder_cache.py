@@ -1,19 +1,15 @@
 """Labelled image folders (torchvision's ImageFolder layout, ``DIR/train/<class>/<image>``, optionally ``test/``
-and ``val/`` beside it): found and checked, decoded once (in parallel, into a preallocated memory map) into a
-cache of uint8 pixels at ``image_size`` that later runs and every rank read, and described in a card. Imports no
-torch: the decoding processes start fast.
+and ``val/`` beside it): found and checked, fingerprinted, each image decoded to ``image_size`` (the rule for
+the cache and for ``predict`` alike), and the meta of their cache of uint8 pixels (made by ``cache_builds``).
+Imports no torch: the decoding processes start fast.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
-import shutil
-import statistics
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -182,88 +178,12 @@ class CacheMeta:
     bad_files: list[list[str]] = field(default_factory=list)  # [file, why]
     sizes: dict[str, list[int]] = field(default_factory=dict)  # width and height: [min, median, max]
     build_seconds: float = 0.0
+    resumed_at: int = 0  # a build cut short and resumed: the image it went on from
     version: int = CACHE_VERSION
 
 
 def cache_dir(root: Path, image_size: int, key: str, under: Path | None = None) -> Path:
     return (under or root / CACHE_FOLDER) / f"{image_size}px-{key}"
-
-
-def build_cache(found: FolderScan, image_size: int, target: Path, key: str, workers: int | None = None) -> CacheMeta:
-    """Decode every file once into target/images.u8 (uint8 N x 3 x S x S, a preallocated memory map written in
-    place: the decoded set is never held twice), labels.npy, hashes.npy (content hashes) and meta.json; written
-    in a temporary folder and renamed, so a cache is complete or absent."""
-    started = time.perf_counter()
-    order = [(split, path, label) for split in SPLITS for path, label in found.files.get(split, [])]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = target.with_name(f".{target.name}.building{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir()
-    try:
-        meta = _decode_into(found, image_size, order, building, workers or default_workers())
-        meta.fingerprint = key
-        meta.build_seconds = time.perf_counter() - started
-        (building / "meta.json").write_text(json.dumps(asdict(meta)))
-        try:
-            building.rename(target)
-        except OSError:  # another process (a rank of another node) finished the same cache first
-            if not (target / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return meta
-
-
-def _decode_into(found: FolderScan, size: int, order: list[tuple[str, str, int]], folder: Path, workers: int
-                 ) -> CacheMeta:
-    pixels = np.lib.format.open_memmap(folder / "images.npy", mode="w+", dtype=np.uint8,
-                                       shape=(len(order), 3, size, size))
-    hashes = np.zeros(len(order), dtype="S16")
-    good = np.ones(len(order), dtype=bool)
-    widths, heights, bad = [], [], []
-    tasks = [(str(found.root / path), size) for _, path, _ in order]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        for index, (decoded, why, digest, (width, height)) in enumerate(pool.imap(decode, tasks, chunksize=64)):
-            if decoded is None:
-                good[index] = False
-                bad.append([order[index][1], why])
-                continue
-            pixels[index] = np.frombuffer(decoded, dtype=np.uint8).reshape(size, size, 3).transpose(2, 0, 1)
-            hashes[index] = digest
-            widths.append(width), heights.append(height)
-    pixels.flush()
-    labels = np.array([label for _, _, label in order], dtype=np.int64)
-    splits = [split for split, _, _ in order]
-    np.save(folder / "labels.npy", labels)
-    np.save(folder / "hashes.npy", hashes)
-    np.save(folder / "good.npy", good)
-    np.save(folder / "splits.npy", np.array([SPLITS.index(s) for s in splits], dtype=np.int8))
-    (folder / "paths.txt").write_text("\n".join(path for _, path, _ in order))
-    mean, std = _channel_statistics(pixels, [i for i, s in enumerate(splits) if s == "train" and good[i]])
-    first = {split: splits.index(split) for split in SPLITS if split in splits}
-    return CacheMeta(
-        fingerprint="", image_size=size, classes=list(found.classes),
-        splits={split: [first[split], splits.count(split)] for split in first}, carved_test=found.carved_test,
-        mean=mean, std=std, bad_files=bad,
-        sizes={name: [min(v), int(statistics.median(v)), max(v)] for name, v in (("width", widths), ("height", heights))
-               if v})
-
-
-def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int = 2**25
-                        ) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std (in 0..1) of the training images, in chunks of about 32 MB of pixels (float32
-    copies of a chunk only; sums in float64)."""
-    total, squares, count = np.zeros(3), np.zeros(3), 0
-    chunk = max(1, chunk_bytes // max(1, pixels[0].size))
-    for start in range(0, len(indices), chunk):
-        part = pixels[indices[start:start + chunk]].astype(np.float32) / 255
-        total += part.sum(axis=(0, 2, 3), dtype=np.float64)
-        squares += np.square(part).sum(axis=(0, 2, 3), dtype=np.float64)
-        count += part.shape[0] * part.shape[2] * part.shape[3]
-    if count == 0:
-        return [0.5] * 3, [0.25] * 3
-    mean = total / count
-    return mean.tolist(), np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12)).tolist()
 
 
 def read_meta(folder: Path) -> CacheMeta | None:
@@ -273,48 +193,3 @@ def read_meta(folder: Path) -> CacheMeta | None:
         return CacheMeta(**values) if values.get("version") == CACHE_VERSION else None
     except (OSError, ValueError, TypeError):
         return None
-
-
-def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers: int | None = None
-                 ) -> tuple[Path, CacheMeta, FolderScan, str]:
-    """The cache for the folder at this image size: read when its fingerprint matches; with ``under`` (cache_dir,
-    e.g. a node's local disk) copied from the same cache beside the data when one is there (staging: no
-    decoding); built otherwise. (Its folder, meta, the scan, and "reused", "copied" or "built".)"""
-    found = scan(root)
-    key = fingerprint(found, image_size)
-    folder = cache_dir(root, image_size, key, under)
-    meta = read_meta(folder)
-    if meta is not None:
-        return folder, meta, found, "reused"
-    shared = cache_dir(root, image_size, key)
-    try:
-        if under is not None and shared != folder and read_meta(shared) is not None:
-            return folder, copy_cache(shared, folder), found, "copied"
-        meta = build_cache(found, image_size, folder, key, workers)
-    except OSError as error:
-        raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
-                        "writable or give cache_dir=<a writable folder>") from error
-    return folder, meta, found, "built"
-
-
-def copy_cache(source: Path, target: Path) -> CacheMeta:
-    """A finished cache copied to ``target`` (a node's local disk): into a temporary folder, renamed when
-    complete, so a copy cut short is never used (the next run copies again)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    copying = target.with_name(f".{target.name}.copying{os.getpid()}")
-    shutil.rmtree(copying, ignore_errors=True)
-    try:
-        shutil.copytree(source, copying)
-        if target.exists() and read_meta(target) is None:  # unusable (cut short, another version): no run reads it
-            shutil.rmtree(target)
-        try:
-            copying.rename(target)
-        except OSError:  # another process of this node finished the same copy first
-            if not (target / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(copying, ignore_errors=True)
-    meta = read_meta(target)
-    if meta is None:
-        raise UserError(f"the image cache copied from {source} to {target} cannot be read: remove {target}")
-    return meta

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import folder_cache
+from cifar10_dist.data import cache_builds, folder_cache
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
@@ -42,7 +42,7 @@ class FolderData(LoadedData):
 def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop_test_duplicates: bool = False,
                 cache_under: Path | None = None) -> FolderData:
     """The folder's images from its cache (built first when missing or stale), checked."""
-    folder, meta, _, how = folder_cache.ensure_cache(root, image_size, cache_under)
+    folder, meta, _, how = cache_builds.ensure_cache(root, image_size, cache_under)
     if meta.bad_files and not skip_bad_images:
         raise UserError(f"{len(meta.bad_files)} image file(s) in {root} cannot be read: {_named(meta.bad_files)}: "
                         "fix or remove them, or give --skip_bad_images=True to train without them")
@@ -68,7 +68,7 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
                     kept = [i for i in indices[split] if i not in copies]
                     dropped += len(indices[split]) - len(kept)
                     indices[split] = kept
-    counts = [sum(1 for i in indices["train"] if labels[i] == label) for label in range(len(meta.classes))]
+    counts = np.bincount(labels[indices["train"]], minlength=len(meta.classes)).tolist()
     imbalance = max(counts) / max(min(counts), 1)
     if imbalance > folder_cache.IMBALANCE_RATIO:
         warnings.append(f"classes are imbalanced: the largest has {imbalance:.1f}x the images of the smallest "
@@ -126,8 +126,9 @@ def card(loaded: FolderData, root: Path) -> str:
         f"{name} {len(images)}" for name, images in present.items()) + " images"
         + (" (test carved from train: no test/ folder)" if meta.carved_test else ""),
         f"{'class':<{width}}" + "".join(f"{name:>8}" for name in present)]
+    counts = [torch.bincount(images.labels, minlength=len(loaded.info.classes)).tolist() for images in present.values()]
     for label, name in enumerate(loaded.info.classes):
-        lines.append(f"{name:<{width}}" + "".join(f"{int((images.labels == label).sum()):>8}" for images in present.values()))
+        lines.append(f"{name:<{width}}" + "".join(f"{split[label]:>8}" for split in counts))
     if meta.sizes:
         lines.append("image sizes (min/median/max): width " + "/".join(map(str, meta.sizes["width"])) + ", height "
                      + "/".join(map(str, meta.sizes["height"])) + f"; stored at {meta.image_size}x{meta.image_size} "
@@ -137,11 +138,12 @@ def card(loaded: FolderData, root: Path) -> str:
     lines.append(f"duplicates across splits: {loaded.checks['duplicates_across_splits']} "
                  f"(dropped {loaded.checks['duplicates_dropped']}); unreadable files: {len(meta.bad_files)}; "
                  f"largest/smallest class: {loaded.checks['imbalance_ratio']:.2f}")
-    size = sum(path.stat().st_size for path in loaded.cache.iterdir()) / 2**20
+    size = sum(path.stat().st_size for path in loaded.cache.iterdir() if path.is_file()) / 2**20
+    resumed = f" (resumed at image {meta.resumed_at})" if meta.resumed_at else ""
     lines.append(f"cache: {loaded.cache} ({size:.1f} MiB), "
-                 + (f"built now in {meta.build_seconds:.1f} s" if loaded.built else
+                 + (f"built now in {meta.build_seconds:.1f} s{resumed}" if loaded.built else
                     f"{'copied from beside the data' if loaded.how == 'copied' else 'reused'} (built in "
-                    f"{meta.build_seconds:.1f} s)"))
+                    f"{meta.build_seconds:.1f} s{resumed})"))
     lines.extend(f"warning: {warning}" for warning in loaded.warnings)
     return "\n".join(lines)
 

@@ -5,8 +5,10 @@ out, put in loaders, counted into iterations, and described in the run's provena
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ignite.distributed as idist
@@ -15,9 +17,10 @@ import torch
 from cifar10_dist import sources
 from cifar10_dist.config import Config, class_weights_for
 from cifar10_dist.data import loaders
-from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
+from cifar10_dist.errors import OutputNotWritable
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import provenance
+from cifar10_dist.outputs import files, provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
 
@@ -113,9 +116,42 @@ def describe_run(config: Config, loaded: LoadedData, device: torch.device, preci
                  ) -> dict[str, Any]:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
-    checksum = ranks.on_rank_zero(provenance.dataset_sha256, loaded.train.images, loaded.train.labels,
-                                  loaded.test.images, loaded.test.labels)
+    checksum = ranks.on_rank_zero(data_sha256, loaded)
     record = provenance.collect(config.dataset, checksum, device, precision.name)
     record["dataset"].update(info=loaded.info.to_dict(), **({"checks": loaded.checks} if loaded.checks else {}))
     logger.info("provenance: %s", provenance.describe(record))
     return record
+
+
+def data_sha256(loaded: LoadedData) -> str:
+    """The data's checksum (``provenance.dataset_sha256`` of the train and test images and labels). For a
+    folder's images read on demand it is kept in the cache folder (``checksums/``, one file per choice of
+    rows and flips), so a later run on the same images does not read the whole cache again."""
+    parts = (loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels)
+    memo = _checksum_memo(parts)
+    if memo is not None and memo.is_file():
+        return memo.read_text().strip()
+    checksum = provenance.dataset_sha256(*parts)
+    if memo is not None:
+        try:
+            memo.parent.mkdir(exist_ok=True)
+            files.write_file(memo, checksum + "\n")
+        except (OSError, OutputNotWritable):  # a read-only cache: hashed again next time
+            pass
+    return checksum
+
+
+def _checksum_memo(parts: tuple[Any, ...]) -> Path | None:
+    """Where the checksum of these parts is kept: named by the rows, flips and labels chosen from one cache
+    (which never changes once built: its name is its folder's fingerprint); None for images in memory."""
+    mapped = [part for part in parts if isinstance(part, MappedImages)]
+    if len(mapped) != 2 or mapped[0].path != mapped[1].path:
+        return None
+    key = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, MappedImages):
+            key.update(part.rows.tobytes() + (b"-" if part.flipped is None else part.flipped.tobytes()))
+        else:
+            key.update(part.numpy().tobytes())
+        key.update(b"|")
+    return mapped[0].path.parent / "checksums" / f"{key.hexdigest()[:32]}.sha256"

@@ -1,0 +1,205 @@
+"""A folder's image cache made on disk: found again, built (resumably), or copied to a node's local disk.
+
+A build decodes every file once (``folder_cache.decode``, in parallel) into memory maps in a folder beside the
+target (``.NAME.building-HOST``), saves its progress every ``PROGRESS_EVERY`` images and renames the folder when
+complete: a cache is complete or absent, and a build cut short (killed, preempted, out of time) resumes at its
+last saved image. The processes of one machine build or copy one at a time (a file lock); one that waited reads
+what the other made. Imports no torch: the decoding processes start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+
+from cifar10_dist.data.folder_cache import (
+    SPLITS,
+    CacheMeta,
+    FolderScan,
+    cache_dir,
+    decode,
+    default_workers,
+    fingerprint,
+    read_meta,
+    scan,
+)
+from cifar10_dist.errors import UserError
+
+logger = logging.getLogger("cifar10_dist")
+
+PROGRESS_EVERY = 2048  # images decoded between two saves of a build's progress
+PROGRESS = "progress.json"
+
+
+def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers: int | None = None
+                 ) -> tuple[Path, CacheMeta, FolderScan, str]:
+    """The cache for the folder at this image size: read when its fingerprint matches; with ``under`` (cache_dir,
+    e.g. a node's local disk) copied from the same cache beside the data when one is there (staging: no
+    decoding); built otherwise. (Its folder, meta, the scan, and "reused", "copied" or "built".)"""
+    found = scan(root)
+    key = fingerprint(found, image_size)
+    folder = cache_dir(root, image_size, key, under)
+    meta = read_meta(folder)
+    if meta is not None:
+        return folder, meta, found, "reused"
+    shared = cache_dir(root, image_size, key)
+    try:
+        if under is not None and shared != folder and read_meta(shared) is not None:
+            return folder, copy_cache(shared, folder), found, "copied"
+        meta = build_cache(found, image_size, folder, key, workers)
+    except OSError as error:
+        raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
+                        "writable or give cache_dir=<a writable folder>") from error
+    return folder, meta, found, "built"
+
+
+def _machine_lock(target: Path) -> FileLock:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(target.with_name(f".{target.name}.lock-{socket.gethostname()}")))
+
+
+def build_cache(found: FolderScan, image_size: int, target: Path, key: str, workers: int | None = None) -> CacheMeta:
+    """Decode every file once into target/images.npy (uint8 N x 3 x S x S, a preallocated memory map written in
+    place: the decoded set is never held twice), labels, content hashes and meta.json; resumed where a build cut
+    short left off; renamed into place when complete."""
+    with _machine_lock(target):
+        meta = read_meta(target)
+        if meta is not None:  # another process of this machine built it while this one waited
+            return meta
+        building = target.with_name(f".{target.name}.building-{socket.gethostname()}")
+        _remove_leftovers(target, building)
+        started = time.perf_counter()
+        order = [(split, path, label) for split in SPLITS for path, label in found.files.get(split, [])]
+        meta = _decode_into(found, image_size, order, building, workers or default_workers())
+        meta.fingerprint = key
+        meta.build_seconds = time.perf_counter() - started
+        (building / PROGRESS).unlink()
+        (building / "meta.json").write_text(json.dumps(asdict(meta)))
+        try:
+            building.rename(target)
+        except OSError:  # a process of another node, sharing this folder, finished the same cache first
+            if read_meta(target) is None:
+                raise
+            shutil.rmtree(building, ignore_errors=True)
+    return meta
+
+
+def _remove_leftovers(target: Path, building: Path) -> None:
+    """Temporary folders of builds by an earlier version of this code (one per process id, never resumed)."""
+    for old in target.parent.glob(f".{target.name}.building*"):
+        if old != building and old.name[len(target.name) + 10:].isdigit():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _open_arrays(folder: Path, count: int, size: int) -> tuple[dict[str, np.ndarray], int, list[list[str]]]:
+    """The build's memory maps (pixels, content hashes, readable or not, original width and height) and how far
+    it had got: opened as they were when their saved progress matches this build, created empty otherwise."""
+    shapes = {"images": ((count, 3, size, size), np.uint8), "hashes": ((count,), "S16"),
+              "good": ((count,), bool), "sizes": ((count, 2), np.int32)}
+    try:
+        progress = json.loads((folder / PROGRESS).read_text())
+        if progress["images"] == count and progress["size"] == size:
+            arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in shapes}
+            if all(arrays[name].shape == shape for name, (shape, _) in shapes.items()):
+                return arrays, int(progress["done"]), list(progress["bad"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    arrays = {name: np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+              for name, (shape, dtype) in shapes.items()}
+    _save_progress(folder, arrays, 0, [])
+    return arrays, 0, []
+
+
+def _save_progress(folder: Path, arrays: dict[str, np.ndarray], done: int, bad: list[list[str]]) -> None:
+    """The first ``done`` images are on disk: the maps flushed, then the count written (atomically)."""
+    for array in arrays.values():
+        array.flush()
+    first = arrays["images"]
+    partial = folder / f"{PROGRESS}.partial"
+    partial.write_text(json.dumps({"images": len(first), "size": first.shape[-1], "done": done, "bad": bad}))
+    os.replace(partial, folder / PROGRESS)
+
+
+def _decode_into(found: FolderScan, size: int, order: list[tuple[str, str, int]], folder: Path, workers: int
+                 ) -> CacheMeta:
+    arrays, done, bad = _open_arrays(folder, len(order), size)
+    if done:
+        logger.info("image cache %s: resuming the build cut short at image %d of %d", folder.name, done, len(order))
+    tasks = [(str(found.root / path), size) for _, path, _ in order[done:]]
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for index, (decoded, why, digest, original) in enumerate(pool.imap(decode, tasks, chunksize=64), done):
+            arrays["good"][index] = decoded is not None
+            if decoded is None:
+                bad.append([order[index][1], why])
+            else:
+                arrays["images"][index] = np.frombuffer(decoded, np.uint8).reshape(size, size, 3).transpose(2, 0, 1)
+                arrays["hashes"][index], arrays["sizes"][index] = digest, original
+            if (index + 1) % PROGRESS_EVERY == 0:
+                _save_progress(folder, arrays, index + 1, bad)
+    _save_progress(folder, arrays, len(order), bad)
+    splits = [split for split, _, _ in order]
+    np.save(folder / "labels.npy", np.array([label for _, _, label in order], dtype=np.int64))
+    np.save(folder / "splits.npy", np.array([SPLITS.index(s) for s in splits], dtype=np.int8))
+    (folder / "paths.txt").write_text("\n".join(path for _, path, _ in order))
+    good = np.asarray(arrays["good"])
+    mean, std = _channel_statistics(arrays["images"], [i for i, s in enumerate(splits) if s == "train" and good[i]])
+    first = {split: splits.index(split) for split in SPLITS if split in splits}
+    readable = np.asarray(arrays["sizes"])[good]
+    return CacheMeta(
+        fingerprint="", image_size=size, classes=list(found.classes),
+        splits={split: [first[split], splits.count(split)] for split in first}, carved_test=found.carved_test,
+        mean=mean, std=std, bad_files=bad, resumed_at=done,
+        sizes={name: [int(v.min()), int(statistics.median(v.tolist())), int(v.max())]
+               for name, v in (("width", readable[:, 0]), ("height", readable[:, 1])) if len(v)})
+
+
+def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int = 2**25
+                        ) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std (in 0..1) of the training images, in chunks of about 32 MB of pixels (float32
+    copies of a chunk only; sums in float64)."""
+    total, squares, count = np.zeros(3), np.zeros(3), 0
+    chunk = max(1, chunk_bytes // max(1, pixels[0].size))
+    for start in range(0, len(indices), chunk):
+        part = pixels[indices[start:start + chunk]].astype(np.float32) / 255
+        total += part.sum(axis=(0, 2, 3), dtype=np.float64)
+        squares += np.square(part).sum(axis=(0, 2, 3), dtype=np.float64)
+        count += part.shape[0] * part.shape[2] * part.shape[3]
+    if count == 0:
+        return [0.5] * 3, [0.25] * 3
+    mean = total / count
+    return mean.tolist(), np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12)).tolist()
+
+
+def copy_cache(source: Path, target: Path) -> CacheMeta:
+    """A finished cache copied to ``target`` (a node's local disk): into a temporary folder, renamed when
+    complete, so a copy cut short is never used (the next run copies again)."""
+    with _machine_lock(target):
+        meta = read_meta(target)
+        if meta is not None:  # another process of this node copied it while this one waited
+            return meta
+        copying = target.with_name(f".{target.name}.copying-{socket.gethostname()}")
+        shutil.rmtree(copying, ignore_errors=True)
+        try:
+            shutil.copytree(source, copying)
+            if target.exists():  # unusable (cut short, another version): no run reads it
+                shutil.rmtree(target)
+            copying.rename(target)
+        finally:
+            shutil.rmtree(copying, ignore_errors=True)
+    meta = read_meta(target)
+    if meta is None:
+        raise UserError(f"the image cache copied from {source} to {target} cannot be read: remove {target}")
+    return meta
