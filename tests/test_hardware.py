@@ -97,7 +97,10 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
     assert report["auto_precision"].startswith("fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16;")
     assert [probe["setting"] for probe in report["probes"]] == ["fp32", "fp32 + channels_last",
                                                                "bf16 autocast + channels_last"]
-    assert all(probe["images_per_second"] > 0 for probe in report["probes"])
+    fp32, layout, bf16 = report["probes"]
+    assert fp32["images_per_second"] > 0 and layout["images_per_second"] > 0
+    # bf16 is really emulated on an AVX2-only CPU (not only faked): too slow to time in 0.2 s there
+    assert bf16["images_per_second"] > 0 or bf16["verdict"].startswith("not measurable here: ")
     assert report["probes"][0]["relative_to_fp32"] == 1.0
     assert report["advice"][0].startswith("with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + "
                                           "channels_last ")
@@ -136,7 +139,7 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
     fp32, layout, bf16 = report.probes
     assert fp32.steps >= 3 and fp32.relative_to_fp32 == 1.0 and fp32.verdict == "the reference"
     assert bf16.steps < 3 and bf16.relative_to_fp32 is None and bf16.images_per_second == 0.0
-    assert re.fullmatch(r"not measurable here: [0-2] steps after a 0\.3\d s warm-up fit in its budget, 3 needed",
+    assert re.fullmatch(r"not measurable here: [0-2] steps after a (0\.[3-9]\d|[1-9]\d*\.\d\d) s warm-up fit in its budget, 3 needed",
                         bf16.verdict)
     assert "this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto or " \
            "False" in report.advice

@@ -38,6 +38,7 @@ class EvaluationWorker:
                 loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
                 num_workers=config.num_workers,
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
+                one_pass=True,
             )
             precision = process_setup.setup_precision(config, device)
             model, info = self.load_model(config, loaded, device, precision)

@@ -36,10 +36,10 @@ INTERRUPTED = re.compile(r"interrupted at epoch (\d+), iteration (\d+): checkpoi
                          r"continue with --resume_from=auto --run_name=job")
 
 
-def interrupt(data: Path, output: Path, send) -> tuple[int, str, float, list[int]]:
-    """Start a 2-process run, call send(launcher) after its first checkpoint; returns (exit code, stderr,
-    seconds from the signal to the launcher's end, worker pids)."""
-    job = start_cli("run", *RUN, *SPAWN, f"--data_path={data}", f"--output_path={output}", "--run_name=job")
+def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, float, list[int]]:
+    """Start a 2-process run (RUN and extra flags), call send(launcher) after its first checkpoint; returns (exit
+    code, stderr, seconds from the signal to the launcher's end, worker pids)."""
+    job = start_cli("run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job")
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", job)
         workers = worker_pids(job.pid)
@@ -85,10 +85,12 @@ def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(s
 def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_dataset, tmp_path):
     def twice(job):
         job.send_signal(signal.SIGINT)
-        time.sleep(0.01)  # while the workers agree on their checkpoint
+        # 0.1 s: long enough for the launcher to handle the first (two signals before its handler runs are one
+        # for Python), well within the iteration (about 0.3 s, width 128) that ends before the workers can stop
+        time.sleep(0.1)
         job.send_signal(signal.SIGINT)
 
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice)
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice, "--model_kwargs={'width': 128}")
     assert code == 130, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith("interrupted again: every process stopped at once, without a new checkpoint"), last_line
