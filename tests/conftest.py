@@ -12,6 +12,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs two test processes on the two cores: one torch thread each, and in the processes they start
+    # (two threads each would spin against each other); set before torch is imported
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # A run of seconds: simple_cnn on a few hundred synthetic images, no DataLoader workers.
 TINY = [
     "--model=simple_cnn",

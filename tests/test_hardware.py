@@ -89,7 +89,9 @@ def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records
 
 def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
     fake_cpu(monkeypatch, AVX2_ONLY)
-    result = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2", "--json")
+    # 1 s a setting: enough for 3 fp32 steps after a first step that pays the process's lazy set-up (0.5 s seen
+    # on a busy AVX2 EPYC)
+    result = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=1", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["versions"]["torch"] == torch.__version__ and report["cpu"]["model"] == "Fake EPYC 7B12"
@@ -128,14 +130,14 @@ def slowed_steps(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[Any, int], 
 
 
 def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budget(monkeypatch):
-    """bf16 emulated on a CPU without it (a step of 0.3 s here): under 3 timed steps fit in its 0.5 s, so it is
+    """bf16 emulated on a CPU without it (a step of 0.3 s here): under 3 timed steps fit in its 1 s, so it is
     'not measurable here', with no speed advised from it; the probe stays within (settings + 1) x its budget
     plus one warm-up step."""
     fake_cpu(monkeypatch, AVX2_ONLY)
     slowed_steps(monkeypatch, lambda precision, batch: 0.3 if precision.dtype is not None else 0.0)
     started = time.perf_counter()
-    report = api.doctor("simple_cnn", batch_size=8, budget_seconds=0.5)
-    assert time.perf_counter() - started < 4 * 0.5 + 0.3 + 1.0  # + 1 s for everything but the probe
+    report = api.doctor("simple_cnn", batch_size=8, budget_seconds=1.0)  # bf16: 0.3 s warm-up, then 2 steps fit
+    assert time.perf_counter() - started < 4 * 1.0 + 0.3 + 1.0  # + 1 s for everything but the probe
     fp32, layout, bf16 = report.probes
     assert fp32.steps >= 3 and fp32.relative_to_fp32 == 1.0 and fp32.verdict == "the reference"
     assert bf16.steps < 3 and bf16.relative_to_fp32 is None and bf16.images_per_second == 0.0
@@ -150,10 +152,12 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
 
 
 def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(monkeypatch):
-    slowed_steps(monkeypatch, lambda precision, batch: 0.02 * batch)  # 1.28 s a step at batch 64, 0.16 s at 8
+    # 0.64 s a step at batch 64: no second step fits in 1.2 s; batch 16 (0.16 s a step) leaves room for 3 and more
+    # on a busy machine
+    slowed_steps(monkeypatch, lambda precision, batch: 0.01 * batch)
     report = api.doctor("simple_cnn", batch_size=64, budget_seconds=1.2)
-    assert report.probe_batch_size == 8 and report.probes[0].steps >= 3
-    assert "probe: training steps of simple_cnn, batch 8, on cpu, about 1.2 s per setting" in doctor.render(report)
+    assert report.probe_batch_size == 16 and report.probes[0].steps >= 3
+    assert "probe: training steps of simple_cnn, batch 16, on cpu, about 1.2 s per setting" in doctor.render(report)
 
 
 @pytest.mark.parametrize(("steps", "verdict", "advice"), [
