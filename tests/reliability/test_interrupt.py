@@ -21,7 +21,6 @@ from tests.conftest import (
     LONG,
     TINY,
     assert_same_training_state,
-    run_cli,
     run_in_process,
     run_log,
     start_cli,
@@ -150,7 +149,7 @@ def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_datase
     first = start_cli(*args)
     try:
         wait_for_file(tmp_path / "job", ".run.lock.json", first)
-        second = run_cli(*args)
+        second = run_in_process(*args)  # the holder is another process: this one's pid is not in the lock
         wait_for_file(tmp_path / "job", "metrics.jsonl", first)  # the first run trains on
         first.send_signal(signal.SIGINT)
         _, first_stderr = first.communicate(timeout=120)
