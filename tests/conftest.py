@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -101,10 +104,27 @@ def write_dataset(root: Path, num_train: int, num_test: int, seed: int = 0) -> P
     return root
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """A session's folder ``name`` filled by ``make(folder)`` once for all pytest-xdist workers (the first to ask
+    makes it under a file lock, the others wait and reuse it), or once in this process without xdist."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the parent: one per session
+    folder = root / f"made-once-{name}"
+    with FileLock(str(root / f"made-once-{name}.lock")):
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory) -> Path:
     """600 training and 1,001 test images on disk (1,001: not divisible by 2 or 3)."""
-    return write_dataset(tmp_path_factory.mktemp("cifar"), 600, 1001)
+    return made_once(tmp_path_factory, "cifar", lambda folder: write_dataset(folder, 600, 1001))
 
 
 # TINY for 4 epochs: 600 images, global batch 32, 18 iterations per epoch, 72 in all
@@ -125,23 +145,31 @@ def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
 @pytest.fixture(scope="session")
 def long_reference(small_dataset, tmp_path_factory) -> Path:
     """long_reference_run with 1 process: its run folder."""
-    return long_reference_run(small_dataset, tmp_path_factory.mktemp("long-reference-1"), [])
+    return made_once(tmp_path_factory, "long-reference-1",
+                     lambda folder: long_reference_run(small_dataset, folder, [])) / "reference"
 
 
 @pytest.fixture(scope="session")
 def long_spawned_reference(small_dataset, tmp_path_factory) -> Path:
     """long_reference_run with 2 spawned gloo processes: its final checkpoint."""
-    return long_reference_run(small_dataset, tmp_path_factory.mktemp("long-reference-2"), SPAWN_2) / \
-        "training_checkpoint_72.pt"
+    return made_once(tmp_path_factory, "long-reference-2",
+                     lambda folder: long_reference_run(small_dataset, folder, SPAWN_2)) / \
+        "reference" / "training_checkpoint_72.pt"
 
 
 @pytest.fixture(scope="session")
-def spawned_run(small_dataset, tmp_path_factory):
-    """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node."""
-    output = tmp_path_factory.mktemp("spawn")
-    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
-                     f"--data_path={small_dataset}", f"--output_path={output}")
-    return result, output
+def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node; (what the
+    command returned and printed, its output_path)."""
+
+    def run(folder: Path) -> None:
+        result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
+                         f"--data_path={small_dataset}", f"--output_path={folder / 'output'}")
+        (folder / "result.json").write_text(json.dumps([result.returncode, result.stdout, result.stderr]))
+
+    folder = made_once(tmp_path_factory, "spawn", run)
+    code, stdout, stderr = json.loads((folder / "result.json").read_text())
+    return subprocess.CompletedProcess(["cifar10-dist", "run"], code, stdout, stderr), folder / "output"
 
 
 def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
