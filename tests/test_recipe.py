@@ -19,7 +19,7 @@ from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training import optimizers, schedules
 from cifar10_dist.training.averaging import Lookahead
 from cifar10_dist.training.evaluators import tta_logits
-from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
+from tests.conftest import REPO, TINY, assert_same_training_state, cli_env, run_cli, run_in_process
 
 
 def test_fast_yaml_holds_airbench94_hyperparameters_converted_to_a_mean_loss():
@@ -309,7 +309,8 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
                                             "def net(width):\n    return simple_cnn(width)\n")
     result = run_cli("run", *TINY, *SMALL, "--compile=True", "--with_amp=auto", "--channels_last=True", "--tta=1",
                      f"--model={tmp_path / 'user_model.py'}:net", '--model_kwargs={"width": 16}',
-                     f"--output_path={tmp_path}", "--run_name=fast")
+                     f"--output_path={tmp_path}", "--run_name=fast",
+                     env={**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"})  # no pool of compiling processes
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "fast" / "metrics.json").read_text())["test"]
     checkpoint = tmp_path / "fast" / "training_checkpoint_40.pt"

@@ -13,7 +13,6 @@ from tests.conftest import (
     SPAWN_2,
     TINY,
     assert_same_training_state,
-    run_cli,
     run_in_process,
     run_log,
     start_cli,
@@ -151,11 +150,10 @@ def seen_images(folder, steps):
 
 
 def run_seen(tmp_path, name, processes, *extra):
-    """A run of the Seen model: in this process, but for the one whose rank 0 log the test reads (a new process)."""
+    """A run of the Seen model, in this process."""
     folder = tmp_path / f"seen-{name}"
     folder.mkdir()
-    launch = run_cli if name == "two-to-three" else run_in_process
-    return folder, launch("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
+    return folder, run_in_process("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
                            f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen",
                            f'--model_kwargs={{"folder": "{folder}"}}', *extra)
 
@@ -176,7 +174,8 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     for first, then, done in (("two", "two-to-three", 18), ("three", "three-to-two", 14)):
         epoch_2 = seen_images(runs[first][0], range(11, done + 1)) + seen_images(runs[then][0], range(1, 21 - done))
         assert sorted(epoch_2) == everything, f"{first} -> {then}: images repeated or skipped"
-    warning = [line for line in runs["two-to-three"][1].stderr.splitlines() if "resuming at world size" in line]
+    logged = run_log(runs["two-to-three"][1], tmp_path / "two-to-three")  # rank 0's log: run.log
+    warning = [line for line in logged.splitlines() if "resuming at world size" in line]
     assert len(warning) == 1 and warning[0].endswith(
         "WARNING resuming at world size 3 from a checkpoint written at world size 2 (iteration 18, epoch 2): the rest "
         "of epoch 2 sees exactly the images an uninterrupted run would, each once; augmentation and BatchNorm "
