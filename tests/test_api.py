@@ -92,3 +92,15 @@ def test_prepare_data_report_and_evaluate_files_are_api_calls_the_cli_only_print
         "mistakes_training_checkpoint_10.json", "mistakes_training_checkpoint_10.png"]
     with pytest.raises(api.UserError, match="^run folder '.*missing' does not exist$"):
         api.report([tmp_path / "missing"])
+
+
+def test_a_run_in_this_process_ends_its_dataloader_workers_before_it_returns(tmp_path):
+    """The workers a run keeps between epochs (persistent_workers) end with the run (``Loaders.close``); left to a
+    later garbage collection, DataLoader would wait 5 s for each (its queues are closed first), 30 s for this run in
+    a notebook's next cell, or in a study's next trial."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    result = api.train(**{**SMALL, "num_workers": 2}, output_path=str(tmp_path))
+    assert result.test is not None and result.test.num_samples > 0
+    assert set(multiprocessing.active_children()) - before == set()  # no DataLoader worker left running

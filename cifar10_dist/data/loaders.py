@@ -95,6 +95,15 @@ class Loaders:
     test: DataLoader
     val: DataLoader | None = None
 
+    def close(self) -> None:
+        """End the worker processes the loaders keep between passes (persistent_workers). Left to the garbage
+        collector, each worker costs 5 s: it closes a loader's queues before the loader tells its workers to stop,
+        and DataLoader waits out its join timeout for every one (30 s after a run with 3 loaders and 2 workers)."""
+        for loader in (self.train, self.train_eval, self.test, self.val):
+            workers = getattr(loader, "_iterator", None)  # where DataLoader keeps its persistent workers
+            if workers is not None and hasattr(workers, "_shutdown_workers"):
+                workers._shutdown_workers()  # (torch has no public call for it; it is safe to repeat)
+
 
 @dataclass(frozen=True)
 class HeldOut:

@@ -7,6 +7,7 @@ runs and reports. ``launch.runs`` launches it in every process; evaluating a che
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -61,8 +62,9 @@ def training(config: Config) -> dict[str, Any]:
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         resuming = config.resume_from is not None
-        with run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                        resuming=resuming, overwrite=config.overwrite) as run_dir, \
+        with contextlib.closing(data_setup.loaders), \
+                run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
+                                           resuming=resuming, overwrite=config.overwrite) as run_dir, \
                 ClearML(config.to_dict(), run_dir) as clearml, \
                 MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
             run_log.write_to(run_dir)
