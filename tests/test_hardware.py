@@ -101,7 +101,7 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
                                                                "bf16 autocast + channels_last"]
     fp32, layout, bf16 = report["probes"]
     assert fp32["images_per_second"] > 0 and layout["images_per_second"] > 0
-    # bf16 is really emulated on an AVX2-only CPU (not only faked): too slow to time in 0.2 s there
+    # bf16 is really emulated on an AVX2-only CPU (not only faked): it may be too slow to time in its budget there
     assert bf16["images_per_second"] > 0 or bf16["verdict"].startswith("not measurable here: ")
     assert report["probes"][0]["relative_to_fp32"] == 1.0
     assert report["advice"][0].startswith("with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + "
