@@ -142,13 +142,10 @@ def make_loaders(
     val: ImageSet | None = None,
     device: torch.device | None = None,
     balanced: bool = False,
-    one_pass: bool = False,
 ) -> Loaders:
     """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders.
 
     ``balanced``: the training order draws every class equally often (``BalancedSampler``).
-    ``one_pass``: each loader is read once (evaluation): its workers end with the pass, not kept for the next
-    (kept workers end when the loader is garbage collected, which can stall up to 5 s inside DataLoader).
     With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
     """
     import ignite.distributed as idist
@@ -156,8 +153,7 @@ def make_loaders(
     world_size, rank = idist.get_world_size(), idist.get_rank()
     if len(train) < batch_size:
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
-    common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch,
-                                  persistent_workers=num_workers > 0 and not one_pass)
+    common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
     if device is not None:
         check_fits(sum(images.images.shape.numel() for images in (train, test, val) if images is not None),
                    free_bytes(device), device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -38,7 +39,6 @@ class EvaluationWorker:
                 loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
                 num_workers=config.num_workers,
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
-                one_pass=True,
             )
             precision = process_setup.setup_precision(config, device)
             model, info = self.load_model(config, loaded, device, precision)
@@ -47,7 +47,8 @@ class EvaluationWorker:
                 precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
                 confusion_matrix=True,
             )
-            metrics = evaluator.run(batch_loaders.test).metrics
+            with contextlib.closing(batch_loaders):  # its workers end here, not in a garbage collection
+                metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             return EvaluationResult(
                 accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
