@@ -10,10 +10,12 @@ import multiprocessing
 from cifar10_dist.config import Config
 
 NATIVE_BACKENDS = ("gloo", "nccl")
-# the worker module (torch, Ignite) and what rank 0 imports at every run (TensorBoard's writer; matplotlib for
-# curves.png and mistakes.png); the forkserver leaves out a module that is not installed
-PRELOADED = ("cifar10_dist.training.worker", "torch.utils.tensorboard", "matplotlib.figure",
-             "matplotlib.backends.backend_agg")
+# the worker module (torch, Ignite), what every worker imports on first use (torch._dynamo, by the optimizer's
+# constructor: about 1 s of a core; torchvision's datasets and models, filelock) and what rank 0 imports at every
+# run (TensorBoard's writer; matplotlib for curves.png and mistakes.png); the forkserver leaves out a module that
+# is not installed
+PRELOADED = ("cifar10_dist.training.worker", "torch._dynamo", "torchvision.datasets", "torchvision.models", "filelock",
+             "torch.utils.tensorboard", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 def start_method() -> str:
