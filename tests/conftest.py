@@ -42,16 +42,50 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
-    """``python -m cifar10_dist ARGS`` as a user would run it; returns the CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, "-m", "cifar10_dist", *args],
-        cwd=cwd,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m cifar10_dist ARGS`` as a user would run it; returns the CompletedProcess. The process is forked
+    by this test process's CLI server (tests/cli_server.py: torch imported once) unless ``fresh`` or its
+    environment differs from the server's in a variable read at import time: then a new interpreter runs it."""
+    env = env or cli_env()
+    if fresh or not servable(env):
+        return subprocess.run([sys.executable, "-m", "cifar10_dist", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    process = cli_server().start(list(args), env, cwd, new_session=False)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+# variables that torch, OpenMP and Python read when they start: a process whose values differ from the CLI
+# server's needs an interpreter of its own
+IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
+_cli_server = None
+
+
+def servable(env: dict[str, str]) -> bool:
+    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child)."""
+    server_env = cli_env()
+    return all(env.get(key) == server_env.get(key) for key in {*env, *server_env}
+               if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH")
+
+
+def cli_server():
+    """This test process's CLI server, started on first use and stopped when the process exits."""
+    global _cli_server
+    if _cli_server is None or _cli_server.process.poll() is not None:
+        import atexit
+        import tempfile
+
+        from tests.cli_server import Server
+
+        _cli_server = Server(cli_env(), Path(tempfile.mkdtemp(prefix="cli-server-")))
+        atexit.register(_cli_server.stop)
+    return _cli_server
 
 
 def run_in_process(*args: str) -> subprocess.CompletedProcess:
@@ -172,15 +206,20 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     return subprocess.CompletedProcess(["cifar10-dist", "run"], code, stdout, stderr), folder / "output"
 
 
-def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
-    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background.
+def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None,
+              fresh: bool = False):
+    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:
+    a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``).
 
     It gets a session of its own, so that ``stop_all`` can end it with every process below it.
     """
+    env = {**cli_env(), **(env or {})}
+    if not (torchrun or fresh) and servable(env):
+        return cli_server().start(list(args), env, None, new_session=True)
     launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
     return subprocess.Popen(
         [*launcher, "-m", "cifar10_dist", *args],
-        env={**cli_env(), **(env or {})},
+        env=env,
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
 from cifar10_dist.config import Config
-from tests.conftest import REPO, run_cli, run_in_process
+from tests.conftest import REPO, cli_env, run_cli, run_in_process, servable
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate"])
@@ -49,3 +50,22 @@ def test_config_prints_the_resolved_config_as_yaml_that_run_takes_back(tmp_path)
     assert again.batch_size == 256 and again.model == "airbench" and printed.stdout.startswith("dataset: cifar10\n")
     refused = run_in_process("config", "--batch_size=0")
     assert refused.returncode == 2 and refused.stderr == "error: batch_size=0 must be at least 1\n"
+
+
+def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path):
+    """tests/cli_server.py forks most of the tests' CLI processes from an interpreter that imported torch once:
+    each gets the exit code, output, folder and import path (a module beside it, PYTHONPATH) that
+    ``python -m cifar10_dist`` gets in a new interpreter."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "there.py").write_text("def Net(num_classes=10):\n    return None\n")
+    (tmp_path / "here.py").write_text("from there import Net\n")  # here beside the run, there on PYTHONPATH
+    env = {**cli_env(), "PYTHONPATH": f"{elsewhere}{os.pathsep}{cli_env()['PYTHONPATH']}"}
+    assert servable(env)
+    for command in [("run", "--model=here:Net"), ("run", "--batch_size=0")]:
+        served = run_cli(*command, "--data_path=nowhere", cwd=tmp_path, env=env)
+        fresh = run_cli(*command, "--data_path=nowhere", cwd=tmp_path, env=env, fresh=True)
+        assert (served.returncode, served.stdout, served.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        assert served.returncode == 2 and served.stderr.count("\n") == 1, served.stderr
+        if "Net" in command[1]:  # imported: the factory was called
+            assert "the factory returned a NoneType, not a torch.nn.Module" in served.stderr, served.stderr

@@ -1,0 +1,192 @@
+"""``python -m cifar10_dist`` processes forked from one interpreter that imported torch, Ignite and the package
+once: what a test's CLI process would spend its first ~5 s of a core on (on a 2-core machine, most of a short
+run). Each is still a process of its own, run as ``python -m`` runs it (``runpy``, ``__main__``, its own
+arguments, environment, folder, import path, stdin/stdout/stderr, session and exit status); only the imports are
+done before it starts. ``tests/conftest.py`` decides when a test gets a fresh interpreter instead.
+
+The server (``python -m tests.cli_server ADDRESS``) takes one request per connection on a UNIX socket: the
+arguments, environment and folder as JSON, with the three standard streams' file descriptors attached; it answers
+the child's pid, then its exit status when it ends. It stops when its stdin (a pipe from the test process)
+closes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+# what a CLI run imports (the forkserver's preload list, below, plus the command line itself)
+PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs")
+
+
+def _preload() -> None:
+    from cifar10_dist.launch import start_method
+
+    for name in (*PRELOADED_HERE, *start_method.PRELOADED):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
+def serve(address: str) -> dict[str, Any]:
+    """Answer requests until stdin closes (then exit); in each forked child, return its request."""
+    base_path = sys.path[1 + len(_import_path(os.environ)):]  # what follows PYTHONPATH in every interpreter
+    _preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(16)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "stop")
+    print("ready", flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.data == "stop":
+                sys.exit(0)
+            if key.data == "accept":
+                connection, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    connection.close()
+                    return _become_child(json.loads(message), fds, base_path)
+                for fd in fds:
+                    os.close(fd)
+                connection.send(str(pid).encode())
+                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, connection))
+            else:  # a child ended: its exit status to its client
+                pid, connection = key.data
+                selector.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    connection.send(str(os.waitstatus_to_exitcode(status)).encode())
+                except OSError:
+                    pass  # the client went away
+                connection.close()
+
+
+def _import_path(env: dict[str, str] | os._Environ) -> list[str]:
+    """PYTHONPATH's entries as Python puts them on sys.path (absolute; an empty entry is the current folder)."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(entry) for entry in value.split(os.pathsep)] if value else []
+
+
+def _become_child(request: dict[str, Any], fds: list[int], base_path: list[str]) -> dict[str, Any]:
+    """This process as a fresh ``python -m cifar10_dist ARGS`` would be set up."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = [os.getcwd(), *_import_path(os.environ), *base_path]
+    sys.argv[:] = ["-m", *request["args"]]
+    random.seed()  # as a fresh interpreter's: seeded from the OS, not the server's state
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    return request
+
+
+class ServedProcess:
+    """The part of ``subprocess.Popen`` the tests use, for a process forked by the server."""
+
+    def __init__(self, args: list[str], connection: socket.socket, stdout: Any, stderr: Any) -> None:
+        self.args = args
+        self.pid = int(connection.recv(64))
+        self.returncode: int | None = None
+        self.stdout, self.stderr = stdout, stderr
+        self._connection = connection
+        self._readers: list[threading.Thread] = []
+        self._read: dict[str, str] = {}
+
+    def poll(self) -> int | None:
+        return self._status(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._status(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        if not self._readers:
+            self._readers = [threading.Thread(target=self._read_all, args=(name,), daemon=True)
+                             for name in ("stdout", "stderr")]
+            for reader in self._readers:
+                reader.start()
+        for reader in self._readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(timeout)
+        return self._read["stdout"], self._read["stderr"]
+
+    def send_signal(self, signal_number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal_number)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+    def _read_all(self, name: str) -> None:
+        stream = getattr(self, name)
+        self._read[name] = stream.read()
+        stream.close()
+
+    def _status(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            import select
+
+            if select.select([self._connection], [], [], timeout)[0]:
+                self.returncode = int(self._connection.recv(64))
+                self._connection.close()
+        return self.returncode
+
+
+class Server:
+    """One server per test process, started on first use."""
+
+    def __init__(self, env: dict[str, str], folder: Path) -> None:
+        self.env = env
+        self.address = str(folder / "cli-server.sock")
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", self.address], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the CLI server did not start (exit {self.process.wait()})")
+
+    def start(self, args: list[str], env: dict[str, str], cwd: Path | None, new_session: bool) -> ServedProcess:
+        stdout_read, stdout_write = os.pipe()
+        stderr_read, stderr_write = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        request = {"args": args, "env": env, "cwd": str(cwd or Path.cwd()), "new_session": new_session}
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        connection.connect(self.address)
+        socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout_write, stderr_write])
+        for fd in (stdin, stdout_write, stderr_write):
+            os.close(fd)
+        return ServedProcess([sys.executable, "-m", "cifar10_dist", *args], connection,
+                             os.fdopen(stdout_read, "r"), os.fdopen(stderr_read, "r"))
+
+    def stop(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
+    import runpy
+
+    runpy.run_module("cifar10_dist", run_name="__main__", alter_sys=True)
