@@ -30,6 +30,7 @@ TINY = [
     "--learning_rate=0.1",
     "--train_eval_size=100",
     "--log_every_iters=5",
+    "--channels_last=True",
 ]
 
 
