@@ -158,8 +158,8 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Pa
 
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory) -> Path:
-    """600 training and 1,001 test images on disk (1,001: not divisible by 2 or 3)."""
-    return made_once(tmp_path_factory, "cifar", lambda folder: write_dataset(folder, 600, 1001))
+    """600 training and 301 test images on disk (301: not divisible by 2 or 3)."""
+    return made_once(tmp_path_factory, "cifar", lambda folder: write_dataset(folder, 600, 301))
 
 
 # TINY for 4 epochs: 600 images, global batch 32, 18 iterations per epoch, 72 in all

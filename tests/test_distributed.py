@@ -21,7 +21,7 @@ def test_two_spawned_gloo_processes_train_together(spawned_run):
     result, output = spawned_run
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy, _, count = final_metrics(result.stdout)
-    assert count == 1001 and accuracy > 0.2
+    assert count == 301 and accuracy > 0.2
     (run_dir,) = output.iterdir()
     assert re.fullmatch(r"simple_cnn_backend-gloo-2_\d{8}-\d{6}", run_dir.name)
     checkpoint = torch.load(sorted(run_dir.glob("training_checkpoint_*.pt"))[-1], weights_only=True)
@@ -37,7 +37,7 @@ def test_torchrun_with_two_gloo_processes_trains_and_reports_once(small_dataset,
                           f"--output_path={tmp_path}", "--run_name=torchrun")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("final test:") == 1  # only rank 0 reports
-    assert final_metrics(result.stdout)[2] == 1001
+    assert final_metrics(result.stdout)[2] == 301
     checkpoint = torch.load(tmp_path / "torchrun" / "training_checkpoint_36.pt", weights_only=True)
     assert checkpoint["meta"]["world_size"] == 2
 
@@ -54,11 +54,11 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
                                 "--batch_size=64", *launch)
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = json.loads(result.stdout.strip().splitlines()[-1])
-    assert [r["num_samples"] for r in results.values()] == [1001, 1001, 1001]
+    assert [r["num_samples"] for r in results.values()] == [301, 301, 301]
     assert results[1]["accuracy"] == results[2]["accuracy"] == results[3]["accuracy"]
     matrix = results[1]["confusion_matrix"]
     assert matrix == results[2]["confusion_matrix"] == results[3]["confusion_matrix"]
-    assert sum(map(sum, matrix)) == 1001 and sum(matrix[i][i] for i in range(10)) == round(results[1]["accuracy"] * 1001)
+    assert sum(map(sum, matrix)) == 301 and sum(matrix[i][i] for i in range(10)) == round(results[1]["accuracy"] * 301)
     assert results[1]["per_class_accuracy"] == results[2]["per_class_accuracy"] == results[3]["per_class_accuracy"]
     saved = json.loads((run_dir / "confusion_training_checkpoint_36.json").read_text())
     assert saved["confusion_matrix"] == matrix and (run_dir / "confusion_training_checkpoint_36.png").stat().st_size > 10_000

@@ -53,7 +53,7 @@ def test_a_run_with_two_processes_finds_the_mistakes_that_evaluate_finds_and_sho
                           "--num_workers=0").returncode == 0
     own = json.loads((run_dir / "mistakes.json").read_text())
     evaluated = json.loads((run_dir / f"mistakes_{final.stem}.json").read_text())
-    assert own["test_images"] == 1001 and own["model"] == "final"
+    assert own["test_images"] == 301 and own["model"] == "final"
     assert [(m["index"], m["true"], m["predicted"]) for m in own["mistakes"]] == \
         [(m["index"], m["true"], m["predicted"]) for m in evaluated["mistakes"]]  # rank 1's indices mapped back
     assert [m["confidence"] for m in own["mistakes"]] == pytest.approx([m["confidence"] for m in evaluated["mistakes"]],

@@ -37,7 +37,7 @@ def write_png_folder(images: ImageSet, folder: Path) -> None:
 
 
 def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained, small_dataset, tmp_path):
-    """The 1,001 test images as PNG files in class folders: top-1 of predict --json against the folder names gives
+    """The 301 test images as PNG files in class folders: top-1 of predict --json against the folder names gives
     the accuracy evaluate computes from the dataset files (same pixels, normalisation and model)."""
     test = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
@@ -45,7 +45,7 @@ def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained
                                "--top_k=3", "--batch_size=100")
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     lines = [json.loads(line) for line in predicted.stdout.splitlines()]
-    assert len(lines) == len(test) == 1001
+    assert len(lines) == len(test) == 301
     for line in lines:
         probabilities = [entry["probability"] for entry in line["top_k"]]
         assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 1.000001

@@ -50,7 +50,7 @@ def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_ru
         assert len(re.findall(r"epoch \d+ test: accuracy", log)) == 1, world_size
         assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", log)) == 2
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 1001
+        assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 301
         best = metrics["test"]["model"]
         assert re.fullmatch(r"best_model_\d_val_accuracy=[0-9.]+\.pt", best) and (run_dir / best).is_file()
         assert f"final test: accuracy {metrics['test']['accuracy']:.4f}" in result.stdout
@@ -131,7 +131,7 @@ def test_evaluate_warns_when_the_data_differs_from_the_checkpoints(held_out_runs
     from cifar10_dist import cli
     from tests.conftest import write_dataset
 
-    other = write_dataset(tmp_path / "other", 600, 1001, seed=1)
+    other = write_dataset(tmp_path / "other", 600, 301, seed=1)
     checkpoint = held_out_runs[1][1] / FINAL
     code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={other}", "--num_workers=0"])
     stderr = capsys.readouterr().err

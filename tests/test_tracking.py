@@ -120,7 +120,7 @@ def test_metrics_jsonl_has_a_line_per_epoch_and_per_evaluation(tracked_run):
             assert line["iteration"] == 18 * line["epoch"] and line["epoch_time"] > 0
             assert line["epoch_loss"] > 0 and 0 <= line["lr"] <= 0.1
         else:
-            assert line["duration"] > 0 and line["num_samples"] == (1001 if line["split"] == "test" else 100)
+            assert line["duration"] > 0 and line["num_samples"] == (301 if line["split"] == "test" else 100)
     final = json.loads((run_dir / "metrics.json").read_text())
     assert lines[-1]["accuracy"] == final["test"]["accuracy"]
 

@@ -37,7 +37,7 @@ def test_training_exits_zero_and_prints_final_metrics_and_run_folder(trained_run
     result, run_dir = trained_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"run folder: {run_dir}" in result.stdout
-    assert "(1001 images)" in result.stdout  # the whole test set, once
+    assert "(301 images)" in result.stdout  # the whole test set, once
     assert "final train subset: accuracy" in result.stdout
     assert "keep_freed_memory: freed memory stays in this process for reuse (glibc)" in result.stderr  # the default
 
@@ -64,7 +64,7 @@ def test_run_folder_holds_config_checkpoints_best_models_and_tensorboard(trained
     best = sorted(p.name for p in run_dir.glob("best_model_*.pt"))
     assert len(best) == 2 and best[0].startswith("best_model_2_test_accuracy=")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["iterations"] == 54 and metrics["test"]["num_samples"] == 1001
+    assert metrics["iterations"] == 54 and metrics["test"]["num_samples"] == 301
 
 
 def test_tensorboard_has_loss_lr_and_validation_scalars(trained_run):
@@ -151,7 +151,7 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
                                 "top5_accuracy", "balanced_accuracy", "macro_f1", "per_class_precision",
                                 "per_class_f1"}
         assert metrics["classes"] == list(cifar.CLASSES)
-        assert metrics["num_samples"] == 1001 and 0.4 < metrics["accuracy"] <= 1.0
+        assert metrics["num_samples"] == 301 and 0.4 < metrics["accuracy"] <= 1.0
         matrix = metrics["confusion_matrix"]  # rows: true class; the means by hand, as sklearn defines them
         recalls = [row[c] / sum(row) for c, row in enumerate(matrix)]
         precisions = [matrix[c][c] / max(sum(row[c] for row in matrix), 1) for c in range(len(matrix))]

@@ -82,7 +82,7 @@ def test_trials_are_runs_ranked_on_val_and_the_test_set_is_used_once(finished_st
     assert result.stdout.count("final test") == 1
     assert f"final test (trial {best.number}'s best model, the test set's only use in this study)" in result.stdout
     final = study.user_attrs[f"final_test:trial-{best.number}"]
-    assert final["num_samples"] == 1001 and Path(final["checkpoint"]).parent == study_dir / f"trial-{best.number}"
+    assert final["num_samples"] == 301 and Path(final["checkpoint"]).parent == study_dir / f"trial-{best.number}"
     table = result.stdout[result.stdout.index("trial  state"):].splitlines()
     assert [int(line.split()[0]) for line in table[1:4]] == [t.number for t in sorted(study.trials,
                                                                                        key=lambda t: -t.value)]
