@@ -52,6 +52,7 @@ def test_config_prints_the_resolved_config_as_yaml_that_run_takes_back(tmp_path)
     assert refused.returncode == 2 and refused.stderr == "error: batch_size=0 must be at least 1\n"
 
 
+@pytest.mark.slow  # a fresh interpreter to compare with
 def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path):
     """tests/cli_server.py forks most of the tests' CLI processes from an interpreter that imported torch once:
     each gets the exit code, output, folder and import path (a module beside it, PYTHONPATH) that

@@ -53,6 +53,7 @@ def final_test(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())["test"]
 
 
+@pytest.mark.slow  # three runs of 1,575 images
 def test_each_remedy_raises_the_balanced_accuracy_for_the_same_budget(three_runs):
     plain = final_test(three_runs["plain"])
     for remedy in ("class_weights", "sampler"):
@@ -61,6 +62,7 @@ def test_each_remedy_raises_the_balanced_accuracy_for_the_same_budget(three_runs
         assert remedied["macro_f1"] > plain["macro_f1"] + 0.02, (remedy, remedied, plain)
 
 
+@pytest.mark.slow
 def test_auto_class_weights_are_the_inverse_class_frequency_and_recorded(three_runs):
     recorded = json.loads((three_runs["class_weights"] / "provenance.json").read_text())["class_weights"]
     total = 5 * MAJORITY + 5 * MINORITY

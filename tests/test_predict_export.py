@@ -180,7 +180,8 @@ def export(checkpoint: Path, format: str, output: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [pytest.param(family, marks=[pytest.mark.slow] if "resnet" in family else [])
+                                    for family in FAMILIES])  # the resnets' exports: the same code, 30 s of a core
 def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_path):
     """safetensors read back torch.equal; TorchScript and ONNX (with ONNX Runtime, at batch sizes 1 and 7) give
     the model's logits; the sidecar carries the reference, classes and normalisation."""
