@@ -1,8 +1,6 @@
 """``python -m cifar10_dist``: the same as the ``cifar10-dist`` console script."""
 
-import sys
-
-from cifar10_dist.cli import main
+from cifar10_dist.cli import run_and_exit
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit()

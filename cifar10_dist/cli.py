@@ -9,6 +9,7 @@ a diverged run (NaN loss) with 3, a preempted run (SIGTERM/SIGUSR1, checkpoint w
 
 from __future__ import annotations
 
+import gc
 import json as json_module
 import sys
 from pathlib import Path
@@ -240,6 +241,17 @@ def _help_text(argv: list[str]) -> str | None:
     if asks_help:
         return cli_help.PAGES[argv[0]].format(options=describe_options())
     return None
+
+
+def run_and_exit() -> None:
+    """The console script and ``python -m cifar10_dist``: ``main()``'s code as the exit status. What the run's
+    imports created is frozen out of the garbage collector first: the interpreter's exit would otherwise walk it
+    all, about 1 s of a core (a process importing what a run imports: 5.55 s of CPU, 4.51 s frozen, best of 5 on
+    the 2-core AVX2-only EPYC); atexit handlers, threads and module teardown run as before, and only cyclic
+    garbage is left to the operating system."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

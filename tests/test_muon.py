@@ -116,6 +116,7 @@ MUON_TINY = [f"--config={MUON_YAML}", *SMALL, '--model_kwargs={"widths": [16, 64
              "--num_epochs=3", "--validate_every=3", "--checkpoint_every=12", "--tta=0"]
 
 
+@pytest.mark.slow  # two processes, a resume
 def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path):
     """SGD + Muon through idist.auto_optim with 2 gloo processes, bf16, channels_last: resumed at iteration 24, the
     weights, both optimizers' states (Muon's momentum buffers) and the schedule end as in the uninterrupted run."""

@@ -270,6 +270,7 @@ def test_a_timm_model_without_network_or_cache_is_refused_at_once(tmp_path, monk
                                           "(model.safetensors) and give --pretrained=THAT_FILE")
 
 
+@pytest.mark.slow  # a fine-tuning run, then ONNX
 def test_a_fine_tuned_timm_model_from_a_local_file_exports_to_onnx_checked_by_onnx_runtime(tmp_path):
     timm = pytest.importorskip("timm")
     torch.manual_seed(3)

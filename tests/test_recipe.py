@@ -268,6 +268,7 @@ FAST_TINY = ["--config=" + str(REPO / "configs" / "fast.yaml"), *SMALL, '--model
              "--log_every_iters=5"]
 
 
+@pytest.mark.slow  # two processes, a resume
 def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path):
     """Lookahead, per-group schedules, alternating flip, bf16, channels_last and data_on_device, 2 gloo processes:
     resumed at iteration 24 (mid-epoch 3, between lookahead steps), every tensor ends as in the uninterrupted run."""

@@ -36,6 +36,7 @@ def write_user_module(folder: Path, name: str = "mynets.py") -> Path:
     return path
 
 
+@pytest.mark.slow  # spawned workers
 def test_module_reference_trains_in_spawned_workers_and_evaluate_rebuilds_it(small_dataset, tmp_path, monkeypatch):
     """Spawned gloo workers import mynets by name from the current folder (searchable as with python -m); the
     reference and kwargs are in config.yaml and the checkpoint; evaluate needs no --model."""
