@@ -69,7 +69,10 @@ _cli_server = None
 
 
 def servable(env: dict[str, str]) -> bool:
-    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child)."""
+    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child); it
+    needs Linux's pidfd_open to learn when a child ends."""
+    if not hasattr(os, "pidfd_open"):
+        return False
     server_env = cli_env()
     return all(env.get(key) == server_env.get(key) for key in {*env, *server_env}
                if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH")
