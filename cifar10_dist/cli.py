@@ -255,7 +255,8 @@ def run_and_exit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``cifar10-dist`` and ``python -m cifar10_dist``; returns the exit code."""
+    """What ``cifar10-dist ARGS`` does, with ``argv`` as ARGS; returns the exit code (``run_and_exit`` makes it
+    the process's)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]

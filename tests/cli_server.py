@@ -15,7 +15,9 @@ import gc
 import json
 import os
 import random
+import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -140,7 +142,7 @@ class ServedProcess:
             os.kill(self.pid, signal_number)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def _read_all(self, name: str) -> None:
         stream = getattr(self, name)
@@ -149,8 +151,6 @@ class ServedProcess:
 
     def _status(self, timeout: float | None) -> int | None:
         if self.returncode is None:
-            import select
-
             if select.select([self._connection], [], [], timeout)[0]:
                 self.returncode = int(self._connection.recv(64))
                 self._connection.close()
