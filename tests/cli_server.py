@@ -161,7 +161,6 @@ class Server:
     """One server per test process, started on first use."""
 
     def __init__(self, env: dict[str, str], folder: Path) -> None:
-        self.env = env
         self.address = str(folder / "cli-server.sock")
         self.process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", self.address], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
