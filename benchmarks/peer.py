@@ -5,7 +5,8 @@ weights), torch.cuda.Event becomes a CPU timer, and its network's forward runs u
 has native bf16 (AMX or AVX512-BF16), in fp32 elsewhere (as our recipes' with_amp=auto does). Its process keeps
 freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
 
-    python -m benchmarks.peer --device=cpu --seed=0 [--epochs=E]   (the worker side; benchmarks call ``run_peer``)
+    python -m benchmarks.peer --device=cpu --seed=0 [--epochs=E] [--batch_size=B]   (the worker side; benchmarks
+    call ``run_peer``)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cifar10_dist.system import cpu, hardware
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "airbench==0.1.8"
-QUICK_EPOCHS = 0.01  # a few steps of train94
+QUICK = ["--epochs=0.01", "--batch_size=128"]  # a few steps of train94 at a smaller batch (checks the tool)
 # the glibc setting our runs make themselves (keep_freed_memory, on by default), so that times compare recipes,
 # not allocators (it makes both about 1.1x faster at batch 1024 on the Zen 4 machine)
 KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(cpu.NEVER_TRIM)}
@@ -113,7 +114,7 @@ def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, A
     with tempfile.TemporaryDirectory() as folder:
         write_peer_data(data_path, Path(folder))
         command = [sys.executable, "-m", "benchmarks.peer", f"--device={device}", f"--seed={seed}",
-                   *([f"--epochs={QUICK_EPOCHS}"] if quick else [])]
+                   *(QUICK if quick else [])]
         result = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"airbench94 failed: {result.stderr.strip()[-2000:]}")
@@ -129,19 +130,23 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=float, default=None)
+    parser.add_argument("--batch_size", type=int, default=None, help="train94's own is 1024")
     args = parser.parse_args()
     import airbench
     from airbench import lib_airbench94
 
     torch.manual_seed(args.seed)
-    options = {} if args.epochs is None else {"epochs": args.epochs}
     if args.device == "cpu":
         adapt_to_cpu()
+    options: dict[str, Any] = {} if args.epochs is None else {"epochs": args.epochs}
+    if args.batch_size is not None:  # its own training loader, as train94 makes it, at another batch size
+        options["train_loader"] = lib_airbench94.CifarLoader("cifar10", train=True, batch_size=args.batch_size,
+                                                             aug=lib_airbench94.hyp["aug"], altflip=True)
+    if args.device == "cpu":
         airbench.train94(make_net=lambda: with_bf16_forward(lib_airbench94.make_net94()), **options)
     else:
         airbench.warmup94()
         airbench.train94(**options)
-
 
 if __name__ == "__main__":
     main()

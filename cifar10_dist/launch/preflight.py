@@ -1,6 +1,6 @@
 """Checks of a resolved config against the world, made once, before any process starts: the model registry,
-the files the config names, and the launch environment (torchrun, GPUs, optional backends, a script's main
-guard).
+the files the config names, and the launch environment (torchrun, GPUs, optional backends); a script's main
+guard is checked sooner, by ``start_method``.
 
 ``config`` checks the values alone (and imports no torch); everything that has to look around is here.
 Each check raises a UserError naming the value and what to do instead.
@@ -8,10 +8,7 @@ Each check raises a UserError naming the value and what to do instead.
 
 from __future__ import annotations
 
-import ast
-import linecache
 import os
-import sys
 from pathlib import Path
 
 import ignite.distributed as idist
@@ -120,53 +117,3 @@ def check_batch_fits_world(config: Config) -> None:
         raise UserError(
             f"batch_size={config.batch_size} is smaller than the world size {world_size}: every process needs a sample"
         )
-
-
-def require_main_guard(workers: int | None) -> None:
-    """Refuse, before any process starts, a script that launches at its top level without
-    ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver
-    do), so each would start the launch anew."""
-    script, line = _main_script_call()
-    if script is None or _is_guarded(script, line):
-        return
-    source = linecache.getline(script, line).strip()
-    source = source if len(source) <= 60 else source[:57] + "..."
-    raise UserError(f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
-                    f"`if __name__ == \"__main__\":`: each worker imports {Path(script).name} again and would run "
-                    "that line itself; put the call under `if __name__ == \"__main__\":` (Python's rule for spawned "
-                    "processes)")
-
-
-def _main_script_call() -> tuple[str | None, int]:
-    """The file of the __main__ module and the line of it that led here (its outermost frame), or (None, 0) when
-    __main__ is no file (a REPL, python -c)."""
-    frame, found = sys._getframe(), None
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
-            found = frame
-        frame = frame.f_back
-    script = found.f_globals.get("__file__") if found is not None else None
-    return (script, found.f_lineno) if script and Path(script).is_file() else (None, 0)
-
-
-def _is_guarded(script: str, line: int) -> bool:
-    """Whether ``line`` of ``script`` lies inside an ``if __name__ == "__main__":`` block."""
-    try:
-        tree = ast.parse(Path(script).read_text(), filename=script)
-    except (OSError, SyntaxError, ValueError):
-        return True  # cannot tell: do not stand in the way
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _tests_main(node.test):
-            if any(child.lineno <= line <= (child.end_lineno or child.lineno) for child in node.body):
-                return True
-    return False
-
-
-def _tests_main(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either way round)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, *test.comparators]
-    names = [side.id for side in sides if isinstance(side, ast.Name)]
-    values = [side.value for side in sides if isinstance(side, ast.Constant)]
-    return names == ["__name__"] and values == ["__main__"]

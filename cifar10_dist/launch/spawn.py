@@ -170,7 +170,7 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     environment = {**os.environ, **_spawn_environment(config)}  # the whole environment: a forkserver's is older
     start_method = start_methods.start_method()
     if start_method != "fork":
-        preflight.require_main_guard(config.nproc_per_node)
+        start_methods.require_main_guard(config.nproc_per_node)
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.stop_signals())
     try:

@@ -1,13 +1,20 @@
 """How spawned workers start, decided without importing torch: fork in a notebook, else a forkserver that
 imports torch and the package once (``start_method``), started as early as a run knows it will spawn
-(``start_early``), so that the server imports them on one core while the launcher checks the config on the other."""
+(``start_early``), so that the server imports them on one core while the launcher checks the config on the other;
+and the rule both spawn and the forkserver impose on a script, its main guard (``require_main_guard``), checked
+before anything starts."""
 
 from __future__ import annotations
 
+import ast
 import builtins
+import linecache
 import multiprocessing
+import sys
+from pathlib import Path
 
 from cifar10_dist.config import Config
+from cifar10_dist.errors import UserError
 
 NATIVE_BACKENDS = ("gloo", "nccl")
 # the worker module (torch, Ignite), what every worker imports on first use (torch._dynamo, by the optimizer's
@@ -34,9 +41,61 @@ def start_method() -> str:
 def start_early(config: Config) -> None:
     """A run that will spawn gloo/nccl workers through a forkserver starts the server now, before this process
     imports torch for its checks: both import at once (a launch from the command line starts its workers about
-    2 s sooner on two cores). The server waits, unused, when the checks refuse the run."""
+    2 s sooner on two cores). The server waits, unused, when the checks refuse the run; a script without its main
+    guard is refused before the server starts."""
     if config.backend not in NATIVE_BACKENDS or config.nproc_per_node is None or start_method() != "forkserver":
         return
+    require_main_guard(config.nproc_per_node)
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
+
+
+def require_main_guard(workers: int | None) -> None:
+    """Refuse, before any process starts, a script that launches at its top level without
+    ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver
+    do), so each would start the launch anew."""
+    script, line = _main_script_call()
+    if script is None or _is_guarded(script, line):
+        return
+    source = linecache.getline(script, line).strip()
+    source = source if len(source) <= 60 else source[:57] + "..."
+    raise UserError(f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
+                    f"`if __name__ == \"__main__\":`: each worker imports {Path(script).name} again and would run "
+                    "that line itself; put the call under `if __name__ == \"__main__\":` (Python's rule for spawned "
+                    "processes)")
+
+
+def _main_script_call() -> tuple[str | None, int]:
+    """The file of the __main__ module and the line of it that led here (its outermost frame), or (None, 0) when
+    __main__ is no file (a REPL, python -c)."""
+    frame, found = sys._getframe(), None
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
+            found = frame
+        frame = frame.f_back
+    script = found.f_globals.get("__file__") if found is not None else None
+    return (script, found.f_lineno) if script and Path(script).is_file() else (None, 0)
+
+
+def _is_guarded(script: str, line: int) -> bool:
+    """Whether ``line`` of ``script`` lies inside an ``if __name__ == "__main__":`` block."""
+    try:
+        tree = ast.parse(Path(script).read_text(), filename=script)
+    except (OSError, SyntaxError, ValueError):
+        return True  # cannot tell: do not stand in the way
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _tests_main(node.test):
+            if any(child.lineno <= line <= (child.end_lineno or child.lineno) for child in node.body):
+                return True
+    return False
+
+
+def _tests_main(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, *test.comparators]
+    names = [side.id for side in sides if isinstance(side, ast.Name)]
+    values = [side.value for side in sides if isinstance(side, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
