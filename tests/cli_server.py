@@ -6,8 +6,10 @@ done before it starts. ``tests/conftest.py`` decides when a test gets a fresh in
 
 The server (``python -m tests.cli_server ADDRESS``) takes one request per connection on a UNIX socket: the
 arguments, environment and folder as JSON, with the three standard streams' file descriptors attached; it answers
-the child's pid, then its exit status when it ends. It stops when its stdin (a pipe from the test process)
-closes."""
+the child's pid, then its exit status when it ends, or ``refused`` when the environment differs from its own in a
+variable read at import time (the child would not be what a new interpreter is). It stops when its stdin (a pipe
+from the test process) closes. Clients: ``Server.start`` (the tests' ``run_cli``/``start_cli``) and ``run_served``
+(the stand-in ``python`` of tests/served_python, for job scripts)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,17 @@ from typing import Any
 
 # what a CLI run imports (the forkserver's preload list, below, plus the command line itself)
 PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs")
+# variables that torch, OpenMP and Python read when they start (PYTHONPATH aside: the child's import path is set
+# from it): a process whose values differ from the server's needs an interpreter of its own
+IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
+# what a stand-in python passes on to the process it asked for (what srun and the job scripts send)
+PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def same_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os._Environ) -> bool:
+    """Whether two environments agree on every variable read at import time."""
+    return all(env.get(key) == other.get(key) for key in {*env, *other}
+               if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH")
 
 
 def _preload() -> None:
@@ -44,7 +57,11 @@ def _preload() -> None:
 def serve(address: str) -> dict[str, Any]:
     """Answer requests until stdin closes (then exit); in each forked child, return its request."""
     base_path = sys.path[1 + len(_import_path(os.environ)):]  # what follows PYTHONPATH in every interpreter
+    started_with = dict(os.environ)
     _preload()
+    # what the imports set (torch's inductor: TORCHINDUCTOR_CACHE_DIR, unless given), as they would in a new
+    # interpreter started with a request's environment
+    set_by_imports = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
     gc.freeze()  # the imports' objects: not walked by each child's collections, nor copied on their write
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(address)
@@ -60,14 +77,19 @@ def serve(address: str) -> dict[str, Any]:
             if key.data == "accept":
                 connection, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
-                pid = os.fork()
+                request = json.loads(message)
+                pid = os.fork() if same_at_import({**set_by_imports, **request["env"]}, os.environ) else None
                 if pid == 0:
                     selector.close()
                     listener.close()
                     connection.close()
-                    return _become_child(json.loads(message), fds, base_path)
+                    return _become_child(request, fds, base_path)
                 for fd in fds:
                     os.close(fd)
+                if pid is None:
+                    connection.send(b"refused")
+                    connection.close()
+                    continue
                 connection.send(str(pid).encode())
                 selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, connection))
             else:  # a child ended: its exit status to its client
@@ -166,7 +188,10 @@ class ServedProcess:
 
     def __init__(self, args: list[str], connection: socket.socket, stdout: Any, stderr: Any) -> None:
         self.args = args
-        self.pid = int(connection.recv(64))
+        answer = connection.recv(64)
+        if answer == b"refused":
+            raise RuntimeError("the CLI server refused an environment that conftest.servable accepted")
+        self.pid = int(answer)
         self.returncode: int | None = None
         self.stdout, self.stderr = stdout, stderr
         self._connection = connection
@@ -241,6 +266,29 @@ class Server:
     def stop(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=30)
+
+
+def run_served(args: list[str], address: str | None) -> int | None:
+    """For a stand-in ``python``: ``-m cifar10_dist ARGS`` forked by the server at ``address`` with this process's
+    environment, folder and standard streams, in a session of its own; the signals of PASSED_ON that reach this
+    process are passed on to it. Its exit code (negative: minus the signal that ended it), or None where this is
+    another command, no server is named or answers, or it refuses this environment."""
+    if not address or args[:2] != ["-m", "cifar10_dist"]:
+        return None
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(address)
+    except OSError:
+        return None
+    request = {"args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "new_session": True}
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    answer = connection.recv(64)
+    if answer in (b"", b"refused"):
+        return None
+    pid = int(answer)
+    for number in PASSED_ON:
+        signal.signal(number, lambda received, _: os.kill(pid, received))
+    return int(connection.recv(64))
 
 
 if __name__ == "__main__":

@@ -62,20 +62,15 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-# variables that torch, OpenMP and Python read when they start: a process whose values differ from the CLI
-# server's needs an interpreter of its own
-IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
 _cli_server = None
 
 
 def servable(env: dict[str, str]) -> bool:
     """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child); it
     needs Linux's pidfd_open to learn when a child ends."""
-    if not hasattr(os, "pidfd_open"):
-        return False
-    server_env = cli_env()
-    return all(env.get(key) == server_env.get(key) for key in {*env, *server_env}
-               if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH")
+    from tests.cli_server import same_at_import
+
+    return hasattr(os, "pidfd_open") and same_at_import(env, cli_env())
 
 
 def cli_server():
@@ -90,6 +85,17 @@ def cli_server():
         _cli_server = Server(cli_env(), Path(tempfile.mkdtemp(prefix="cli-server-")))
         atexit.register(_cli_server.stop)
     return _cli_server
+
+
+def job_script_environment() -> dict[str, str]:
+    """The environment a job script under test runs in: the stand-in srun and scontrol (tests/fake_slurm) and a
+    stand-in ``python`` (tests/served_python) whose ``-m cifar10_dist`` this test process's CLI server forks, where
+    it can, ahead of this interpreter's folder on PATH."""
+    folders = [REPO / "tests" / "served_python", REPO / "tests" / "fake_slurm", Path(sys.executable).parent]
+    env = {**cli_env(), "PATH": os.pathsep.join([*map(str, folders), os.environ["PATH"]])}
+    if hasattr(os, "pidfd_open"):
+        env["TEST_CLI_SERVER"] = cli_server().address
+    return env
 
 
 def run_in_process(*args: str) -> subprocess.CompletedProcess:

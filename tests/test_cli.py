@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cifar10_dist.config import Config
-from tests.conftest import REPO, cli_env, run_cli, run_in_process, servable
+from tests.conftest import REPO, cli_env, job_script_environment, run_cli, run_in_process, servable
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate"])
@@ -70,3 +70,22 @@ def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path
         assert served.returncode == 2 and served.stderr.count("\n") == 1, served.stderr
         if "Net" in command[1]:  # imported: the factory was called
             assert "the factory returned a NoneType, not a torch.nn.Module" in served.stderr, served.stderr
+
+
+def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path):
+    """tests/served_python/python: `-m cifar10_dist` forked by the CLI server, anything else run by the real
+    interpreter; either way its exit status and streams are the command's."""
+    import signal
+    import subprocess
+
+    env = job_script_environment()
+    stand_in = str(REPO / "tests" / "served_python" / "python")
+    served = subprocess.run([stand_in, "-m", "cifar10_dist", "run", "--batch_size=0"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert (served.returncode, served.stderr) == (2, "error: batch_size=0 must be at least 1\n")
+    passed = subprocess.run([stand_in, "-c", "import sys; print(sys.argv[1:]); sys.exit(5)", "a b"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert (passed.returncode, passed.stdout) == (5, "['a b']\n")
+    killed = subprocess.run([stand_in, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], env=env,
+                            timeout=60)
+    assert killed.returncode == -signal.SIGTERM

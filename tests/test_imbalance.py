@@ -22,7 +22,7 @@ from tests.conftest import run_in_process
 
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1
 RUN = ["--model=simple_cnn", "--batch_size=32", "--num_workers=0", "--num_epochs=2", "--learning_rate=0.1",
-       "--train_eval_size=0", "--validate_every=2"]
+       "--train_eval_size=0", "--validate_every=2", "--channels_last=True"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 import yaml
 
 from cifar10_dist.config import FIELDS
-from tests.conftest import REPO, cli_env, free_slurm_job_id, stop_all, wait_for_file
+from tests.conftest import REPO, free_slurm_job_id, job_script_environment, stop_all, wait_for_file
 
 SLURM_DIR = REPO / "scripts" / "slurm"
 JOB_SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
@@ -63,10 +62,8 @@ def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
     tiny = {"model": "simple_cnn", "batch_size": 32, "num_epochs": 3, "num_warmup_epochs": 1,
             "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5, "log_every_iters": 50}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
-    fake_bin = REPO / "tests" / "fake_slurm"
     return {
-        **cli_env(),
-        "PATH": os.pathsep.join([str(fake_bin), str(Path(sys.executable).parent), os.environ["PATH"]]),
+        **job_script_environment(),
         "SLURM_JOB_ID": job_id, "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
         "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "1", "SLURM_JOB_NODELIST": "localhost",
         "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(data), "CONFIG": str(tmp_path / "tiny.yaml"),

@@ -24,7 +24,15 @@ from cifar10_dist import api
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import TuneResult
-from tests.conftest import REPO, TINY, cli_env, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import (
+    REPO,
+    TINY,
+    job_script_environment,
+    run_in_process,
+    start_cli,
+    stop_all,
+    wait_for_file,
+)
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed")
 
@@ -358,9 +366,7 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({
         "model": "simple_cnn", "batch_size": 32, "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1,
         "learning_rate": 0.1, "train_eval_size": 0, "validate_every": 1, "checkpoint_every": 5}))
-    env = {**cli_env(), "PATH": os.pathsep.join([str(REPO / "tests" / "fake_slurm"), str(Path(sys.executable).parent),
-                                                 os.environ["PATH"]]),
-           "SLURM_JOB_ID": "7001", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "1",
+    env = {**job_script_environment(), "SLURM_JOB_ID": "7001", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "1",
            "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2",
            "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(small_dataset),
            "CONFIG": str(tmp_path / "base.yaml"), "SPACE": str(write_space(tmp_path)), "STUDY": "array",

@@ -46,7 +46,6 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     if meta.bad_files and not skip_bad_images:
         raise UserError(f"{len(meta.bad_files)} image file(s) in {root} cannot be read: {_named(meta.bad_files)}: "
                         "fix or remove them, or give --skip_bad_images=True to train without them")
-    pixels = np.load(folder / "images.npy", mmap_mode="r")
     labels = np.load(folder / "labels.npy")
     hashes = np.load(folder / "hashes.npy")
     good = np.load(folder / "good.npy")
