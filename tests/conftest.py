@@ -20,9 +20,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # (two threads each would spin against each other); set before torch is imported
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# A run of seconds: simple_cnn on a few hundred synthetic images, no DataLoader workers.
+# A run of seconds: simple_cnn (a quarter as wide as its default: half the CPU of a run) on a few hundred
+# synthetic images, no DataLoader workers.
+TINY_WIDTH = 8
 TINY = [
     "--model=simple_cnn",
+    f'--model_kwargs={{"width": {TINY_WIDTH}}}',
     "--batch_size=32",
     "--num_workers=0",
     "--num_epochs=2",

@@ -14,7 +14,7 @@ from PIL import Image
 
 from cifar10_dist.data import cifar
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, TINY_WIDTH, run_in_process
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_a_cifar100_run_has_100_classes_and_their_names_reach_evaluate_predict_a
                             f"--data_path={cifar100}", f"--output_path={tmp_path}", "--run_name=fine")
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "fine" / "training_checkpoint_18.pt"
-    assert torch.load(checkpoint, weights_only=True)["model"]["5.weight"].shape == (100, 64)
+    assert torch.load(checkpoint, weights_only=True)["model"]["5.weight"].shape == (100, 2 * TINY_WIDTH)
 
     evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--num_workers=0",
                                f"--output_dir={tmp_path / 'eval'}")
@@ -99,7 +99,8 @@ def test_coarse_labels_give_a_user_model_20_outputs_through_num_classes(cifar100
             return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
         """))
     monkeypatch.chdir(tmp_path)
-    common = ["run", *TINY, "--num_epochs=1", "--num_warmup_epochs=0", "--dataset=cifar100", "--label_mode=coarse",
+    common = ["run", *TINY, "--model_kwargs=None", "--num_epochs=1", "--num_warmup_epochs=0", "--dataset=cifar100",
+              "--label_mode=coarse",
               f"--data_path={cifar100}", f"--output_path={tmp_path / 'out'}"]
     result = run_in_process(*common, "--model=nets.py:flexible", "--run_name=coarse")
     assert result.returncode == 0, result.stderr[-3000:]

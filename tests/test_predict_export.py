@@ -19,7 +19,7 @@ from cifar10_dist import models
 from cifar10_dist.data import augmentation, cifar
 from cifar10_dist.data.records import MEAN, STD, ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
-from tests.conftest import run_in_process
+from tests.conftest import TINY_WIDTH, run_in_process
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_predict_api_takes_paths_pil_images_and_uint8_tensors_alike(trained, tmp
     from_pil = cifar10_dist.predict(trained, [Image.open(path) for path in paths])
     assert from_tensor.shape == (6, 10) and torch.allclose(from_tensor.sum(1), torch.ones(6))
     assert torch.equal(from_tensor, from_paths) and torch.equal(from_tensor, from_pil)
-    model = models.build_model("simple_cnn")
+    model = models.build_model("simple_cnn", {"width": TINY_WIDTH})
     model.load_state_dict(torch.load(trained, weights_only=True)["model"])
     with torch.no_grad():
         expected = torch.softmax(model.eval()(augmentation.normalize(images)), dim=1)
@@ -164,7 +164,7 @@ FAMILIES = ["trained simple_cnn", "airbench", "cifar_resnet18", "resnet18", "use
 def checkpoints(trained, tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Module]]:
     folder = tmp_path_factory.mktemp("to-export")
     (folder / "mine.py").write_text(USER_MODEL)
-    trained_model = models.build_model("simple_cnn")
+    trained_model = models.build_model("simple_cnn", {"width": TINY_WIDTH})
     trained_model.load_state_dict(torch.load(trained, weights_only=True)["model"])
     return {"trained simple_cnn": (trained, trained_model.eval()),
             "airbench": saved_model(folder, "airbench"),

@@ -81,12 +81,15 @@ def _train_seeds(config: Config) -> SeedsResult | None:
 
 
 def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None = None, **overrides: Any) -> Config:
-    """The config a checkpoint is evaluated with: its recorded model and data keys, unless given."""
+    """The config a checkpoint is evaluated with: its recorded model and data keys, unless given (another model
+    given does not take the recorded model's model_kwargs: they belong to that model)."""
     from cifar10_dist.outputs import checkpoint_files
     from cifar10_dist.training import checkpointing
 
     recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
     inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
+    if overrides.get("model", recorded.get("model")) != recorded.get("model"):
+        inherited.pop("model_kwargs", None)
     if isinstance(config, Config):
         return resolve(config, **{**inherited, **overrides})
     return load_config(config, **{**inherited, **overrides})

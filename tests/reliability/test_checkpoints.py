@@ -85,7 +85,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, ca
 def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(finished_run, small_dataset, tmp_path, capsys):
     checkpoint = finished_run / "training_checkpoint_36.pt"
     code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=other",
-                     "--model=cifar_resnet18", f"--resume_from={checkpoint}"])
+                     "--model=cifar_resnet18", "--model_kwargs=None", f"--resume_from={checkpoint}"])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: checkpoint '{checkpoint}' was made by model=simple_cnn, and this run builds model=cifar_resnet18: "
