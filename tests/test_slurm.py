@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from cifar10_dist.config import FIELDS
-from tests.conftest import REPO, free_slurm_job_id, job_script_environment, stop_all, wait_for_file
+from tests.conftest import REPO, TINY_WIDTH, free_slurm_job_id, job_script_environment, stop_all, wait_for_file
 
 SLURM_DIR = REPO / "scripts" / "slurm"
 JOB_SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
@@ -59,8 +59,9 @@ def test_job_scripts_cover_every_documented_mode():
 
 
 def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
-    tiny = {"model": "simple_cnn", "batch_size": 32, "num_epochs": 3, "num_warmup_epochs": 1,
-            "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5, "log_every_iters": 50}
+    tiny = {"model": "simple_cnn", "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
+            "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5,
+            "log_every_iters": 50}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     return {
         **job_script_environment(),

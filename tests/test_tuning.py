@@ -27,6 +27,7 @@ from cifar10_dist.results import TuneResult
 from tests.conftest import (
     REPO,
     TINY,
+    TINY_WIDTH,
     job_script_environment,
     run_in_process,
     start_cli,
@@ -364,8 +365,9 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     stops at a checkpoint and is queued again in the study (a journal file), the array task is requeued by its
     own id (ARRAYJOB_TASK), and the requeued task continues the trial from that checkpoint, then tests once."""
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({
-        "model": "simple_cnn", "batch_size": 32, "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1,
-        "learning_rate": 0.1, "train_eval_size": 0, "validate_every": 1, "checkpoint_every": 5}))
+        "model": "simple_cnn", "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
+        "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 0,
+        "validate_every": 1, "checkpoint_every": 5}))
     env = {**job_script_environment(), "SLURM_JOB_ID": "7001", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "1",
            "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2",
            "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(small_dataset),
