@@ -2,7 +2,9 @@
 once: what a test's CLI process would spend its first ~5 s of a core on (on a 2-core machine, most of a short
 run). Each is still a process of its own, run as ``python -m`` runs it (``runpy``, ``__main__``, its own
 arguments, environment, folder, import path, stdin/stdout/stderr, session and exit status); only the imports are
-done before it starts. ``tests/conftest.py`` decides when a test gets a fresh interpreter instead.
+done before it starts. ``tests/conftest.py`` decides when a test gets a fresh interpreter instead. A served process
+that spawns workers forks the forkserver it starts from itself, as it is when it starts it, instead of starting an
+interpreter that imports torch again (``_forkserver_forked_or_spawned``).
 
 The server (``python -m tests.cli_server ADDRESS``) takes one request per connection on a UNIX socket: the
 arguments, environment and folder as JSON, with the three standard streams' file descriptors attached; it answers
@@ -20,6 +22,7 @@ import os
 import random
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -243,6 +246,7 @@ class Server:
     """One server per test process, started on first use."""
 
     def __init__(self, env: dict[str, str], folder: Path) -> None:
+        self.folder = folder
         self.address = str(folder / "cli-server.sock")
         self.process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", self.address], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -266,6 +270,7 @@ class Server:
     def stop(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def run_served(args: list[str], address: str | None) -> int | None:
