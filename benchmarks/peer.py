@@ -136,17 +136,17 @@ def main() -> None:
     from airbench import lib_airbench94
 
     torch.manual_seed(args.seed)
-    if args.device == "cpu":
-        adapt_to_cpu()
     options: dict[str, Any] = {} if args.epochs is None else {"epochs": args.epochs}
+    if args.device == "cpu":
+        adapt_to_cpu()  # before its loader reads cifar10/*.pt
+        options["make_net"] = lambda: with_bf16_forward(lib_airbench94.make_net94())
+    else:
+        airbench.warmup94()
     if args.batch_size is not None:  # its own training loader, as train94 makes it, at another batch size
         options["train_loader"] = lib_airbench94.CifarLoader("cifar10", train=True, batch_size=args.batch_size,
                                                              aug=lib_airbench94.hyp["aug"], altflip=True)
-    if args.device == "cpu":
-        airbench.train94(make_net=lambda: with_bf16_forward(lib_airbench94.make_net94()), **options)
-    else:
-        airbench.warmup94()
-        airbench.train94(**options)
+    airbench.train94(**options)
+
 
 if __name__ == "__main__":
     main()

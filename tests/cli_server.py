@@ -39,6 +39,9 @@ PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs")
 IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
 # what a stand-in python passes on to the process it asked for (what srun and the job scripts send)
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+# how multiprocessing starts a forkserver: the command it runs, and the function it runs it with
+FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
+_spawnv_passfds = multiprocessing.util.spawnv_passfds
 
 
 def same_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os._Environ) -> bool:
@@ -65,6 +68,7 @@ def serve(address: str) -> dict[str, Any]:
     # what the imports set (torch's inductor: TORCHINDUCTOR_CACHE_DIR, unless given), as they would in a new
     # interpreter started with a request's environment
     set_by_imports = {key: value for key, value in os.environ.items() if started_with.get(key) != value}
+    multiprocessing.util.spawnv_passfds = _forkserver_forked_or_spawned  # what every child inherits
     gc.freeze()  # the imports' objects: not walked by each child's collections, nor copied on their write
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(address)
@@ -128,12 +132,7 @@ def _become_child(request: dict[str, Any], fds: list[int], base_path: list[str])
     random.seed()  # as a fresh interpreter's: seeded from the OS, not the server's state
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    multiprocessing.util.spawnv_passfds = _forkserver_forked_or_spawned
     return request
-
-
-_spawnv_passfds = multiprocessing.util.spawnv_passfds
-FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
 
 
 def _forkserver_forked_or_spawned(path: str, args: list[str], passfds: list[int]) -> int:
