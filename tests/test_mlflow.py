@@ -14,6 +14,7 @@ import yaml
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import Preempted
 from cifar10_dist.outputs import mlflow_tracking
+from cifar10_dist.outputs.tracker_guard import Guarded
 from tests.conftest import TINY, run_in_process
 
 mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
@@ -80,16 +81,21 @@ def test_a_stopped_run_is_killed_in_mlflow_and_running_again_when_resumed(tmp_pa
     config = load_config(None, with_mlflow=True, output_path=str(tmp_path)).to_dict()
     run_dir = tmp_path / "stopped"
     run_dir.mkdir()
-    with pytest.raises(Preempted), mlflow_tracking.MLflow(config, run_dir, {}):
+    with pytest.raises(Preempted), tracked(config, run_dir):
         raise Preempted("stopped at iteration 3 on SIGTERM")
     client, runs = the_runs(tmp_path)
     assert [run.info.status for run in runs] == ["KILLED"]
-    with mlflow_tracking.MLflow({**config, "resume_from": "auto"}, run_dir, {}) as tracker:
-        assert tracker.run_id == runs[0].info.run_id
-        assert client.get_run(tracker.run_id).info.status == "RUNNING"
-    with pytest.raises(RuntimeError), mlflow_tracking.MLflow(config, run_dir, {}):
+    with tracked({**config, "resume_from": "auto"}, run_dir) as guarded:
+        guarded.jobs.join()  # the start, in the background
+        assert guarded.tracker.run_id == runs[0].info.run_id
+        assert client.get_run(guarded.tracker.run_id).info.status == "RUNNING"
+    with pytest.raises(RuntimeError), tracked(config, run_dir):
         raise RuntimeError("a bug")
     assert client.get_run(runs[0].info.run_id).info.status == "FAILED"
+
+
+def tracked(config: dict, run_dir: Path) -> Guarded:
+    return Guarded(mlflow_tracking.MLflow(config, run_dir, {}), "mlflow", run_dir)
 
 
 def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path):

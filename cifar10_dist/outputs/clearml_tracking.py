@@ -15,7 +15,8 @@ class ClearML:
     quantity arrives once), checkpoints through Ignite's ClearMLSaver. ClearML's git detection is off: it ran
     git in a thread whose pipe a forked helper could inherit, which hung the task's close; provenance.json
     records the commit instead. ``clearml_offline`` (or ClearML's own
-    CLEARML_OFFLINE_MODE=1) records the session locally."""
+    CLEARML_OFFLINE_MODE=1) records the session locally. Scalars and the close reach the server through
+    ``tracker_guard.Guarded``: a server that does not answer never ends the run."""
 
     def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
         self.logger: Any = None
@@ -50,6 +51,19 @@ class ClearML:
     def flush(self) -> None:
         """ClearML sends in the background: nothing to do here."""
 
+    @property
+    def store(self) -> str:
+        folder = self.offline_folder()
+        return f"offline folder {folder}" if folder else "ClearML's server (clearml.conf)"
+
+    def unsent(self) -> int:
+        """ClearML keeps and resends scalars itself."""
+        return 0
+
+    def end(self, status: str) -> None:
+        """Close the task (ClearML sends what it still holds; the run's status is its own)."""
+        self.close()
+
     def offline_folder(self) -> str | None:
         if self.task is None or not self.task.is_offline():
             return None
@@ -60,8 +74,3 @@ class ClearML:
             logger_, self.logger = self.logger, None
             logger_.close()
 
-    def __enter__(self) -> ClearML:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()

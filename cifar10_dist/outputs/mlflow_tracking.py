@@ -6,12 +6,13 @@ steps), its artifacts config.yaml, provenance.json, summary.json, curves.png and
 model file with ``mlflow_log_model``). The MLflow run's id is kept in the run folder (``mlflow.json``), so a
 resumed run continues the same MLflow run. A tuning trial's run is a child of its study's run
 (``mlflow_parent_run``). The store is ``mlflow_tracking_uri``, else MLflow's own MLFLOW_TRACKING_URI, else a
-SQLite file in the output folder (artifacts beside it in ``mlartifacts/``).
+SQLite file in the output folder (artifacts beside it in ``mlartifacts/``). A server that stops answering never
+ends the run (``tracker_guard``); each request to a server is bounded (``HTTP_BOUNDS``) instead of MLflow's
+minutes of retries.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, files
-from cifar10_dist.system.ranks import on_rank_zero
+from cifar10_dist.system.ranks import is_rank_zero
 
 RUN_FILE = "mlflow.json"  # in the run folder: the store and the MLflow run this run folder reports to
 ARTIFACTS = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")
@@ -100,37 +101,46 @@ def as_params(config: Mapping[str, Any]) -> dict[str, str]:
 
 class MLflow:
     """The MLflow run of this run folder (rank 0; nothing elsewhere or when ``with_mlflow`` is off): started or
-    continued when the run starts, fed scalars by the Recorder, given the artifacts and its status at the end."""
+    continued at the first flush, fed scalars by the Recorder, given the artifacts and its status at the end.
+    Every call that reaches the store goes through ``tracker_guard.Guarded`` (a background thread; a store that
+    does not answer never ends the run); scalars wait in ``pending`` until a flush has sent them."""
 
     def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
         self.client: Any = None
         self.run_id: str | None = None
         self.pending: list[Any] = []
-        self.enabled = bool(config["with_mlflow"])
-        if self.enabled:
+        self.enabled = bool(config["with_mlflow"]) and is_rank_zero()
+        self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance
+        self.store = tracking_uri(config["mlflow_tracking_uri"], config["output_path"]) if self.enabled else None
+        self.bounded: dict[str, str | None] = {}
+        if config["with_mlflow"]:
             require_mlflow()
-            on_rank_zero(self._start, config, run_dir, provenance)
+        if self.enabled and self.store.startswith(("http:", "https:")):
+            self.bounded = bound_http_retries()
 
-    def _start(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
-        uri = tracking_uri(config["mlflow_tracking_uri"], config["output_path"])
-        self.client = open_client(uri)
+    def _start(self) -> None:
+        config, run_dir, uri = self.config, self.run_dir, self.store
+        self.client = self.client or open_client(uri)
         kept = read_run_file(run_dir)
         if kept is not None and kept["tracking_uri"] == uri and self._still_there(kept["run_id"]):
+            self.client.update_run(kept["run_id"], status="RUNNING")
+            self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(config["resume_from"]))
             self.run_id = kept["run_id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-            self.client.set_tag(self.run_id, "cifar10_dist.resumed_from", str(config["resume_from"]))
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)
             return
         experiment = experiment_id(self.client, config["mlflow_experiment"], uri)
-        tags = {**provenance_tags(provenance), "cifar10_dist.run_dir": str(run_dir.resolve())}
+        tags = {**provenance_tags(self.provenance), "cifar10_dist.run_dir": str(run_dir.resolve())}
         if config.get("mlflow_parent_run"):
             tags[PARENT_TAG] = config["mlflow_parent_run"]
         run = self.client.create_run(experiment, run_name=run_dir.name, tags=tags)
+        self._log_params(run.info.run_id, as_params({key: value for key, value in config.items()
+                                                     if key != "mlflow_parent_run"}))
+        files.write_json(run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment,
+                                              "run_id": run.info.run_id})
         self.run_id = run.info.run_id
-        self._log_params(as_params({key: value for key, value in config.items() if key != "mlflow_parent_run"}))
-        files.write_json(run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment, "run_id": self.run_id})
-        logger.info("mlflow: run %s (%s) in experiment %s of %s; to browse: mlflow ui --backend-store-uri %s",
-                    run_dir.name, self.run_id, config["mlflow_experiment"], uri, uri)
+        browse = f"open {uri}" if uri.startswith(("http:", "https:")) else f"mlflow ui --backend-store-uri {uri}"
+        logger.info("mlflow: run %s (%s) in experiment %s of %s; to browse: %s", run_dir.name, self.run_id,
+                    config["mlflow_experiment"], uri, browse)
 
     def _still_there(self, run_id: str) -> bool:
         try:
@@ -138,30 +148,37 @@ class MLflow:
         except Exception:  # deleted from the store, or another store at the same address: a new MLflow run
             return False
 
-    def _log_params(self, params: Mapping[str, str]) -> None:
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param
 
         items = [Param(key, value) for key, value in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(run_id, params=items[start:start + 100])
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
-        """A metric, sent at the next flush (each log_batch is one store transaction)."""
-        if self.run_id is not None:
+        """A metric, kept until a flush sends it (each log_batch is one store transaction)."""
+        if self.enabled:
             from mlflow.entities import Metric
 
             self.pending.append(Metric(tag, float(value), int(time.time() * 1000), step))
 
     def flush(self) -> None:
-        if self.run_id is not None and self.pending:
-            pending, self.pending = self.pending, []
-            for start in range(0, len(pending), BATCH):
-                self.client.log_batch(self.run_id, metrics=pending[start:start + BATCH])
+        """Start (or continue) the MLflow run if that has not happened yet, then send the kept metrics; a batch
+        leaves ``pending`` only once the store has it."""
+        if not self.enabled:
+            return
+        if self.run_id is None:
+            self._start()
+        while self.pending:
+            batch = self.pending[:BATCH]
+            self.client.log_batch(self.run_id, metrics=batch)
+            del self.pending[:len(batch)]
+
+    def unsent(self) -> int:
+        return len(self.pending)
 
     def log_artifacts(self, run_dir: Path, with_best_model: bool = False) -> None:
         """The run's record files (those present) and, when asked (mlflow_log_model), the best model file."""
-        if self.run_id is None:
-            return
         self.flush()
         for name in (*ARTIFACTS, *sorted(path.name for path in run_dir.glob("mistakes*.png"))):
             if (run_dir / name).is_file():
@@ -172,23 +189,33 @@ class MLflow:
 
     def end(self, status: str) -> None:
         """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""
-        if self.run_id is not None:
-            with contextlib.suppress(Exception):
-                self.flush()
+        try:
+            self.flush()
             self.client.set_terminated(self.run_id, status=status)
-            self.run_id = None
+        finally:
+            restore_environment(self.bounded)
 
-    def __enter__(self) -> MLflow:
-        return self
 
-    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
-        from cifar10_dist.errors import Interrupted, Preempted
+HTTP_BOUNDS = {  # MLflow's own defaults retry a request for minutes; the user's settings of these win
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 
-        if exc_type is None:
-            self.end("FINISHED")
+
+def bound_http_retries() -> dict[str, str | None]:
+    """Bound each request to an MLflow server (about 3 s when nothing listens, 30 s when it hangs) while the run
+    lasts, where the environment does not already say; returns what to restore."""
+    earlier = {name: os.environ.get(name) for name in HTTP_BOUNDS if name not in os.environ}
+    os.environ.update({name: HTTP_BOUNDS[name] for name in earlier})
+    return earlier
+
+
+def restore_environment(earlier: Mapping[str, str | None]) -> None:
+    for name, value in earlier.items():
+        if value is None:
+            os.environ.pop(name, None)
         else:
-            with contextlib.suppress(Exception):
-                self.end("KILLED" if issubclass(exc_type, (Interrupted, Preempted)) else "FAILED")
+            os.environ[name] = value
 
 
 def read_run_file(run_dir: Path) -> dict[str, str] | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.outputs import tracker_guard
 from cifar10_dist.results import BestResult, RunResult, RunSummary
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -298,6 +299,7 @@ def _row(run_dir: Path, summary: RunSummary | None, evaluations: Sequence[Mappin
         "final_test_top5": final_top5,
         "training_time": summary.training_time if summary else None,
         "mistakes": str(run_dir / "mistakes.png") if (run_dir / "mistakes.png").is_file() else None,
+        "trackers": summary.trackers if summary else {},
     }
 
 
@@ -319,6 +321,9 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not all(row["finished"] for row in rows):
         lines.append("* not finished (no readable summary.json): numbers so far")
     lines += [f"mistakes of {row['run']}: {row['mistakes']}" for row in rows if row.get("mistakes")]
+    lines += [f"{row['run']}: {name} at {note.get('store')} did not get {tracker_guard.describe_missing(note)} "
+              f"({note.get('error')}); metrics.jsonl has everything"
+              for row in rows for name, note in sorted(row.get("trackers", {}).items())]
     return "\n".join(lines)
 
 

@@ -14,9 +14,13 @@ from cifar10_dist.errors import KINDS, UserError
 T = TypeVar("T")
 
 
+def is_rank_zero() -> bool:
+    return idist.get_rank() == 0
+
+
 def on_rank_zero(action: Callable[..., T], *args: Any) -> T | None:
     """``action(*args)`` on rank 0 only; None on the other ranks."""
-    return action(*args) if idist.get_rank() == 0 else None
+    return action(*args) if is_rank_zero() else None
 
 
 def from_rank_zero(compute: Callable[..., Any], *args: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -31,6 +32,7 @@ from cifar10_dist.outputs.clearml_tracking import ClearML
 from cifar10_dist.outputs.mistake_grid import Mistake
 from cifar10_dist.outputs.mlflow_tracking import MLflow
 from cifar10_dist.outputs.run_log import RunLog
+from cifar10_dist.outputs.tracker_guard import Guarded
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -65,11 +67,12 @@ def training(config: Config) -> dict[str, Any]:
         with contextlib.closing(data_setup.loaders), \
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                            resuming=resuming, overwrite=config.overwrite) as run_dir, \
-                ClearML(config.to_dict(), run_dir) as clearml, \
-                MLflow(config.to_dict(), run_dir, data_setup.provenance) as mlflow:
+                Guarded(ClearML(config.to_dict(), run_dir), "clearml", run_dir) as clearml, \
+                Guarded(MLflow(config.to_dict(), run_dir, data_setup.provenance), "mlflow", run_dir) as mlflow:
             run_log.write_to(run_dir)
             run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
-            to_save = setup_checkpoints(config, run_dir, clearml, network, optimization, engine_set, data_setup, stop)
+            to_save = setup_checkpoints(config, run_dir, clearml.tracker, network, optimization, engine_set, data_setup,
+                                        stop)
             with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set, data_setup) as recorder:
                 validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder, config.best_metric)
                 attach_validation(engine_set.trainer, config.validate_every, validation)
@@ -83,9 +86,10 @@ def training(config: Config) -> dict[str, Any]:
                 if result.test is not None:  # (every rank has the test numbers, or none has)
                     found = engine_set.mistakes.gathered(list(data_setup.info.classes))
                     ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
-                ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml,
+                ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml.tracker,
                                    recorder, time.perf_counter() - started, memory)
-                ranks.on_rank_zero(mlflow.log_artifacts, run_dir, config.mlflow_log_model)
+                mlflow.send("artifacts", functools.partial(mlflow.tracker.log_artifacts, run_dir,
+                                                           config.mlflow_log_model))
         tracking.log_peak_memory()
         return result.to_dict()
 

@@ -1,0 +1,158 @@
+"""A tracking server that stops answering never ends a run: a real ``mlflow server`` on a loopback port, stopped
+mid-run (the run paused meanwhile with SIGSTOP, so that the order of events is the test's, not the clock's),
+started again, stopped for good. One warning per outage naming the store, metrics.jsonl complete, what the store
+missed sent once it answers again, and what it never got noted in summary.json and by ``report``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cifar10_dist.outputs.tracker_guard import RETRY_SECONDS
+from tests.conftest import TINY, run_cli, start_cli, stop_all
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
+                                reason="mlflow server needs the full mlflow package (the dev extra installs it)")
+
+EPOCHS = 8
+RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
+       f"--num_epochs={EPOCHS}", "--checkpoint_every=1000", "--with_mlflow"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class MlflowServer:
+    """``mlflow server`` on 127.0.0.1:port with a SQLite store and artifacts in ``folder``; start and kill."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port, self.process = folder, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        command = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port",
+                   str(self.port), "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder / 'store.db'}",
+                   "--artifacts-destination", str(self.folder / "artifacts")]
+        log = (self.folder / "server.log").open("ab")
+        self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                    return
+            except OSError:
+                assert self.process.poll() is None, (self.folder / "server.log").read_text()[-3000:]
+                time.sleep(0.2)
+        raise AssertionError(f"mlflow server did not answer on {self.uri} within 120 s")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            stop_all(self.process)
+            self.process = None
+
+
+def evaluations(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [json.loads(line)["epoch"] for line in lines if '"evaluation"' in line]
+
+
+def paused_after_epoch(run: subprocess.Popen, run_dir: Path, epoch: int) -> None:
+    """Wait until the run has evaluated epoch ``epoch``, then stop it (SIGSTOP to its process group)."""
+    deadline = time.monotonic() + 120
+    while epoch not in evaluations(run_dir):
+        assert run.poll() is None and time.monotonic() < deadline, f"the run ended before epoch {epoch}"
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGSTOP)
+
+
+def paused_after_the_warning(run: subprocess.Popen, run_dir: Path) -> int:
+    """Wait for the run's warning that the store does not answer, then stop the run at its next evaluation."""
+    deadline = time.monotonic() + 120
+    while "does not answer" not in ((run_dir / "run.log").read_text() if (run_dir / "run.log").is_file() else ""):
+        assert run.poll() is None and time.monotonic() < deadline, "the run ended without the warning"
+        time.sleep(0.02)
+    epoch = max(evaluations(run_dir)) + 1
+    paused_after_epoch(run, run_dir, epoch)
+    return epoch
+
+
+def go_on(run: subprocess.Popen) -> None:
+    os.killpg(run.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(tmp_path):
+    server = MlflowServer(tmp_path)
+    server.start()
+    back, run_dir = train_through_outages(server, tmp_path / "out", "back", comes_back=True)
+    stderr = back.stderr
+    assert back.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    warnings = [line for line in stderr.splitlines() if "does not answer" in line]
+    assert len(warnings) == 1 and f"mlflow: the store at {server.uri} does not answer" in warnings[0], warnings
+    assert f"mlflow: the store at {server.uri} answers again" in stderr
+    assert evaluations(run_dir) == list(range(1, EPOCHS + 1))
+    assert json.loads((run_dir / "summary.json").read_text())["trackers"] == {}  # it got everything in the end
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(server.uri)
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    history = client.get_metric_history(run_id, "test/accuracy")
+    assert sorted(metric.step for metric in history) == list(range(1, EPOCHS + 1))  # the missed sent when it came back
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert {"summary.json", "curves.png"} <= {item.path for item in client.list_artifacts(run_id)}
+
+    gone, run_dir = train_through_outages(server, tmp_path / "out", "gone", comes_back=False)
+    assert gone.returncode == 0, gone.stderr[-3000:]
+    assert "Traceback" not in gone.stderr, gone.stderr[-3000:]
+    assert gone.took < 90, gone.took  # the end waits END_WAIT_SECONDS for the store, not MLflow's minutes of retries
+    assert evaluations(run_dir) == list(range(1, EPOCHS + 1))  # the local record is complete
+    note = json.loads((run_dir / "summary.json").read_text())["trackers"]["mlflow"]
+    assert note["store"] == server.uri and note["unsent_metrics"] > 0 and note["missed"] == ["artifacts", "end"]
+    assert f"mlflow: the store at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end" \
+        in gone.stderr
+    report = run_cli("report", str(run_dir), f"--output={tmp_path / 'report.png'}")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"gone: mlflow at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end" \
+        in report.stdout
+
+
+def train_through_outages(server: MlflowServer, output: Path, name: str, comes_back: bool
+                          ) -> tuple[subprocess.CompletedProcess, Path]:
+    """A run whose store stops after epoch 1 and, ``comes_back``, answers again two or more epochs later (the test
+    waits RETRY_SECONDS meanwhile, so the run's next flush tries it; MLflow retries no request there, so the outage
+    is seen before MLflow's own retries could hide it). ``took``: seconds from the kill to the end."""
+    run_dir = output / name
+    run = start_cli("run", *RUN, f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}",
+                    f"--run_name={name}", env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"} if comes_back else None)
+    try:
+        paused_after_epoch(run, run_dir, 1)
+        server.kill()
+        killed_at = time.monotonic()
+        go_on(run)
+        if comes_back:
+            assert paused_after_the_warning(run, run_dir) < EPOCHS
+            paused_at = time.monotonic()
+            server.start()
+            time.sleep(max(0.0, RETRY_SECONDS - (time.monotonic() - paused_at)))
+            go_on(run)
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        stop_all(run)
+    result = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+    result.took = time.monotonic() - killed_at
+    return result, run_dir
