@@ -4,6 +4,7 @@ its class names, ONNX export with its normalisation."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -217,3 +218,42 @@ def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2
     assert results[0]["confusion_matrix"] == results[1]["confusion_matrix"] == results[2]["confusion_matrix"]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6) == pytest.approx(results[2]["loss"],
                                                                                                abs=1e-6)
+
+
+def test_a_damaged_cache_is_built_again_with_one_warning_and_its_pixels_are_never_read(tmp_path):
+    root = write_image_folder(tmp_path / "data", train=6, test=3)
+    cache = Path(api.prepare_data(root, "folder", image_size=24).folder)
+    whole = (cache / "images.npy").read_bytes()
+    with (cache / "images.npy").open("r+b") as stream:  # a copy cut short, a disk that filled
+        stream.truncate(len(whole) // 2)
+    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", "--image_size=24", "--num_epochs=1",
+                            "--num_warmup_epochs=0.5", "--train_eval_size=0",
+                            f"--output_path={tmp_path / 'out'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "is damaged" in line]
+    assert len(warnings) == 1, warnings
+    assert (f"image cache {cache} is damaged (images.npy is {len(whole) // 2:,} bytes, its header says "
+            f"{len(whole):,}): building it again from the images") in warnings[0]
+    assert (cache / "images.npy").read_bytes() == whole  # the same pixels, decoded again
+    labels = (cache / "labels.npy").read_bytes()
+    (cache / "labels.npy").unlink()
+    again = api.prepare_data(root, "folder", image_size=24)  # a file missing: built again too
+    assert "built now" in again.card and (cache / "labels.npy").read_bytes() == labels
+
+
+def test_a_damaged_cache_that_cannot_be_removed_is_one_line_naming_it(tmp_path, monkeypatch):
+    root = write_image_folder(tmp_path / "data", train=6, test=3)
+    cache = Path(api.prepare_data(root, "folder", image_size=24).folder)
+    (cache / "labels.npy").write_bytes((cache / "labels.npy").read_bytes()[:-8])
+
+    def read_only(self, target):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "rename", read_only)
+    with pytest.raises(UserError) as refused:
+        api.prepare_data(root, "folder", image_size=24)
+    assert str(refused.value) == (
+        f"image cache {cache} is damaged (labels.npy is {(cache / 'labels.npy').stat().st_size:,} bytes, its header "
+        f"says {(cache / 'labels.npy').stat().st_size + 8:,}) and cannot be removed here (Read-only file system): "
+        "remove it (it is built again from the images) or give cache_dir=<a writable folder>")

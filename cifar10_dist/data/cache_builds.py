@@ -28,6 +28,7 @@ from cifar10_dist.data.folder_cache import (
     CacheMeta,
     FolderScan,
     cache_dir,
+    damage,
     decode,
     default_workers,
     fingerprint,
@@ -50,18 +51,43 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
     found = scan(root)
     key = fingerprint(found, image_size)
     folder = cache_dir(root, image_size, key, under)
-    meta = read_meta(folder)
+    meta = intact_meta(folder)
     if meta is not None:
         return folder, meta, found, "reused"
     shared = cache_dir(root, image_size, key)
     try:
-        if under is not None and shared != folder and read_meta(shared) is not None:
+        if under is not None and shared != folder and intact_meta(shared) is not None:
             return folder, copy_cache(shared, folder), found, "copied"
         meta = build_cache(found, image_size, folder, key, workers)
     except OSError as error:
         raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
                         "writable or give cache_dir=<a writable folder>") from error
     return folder, meta, found, "built"
+
+
+def intact_meta(folder: Path) -> CacheMeta | None:
+    """A finished cache's meta when its files are whole (``folder_cache.damage``: the headers only); a damaged one
+    is removed with one warning (it is built again from the images), or, where it cannot be, one line naming it."""
+    meta = read_meta(folder)
+    damaged = damage(folder, meta) if meta is not None else None
+    if damaged is None:
+        return meta
+    try:
+        with _machine_lock(folder):
+            meta = read_meta(folder)  # another process of this machine may have rebuilt it meanwhile
+            damaged = damage(folder, meta) if meta is not None else None
+            if damaged is None:
+                return meta
+            logger.warning("image cache %s is damaged (%s): building it again from the images", folder, damaged)
+            aside = folder.with_name(f".{folder.name}.damaged-{socket.gethostname()}")
+            shutil.rmtree(aside, ignore_errors=True)
+            folder.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+    except OSError as error:
+        raise UserError(f"image cache {folder} is damaged ({damaged}) and cannot be removed here "
+                        f"({error.strerror or error}): remove it (it is built again from the images) or give "
+                        "cache_dir=<a writable folder>") from error
+    return None
 
 
 def _machine_lock(target: Path) -> FileLock:

@@ -186,6 +186,41 @@ def cache_dir(root: Path, image_size: int, key: str, under: Path | None = None) 
     return (under or root / CACHE_FOLDER) / f"{image_size}px-{key}"
 
 
+ARRAYS = {"images.npy": 4, "labels.npy": 1, "splits.npy": 1, "hashes.npy": 1, "good.npy": 1, "sizes.npy": 2}  # dims
+
+
+def damage(folder: Path, meta: CacheMeta) -> str | None:
+    """How a finished cache's files differ from what its meta.json says (a file cut short by a full disk or a
+    copy, one missing, another shape), in a few words naming the file; None when each file has the length its
+    header and the image count give. Reads the headers only."""
+    count = sum(length for _, length in meta.splits.values())
+    for name, dims in ARRAYS.items():
+        path = folder / name
+        try:
+            with path.open("rb") as stream:
+                version = np.lib.format.read_magic(stream)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(stream)
+                header = stream.tell()
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except (OSError, ValueError) as error:
+            return f"{name} cannot be read ({first_line(error)})"
+        expected = header + int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if len(shape) != dims or shape[0] != count or (name == "images.npy" and shape[1:] != (3, meta.image_size,
+                                                                                          meta.image_size)):
+            return f"{name} holds an array of shape {shape}, the cache {count} images at {meta.image_size} px"
+        if size != expected:
+            return f"{name} is {size:,} bytes, its header says {expected:,}"
+    try:
+        paths = (folder / "paths.txt").read_text().split("\n")
+    except (OSError, UnicodeDecodeError) as error:
+        return f"paths.txt cannot be read ({first_line(error)})"
+    return None if len(paths) == count else f"paths.txt names {len(paths)} files, the cache holds {count} images"
+
+
 def read_meta(folder: Path) -> CacheMeta | None:
     """A finished cache's meta, or None (absent, or from another version of this code)."""
     try:
