@@ -274,6 +274,9 @@ class Config:
     output_path: str = option("output-cifar10/", "parent folder of run folders")
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
     resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
+    resume_on_changed_data: bool = option(False, "resume even when the data is not what the checkpoint was made with "
+                                          "(another checksum): the run goes on, no longer the same run; recorded in "
+                                          "provenance")
     overwrite: bool = option(False, "start afresh in a run folder that holds a run: the old folder is moved aside to "
                              "NAME.replaced-<time>, never deleted")
     with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")

@@ -118,7 +118,10 @@ def describe_run(config: Config, loaded: LoadedData, device: torch.device, preci
     dataset's classes, normalisation and image size, and a folder's check findings."""
     checksum = ranks.on_rank_zero(data_sha256, loaded)
     record = provenance.collect(config.dataset, checksum, device, precision.name)
-    record["dataset"].update(info=loaded.info.to_dict(), **({"checks": loaded.checks} if loaded.checks else {}))
+    images = {"train": len(loaded.train), **({"val": len(loaded.val)} if loaded.val is not None else {}),
+              "test": len(loaded.test)}
+    record["dataset"].update(info=loaded.info.to_dict(), images=images,
+                             **({"checks": loaded.checks} if loaded.checks else {}))
     logger.info("provenance: %s", provenance.describe(record))
     return record
 

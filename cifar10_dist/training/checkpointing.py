@@ -301,6 +301,43 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
     return ranks.from_rank_zero(newest)
 
 
+def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -> str | None:
+    """``resume_path``, refused in one line when its checkpoint was made with other data (the checksum it records
+    against this run's) unless ``resume_on_changed_data``: then one warning, and ``record`` (this run's provenance)
+    keeps what changed."""
+    path = resume_path(config, run_dir)
+    change = ranks.from_rank_zero(data_change, path, record) if path is not None else None
+    if change is None:
+        return path
+    then, now = change["sha256_then"], change["sha256_now"]
+    difference = (f"checkpoint '{path}' was made with other data: sha256 {then[:12]}... then, {now[:12]}... now; "
+                  f"images then {_counts(change['images_then'])}, now {_counts(change['images_now'])}")
+    if not config.resume_on_changed_data:
+        raise UserError(f"{difference}: resuming would not continue the same run (another epoch length, another "
+                        "shuffle); resume on the data it was made with, start afresh (another --run_name, or "
+                        "--overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in provenance)")
+    ranks.on_rank_zero(logger.warning, "%s: going on as asked (resume_on_changed_data); this is no longer the same "
+                       "run (recorded in provenance.json: resumed_on_changed_data)", difference)
+    record["resumed_on_changed_data"] = change
+    return path
+
+
+def data_change(path: str, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
+    when the checksums agree or either is unknown (a file from before they were recorded)."""
+    recorded = checkpoint_provenance(load_checkpoint(path)).get("dataset", {})
+    present = record.get("dataset", {})
+    then, now = recorded.get("sha256"), present.get("sha256")
+    if then is None or now is None or then == now:
+        return None
+    return {"checkpoint": str(path), "sha256_then": then, "sha256_now": now,
+            "images_then": recorded.get("images"), "images_now": present.get("images")}
+
+
+def _counts(images: Mapping[str, int] | None) -> str:
+    return ", ".join(f"{split} {count}" for split, count in images.items()) if images else "not recorded"
+
+
 def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: loading.DataSetup,
                            recorder: tracking.Recorder) -> None:
     """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in

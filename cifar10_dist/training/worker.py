@@ -66,30 +66,26 @@ def training(config: Config) -> dict[str, Any]:
         resuming = config.resume_from is not None
         with contextlib.closing(data_setup.loaders), \
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                           resuming=resuming, overwrite=config.overwrite) as run_dir, \
-                Guarded(ClearML(config.to_dict(), run_dir), "clearml", run_dir) as clearml, \
-                Guarded(MLflow(config.to_dict(), run_dir, data_setup.provenance), "mlflow", run_dir) as mlflow:
-            run_log.write_to(run_dir)
-            run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance, data_setup.held_out_indices)
-            to_save = setup_checkpoints(config, run_dir, clearml.tracker, network, optimization, engine_set, data_setup,
-                                        stop)
-            with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set, data_setup) as recorder:
-                validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder, config.best_metric)
-                attach_validation(engine_set.trainer, config.validate_every, validation)
-                resumed = checkpointing.resume_if_asked(to_save, checkpointing.resume_path(config, run_dir), config.to_dict())
-                checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
-                logger.info("run folder: %s", run_dir)
-                result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
-                memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
-                ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; "
-                                   "mapped cache pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
-                if result.test is not None:  # (every rank has the test numbers, or none has)
-                    found = engine_set.mistakes.gathered(list(data_setup.info.classes))
-                    ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
-                ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml.tracker,
-                                   recorder, time.perf_counter() - started, memory)
-                mlflow.send("artifacts", functools.partial(mlflow.tracker.log_artifacts, run_dir,
-                                                           config.mlflow_log_model))
+                                           resuming=resuming, overwrite=config.overwrite) as run_dir:
+            resume_from = checkpointing.checked_resume_path(config, run_dir, data_setup.provenance)
+            with Guarded(ClearML(config.to_dict(), run_dir), "clearml", run_dir) as clearml, \
+                    Guarded(MLflow(config.to_dict(), run_dir, data_setup.provenance), "mlflow", run_dir) as mlflow:
+                run_log.write_to(run_dir)
+                run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance,
+                                           data_setup.held_out_indices)
+                to_save = setup_checkpoints(config, run_dir, clearml.tracker, network, optimization, engine_set,
+                                            data_setup, stop)
+                with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set,
+                                    data_setup) as recorder:
+                    validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder,
+                                            config.best_metric)
+                    attach_validation(engine_set.trainer, config.validate_every, validation)
+                    resumed = checkpointing.resume_if_asked(to_save, resume_from, config.to_dict())
+                    checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
+                    logger.info("run folder: %s", run_dir)
+                    result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
+                    report_run_end(config, run_dir, result, engine_set, data_setup, (clearml, mlflow), recorder,
+                                   time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
 
@@ -373,6 +369,23 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
     epoch = validation.latest["epoch"] if validation.latest else 0
     metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
     return {**metrics, "model": name}
+
+
+def report_run_end(config: Config, run_dir: Path, result: RunResult, engine_set: EngineSet,
+                   data_setup: loading.DataSetup, trackers: tuple[Guarded, Guarded], recorder: tracking.Recorder,
+                   seconds: float) -> None:
+    """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
+    artifacts for MLflow."""
+    clearml, mlflow = trackers
+    memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
+    ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
+                       "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
+    if result.test is not None:  # (every rank has the test numbers, or none has)
+        found = engine_set.mistakes.gathered(list(data_setup.info.classes))
+        ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
+    ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml.tracker, recorder,
+                       seconds, memory)
+    mlflow.send("artifacts", functools.partial(mlflow.tracker.log_artifacts, run_dir, config.mlflow_log_model))
 
 
 def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.DataSetup, recorder: tracking.Recorder,

@@ -18,6 +18,7 @@ from tests.conftest import (
     start_cli,
     stop_all,
     wait_for_file,
+    write_dataset,
 )
 
 LAUNCH = {1: [], 2: SPAWN_2}
@@ -184,3 +185,51 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     assert summary["world_size"] == 2 and summary["world_size_changes"] == [
         {"iteration": 14, "checkpoint_world_size": 3, "world_size": 2, "same_images": True}]
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size_changes"] == []
+
+
+def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then_recorded(tmp_path):
+    from tests.test_image_folders import FOLDER_RUN, write_image, write_image_folder
+
+    root = write_image_folder(tmp_path / "data", train=10, test=3)  # 30 training images, 2 steps of 15 an epoch
+    command = ["run", *FOLDER_RUN, f"--data_path={root}", "--image_size=24", "--train_eval_size=0",
+               "--checkpoint_every=2", f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto"]
+    first = run_in_process(*command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "job"
+    (run_dir / "training_checkpoint_6.pt").unlink()  # as if stopped after iteration 4 of 6
+    before = {path.name: path.read_bytes() for path in run_dir.glob("[!.]*") if path.is_file()}  # not the lock
+    recorded = json.loads((run_dir / "provenance.json").read_text())["dataset"]
+    assert recorded["images"] == {"train": 30, "test": 9}
+    for index in range(5):
+        write_image(root / "train" / "cat" / f"new{index}.png", (200, 40, 40), (32, 32), 900 + index)
+
+    refused = run_in_process(*command)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint '{run_dir / 'training_checkpoint_4.pt'}' was made with other data: "
+                           f"sha256 {recorded['sha256'][:12]}... then, ")
+    assert ("now; images then train 30, test 9, now train 35, test 9: resuming would not continue the same run "
+            "(another epoch length, another shuffle); resume on the data it was made with, start afresh (another "
+            "--run_name, or --overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in "
+            "provenance)") in last
+    assert "Traceback" not in refused.stderr
+    after = {path.name: path.read_bytes() for path in run_dir.glob("[!.]*") if path.is_file()}
+    assert after == before  # nothing written: config, provenance, checkpoints, metrics, log as they were
+
+    going_on = run_in_process(*command, "--resume_on_changed_data=True")
+    assert going_on.returncode == 0, going_on.stderr[-3000:]
+    assert "going on as asked (resume_on_changed_data)" in going_on.stderr
+    change = json.loads((run_dir / "provenance.json").read_text())["resumed_on_changed_data"]
+    assert change["sha256_then"] == recorded["sha256"] != change["sha256_now"]
+    assert (change["images_then"], change["images_now"]) == ({"train": 30, "test": 9}, {"train": 35, "test": 9})
+
+
+def test_a_resume_on_changed_cifar_files_is_refused_too(long_reference, tmp_path):
+    other = write_dataset(tmp_path / "other", 600, 301, seed=1)  # the same shape, other pixels and labels
+    checkpoint = long_reference / "training_checkpoint_50.pt"
+    result = run_in_process("run", *RUN, f"--data_path={other}", f"--output_path={tmp_path}", "--run_name=job",
+                            f"--resume_from={checkpoint}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (f"error: checkpoint '{checkpoint}' was made with other data: sha256 "
+            in result.stderr.strip().splitlines()[-1])
+    assert "images then train 600, test 301, now train 600, test 301" in result.stderr
