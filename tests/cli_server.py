@@ -85,7 +85,8 @@ def serve(address: str) -> dict[str, Any]:
                 connection, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
                 request = json.loads(message)
-                pid = os.fork() if same_at_import({**set_by_imports, **request["env"]}, os.environ) else None
+                wanted = {**set_by_imports, **request["env"]}
+                pid = os.fork() if same_at_import(wanted, os.environ) else None
                 if pid == 0:
                     selector.close()
                     listener.close()
@@ -94,7 +95,9 @@ def serve(address: str) -> dict[str, Any]:
                 for fd in fds:
                     os.close(fd)
                 if pid is None:
-                    connection.send(b"refused")
+                    differing = sorted(key for key in {*wanted, *os.environ}
+                                       if not same_at_import({key: wanted.get(key)}, {key: os.environ.get(key)}))
+                    connection.send(b"refused " + " ".join(differing).encode())
                     connection.close()
                     continue
                 connection.send(str(pid).encode())
@@ -190,9 +193,10 @@ class ServedProcess:
 
     def __init__(self, args: list[str], connection: socket.socket, stdout: Any, stderr: Any) -> None:
         self.args = args
-        answer = connection.recv(64)
-        if answer == b"refused":
-            raise RuntimeError("the CLI server refused an environment that conftest.servable accepted")
+        answer = connection.recv(4096)
+        if answer.startswith(b"refused"):
+            raise RuntimeError("the CLI server refused an environment that conftest.servable accepted (it differs "
+                               f"in {answer[8:].decode() or '?'})")
         self.pid = int(answer)
         self.returncode: int | None = None
         self.stdout, self.stderr = stdout, stderr

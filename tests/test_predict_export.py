@@ -299,3 +299,20 @@ def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tm
 def test_bad_export_arguments_are_one_line(trained, args, expected):
     result = run_in_process("export", f"--checkpoint={trained}", *args)
     assert result.returncode == 2 and result.stderr.strip() == expected
+
+
+def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trained, tmp_path):
+    """docs/models-in-and-out.md's --json example: as many top_k entries as its command line gives (the default
+    where it gives none), with the keys a real run prints."""
+    from cifar10_dist.cli import DEFAULT_TOP_K
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "models-in-and-out.md").read_text()
+    command, output = re.search(r"\n\$ (cifar10-dist predict [^\n]*--json[^\n]*)\n(\{[^\n]*\})\n", doc).groups()
+    asked = re.search(r"--top_k=(\d+)", command)
+    example = json.loads(output)
+    assert len(example["top_k"]) == (int(asked.group(1)) if asked else DEFAULT_TOP_K)
+    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "black.png")
+    real = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "black.png"), "--json")
+    printed = json.loads(real.stdout.splitlines()[0])
+    assert printed.keys() == example.keys() and printed["top_k"][0].keys() == example["top_k"][0].keys()
+    assert len(printed["top_k"]) == DEFAULT_TOP_K

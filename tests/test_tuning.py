@@ -400,7 +400,7 @@ def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
     space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [1.0e+4]}})
     result = run_in_process(*tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid"))
     assert result.returncode == 2
-    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch 1\): "
+    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch \d\): "
                      "the loss became", result.stdout), result.stdout
     assert result.stderr.splitlines()[-1] == ("error: no trial of study f has completed (1 failed, the reasons are "
                                               "above): no best config")

@@ -8,8 +8,6 @@ runs and reports. ``launch.runs`` launches it in every process; evaluating a che
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
 import math
 import time
@@ -27,16 +25,15 @@ from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import augmentation, batches, loaders, loading
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import checkpoint_files, files, mistake_grid, reading, run_folder, tracking
+from cifar10_dist.outputs import checkpoint_files, run_folder, tracking
 from cifar10_dist.outputs.clearml_tracking import ClearML
-from cifar10_dist.outputs.mistake_grid import Mistake
 from cifar10_dist.outputs.mlflow_tracking import MLflow
 from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.outputs.tracker_guard import Guarded
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, optimizers, process_setup, schedules, trials
+from cifar10_dist.training import checkpointing, optimizers, process_setup, run_end, schedules, trials
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -84,8 +81,8 @@ def training(config: Config) -> dict[str, Any]:
                     checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                     logger.info("run folder: %s", run_dir)
                     result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
-                    report_run_end(config, run_dir, result, engine_set, data_setup, (clearml, mlflow), recorder,
-                                   time.perf_counter() - started)
+                    run_end.report_run_end(config, run_dir, result, engine_set.mistakes, data_setup,
+                                           (clearml, mlflow), recorder, time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
 
@@ -369,44 +366,3 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
     epoch = validation.latest["epoch"] if validation.latest else 0
     metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
     return {**metrics, "model": name}
-
-
-def report_run_end(config: Config, run_dir: Path, result: RunResult, engine_set: EngineSet,
-                   data_setup: loading.DataSetup, trackers: tuple[Guarded, Guarded], recorder: tracking.Recorder,
-                   seconds: float) -> None:
-    """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
-    artifacts for MLflow."""
-    clearml, mlflow = trackers
-    memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
-    ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
-                       "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
-    if result.test is not None:  # (every rank has the test numbers, or none has)
-        found = engine_set.mistakes.gathered(list(data_setup.info.classes))
-        ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
-    ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml.tracker, recorder,
-                       seconds, memory)
-    mlflow.send("artifacts", functools.partial(mlflow.tracker.log_artifacts, run_dir, config.mlflow_log_model))
-
-
-def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.DataSetup, recorder: tracking.Recorder,
-                   result: RunResult) -> None:
-    """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
-    images = data_setup.loaders.test.dataset.images
-    title = f"{run_dir.name}, {result.test.model or 'final model'}"
-    pixels = mistake_grid.write(run_dir, "mistakes", images, found, title,
-                                {"model": result.test.model or "final", "test_images": len(images)})
-    recorder.write_image("test/mistakes", pixels, result.iterations)
-
-
-def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
-                  clearml: ClearML, recorder: tracking.Recorder, seconds: float, memory: list[float]) -> None:
-    """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
-    files.write_json(run_dir / "metrics.json", result.to_dict())
-    summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
-                                  clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
-                                  private_memory_mib=memory,
-                                  pruned_at_epoch=result.pruned_at if config.trial is not None else None)
-    files.write_json(run_dir / "summary.json", summary.to_dict())
-    files.write_file(run_dir / "curves.png", lambda path: reading.render_curves(run_dir, path))
-    recorder.write_hparams(config.to_dict(), reading.final_scalars(summary), result.iterations)
-
