@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,17 @@ def commit() -> str:
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
 
 
+def command() -> str:
+    """The command line that runs this benchmark (``python -m benchmarks.NAME ARGS``)."""
+    module = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "?"
+    return shlex.join(["python", "-m", f"benchmarks.{module}", *sys.argv[1:]])
+
+
 def write(path: str | Path, record: dict[str, Any]) -> None:
-    """A benchmark's JSON file, written whole."""
-    files.write_json(Path(path), record)
+    """A benchmark's JSON file, written whole, with the command, the commit and the machine (the CPU's kind: its
+    kernels and native bf16) beside its figures, where the record does not name them itself."""
+    files.write_json(Path(path), {"command": command(), "commit": commit(), "machine": machine(),
+                                  "hardware": hardware_record(), **record})
 
 
 def append_run(path: str | Path, run: dict[str, Any]) -> None:
