@@ -1,0 +1,55 @@
+"""Figures quoted from a measurement are the measurement's: in README.md and docs/*.md such a figure is followed
+by a marker, invisible once rendered, ``<!-- measured NAME.json /json/pointer [xSCALE] -->``; the number before
+it must be the value at that pointer (RFC 6901) of docs/measurements/NAME.json, times SCALE, at the precision
+quoted, and that file must name the command, the commit and the machine (its CPU kind) that produced it (the
+way docs/configuration.md is checked against the config's fields)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+MARKER = re.compile(r"(\d[\d,]*(?:\.\d+)?)[^\d<>|]{0,8}<!-- measured (\S+\.json) (/\S*?)(?: x(\d+))? -->")
+CPU_KINDS = ("AMX", "AVX512", "AVX2")  # what hardware.describe names a CPU's kind by
+
+
+def quoted_figures() -> list[tuple[str, str, str, str, int]]:
+    """(page, number as quoted, JSON file, pointer, scale) for every marker."""
+    found = []
+    for page in PAGES:
+        for number, name, pointer, scale in MARKER.findall(page.read_text()):
+            found.append((page.name, number, name, pointer, int(scale or 1)))
+    return found
+
+
+def at_pointer(document: object, pointer: str) -> object:
+    for part in pointer.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        document = document[int(part)] if isinstance(document, list) else document[part]
+    return document
+
+
+def test_every_marker_is_a_whole_marker():
+    """A marker the pattern above does not read (a typo, a number too far from it) fails here, not silently."""
+    for page in PAGES:
+        text = page.read_text()
+        assert text.count("<!-- measured ") == len(MARKER.findall(text)), page.name
+
+
+def test_the_pages_that_quote_the_input_pipeline_and_the_doctor_mark_their_figures():
+    assert {"README.md", "your-data.md", "recipes.md"} <= {page for page, *_ in quoted_figures()}
+
+
+@pytest.mark.parametrize("page, number, name, pointer, scale", quoted_figures())
+def test_a_quoted_figure_is_the_value_its_json_records(page, number, name, pointer, scale):
+    record = json.loads((REPO / "docs" / "measurements" / name).read_text())
+    value = float(at_pointer(record, pointer)) * scale
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    assert round(value, decimals) == float(number.replace(",", "")), f"{page}: {number} quoted, {name} {pointer} is {value}"
+    assert record.get("command") and record.get("commit"), f"{name} does not name its command and commit"
+    assert any(kind in str(record.get("machine")) for kind in CPU_KINDS), f"{name} does not name the CPU's kind"
