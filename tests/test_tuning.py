@@ -4,6 +4,7 @@ retried from its checkpoint, the report, and optuna-dashboard reading a study ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -407,10 +408,19 @@ def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
     assert load_study(tmp_path, "f").trials[0].state.name == "FAIL"
 
 
-def _open_study_at_the_barrier(barrier, folder: str, rounds: int, worker: int) -> list[str]:
+def _open_study_at_the_barrier(barrier, folder: str, rounds: int, worker: int, without: str | None = None
+                               ) -> list[str]:
     """One tune worker's start: at each round, wait for the others, then open a fresh SQLite study and run one
-    (instant) trial in it. Returns each round's outcome: "ok" or the one-line error."""
+    (instant) trial in it. Returns each round's outcome: "ok" or the one-line error. ``without``: "lock" (the
+    lock file is a no-op) or "retry" (one attempt only), to check the other mechanism alone."""
+    from cifar10_dist.outputs import files
+    from cifar10_dist.training import trials
     from cifar10_dist.tuning import search_space, studies
+
+    if without == "lock":
+        files.sqlite_lock = lambda url: contextlib.nullcontext()
+    elif without == "retry":
+        trials.CREATION_ATTEMPTS = 1
 
     base = load_config(val_split=0.1, output_path=folder)
     space = {"learning_rate": search_space.Dimension("learning_rate", "float", 0.01, 0.1)}
@@ -428,18 +438,22 @@ def _open_study_at_the_barrier(barrier, folder: str, rounds: int, worker: int) -
     return outcomes
 
 
-def test_workers_starting_together_on_a_fresh_sqlite_study_all_run_their_trials(tmp_path):
-    """Three workers open the same new SQLite file at the same instant, five times over: none of them trips over
-    another creating the schema or the study, and every trial lands in the one study of each file."""
+@pytest.mark.parametrize("without", ["retry", "lock"], ids=["the-lock-alone", "the-retry-alone"])
+def test_workers_starting_together_on_a_fresh_sqlite_study_all_run_their_trials(tmp_path, without):
+    """Three workers open the same new SQLite file at the same instant, three times over: none of them trips over
+    another creating the schema or the study, and every trial lands in the one study of each file. Each of the
+    two mechanisms is enough on its own, and each is checked alone: the lock file beside the database (the retry
+    off), and the retry after a lost creation race (the lock off; a database server has no lock file). With
+    neither, 8 of the 15 starts failed here ("table studies already exists")."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    rounds, workers = 5, 3
+    rounds, workers = 3, 3
     context = multiprocessing.get_context("fork")  # the workers use Optuna and SQLite only, not torch
     barrier = context.Manager().Barrier(workers)
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         outcomes = list(pool.map(_open_study_at_the_barrier, [barrier] * workers, [str(tmp_path)] * workers,
-                                 [rounds] * workers, range(workers)))
+                                 [rounds] * workers, range(workers), [without] * workers))
     assert outcomes == [["ok"] * rounds] * workers
     for number in range(rounds):
         study = optuna.load_study(study_name="race", storage=f"sqlite:///{tmp_path}/round-{number}.db")
