@@ -71,6 +71,8 @@ def test_a_run_and_its_resume_are_one_mlflow_run_with_config_metrics_tags_and_ar
     assert run.data.metrics["final/test_accuracy"] == pytest.approx(summary["final"]["test"]["accuracy"])
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png", "model"} <= artifacts
+    assert {"mistakes.png", "mistakes.json"} <= {path.name for path in run_dir.glob("mistakes.*")}
+    assert "mistakes.png" in artifacts  # the test set's most confident mistakes, the picture
     model = [item.path for item in client.list_artifacts(run.info.run_id, "model")]
     best = max(run_dir.glob("best_model_*.pt"), key=lambda path: float(path.stem.rsplit("=", 1)[1]))
     assert model == [f"model/{best.name}"]  # the best of the kept best-model files

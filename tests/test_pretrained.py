@@ -313,3 +313,34 @@ def test_the_fine_tuning_keys_are_searchable_and_their_bounds_checked():
     with pytest.raises(UserError, match=r"^space: freeze_epochs=4 is outside what the config accepts: "
                                         r"freeze_epochs=4 must be less than num_epochs=4"):
         check_space(base, {"freeze_epochs": Dimension("freeze_epochs", "int", 0, 4)})
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."],
+                         ids=["ddp", "compiled", "ddp-of-compiled", "compiled-ddp"])
+def test_a_state_dict_saved_from_a_wrapped_model_loads_with_its_prefixes_stripped(our_run, tmp_path, prefix):
+    """DDP's ``module.`` and torch.compile's ``_orig_mod.`` (in either order) in a plain state dict's names."""
+    recorded = torch.load(sorted(our_run.glob("best_model_*.pt"))[-1], weights_only=True)["model"]
+    path = tmp_path / "wrapped.pt"
+    torch.save({f"{prefix}{name}": tensor for name, tensor in recorded.items()}, path)
+    model = models.build_model("simple_cnn", {"width": 8}, 10)
+    pretrained.load(model, pretrained.resolve("simple_cnn", str(path)), tuple(f"class{n}" for n in range(10)))
+    state = model.state_dict()
+    head = pretrained.head_of(model)[0] + "."
+    assert all(torch.equal(state[name], tensor) for name, tensor in recorded.items() if not name.startswith(head))
+
+
+def test_a_training_checkpoint_of_a_run_with_ema_starts_from_its_ema_weights(tmp_path):
+    api.train(dataset="synthetic", synthetic_size=64, model="simple_cnn", model_kwargs={"width": 8}, num_epochs=1,
+              num_warmup_epochs=0, batch_size=32, num_workers=0, train_eval_size=0, output_path=str(tmp_path),
+              run_name="ema", ema_decay=0.5)
+    checkpoint_path = sorted((tmp_path / "ema").glob("training_checkpoint_*.pt"))[-1]
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    model = models.build_model("simple_cnn", {"width": 8}, 10)
+    weights = pretrained.resolve("simple_cnn", str(checkpoint_path))
+    pretrained.load(model, weights, weights.classes)
+    state = model.state_dict()
+    ema = {name.removeprefix("module."): tensor for name, tensor in checkpoint["ema_model"].items()}
+    trained = checkpoint["model"]
+    weight = next(name for name in trained if name.endswith("weight"))
+    assert not torch.equal(ema[weight], trained[weight])  # the two differ, so the check below means something
+    assert all(torch.equal(state[name], ema[name]) for name in state)

@@ -275,12 +275,16 @@ def _read(weights: Weights) -> Mapping[str, torch.Tensor]:
     return tensors
 
 
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's, torch.compile's
+
+
 def _strip_prefixes(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names as a plain model has them: DDP's ``module.`` and torch.compile's ``_orig_mod.`` removed."""
+    """Names as a plain model has them: DDP's ``module.`` and torch.compile's ``_orig_mod.`` removed, in whichever
+    order the wrappers were applied."""
     stripped = {}
     for name, tensor in tensors.items():
-        for prefix in ("module.", "_orig_mod."):
-            name = name.removeprefix(prefix)
+        while name.startswith(WRAPPER_PREFIXES):
+            name = name.split(".", 1)[1]
         stripped[name] = tensor
     return stripped
 
