@@ -8,10 +8,20 @@ interpreter that imports torch again (``_forkserver_forked_or_spawned``).
 
 The server (``python -m tests.cli_server ADDRESS``) takes one request per connection on a UNIX socket: the
 arguments, environment and folder as JSON, with the three standard streams' file descriptors attached; it answers
-the child's pid, then its exit status when it ends, or ``refused`` when the environment differs from its own in a
-variable read at import time (the child would not be what a new interpreter is). It stops when its stdin (a pipe
+the child's pid, then its exit status when it ends, or ``refused`` and the variables that differ when the
+environment differs from its own in a variable read at import time (the child would not be what a new
+interpreter is). It stops when its stdin (a pipe
 from the test process) closes. Clients: ``Server.start`` (the tests' ``run_cli``/``start_cli``) and ``run_served``
-(the stand-in ``python`` of tests/served_python, for job scripts)."""
+(the stand-in ``python`` of tests/served_python, for job scripts).
+
+Every served child has the server's hash seed (Python's string hashing, set when an interpreter starts), and so
+has every worker its forkserver spawns, as in a real spawned run, whose workers are forked from one forkserver
+too. Peers started apart from each other get seeds of their own in real use, and a set they iterate in a
+different order could make them disagree; the tests whose peers start apart therefore run fresh interpreters:
+torchrun's workers (test_distributed, test_launch_modes, test_faults), the srun tasks of test_launch_modes
+(``fresh=True``) and the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun: each its own
+PYTHONHASHSEED, which this server refuses). tests/test_cli.py checks that a served spawned run and a fresh one
+end with bit-identical weights and the same metrics."""
 
 from __future__ import annotations
 
@@ -291,7 +301,7 @@ def run_served(args: list[str], address: str | None) -> int | None:
     request = {"args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "new_session": True}
     socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
     answer = connection.recv(64)
-    if answer in (b"", b"refused"):
+    if answer == b"" or answer.startswith(b"refused"):
         return None
     pid = int(answer)
     for number in PASSED_ON:

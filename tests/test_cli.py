@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
 
 from cifar10_dist.config import Config
-from tests.conftest import REPO, cli_env, job_script_environment, run_cli, run_in_process, servable
+from tests.conftest import (
+    REPO,
+    TINY,
+    assert_same_training_state,
+    cli_env,
+    job_script_environment,
+    run_cli,
+    run_in_process,
+    servable,
+)
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate"])
@@ -70,6 +80,31 @@ def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path
         assert served.returncode == 2 and served.stderr.count("\n") == 1, served.stderr
         if "Net" in command[1]:  # imported: the factory was called
             assert "the factory returned a NoneType, not a torch.nn.Module" in served.stderr, served.stderr
+
+
+@pytest.mark.slow  # a fresh interpreter and its spawned workers
+def test_a_served_spawned_run_trains_exactly_as_a_fresh_interpreters_does(spawned_run, small_dataset, tmp_path):
+    """The served 2-process run of conftest.spawned_run (its forkserver forked from the served process) and the
+    same command in a new interpreter (its own hash seed, its forkserver a new interpreter too): bit-identical
+    weights and optimizer state, and the same metrics.jsonl but for the timings."""
+    served, served_output = spawned_run
+    assert served.returncode == 0, served.stderr[-3000:]
+    fresh = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
+                    f"--data_path={small_dataset}", f"--output_path={tmp_path}", fresh=True)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    (served_dir,), (fresh_dir,) = served_output.iterdir(), tmp_path.iterdir()
+    final = sorted(served_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+    assert_same_training_state(final[-1], fresh_dir / final[-1].name)
+
+    def without_timings(run_dir):
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{key: value for key, value in line.items() if key not in TIMINGS} for line in lines]
+
+    assert without_timings(served_dir) == without_timings(fresh_dir)
+    assert len(without_timings(served_dir)) >= 4  # epochs and evaluations were compared
+
+
+TIMINGS = ("epoch_time", "images_per_second", "duration")
 
 
 def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path):
