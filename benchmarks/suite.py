@@ -1,0 +1,74 @@
+"""README's two command lines timed on a fresh clone of this checkout's HEAD: ``bash .ci/run`` as CI runs it (CI=true,
+no stdin: a new virtualenv, the install, then exactly the test command README gives), and the demo command
+(``cifar10-dist run --config=configs/demo.yaml``) in the environment it made: the seconds of the install, of
+pytest and of the demo (its training time from its summary.json), pytest's counts, the CPU. About 6-8 minutes on
+2 cores. Last run: README (CPU named there, JSON in docs/measurements/suite_cpu.json).
+
+    python -m benchmarks.suite [--json=PATH] [--keep=DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import records
+
+SUMMARY = re.compile(r"^(?:=+ )?(?P<counts>\d+ passed.*?) in (?P<seconds>[\d.]+)s", re.M)
+
+
+def timed(command: list[str], cwd: Path, log: Path) -> tuple[int, float, str]:
+    """(exit code, wall seconds, output) of ``command`` run as CI runs it: CI=true, no stdin."""
+    started = time.perf_counter()
+    with log.open("w") as stream:
+        process = subprocess.run(command, cwd=cwd, env={**os.environ, "CI": "true"}, stdin=subprocess.DEVNULL,
+                                 stdout=stream, stderr=subprocess.STDOUT)
+    return process.returncode, time.perf_counter() - started, log.read_text()
+
+
+def counts(summary: str) -> dict[str, int]:
+    """'438 passed, 12 skipped, 7 warnings' as {'passed': 438, 'skipped': 12, 'warnings': 7}."""
+    return {word: int(number) for number, word in re.findall(r"(\d+) (\w+)", summary)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", dest="json_path", default="benchmark_suite.json")
+    parser.add_argument("--keep", help="clone into this (new) folder and keep it, instead of a temporary one")
+    args = parser.parse_args()
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-"))
+    clone = folder / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(records.REPO), str(clone)], check=True)
+    code, ci_seconds, output = timed(["bash", ".ci/run"], clone, folder / "ci.log")
+    found = SUMMARY.findall(output)
+    if code != 0 or not found:
+        raise SystemExit(f".ci/run ended with {code}; its output is in {folder / 'ci.log'}")
+    summary, pytest_seconds = found[-1][0], float(found[-1][1])
+    print(f".ci/run: {ci_seconds:.1f} s in all, pytest {pytest_seconds:.1f} s ({summary})", flush=True)
+    demo_code, demo_seconds, _ = timed(["bash", "-c", ". .venv/bin/activate && cifar10-dist run "
+                                        "--config=configs/demo.yaml --output_path=demo-output --run_name=demo"],
+                                       clone, folder / "demo.log")
+    if demo_code != 0:
+        raise SystemExit(f"the demo ended with {demo_code}; its output is in {folder / 'demo.log'}")
+    demo_training = json.loads((clone / "demo-output" / "demo" / "summary.json").read_text())["training_time"]
+    print(f"demo: {demo_seconds:.1f} s in all, training {demo_training:.1f} s", flush=True)
+    record: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tested_commit": records.commit(),
+        "ci_run": {"seconds": ci_seconds, "pytest_seconds": pytest_seconds,
+                   "before_pytest_seconds": ci_seconds - pytest_seconds,  # apt checks, the virtualenv, the install
+                   "summary": summary, "counts": counts(summary)},
+        "demo": {"seconds": demo_seconds, "training_seconds": demo_training},
+    }
+    records.write(args.json_path, record)
+    print(f"wrote {args.json_path}")
+
+
+if __name__ == "__main__":
+    main()
