@@ -60,7 +60,8 @@ def main() -> None:
     demo_training = json.loads((clone / "demo-output" / "demo" / "summary.json").read_text())["training_time"]
     print(f"demo: {demo_seconds:.1f} s in all, training {demo_training:.1f} s", flush=True)
     record: dict[str, Any] = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tested_commit": records.commit(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tested_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip(),
         "ci_run": {"seconds": ci_seconds, "pytest_seconds": pytest_seconds,
                    "before_pytest_seconds": ci_seconds - pytest_seconds,  # apt checks, the virtualenv, the install
                    "summary": summary, "counts": counts(summary)},
