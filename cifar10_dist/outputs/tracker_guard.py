@@ -85,8 +85,8 @@ class Guarded:
         while True:
             what, action = self.jobs.get()
             try:
-                if what != "metrics" and self.error is not None:  # the end of a run: each send only once
-                    self.tracker.flush()  # the store answers again first, or this send is missed too
+                if what != "metrics" and self.error is not None:  # after an outage: the missed metrics first;
+                    self.tracker.flush()  # a store still silent fails here, and this send is missed
                 action()
             except Exception as error:  # whatever the store's client raises: never the run's end
                 self._failed(what, error)
