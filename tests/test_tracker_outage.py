@@ -94,10 +94,19 @@ def go_on(run: subprocess.Popen) -> None:
     os.killpg(run.pid, signal.SIGCONT)
 
 
+@pytest.fixture
+def server(tmp_path):
+    """A started MlflowServer, killed at the end whatever the test did (it runs in a session of its own)."""
+    started = MlflowServer(tmp_path)
+    try:
+        started.start()
+        yield started
+    finally:
+        started.kill()
+
+
 @pytest.mark.slow
-def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(tmp_path):
-    server = MlflowServer(tmp_path)
-    server.start()
+def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(server, tmp_path):
     back, run_dir = train_through_outages(server, tmp_path / "out", "back", comes_back=True)
     stderr = back.stderr
     assert back.returncode == 0, stderr[-3000:]
