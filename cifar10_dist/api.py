@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
-from cifar10_dist.launch.runs import INHERITED_BY_EVALUATE, resolve, train, train_seeds
+from cifar10_dist.launch.runs import resolve, train, train_seeds
 from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult, TuneResult
 
 __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "predict_files", "export",

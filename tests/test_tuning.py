@@ -298,6 +298,29 @@ def test_a_bad_space_is_one_line_before_any_trial(space, message, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_key_tune_sets_for_its_trials_is_refused_in_a_space(tmp_path):
+    """The keys a trial's config gets from tune itself (its folder, name, resume, seed count, the trial, the MLflow
+    parent and store) are found by building one trial's config, not listed here: each must be refused in a space
+    (their role is on their field, config.fields: tunable=False, per_worker or internal)."""
+    import types
+
+    from cifar10_dist.config import PrunerSpec
+    from cifar10_dist.tuning import search_space, studies
+
+    base = load_config(None, val_split=0.1, output_path=str(tmp_path), seeds=2, overwrite=True)
+    objective = studies.Objective(base=base, space={}, study_dir=tmp_path / "s", url=f"sqlite:///{tmp_path}/s.db",
+                                  study=types.SimpleNamespace(study_name="s"), pruner=PrunerSpec(),
+                                  mlflow_parent=("sqlite:///elsewhere.db", "parent-run-id"))
+    trial = objective.trial_config(3, {}, str(tmp_path / "training_checkpoint_9.pt"))
+    set_by_tune = sorted(key for key in base.to_dict() if getattr(trial, key) != getattr(base, key))
+    assert {"trial", "mlflow_parent_run", "mlflow_tracking_uri", "output_path", "run_name", "resume_from", "seeds",
+            "overwrite"} <= set(set_by_tune)
+    for key in set_by_tune:
+        path = write_space(tmp_path, {key: {"type": "categorical", "choices": [getattr(base, key)]}})
+        with pytest.raises(UserError, match=f"{key} cannot be tuned"):
+            search_space.read_space(path)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--val_split=0"], "tune needs val_split > 0 (got 0.0)"),
     (["--sampler=bayes"], "sampler='bayes' is unknown: choose one of tpe, random, grid"),

@@ -4,7 +4,19 @@ overrides (``loading``). Plain data: it imports nothing heavier than PyYAML, and
 names) and ``errors`` below it; checks against the filesystem, the model registry and the launch environment
 are ``launch.preflight``'s."""
 
-from cifar10_dist.config.fields import FIELDS, PRUNERS, Bounds, Config, PrunerSpec, TrialSpec, choices, describe_options
+from cifar10_dist.config.fields import (
+    FIELDS,
+    INHERITED_BY_EVALUATE,
+    PER_WORKER,
+    PRUNERS,
+    UNTUNABLE,
+    Bounds,
+    Config,
+    PrunerSpec,
+    TrialSpec,
+    choices,
+    describe_options,
+)
 from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
                                         MODEL_REFERENCE,
@@ -18,7 +30,7 @@ from cifar10_dist.config.rules import (
                                         validate,
 )
 
-__all__ = ["FIELDS", "PRUNERS", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
+__all__ = ["FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
            "class_weights_for", "explicit_class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
            "validate"]

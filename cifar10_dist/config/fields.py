@@ -54,12 +54,19 @@ FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
 
 
 def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
-           choices_read: str | None = None, internal: bool = False) -> Any:
-    """A config field with its one-line help text and its own rules: ``bounds`` for a number, the ``Literal``
-    annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words accepted
-    besides the field's type; ``internal``: set by the tool itself, left out of --help and the docs."""
+           choices_read: str | None = None, internal: bool = False, tunable: bool = True, per_worker: bool = False,
+           inherited_by_evaluate: bool = False) -> Any:
+    """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
+    ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
+    accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
+    docs, never tuned); ``tunable=False``, never searched by ``tune`` (a command sets it for its runs, or it
+    decides the data every trial must share); ``per_worker``, each tuning worker sets it for its own machine (not
+    compared with the study's, never tuned); ``inherited_by_evaluate``, ``evaluate`` takes it from the
+    checkpoint unless given. The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``)
+    are derived from these, below the class."""
     return field(default=default, metadata={"help": help, "also": also, "bounds": bounds,
-                                            "choices_read": choices_read, "internal": internal})
+                                            "choices_read": choices_read, "internal": internal, "tunable": tunable,
+                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate})
 
 
 @dataclass(frozen=True)
@@ -106,30 +113,38 @@ class Config:
 
     # data
     dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), synthetic (generated in memory), or "
-                          "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)")
+                          "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)",
+                          tunable=False, inherited_by_evaluate=True)
     data_path: str = option("cifar10", "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when "
-                            "missing)")
+                            "missing)", per_worker=True, inherited_by_evaluate=True)
     label_mode: Literal["fine", "coarse"] = option("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20 "
-                                                   "superclasses)", choices_read="fine or coarse")
-    download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)")
+                                                   "superclasses)", choices_read="fine or coarse",
+                                                   inherited_by_evaluate=True)
+    download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)",
+                            per_worker=True)
     image_size: int = option(32, "dataset=folder: images are stored and trained at this size (shorter side scaled, "
-                             "centre crop); CIFAR is 32", bounds=Bounds(8, 1024, reads="in 8..1024 pixels"))
+                             "centre crop); CIFAR is 32", bounds=Bounds(8, 1024, reads="in 8..1024 pixels"),
+                             inherited_by_evaluate=True)
     skip_bad_images: bool = option(False, "dataset=folder: train without unreadable image files (else refused, "
-                                   "naming them)")
+                                   "naming them)", tunable=False, inherited_by_evaluate=True)
     drop_test_duplicates: bool = option(False, "dataset=folder: remove test/val images that are exact copies of "
-                                        "training images (always counted and warned about)")
+                                        "training images (always counted and warned about)",
+                                        tunable=False, inherited_by_evaluate=True)
     cache_dir: Optional[str] = option(None, "dataset=folder: where the decoded images are cached (default: "
                                       "data_path/.cifar10_dist_cache); a node-local folder (e.g. $SLURM_TMPDIR) "
-                                      "gets a copy of the cache beside the data when there is one, once per node")
+                                      "gets a copy of the cache beside the data when there is one, once per node",
+                                      per_worker=True, inherited_by_evaluate=True)
     synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)",
-                                 bounds=Bounds(10, reads="at least 10 (it is too small)"))
-    num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)", bounds=AT_LEAST_0)
+                                 bounds=Bounds(10, reads="at least 10 (it is too small)"),
+                                 tunable=False, inherited_by_evaluate=True)
+    num_workers: int = option(2, "DataLoader worker processes per node (split over local processes)", bounds=AT_LEAST_0,
+                              per_worker=True)
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics",
                                   bounds=Bounds(0, reads="0 (off) or more"))
     val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "
                               "test set then used once at the end (0: validate on the test set)",
-                              bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"))
-    val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)")
+                              bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"), tunable=False)
+    val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)", tunable=False)
     data_on_device: bool = option(False, "keep all images on the training device as uint8 and slice batches there "
                                   "(GPU: no host copies; num_workers unused)")
     sampler: Literal["shuffle", "balanced"] = option(
@@ -166,7 +181,7 @@ class Config:
                                  bounds=Bounds(0, reads="0 (off) or more"))
     # model and optimisation
     model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
-                        "your own: package.module:factory or path/to/file.py:factory")
+                        "your own: package.module:factory or path/to/file.py:factory", inherited_by_evaluate=True)
     pretrained: Optional[str] = option(None, "start from pretrained weights: a torchvision weights name (DEFAULT, "
                                        "IMAGENET1K_V1, ...) for a torchvision model, true for a timm model (its "
                                        "pretrained tag), or a file: one of our checkpoints or best-model files, a "
@@ -178,10 +193,10 @@ class Config:
     backbone_lr_scale: float = option(1.0, "learning-rate factor of everything but the head (the model's last "
                                       "Linear), e.g. 0.1 when fine-tuning pretrained weights", bounds=ABOVE_0)
     model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
-                                          "(e.g. '{\"width\": 64}')")
+                                          "(e.g. '{\"width\": 64}')", inherited_by_evaluate=True)
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max",
-                        bounds=AT_LEAST_1)
+                        bounds=AT_LEAST_1, tunable=False)
     deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
     batch_size: int = option(512, "global batch size, split evenly over all processes", bounds=AT_LEAST_1)
     accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
@@ -267,53 +282,70 @@ class Config:
         "accuracy", "what chooses the best model, drives early stopping and ranks tuning trials: accuracy, "
         "balanced_accuracy (the mean of per-class recalls) or macro_f1 (the mean of per-class F1)")
     tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
-                      "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)")
+                      "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)",
+                      inherited_by_evaluate=True)
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
                                    bounds=AT_LEAST_1)
     log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1)
-    output_path: str = option("output-cifar10/", "parent folder of run folders")
-    run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)")
-    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder")
+    output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False)
+    run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)",
+                                     tunable=False)
+    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder",
+                                        tunable=False)
     resume_on_changed_data: bool = option(False, "resume even when the data is not what the checkpoint was made with "
                                           "(another checksum): the run goes on, no longer the same run; recorded in "
-                                          "provenance")
+                                          "provenance", tunable=False)
     overwrite: bool = option(False, "start afresh in a run folder that holds a run: the old folder is moved aside to "
-                             "NAME.replaced-<time>, never deleted")
-    with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])")
-    clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)")
-    clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import")
+                             "NAME.replaced-<time>, never deleted", tunable=False)
+    with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])",
+                                per_worker=True)
+    clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)",
+                                  per_worker=True)
+    clearml_offline: bool = option(False, "ClearML without a server: record the session locally for a later import",
+                                   per_worker=True)
     with_mlflow: bool = option(False, "track the run with MLflow (pip install cifar10-dist[mlflow]): config, "
-                               "metrics, provenance tags, artifacts; a resume continues the same MLflow run")
+                               "metrics, provenance tags, artifacts; a resume continues the same MLflow run",
+                               per_worker=True)
     mlflow_tracking_uri: Optional[str] = option(None, "MLflow store: any URI MLflow accepts (default: "
-                                                "MLFLOW_TRACKING_URI, else sqlite:///output_path/mlflow.db)")
-    mlflow_experiment: str = option("cifar10_dist", "MLflow experiment name (the run is named after the run folder)")
-    mlflow_log_model: bool = option(False, "with_mlflow: also store the best model file as an MLflow artifact")
+                                                "MLFLOW_TRACKING_URI, else sqlite:///output_path/mlflow.db)",
+                                                per_worker=True)
+    mlflow_experiment: str = option("cifar10_dist", "MLflow experiment name (the run is named after the run folder)",
+                                    per_worker=True)
+    mlflow_log_model: bool = option(False, "with_mlflow: also store the best model file as an MLflow artifact",
+                                    per_worker=True)
     # launch
     backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
         None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
-        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)")
+        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)", per_worker=True)
     nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)",
-                                           bounds=Bounds(1, reads=">= 1"))
-    nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)", bounds=AT_LEAST_1)
-    node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes")
-    master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes")
+                                           bounds=Bounds(1, reads=">= 1"), per_worker=True)
+    nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)", bounds=AT_LEAST_1,
+                                   per_worker=True)
+    node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes", per_worker=True)
+    master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes", per_worker=True)
     master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)",
-                                        bounds=Bounds(1, 65535))
-    init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file")
+                                        bounds=Bounds(1, 65535), per_worker=True)
+    init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file",
+                              per_worker=True)
     dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing",
-                               bounds=Bounds(1, reads="at least 1 second"))
+                               bounds=Bounds(1, reads="at least 1 second"), per_worker=True)
     # set by tune
     trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, "
                                         "params); rank 0 reports each val accuracy there and the run may be pruned; "
                                         "no test set", internal=True)
     mlflow_parent_run: Optional[str] = option(None, "set by tune: the MLflow run of the study, parent of this "
-                                              "trial's MLflow run", internal=True)
+                                              "trial's MLflow run", internal=True, per_worker=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+# the keys by role, from the fields (``option``): never written by hand
+UNTUNABLE = tuple(name for name, f in FIELDS.items()
+                  if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"])
+PER_WORKER = tuple(name for name, f in FIELDS.items() if f.metadata["per_worker"])
+INHERITED_BY_EVALUATE = tuple(name for name, f in FIELDS.items() if f.metadata["inherited_by_evaluate"])
 
 
 @functools.lru_cache(maxsize=None)

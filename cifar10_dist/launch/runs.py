@@ -13,13 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cifar10_dist.config import Config, load_config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, load_config
 from cifar10_dist.launch import start_method
 from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult
-
-# keys that evaluate takes from the checkpoint's recorded config unless given
-INHERITED_BY_EVALUATE = ("model", "model_kwargs", "dataset", "label_mode", "data_path", "synthetic_size", "tta",
-                         "image_size", "skip_bad_images", "drop_test_duplicates", "cache_dir")
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:

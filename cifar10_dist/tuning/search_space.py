@@ -8,17 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, Config, load_config, read_yaml_mapping
+from cifar10_dist.config import FIELDS, UNTUNABLE, Config, load_config, read_yaml_mapping
 from cifar10_dist.errors import UserError
 
 SPACE_TYPES = ("float", "int", "categorical")
-
-
-# set by tune for every trial: never searched
-UNTUNABLE = ("output_path", "run_name", "resume_from", "resume_on_changed_data", "overwrite", "trial", "seeds",
-             "backend", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "init_method",
-             "dataset", "data_path", "download", "val_split", "val_seed", "synthetic_size", "with_clearml",
-             "clearml_project", "clearml_offline", "cache_dir", "skip_bad_images", "drop_test_duplicates")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cifar10_dist.config import FIELDS, PRUNERS, Config, PrunerSpec, TrialSpec, load_config
+from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, TrialSpec, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.outputs import reading
 from cifar10_dist.results import TuneResult
@@ -39,11 +39,6 @@ logger = logging.getLogger("cifar10_dist")
 
 SAMPLERS = ("tpe", "random", "grid")
 RECORD = "cifar10_dist"  # the study's user attribute holding its base config, space and folder
-# keys each worker of a study sets for its own machine (data staged to local disk, its GPUs): not compared
-WORKER_KEYS = ("data_path", "download", "num_workers", "backend", "nproc_per_node", "nnodes", "node_rank",
-               "master_addr", "master_port", "init_method", "dist_timeout", "with_clearml", "clearml_project",
-               "clearml_offline", "cache_dir", "with_mlflow", "mlflow_tracking_uri", "mlflow_experiment",
-               "mlflow_log_model", "mlflow_parent_run")
 
 
 # ---------------------------------------------------------------- options, storage and the study
@@ -136,11 +131,11 @@ def json_roundtrip(value: Any) -> Any:
 
 
 def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any], name: str) -> None:
-    """Every worker trains the same thing: base config (but for WORKER_KEYS) and space as the study records."""
+    """Every worker trains the same thing: base config (but for the keys set per worker: PER_WORKER) and space as the study records."""
     for part in ("base_config", "space"):
         stored = stored_record.get(part, {})
         for key in sorted(set(stored) | set(record[part])):
-            if part == "base_config" and key in WORKER_KEYS:
+            if part == "base_config" and key in PER_WORKER:
                 continue
             if part == "base_config" and key not in stored and record[part][key] == FIELDS[key].default:
                 continue  # a key newer than the study, at its default: the study trained with that too
