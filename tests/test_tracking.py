@@ -301,3 +301,21 @@ def test_summary_json_is_written_and_read_through_one_record(tracked_run, tmp_pa
     (older / "summary.json").write_text(json.dumps({"best": {"split": "test"}}))
     with pytest.raises(reading.DamagedFile, match=r"summary.json is damaged: not a run summary"):
         reading.read_summary(older)
+
+
+def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_same_interface(monkeypatch, tmp_path):
+    """Trackers are opened through outputs.trackers (TRACKERS): the training worker and its run end know none by
+    name, and a tracker that is on but not installed is one line before anything starts."""
+    from cifar10_dist.outputs import trackers
+
+    repo = Path(__file__).resolve().parents[1]
+    for module in ("training/worker.py", "training/run_end.py"):
+        source = (repo / "cifar10_dist" / module).read_text().lower()
+        assert not [name for name in trackers.TRACKERS if name in source], module
+    monkeypatch.setitem(sys.modules, "clearml", None)
+    result = run_in_process("run", *TINY, "--dataset=synthetic", "--synthetic_size=64", "--with_clearml",
+                            f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr == "error: with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install " \
+                            "clearml)\n"
+    assert not any(tmp_path.iterdir())

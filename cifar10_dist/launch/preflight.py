@@ -18,7 +18,7 @@ from cifar10_dist import models, sources
 from cifar10_dist.config import Config, class_weights_for, planned_world_size
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import mlflow_tracking
+from cifar10_dist.outputs import trackers
 from cifar10_dist.system import stopping
 from cifar10_dist.training import optimizers
 
@@ -40,8 +40,7 @@ def check_before_launch(config: Config) -> None:
     stopping.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
     check_amp_dtype(config)
     optimizers.check_muon_available(config.muon_lr)
-    if config.with_mlflow:
-        mlflow_tracking.require_mlflow()
+    trackers.check_installed(config.to_dict())
 
 
 def check_amp_dtype(config: Config) -> None:

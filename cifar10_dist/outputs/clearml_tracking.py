@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from cifar10_dist.errors import UserError
 from cifar10_dist.system.ranks import on_rank_zero
+
+
+def require_clearml() -> None:
+    try:
+        import clearml  # noqa: F401
+    except ImportError:
+        raise UserError("with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install clearml)") \
+            from None
 
 
 class ClearML:
@@ -41,7 +50,14 @@ class ClearML:
         """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""
         from ignite.handlers.clearml_logger import ClearMLSaver
 
-        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True)
+        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True) if self.enabled \
+            else None
+
+    def log_artifacts(self, run_dir: Path) -> None:
+        """The checkpoints reach ClearML through the saver; nothing more at the end."""
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"clearml_offline_folder": self.offline_folder()}
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
         if self.task is not None:

@@ -177,8 +177,9 @@ class MLflow:
     def unsent(self) -> int:
         return len(self.pending)
 
-    def log_artifacts(self, run_dir: Path, with_best_model: bool = False) -> None:
+    def log_artifacts(self, run_dir: Path) -> None:
         """The run's record files (those present) and, when asked (mlflow_log_model), the best model file."""
+        with_best_model = bool(self.config.get("mlflow_log_model"))
         self.flush()
         for name in (*ARTIFACTS, *sorted(path.name for path in run_dir.glob("mistakes*.png"))):
             if (run_dir / name).is_file():
@@ -186,6 +187,12 @@ class MLflow:
         best_model = checkpoint_files.best_model_file(run_dir) if with_best_model else None
         if best_model is not None:
             self.client.log_artifact(self.run_id, str(best_model), artifact_path="model")
+
+    def saver(self, run_dir: Path) -> None:
+        """Checkpoints stay files in the run folder (the best model reaches MLflow with the artifacts)."""
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {}
 
     def end(self, status: str) -> None:
         """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""

@@ -1,10 +1,9 @@
 """The end of a run (``worker.training``): every rank's memory, the final test evaluation's most confident mistakes,
-metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the artifacts for MLflow."""
+metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's files for the trackers."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,8 @@ import ignite.distributed as idist
 from cifar10_dist.config import Config
 from cifar10_dist.data import loading
 from cifar10_dist.outputs import files, mistake_grid, reading, tracking
-from cifar10_dist.outputs.clearml_tracking import ClearML
 from cifar10_dist.outputs.mistake_grid import Mistake
-from cifar10_dist.outputs.tracker_guard import Guarded
+from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import RunResult
 from cifar10_dist.system import ranks
 from cifar10_dist.training.evaluators import MistakeCollector
@@ -25,20 +23,19 @@ logger = logging.getLogger("cifar10_dist")
 
 
 def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: MistakeCollector,
-                   data_setup: loading.DataSetup, trackers: tuple[Guarded, Guarded], recorder: tracking.Recorder,
+                   data_setup: loading.DataSetup, opened: OpenTrackers, recorder: tracking.Recorder,
                    seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
-    artifacts for MLflow."""
-    clearml, mlflow = trackers
+    run's files for the trackers."""
     memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
     ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
                        "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
     if result.test is not None:  # (every rank has the test numbers, or none has)
         found = mistakes.gathered(list(data_setup.info.classes))
         ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
-    ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, clearml.tracker, recorder,
-                       seconds, memory)
-    mlflow.send("artifacts", functools.partial(mlflow.tracker.log_artifacts, run_dir, config.mlflow_log_model))
+    ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, opened.summary_fields(),
+                       recorder, seconds, memory)
+    opened.send_artifacts(run_dir)
 
 
 def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.DataSetup, recorder: tracking.Recorder,
@@ -52,11 +49,12 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.Data
 
 
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
-                  clearml: ClearML, recorder: tracking.Recorder, seconds: float, memory: list[float]) -> None:
+                  tracker_fields: dict[str, Any], recorder: tracking.Recorder, seconds: float,
+                  memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
-                                  clearml_offline_folder=clearml.offline_folder(), trial=config.trial,
+                                  **tracker_fields, trial=config.trial,
                                   private_memory_mib=memory,
                                   pruned_at_epoch=result.pruned_at if config.trial is not None else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())

@@ -25,11 +25,8 @@ from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import augmentation, batches, loaders, loading
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import checkpoint_files, run_folder, tracking
-from cifar10_dist.outputs.clearml_tracking import ClearML
-from cifar10_dist.outputs.mlflow_tracking import MLflow
+from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
-from cifar10_dist.outputs.tracker_guard import Guarded
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -65,15 +62,13 @@ def training(config: Config) -> dict[str, Any]:
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                            resuming=resuming, overwrite=config.overwrite) as run_dir:
             resume_from = checkpointing.checked_resume_path(config, run_dir, data_setup.provenance)
-            with Guarded(ClearML(config.to_dict(), run_dir), "clearml", run_dir) as clearml, \
-                    Guarded(MLflow(config.to_dict(), run_dir, data_setup.provenance), "mlflow", run_dir) as mlflow:
+            with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance) as opened:
                 run_log.write_to(run_dir)
                 run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance,
                                            data_setup.held_out_indices)
-                to_save = setup_checkpoints(config, run_dir, clearml.tracker, network, optimization, engine_set,
-                                            data_setup, stop)
-                with setup_trackers(config, run_dir, (clearml, mlflow), optimization, engine_set,
-                                    data_setup) as recorder:
+                to_save = setup_checkpoints(config, run_dir, opened.saver(run_dir), network, optimization,
+                                            engine_set, data_setup, stop)
+                with setup_recorder(config, run_dir, opened, optimization, engine_set, data_setup) as recorder:
                     validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder,
                                             config.best_metric)
                     attach_validation(engine_set.trainer, config.validate_every, validation)
@@ -81,8 +76,8 @@ def training(config: Config) -> dict[str, Any]:
                     checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                     logger.info("run folder: %s", run_dir)
                     result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
-                    run_end.report_run_end(config, run_dir, result, engine_set.mistakes, data_setup,
-                                           (clearml, mlflow), recorder, time.perf_counter() - started)
+                    run_end.report_run_end(config, run_dir, result, engine_set.mistakes, data_setup, opened, recorder,
+                                           time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
 
@@ -228,11 +223,12 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
-def setup_checkpoints(config: Config, run_dir: Path, clearml: ClearML, network: Network,
+def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: Network,
                       optimization: Optimization, engine_set: EngineSet, data_setup: loading.DataSetup,
                       stop_request: stopping.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
-    models on the selection split; returns the objects a checkpoint holds (for resuming)."""
+    models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
+    the objects a checkpoint holds (for resuming)."""
     meta = checkpointing.RunMetadata(config.to_dict(), data_setup.provenance)
     to_save = {"trainer": engine_set.trainer, "model": network.model, "optimizer": optimization.optimizer,
                "lr_scheduler": optimization.lr_scheduler}
@@ -245,7 +241,6 @@ def setup_checkpoints(config: Config, run_dir: Path, clearml: ClearML, network: 
     if engine_set.ema is not None:
         to_save["ema_model"], to_save["ema_warmup"] = engine_set.ema.model, engine_set.ema
     best_model = engine_set.ema.model if engine_set.ema is not None else network.model
-    saver = clearml.saver(run_dir) if clearml.enabled else None
     save_training_checkpoint = stopping.finite_weights_only(
         checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
     )
@@ -270,11 +265,11 @@ def reading_iterations(config: Config, data_setup: loading.DataSetup) -> Callabl
     return reads_at
 
 
-def setup_trackers(config: Config, run_dir: Path, trackers: tuple[Any, ...], optimization: Optimization,
+def setup_recorder(config: Config, run_dir: Path, opened: trackers.OpenTrackers, optimization: Optimization,
                    engine_set: EngineSet, data_setup: loading.DataSetup) -> tracking.Recorder:
-    """TensorBoard, metrics.jsonl and the trackers (ClearML, MLflow) through one Recorder, and progress on the
+    """TensorBoard, metrics.jsonl and the trackers that are on through one Recorder, and progress on the
     console."""
-    recorder = tracking.Recorder(run_dir, *trackers)
+    recorder = tracking.Recorder(run_dir, *opened.guarded)
     recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
                              data_setup.images_per_iteration)
     tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
