@@ -47,8 +47,9 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_siz
 
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
            raw_weights: bool = False) -> ExportResult:
-    """Write the checkpoint's model as safetensors, torchscript or onnx (default: next to the checkpoint), with a
-    JSON sidecar; the file is loaded back by its own runtime and compared with the PyTorch model first."""
+    """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
+    next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
+    PyTorch model first."""
     from cifar10_dist.serve import exporting
 
     return exporting.export(checkpoint, format, output, raw_weights)

@@ -21,6 +21,7 @@ from cifar10_dist import api, cli_help
 from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult
+from cifar10_dist.serve import formats
 
 DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model has fewer
 
@@ -143,12 +144,11 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 
 def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
            raw_weights: bool = False) -> None:
-    """Export a checkpoint's model (safetensors, pt2, onnx, torchscript), verified against PyTorch; print the check."""
+    """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check."""
     if checkpoint is None or format is None:
-        raise UserError("export needs --checkpoint=PATH and --format=safetensors|pt2|onnx|torchscript")
+        raise UserError(f"export needs --checkpoint=PATH and --format={formats.NAMES}")
     result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights))
-    runtime = {"safetensors": "safetensors read back into the model", "torchscript": "torch.jit.load",
-               "pt2": "torch.export.load", "onnx": "ONNX Runtime (CPU)"}[result.format]
+    runtime = formats.FORMATS[result.format].verified_by
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
     print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e} "

@@ -1,5 +1,8 @@
 """The command line's help pages: ``cifar10-dist --help`` and ``cifar10-dist COMMAND --help`` (``{options}`` is
-filled with every config key, its default and meaning, from ``config.describe_options``)."""
+filled with every config key, its default and meaning, from ``config.describe_options``; the export formats come
+from ``serve.formats``)."""
+
+from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT, NAMES
 
 RUN_HELP = """\
 Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
@@ -48,20 +51,20 @@ A file that cannot be read gets one error line, the others are still classified,
   --debug                    show tracebacks for errors
 """
 
-EXPORT_HELP = """\
-Usage: cifar10-dist export --checkpoint=FILE --format=safetensors|pt2|onnx|torchscript [--output=PATH] [--debug]
+EXPORT_HELP = f"""\
+Usage: cifar10-dist export --checkpoint=FILE --format={NAMES} [--output=PATH] [--debug]
 
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
 (N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
 normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
-compared with the PyTorch model before it appears (ONNX: onnx.checker, then ONNX Runtime): logits within
-1e-3 of their scale (the largest absolute logit) and the same top-1 class, or no file.
-Needs: pip install 'cifar10-dist[export]' (safetensors, onnx; pt2 and torchscript need torch alone)
+compared with the PyTorch model before it appears: logits within 1e-3 of their scale (the largest absolute
+logit) and the same top-1 class, or no file.
+Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs)}; the others need torch alone
 
   --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
-  --format=FORMAT            safetensors (weights), pt2 (torch.export program, dynamic batch size), onnx
-                             (dynamic batch size) or torchscript (traced module; deprecated by torch: use pt2)
-  --output=None              file to write (default: next to the checkpoint, .safetensors/.pt2/.onnx/.torchscript.pt)
+  --format=FORMAT            one of:
+{chr(10).join(f"{'':29}{f.name}: {f.help}" for f in FORMATS.values())}
+  --output=None              file to write (default: next to the checkpoint, {"/".join(f.suffix for f in FORMATS.values())})
   --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --debug                    show tracebacks for errors
 """
@@ -147,7 +150,7 @@ each folder's summary.json and metrics.jsonl, and writes one plot overlaying the
   --debug                    show tracebacks for errors
 """
 
-MAIN_HELP = """\
+MAIN_HELP = f"""\
 Usage: cifar10-dist COMMAND [--KEY=VALUE ...]
 
 Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs or TPUs.
@@ -156,7 +159,7 @@ Commands:
   run            train (cifar10-dist run --help lists every option)
   evaluate       test-set accuracy and loss of a saved checkpoint
   predict        classify image files with a saved checkpoint
-  export         write a checkpoint's model as safetensors, TorchScript or ONNX (verified)
+  export         write a checkpoint's model as {", ".join(FORMATS)} (verified)
   tune           search hyperparameters with Optuna (trials ranked on val, one final test)
   prepare-data   download and verify CIFAR-10, write a synthetic copy, or cache and check an image folder
   report         compare run folders: a table and a plot

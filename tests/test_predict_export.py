@@ -316,3 +316,22 @@ def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trai
     printed = json.loads(real.stdout.splitlines()[0])
     assert printed.keys() == example.keys() and printed["top_k"][0].keys() == example["top_k"][0].keys()
     assert len(printed["top_k"]) == DEFAULT_TOP_K
+
+
+def test_every_place_that_lists_the_export_formats_lists_them_all():
+    """serve.formats.FORMATS is the one registry: the CLI's help pages, its usage line, the API, the serve package
+    and docs/models-in-and-out.md's table name every format (pt2 was missing from three of them)."""
+    from cifar10_dist import api, cli_help, serve
+    from cifar10_dist.serve.formats import FORMATS
+
+    repo = Path(__file__).resolve().parents[1]
+    table = [line for line in (repo / "docs" / "models-in-and-out.md").read_text().splitlines()
+             if line.startswith("| `")]
+    usage = run_in_process("export", "--checkpoint=x.pt")
+    places = {"export --help": cli_help.EXPORT_HELP, "--help": cli_help.MAIN_HELP, "api.export": api.export.__doc__,
+              "serve": serve.__doc__, "the usage error": usage.stderr,
+              "the docs' table": "\n".join(line.split("|")[1] for line in table)}
+    for place, text in places.items():
+        missing = [name for name, record in FORMATS.items() if name.lower() not in text.lower()]
+        assert not missing, f"{place} does not list {missing}"
+    assert all(f"`{record.suffix}`" in "\n".join(table) for record in FORMATS.values())

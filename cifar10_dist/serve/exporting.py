@@ -29,10 +29,8 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
 from cifar10_dist.serve import inference
+from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
-FORMATS = {"safetensors": ".safetensors", "pt2": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
-NEEDS = {"safetensors": ("safetensors",), "pt2": (), "onnx": ("onnx", "onnxscript", "onnxruntime"), "torchscript": ()}
-INSTALL_HINT = "pip install 'cifar10-dist[export]'"
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
 # logits' scale (their largest absolute value, at least 1): fp32 kernels of other runtimes and CPUs sum in another
 # order, and their rounding grows with the values (seen: 1.2e-5 of the scale on an AVX-512 Xeon, 3e-6 on AVX2)
@@ -42,7 +40,7 @@ CHECK_IMAGES = 64  # images the exported form and the PyTorch model are compared
 
 def require(format: str) -> None:
     """The packages an export format needs, or a one-line UserError saying how to install them."""
-    for module in NEEDS[format]:
+    for module in FORMATS[format].needs:
         try:
             importlib.import_module(module)
         except ImportError as error:
@@ -58,15 +56,15 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
         raise UserError(f"format={format!r} is not accepted: choose one of {', '.join(FORMATS)}")
     require(format)
     trained = inference.load_trained_model(checkpoint, device="cpu", raw_weights=raw_weights)
-    path = Path(output) if output is not None else Path(checkpoint).with_suffix(FORMATS[format])
+    chosen = FORMATS[format]
+    path = Path(output) if output is not None else Path(checkpoint).with_suffix(chosen.suffix)
     if path.is_dir():
-        raise UserError(f"output='{path}' is a folder: give a file name, e.g. {path / ('model' + FORMATS[format])}")
+        raise UserError(f"output='{path}' is a folder: give a file name, e.g. {path / ('model' + chosen.suffix)}")
     if not path.parent.is_dir():
         raise UserError(f"output='{path}': the folder {path.parent} does not exist")
     metadata = describe(trained)
     images, source = check_images(trained.config, trained.info)
-    exporter = {"safetensors": write_safetensors, "pt2": write_pt2, "torchscript": write_torchscript,
-                "onnx": write_onnx}[format]
+    exporter = globals()[chosen.writer]  # the format's writer, below
     found: dict[str, Any] = {}
     files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
     sidecar = path.with_name(path.name + ".json")
