@@ -313,6 +313,17 @@ class Config:
                                     per_worker=True)
     mlflow_log_model: bool = option(False, "with_mlflow: also store the best model file as an MLflow artifact",
                                     per_worker=True)
+    with_wandb: bool = option(False, "track the run with Weights & Biases (pip install cifar10-dist[wandb]): config, "
+                              "metrics, provenance, the run's files; a resume continues the same W&B run",
+                              per_worker=True)
+    wandb_project: str = option("cifar10_dist", "W&B project (the run is named after the run folder)", per_worker=True)
+    wandb_entity: Optional[str] = option(None, "W&B entity, a user or team (default: W&B's own)", per_worker=True)
+    wandb_mode: Optional[Literal["online", "offline", "disabled"]] = option(
+        None, "W&B mode: online, offline (kept in the run folder for wandb sync) or disabled (default: online when "
+        "WANDB_API_KEY is set, else offline)", choices_read="online, offline or disabled (or leave it unset)",
+        per_worker=True)
+    wandb_log_model: bool = option(False, "with_wandb: also store the best model file as a W&B artifact",
+                                   per_worker=True)
     # launch
     backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
         None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",

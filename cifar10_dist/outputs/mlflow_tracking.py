@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, files
+from cifar10_dist.outputs.trackers import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
 RUN_FILE = "mlflow.json"  # in the run folder: the store and the MLflow run this run folder reports to
-ARTIFACTS = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs (what its UI nests by)
 BATCH = 1000  # metrics per log_batch call (MLflow's limit); params and tags: 100
 QUIET_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")  # "Creating initial MLflow database tables"
@@ -181,9 +181,8 @@ class MLflow:
         """The run's record files (those present) and, when asked (mlflow_log_model), the best model file."""
         with_best_model = bool(self.config.get("mlflow_log_model"))
         self.flush()
-        for name in (*ARTIFACTS, *sorted(path.name for path in run_dir.glob("mistakes*.png"))):
-            if (run_dir / name).is_file():
-                self.client.log_artifact(self.run_id, str(run_dir / name))
+        for path in record_files(run_dir):
+            self.client.log_artifact(self.run_id, str(path))
         best_model = checkpoint_files.best_model_file(run_dir) if with_best_model else None
         if best_model is not None:
             self.client.log_artifact(self.run_id, str(best_model), artifact_path="model")

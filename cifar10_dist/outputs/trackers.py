@@ -1,4 +1,4 @@
-"""The trackers: outside stores a run also reports to (ClearML, MLflow), behind one interface (``Tracker``) and one
+"""The trackers: outside stores a run also reports to (ClearML, MLflow, Weights & Biases), behind one interface (``Tracker``) and one
 opener (``open_trackers``) that the training worker calls once; the local record (TensorBoard, metrics.jsonl,
 summary.json) is ``tracking.Recorder``'s and the run folder's, not a tracker's. Adding a tracker is one module
 implementing ``Tracker`` plus its fields in ``config.fields`` and one line in ``TRACKERS``.
@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from cifar10_dist.outputs.tracker_guard import Guarded
+
+RECORD_FILES = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")  # sent at the end
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    """The run's record files that a tracker receives at the end (those present), the mistakes pictures too."""
+    names = (*RECORD_FILES, *sorted(path.name for path in run_dir.glob("mistakes*.png")))
+    return [run_dir / name for name in names if (run_dir / name).is_file()]
 
 
 class Tracker(Protocol):
@@ -60,6 +68,12 @@ def _mlflow(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, A
     return MLflow(config, run_dir, provenance)
 
 
+def _wandb(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> Tracker:
+    from cifar10_dist.outputs.wandb_tracking import WandB
+
+    return WandB(config, run_dir, provenance)
+
+
 def _require_clearml() -> None:
     from cifar10_dist.outputs.clearml_tracking import require_clearml
 
@@ -72,10 +86,17 @@ def _require_mlflow() -> None:
     require_mlflow()
 
 
+def _require_wandb() -> None:
+    from cifar10_dist.outputs.wandb_tracking import require_wandb
+
+    require_wandb()
+
+
 # name: (the config key that turns it on, its builder, its install check)
 TRACKERS: dict[str, tuple[str, Callable[..., Tracker], Callable[[], None]]] = {
     "clearml": ("with_clearml", _clearml, _require_clearml),
     "mlflow": ("with_mlflow", _mlflow, _require_mlflow),
+    "wandb": ("with_wandb", _wandb, _require_wandb),
 }
 
 

@@ -1,5 +1,5 @@
 """What rank 0 reports while a run goes: log lines, progress on the console, TensorBoard, metrics.jsonl, and the
-trackers that are on (``trackers``: ClearML, MLflow).
+trackers that are on (``trackers``: ClearML, MLflow, W&B).
 Other ranks only log warnings (the rank itself is tested in ``ranks`` alone; the run folder is ``run_folder``).
 
 One name per quantity, the same in TensorBoard, ClearML (title/series), MLflow and metrics.jsonl (event/key):

@@ -1,0 +1,132 @@
+"""Weights & Biases tracking, offline (no WANDB_API_KEY here), read back from the run's own .wandb files: the
+config with the provenance, the metrics TensorBoard gets at the same steps, the summary, the run's files and the
+best model as artifacts, one W&B run continued by a resume, tuning trials grouped under their study, and one line
+when W&B is missing. The files are W&B's transaction log (LevelDB's log format of W&B's protobuf records), read
+here with W&B's own record definitions."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, cli_env, run_cli, run_in_process
+
+wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
+from wandb.proto import wandb_internal_pb2  # noqa: E402
+
+RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
+       "--checkpoint_every=10", "--with_wandb"]
+BLOCK = 32768  # LevelDB log blocks; a record's pieces: FULL (1), or FIRST (2), MIDDLE (3), LAST (4)
+
+
+def records(path: Path) -> list:
+    """Every record of a .wandb file (W&B's header ':W&B', magic and version: 7 bytes, then the log)."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    found, position, pieces = [], 7, b""
+    while position + 7 <= len(data):
+        left = BLOCK - position % BLOCK
+        _, length, kind = struct.unpack("<IHB", data[position:position + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length, kind) == (0, 0):  # the rest of a block is padding
+            position += left
+            continue
+        pieces += data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pieces)
+            found.append(record)
+            pieces = b""
+    return found
+
+
+def sessions(run_dir: Path) -> list[list]:
+    """The records of each W&B session of the run folder (one per launch), oldest first."""
+    return [records(path) for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
+
+
+def of_kind(found: list, kind: str) -> list:
+    return [getattr(record, kind) for record in found if record.WhichOneof("record_type") == kind]
+
+
+def values(items) -> dict:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def environment() -> dict[str, str]:
+    return {key: value for key, value in cli_env().items() if not key.startswith("WANDB_")}
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """1 epoch, then resumed for a second with wandb_log_model: one W&B run (id) for the run folder."""
+    output = tmp_path_factory.mktemp("wandb")
+    first = run_cli("run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={output}",
+                    "--run_name=r", env=environment())
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli("run", *RUN, "--num_epochs=2", "--resume_from=auto", "--wandb_log_model",
+                     f"--output_path={output}", "--run_name=r", env=environment())
+    assert second.returncode == 0, second.stderr[-3000:]
+    return output / "r"
+
+
+def test_a_run_and_its_resume_are_one_wandb_run_with_config_metrics_summary_and_artifacts(resumed_run):
+    run_dir = resumed_run
+    kept = json.loads((run_dir / "wandb.json").read_text())
+    assert kept["mode"] == "offline" and kept["project"] == "cifar10_dist"
+    first, second = sessions(run_dir)  # one per launch, the same W&B run
+    for session in (first, second):
+        (run,) = of_kind(session, "run")
+        assert (run.run_id, run.project, run.display_name) == (kept["id"], "cifar10_dist", "r")
+        assert [end.exit_code for end in of_kind(session, "exit")] == [0]
+    config = values(of_kind(first, "run")[0].config.update)
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert config["learning_rate"] == 0.1 and config["model"] == "simple_cnn"
+    assert config["provenance"]["dataset"]["sha256"] == provenance["dataset"]["sha256"]
+
+    history = [values(record.item) for session in (first, second) for record in of_kind(session, "history")]
+    accuracy = {row["step"]: row["test/accuracy"] for row in history if "test/accuracy" in row}
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = {e["epoch"]: e["accuracy"] for e in events if e["event"] == "evaluation" and e["split"] == "test"}
+    assert accuracy == pytest.approx(evaluations) and sorted(accuracy) == [1, 2]
+    losses = sorted(row["step"] for row in history if "training/batch_loss" in row)
+    assert losses == list(range(5, 21, 5))  # every log_every_iters=5 of both epochs (10 per epoch)
+
+    summary = {}
+    for record in of_kind(second, "summary"):
+        summary.update(values(record.update))
+    final = json.loads((run_dir / "summary.json").read_text())["final"]["test"]["accuracy"]
+    assert summary["final/test_accuracy"] == pytest.approx(final)
+
+    artifacts = {artifact.type: artifact for artifact in of_kind(second, "artifact")}
+    files = {entry.path for entry in artifacts["run-record"].manifest.contents}
+    assert {"config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png", "mistakes.png"} <= files
+    best = max(run_dir.glob("best_model_*.pt"), key=lambda path: float(path.stem.rsplit("=", 1)[1]))
+    assert [entry.path for entry in artifacts["model"].manifest.contents] == [best.name]
+
+
+def test_tuning_trials_are_wandb_runs_grouped_under_their_study(small_dataset, tmp_path):
+    from tests.test_tuning import tune_args, write_space
+
+    space = write_space(tmp_path)
+    result = run_cli(*tune_args(small_dataset, tmp_path, space, "s", "--trials=2", "--sampler=random",
+                                "--sampler_seed=0", "--pruner=none", "--num_epochs=1", "--num_warmup_epochs=0.5",
+                                "--with_wandb"), env=environment())
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [of_kind(session, "run")[0] for number in (0, 1)
+            for session in sessions(tmp_path / "s" / f"trial-{number}")]
+    assert [(run.display_name, run.run_group, run.job_type) for run in runs] == [
+        ("trial-0", "s", "trial"), ("trial-1", "s", "trial")]
+
+
+def test_with_wandb_but_no_wandb_installed_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    result = run_in_process("run", *RUN, f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr == ("error: with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip "
+                             "install wandb)\n")
+    assert not any(tmp_path.iterdir())
