@@ -103,17 +103,10 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
              output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
-    """``launch.runs.evaluate`` (test-set metrics, per-class accuracy, confusion matrix of a saved model); with
-    ``output_dir`` the confusion matrix is also written there as confusion_<checkpoint name>.json and .png, and
-    the most confident mistakes as mistakes_<checkpoint name>.png and .json (``serve.mistakes``)."""
-    metrics = runs.evaluate(checkpoint, config, raw_weights=raw_weights, **overrides)
-    if metrics is not None and output_dir is not None:
-        from cifar10_dist.serve import mistakes
-
-        _write_confusion(metrics, Path(checkpoint), Path(output_dir))
-        mistakes.write(Path(checkpoint), runs.evaluation_config(checkpoint, config, **overrides), Path(output_dir),
-                       raw_weights)
-    return metrics
+    """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
+    mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
+    confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""
+    return runs.evaluate(checkpoint, config, raw_weights=raw_weights, output_dir=output_dir, **overrides)
 
 
 def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", targets: Sequence[float] = (),
@@ -155,19 +148,3 @@ def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", sy
                      skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
                      cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
     return sources.source_of(dataset).implementation().prepare(config, synthetic, synthetic_test, seed)
-
-
-def _write_confusion(metrics: Any, checkpoint: Path, folder: Path) -> None:
-    """An evaluation's confusion matrix as confusion_<checkpoint name>.json and .png in ``folder``."""
-    from cifar10_dist.outputs import files, reading
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
-    stem = reading.confusion_stem(checkpoint)
-    files.write_json(folder / f"{stem}.json", {
-        "checkpoint": str(checkpoint), "classes": metrics.classes, "rows": "true class", "columns": "predicted",
-        "confusion_matrix": metrics.confusion_matrix, "per_class_accuracy": metrics.per_class_accuracy})
-    files.write_file(folder / f"{stem}.png", lambda path: reading.render_confusion(
-        metrics.confusion_matrix, path, checkpoint.name, metrics.classes))

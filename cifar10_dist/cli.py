@@ -68,13 +68,13 @@ def evaluate(
     PNG)."""
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
-    from cifar10_dist.outputs import reading
+    from cifar10_dist.outputs import evaluation_files
 
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
     metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), output_dir=folder, **overrides)
     if metrics is None:
         return
-    stem = reading.confusion_stem(Path(str(checkpoint)))
+    stem = evaluation_files.confusion_stem(Path(str(checkpoint)))
     if json:
         print(json_module.dumps(metrics.to_dict()))
         return
@@ -85,7 +85,7 @@ def evaluate(
                                                     metrics.per_class_precision, metrics.per_class_f1):
         print(f"{name:<{width}} {support:>6} {recall:6.4f} {precision:9.4f} {f1:6.4f}")
     print(f"confusion matrix: {folder / stem}.json, .png")
-    print(f"most confident mistakes: {folder / ('mistakes_' + Path(str(checkpoint)).stem)}.png, .json")
+    print(f"most confident mistakes: {folder / evaluation_files.mistakes_stem(Path(str(checkpoint)))}.png, .json")
     top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
     print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images); "
           f"balanced accuracy {metrics.balanced_accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")

@@ -67,6 +67,16 @@ class SeedsResult:
 
 
 @dataclass(frozen=True)
+class Mistake:
+    """A test image (its index in the test set) the model got wrong, and how sure it was."""
+
+    index: int
+    true: str
+    predicted: str
+    confidence: float
+
+
+@dataclass(frozen=True)
 class EvaluationResult:
     """Test-set metrics of one checkpoint, with per-class accuracy (the recall), precision and F1, their means
     (balanced accuracy, macro-F1) and the confusion matrix (rows: true class, columns: predicted)."""
@@ -82,13 +92,14 @@ class EvaluationResult:
     macro_f1: Optional[float] = None
     per_class_precision: list[float] = field(default_factory=list)
     per_class_f1: list[float] = field(default_factory=list)
+    mistakes: list[Mistake] = field(default_factory=list)  # the most confident, most confident first
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EvaluationResult:
-        return cls(**values)
+        return cls(**{**values, "mistakes": [Mistake(**mistake) for mistake in values.get("mistakes", [])]})
 
 
 @dataclass(frozen=True)

@@ -92,15 +92,21 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
-             **overrides: Any) -> EvaluationResult | None:
-    """Test-set accuracy, loss, per-class accuracy and confusion matrix of a saved model (a training checkpoint
-    or a best-model file). The model and data keys recorded in the checkpoint are used unless given; a training
-    checkpoint of a run with ema_decay is evaluated with its EMA weights unless ``raw_weights``."""
+             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
+    """Test-set accuracy, loss, per-class accuracy, confusion matrix and most confident mistakes of a saved model (a
+    training checkpoint or a best-model file), in one pass over the test set; with ``output_dir`` the confusion
+    matrix and the mistakes are also written there. The model and data keys recorded in the checkpoint are used
+    unless given; a training checkpoint of a run with ema_decay is evaluated with its EMA weights unless
+    ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist.outputs import evaluation_files
     from cifar10_dist.training import evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
     start_method.start_early(resolved)
     preflight.check_before_launch(resolved)
-    reported = spawn.run(evaluation.EvaluationWorker(str(checkpoint), raw_weights), resolved)
+    if output_dir is not None:
+        evaluation_files.make_folder(Path(output_dir))
+    worker = evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
+    reported = spawn.run(worker, resolved)
     return EvaluationResult.from_dict(reported) if reported else None

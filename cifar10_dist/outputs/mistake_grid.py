@@ -1,41 +1,21 @@
 """The mistakes as a picture: the test images a model got wrong with the most confidence, each with its true and
 predicted class and the probability it gave, drawn in a grid (PNG) and listed in a JSON file beside it. What
-people look at first, before any number of the confusion matrix. Chosen here from probabilities
-(``most_confident``), or gathered during a run's own test evaluation (``training.evaluators.MistakeCollector``);
-``evaluate`` computes them for a checkpoint (``serve.mistakes``)."""
+people look at first, before any number of the confusion matrix. Gathered in passing by the test evaluation of a
+run or of ``evaluate`` (``training.evaluators.MistakeCollector``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from cifar10_dist.outputs import files
+from cifar10_dist.results import Mistake
 
 SHOWN = 16  # tiles in the picture: the most confident mistakes
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """A test image (its index in the test set) the model got wrong, and how sure it was."""
-
-    index: int
-    true: str
-    predicted: str
-    confidence: float
-
-
-def most_confident(probabilities: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
-                   count: int = SHOWN) -> list[Mistake]:
-    """The ``count`` wrong predictions with the highest probability on the predicted class, most confident first."""
-    confidence, predicted = probabilities.max(dim=1)
-    wrong = (predicted != labels).nonzero().flatten()
-    order = wrong[confidence[wrong].argsort(descending=True)][:count]
-    return [Mistake(int(i), classes[int(labels[i])], classes[int(predicted[i])], round(float(confidence[i]), 4))
-            for i in order]
 
 
 def write(folder: Path, stem: str, images: torch.Tensor, found: Sequence[Mistake], title: str,

@@ -370,6 +370,3 @@ def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
     figure.tight_layout()
     figure.savefig(path, dpi=100, format="png")
 
-
-def confusion_stem(checkpoint: Path) -> str:
-    return f"confusion_{checkpoint.stem}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import ignite.distributed as idist
@@ -14,21 +15,23 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import batches, loaders, loading
 from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
-from cifar10_dist.outputs import checkpoint_files, provenance, tracking
+from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance, tracking
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import checkpointing, process_setup
-from cifar10_dist.training.evaluators import create_evaluator, per_class_f1
+from cifar10_dist.training.evaluators import MistakeCollector, create_evaluator, per_class_f1
 
 logger = logging.getLogger("cifar10_dist")
 
 
 class EvaluationWorker:
-    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning)."""
+    """Per-process evaluation of one checkpoint on the test set (a picklable callable for spawning), in one pass:
+    the metrics, the confusion matrix and the most confident mistakes (``MistakeCollector``, as a run's final
+    test evaluation gathers them); with ``output_dir``, rank 0 writes them there (``outputs.evaluation_files``)."""
 
-    def __init__(self, checkpoint: str, raw_weights: bool = False) -> None:
-        self.checkpoint, self.raw_weights = checkpoint, raw_weights
+    def __init__(self, checkpoint: str, raw_weights: bool = False, output_dir: str | None = None) -> None:
+        self.checkpoint, self.raw_weights, self.output_dir = checkpoint, raw_weights, output_dir
 
     def __call__(self, config: Config) -> dict[str, Any]:
         stopping.accept_stop_signals()
@@ -47,18 +50,23 @@ class EvaluationWorker:
                 precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
                 confusion_matrix=True,
             )
+            collector = MistakeCollector(evaluator, batch_loaders.test.batch_size)
             with contextlib.closing(batch_loaders):  # its workers end here, not in a garbage collection
                 metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
-            return EvaluationResult(
+            result = EvaluationResult(
                 accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
                 top5_accuracy=metrics.get("top5_accuracy"), balanced_accuracy=metrics["balanced_accuracy"],
                 macro_f1=metrics["macro_f1"],
                 per_class_accuracy=(matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist(),
                 per_class_precision=(matrix.diag() / matrix.sum(dim=0).clamp(min=1)).tolist(),
                 per_class_f1=per_class_f1(matrix.double()).tolist(), confusion_matrix=matrix.tolist(),
-                classes=list(info.classes),
-            ).to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
+                classes=list(info.classes), mistakes=collector.gathered(list(info.classes)),
+            )
+            if self.output_dir is not None:
+                ranks.on_rank_zero(evaluation_files.write, Path(self.output_dir), Path(self.checkpoint), result,
+                                   loaded.test.images)
+            return result.to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 
     def load_model(self, config: Config, loaded: LoadedData, device: torch.device,
                    precision: Precision) -> tuple[nn.Module, DatasetInfo]:

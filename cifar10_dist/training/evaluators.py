@@ -14,7 +14,8 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
-from cifar10_dist.outputs.mistake_grid import SHOWN, Mistake
+from cifar10_dist.outputs.mistake_grid import SHOWN
+from cifar10_dist.results import Mistake
 from cifar10_dist.system.precision import Precision
 
 

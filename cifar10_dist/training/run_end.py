@@ -13,9 +13,8 @@ import ignite.distributed as idist
 from cifar10_dist.config import Config
 from cifar10_dist.data import loading
 from cifar10_dist.outputs import files, mistake_grid, reading, tracking
-from cifar10_dist.outputs.mistake_grid import Mistake
 from cifar10_dist.outputs.trackers import OpenTrackers
-from cifar10_dist.results import RunResult
+from cifar10_dist.results import Mistake, RunResult
 from cifar10_dist.system import ranks
 from cifar10_dist.training.evaluators import MistakeCollector
 
