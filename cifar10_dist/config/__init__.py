@@ -21,9 +21,9 @@ from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
                                         MODEL_REFERENCE,
                                         TIMM_PREFIX,
+                                        ClassWeights,
                                         absolute_model_reference,
-                                        class_weights_for,
-                                        explicit_class_weights,
+                                        class_weights,
                                         is_model_reference,
                                         milestone_epochs,
                                         planned_world_size,
@@ -32,5 +32,5 @@ from cifar10_dist.config.rules import (
 
 __all__ = ["FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
-           "class_weights_for", "explicit_class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
+           "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
            "validate"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from typing import Sequence
 
 from cifar10_dist import sources
 from cifar10_dist.config.fields import FIELDS, Config, check_field
@@ -94,7 +96,7 @@ def _validate_training_options(c: Config) -> None:
     low, high = ranges.get(c.auto_augment, (0, 0))
     _require(magnitude is None or low <= magnitude <= high,
              f"auto_augment_magnitude={magnitude} is out of range for {c.auto_augment}: {low}..{high}")
-    explicit_class_weights(c.class_weights)
+    class_weights(c.class_weights)
     _require(c.class_weights is None or c.sampler != "balanced",
              f"class_weights={c.class_weights} with sampler=balanced corrects the same imbalance twice: choose one")
     _require(not c.sync_bn or c.backend == "nccl",
@@ -102,27 +104,45 @@ def _validate_training_options(c: Config) -> None:
              "backend=nccl (and several processes)")
 
 
-def explicit_class_weights(weights: str | None) -> list[float] | None:
-    """class_weights as numbers, None for unset or auto; a UserError naming a value that is not a weight."""
-    if weights is None or str(weights) == "auto":
+@dataclass(frozen=True)
+class ClassWeights:
+    """class_weights parsed: ``auto`` (N / (C x n_c) for the n_c training images of class c) or one weight per class
+    (``values``)."""
+
+    auto: bool
+    values: tuple[float, ...] = ()
+    setting: str = ""  # as given, for messages
+
+    def check(self, classes: Sequence[str]) -> None:
+        """One weight per class (a UserError naming both counts)."""
+        if not self.auto and len(self.values) != len(classes):
+            raise UserError(f"class_weights={self.setting} gives {len(self.values)} weights for the {len(classes)} "
+                            f"classes {', '.join(classes[:6])}{'...' if len(classes) > 6 else ''}: give one per class")
+
+    def for_counts(self, counts: Sequence[int], classes: Sequence[str]) -> list[float]:
+        """One weight per class for these training image counts per class (auto: 1 for every class when they are
+        balanced; 0 for a class without training images)."""
+        self.check(classes)
+        if not self.auto:
+            return list(self.values)
+        total = sum(counts)
+        return [round(total / (len(counts) * count), 6) if count else 0.0 for count in counts]
+
+
+def class_weights(setting: str | None) -> ClassWeights | None:
+    """The one parser of class_weights: None when unset; a UserError naming a value that is not a weight."""
+    if setting is None:
         return None
+    if str(setting) == "auto":
+        return ClassWeights(auto=True, setting="auto")
     try:
-        values = [float(part) for part in str(weights).split(",") if part.strip()]
+        values = [float(part) for part in str(setting).split(",") if part.strip()]
     except ValueError:
         values = []
     if not values or not all(value >= 0 and value < float("inf") for value in values) or not any(values):
-        raise UserError(f"class_weights='{weights}' must be auto or one weight per class (0 or more, not all 0) "
+        raise UserError(f"class_weights='{setting}' must be auto or one weight per class (0 or more, not all 0) "
                         "separated by commas, e.g. 1,1,5")
-    return values
-
-
-def class_weights_for(weights: str | None, classes: list[str]) -> list[float] | None:
-    """explicit_class_weights, which must give one weight per class (a UserError naming both counts)."""
-    values = explicit_class_weights(weights)
-    if values is not None and len(values) != len(classes):
-        raise UserError(f"class_weights={weights} gives {len(values)} weights for the {len(classes)} classes "
-                        f"{', '.join(classes[:6])}{'...' if len(classes) > 6 else ''}: give one per class")
-    return values
+    return ClassWeights(auto=False, values=tuple(values), setting=str(setting))
 
 
 def milestone_epochs(milestones: str | None) -> list[float]:

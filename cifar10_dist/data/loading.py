@@ -15,16 +15,17 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import sources
-from cifar10_dist.config import Config, class_weights_for
+from cifar10_dist.config import Config
 from cifar10_dist.data import loaders
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
-from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import files, provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
 
 logger = logging.getLogger("cifar10_dist")
+
+Normalisation = tuple[tuple[float, ...], tuple[float, ...]]  # mean, std per channel
 
 
 @dataclass
@@ -40,21 +41,21 @@ class DataSetup:
     iterations_per_epoch: int
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
-    pretrained: pretrained.Weights | None = None  # the weights the model starts from, resolved once
-    class_weights: list[float] | None = None  # the training loss's weight per class (class_weights)
+    class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
 
 
-def setup_data(config: Config, device: torch.device, precision: Precision) -> DataSetup:
+def setup_data(config: Config, device: torch.device, precision: Precision,
+               normalisation: Normalisation | None = None) -> DataSetup:
+    """The run's data on every rank; ``normalisation`` (mean, std) replaces the data's own (a pretrained start's:
+    images as its weights learned them)."""
     loaded = load_datasets(config)
-    weights = pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
-    if weights is not None and weights.mean is not None:  # images as the weights learned them
-        loaded.info = dataclasses.replace(loaded.info, mean=weights.mean, std=weights.std)
+    if normalisation is not None:
+        mean, std = normalisation
+        loaded.info = dataclasses.replace(loaded.info, mean=mean, std=std)
         ranks.on_rank_zero(logger.info, "normalisation: the pretrained weights' own, mean %s, std %s (not the "
-                           "data's)", _rounded(weights.mean), _rounded(weights.std))
+                           "data's)", _rounded(mean), _rounded(std))
     train_set, test_set = loaded.train, loaded.test
     record = describe_run(config, loaded, device, precision)
-    if weights is not None:  # the file hashed once, on rank 0
-        record["pretrained"] = ranks.from_rank_zero(weights.describe)
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
     else:
@@ -65,11 +66,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
         balanced=config.sampler == "balanced",
     )
-    class_weights = loss_class_weights(config.class_weights, held_out.train.labels, loaded.info.classes)
-    if class_weights is not None:
-        record["class_weights"] = class_weights
-        ranks.on_rank_zero(logger.info, "class weights in the training loss: %s",
-                           ", ".join(f"{name} {weight:.3g}" for name, weight in zip(loaded.info.classes, class_weights)))
+    class_counts = torch.bincount(held_out.train.labels.cpu(), minlength=len(loaded.info.classes)).tolist()
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
     images_per_iteration = batch_loaders.train.batch_size * idist.get_world_size()
     if images_per_iteration != config.batch_size:
@@ -81,22 +78,8 @@ def setup_data(config: Config, device: torch.device, precision: Precision) -> Da
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration, pretrained=weights, class_weights=class_weights,
+        images_per_iteration=images_per_iteration, class_counts=class_counts,
     )
-
-
-def loss_class_weights(setting: str | None, labels: torch.Tensor, classes: list[str]) -> list[float] | None:
-    """class_weights as one weight per class: ``auto`` is N / (C x n_c) for the n_c training images of class c
-    (1 for every class when balanced; 0 for a class without training images), else the given list, which must
-    have one weight per class."""
-    if setting is None:
-        return None
-    explicit = class_weights_for(setting, classes)
-    if explicit is not None:
-        return explicit
-    counts = torch.bincount(labels.cpu(), minlength=len(classes)).double()
-    weights = torch.where(counts > 0, counts.sum() / (len(classes) * counts.clamp(min=1)), torch.zeros_like(counts))
-    return [round(float(weight), 6) for weight in weights]
 
 
 def _rounded(values: tuple[float, ...]) -> str:

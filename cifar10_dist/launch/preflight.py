@@ -15,7 +15,7 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import models, sources
-from cifar10_dist.config import Config, class_weights_for, planned_world_size
+from cifar10_dist.config import Config, class_weights, planned_world_size
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import trackers
@@ -29,7 +29,9 @@ def check_before_launch(config: Config) -> None:
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
     classes = source.info(config).classes
     models.check_model(config.model, config.model_kwargs, len(classes), config.image_size)
-    class_weights_for(config.class_weights, classes)
+    parsed_weights = class_weights(config.class_weights)
+    if parsed_weights is not None:
+        parsed_weights.check(classes)
     if config.pretrained is not None:  # the weights named now; fetched once, before any worker starts
         weights = pretrained.resolve(config.model, config.pretrained)
         if config.resume_from is None:

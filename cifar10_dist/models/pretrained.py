@@ -47,6 +47,11 @@ class Weights:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
 
+    @property
+    def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """(mean, std) the weights learned their images with, when known."""
+        return (self.mean, self.std) if self.mean is not None and self.std is not None else None
+
     def describe(self) -> dict[str, Any]:
         """For provenance and the log: what it is, and the file's SHA-256 when it is there."""
         record = {"kind": self.kind, "name": self.name, **({"path": self.path} if self.path else {})}

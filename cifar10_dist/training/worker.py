@@ -30,7 +30,7 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, optimizers, process_setup, run_end, schedules, trials
+from cifar10_dist.training import checkpointing, loss, optimizers, process_setup, run_end, schedules, trials
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -53,8 +53,11 @@ def training(config: Config) -> dict[str, Any]:
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
-        data_setup = loading.setup_data(config, device, precision)
-        network = setup_model(config, data_setup)
+        weights = setup_pretrained(config)
+        data_setup = loading.setup_data(config, device, precision, weights.normalisation if weights else None)
+        if weights is not None:  # the file hashed once, on rank 0
+            data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
+        network = setup_model(config, data_setup, weights)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         resuming = config.resume_from is not None
@@ -91,13 +94,20 @@ class Network:
     forward: nn.Module  # what the engines call: the model, compiled when compile=True
 
 
-def setup_model(config: Config, data_setup: loading.DataSetup) -> Network:
-    """The model, whitening-initialised from training images if it has a whitening layer, in the configured
-    memory format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
+def setup_pretrained(config: Config) -> pretrained.Weights | None:
+    """The weights the model starts from (``pretrained``), resolved once in each process (fetched before the
+    workers started); None without them."""
+    return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
+
+
+def setup_model(config: Config, data_setup: loading.DataSetup, weights: pretrained.Weights | None) -> Network:
+    """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
+    whitening layer, in the configured memory format, wrapped for the backend (DDP, ...), and compiled for the
+    engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
-    if data_setup.pretrained is not None and not checkpointing.resuming_from_a_checkpoint(config):
-        pretrained.load(model, data_setup.pretrained, info.classes)  # (a resume loads its checkpoint's weights)
+    if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
+        pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
     elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
         first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
                                        info.crop_fraction)
@@ -129,8 +139,8 @@ def setup_optimization(config: Config, network: Network, data_setup: loading.Dat
         start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
         shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
     )
-    weight = torch.tensor(data_setup.class_weights) if data_setup.class_weights is not None else None
-    loss_fn = nn.CrossEntropyLoss(weight=weight, label_smoothing=config.label_smoothing).to(device)
+    loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device,
+                                 data_setup.provenance)
     step = TrainStep(network.forward, optimizer, loss_fn, precision,
                      Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm)
     return Optimization(optimizer, lr_scheduler, step)
