@@ -31,13 +31,13 @@ QUICK = {"num_epochs": 1, "epoch_length": 2, "tta": 0, "num_warmup_epochs": 0}
 BUILD = """
 import json, sys, time, resource
 from pathlib import Path
-from cifar10_dist.data import cache_builds, folder_cache
+from cifar10_dist.data import cache_builds, folder_scan
 started = time.perf_counter()
 folder, meta, found, how = cache_builds.ensure_cache(Path(sys.argv[1]), 32, Path(sys.argv[2]))
 seconds = time.perf_counter() - started
 peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
 print(json.dumps({"seconds": seconds, "decode_seconds": meta.build_seconds, "images": sum(c for _, c in meta.splits.values()),
-                  "workers": folder_cache.default_workers(), "peak_rss_mib": peak, "built": how == "built"}))
+                  "workers": folder_scan.default_workers(), "peak_rss_mib": peak, "built": how == "built"}))
 """
 
 

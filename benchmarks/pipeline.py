@@ -87,13 +87,13 @@ def build_cache(folder: Path) -> tuple[float, float]:
     import resource
     import shutil
 
-    from cifar10_dist.data import cache_builds, folder_cache
+    from cifar10_dist.data import cache_builds, folder_scan
 
     def cpu_seconds() -> float:
         usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
         return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
-    shutil.rmtree(folder / folder_cache.CACHE_FOLDER, ignore_errors=True)
+    shutil.rmtree(folder / folder_scan.CACHE_FOLDER, ignore_errors=True)
     before, started = cpu_seconds(), time.perf_counter()
     cache_builds.ensure_cache(folder, STORED, workers=1)
     return time.perf_counter() - started, cpu_seconds() - before

@@ -114,7 +114,7 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
     """Compare run folders: a table, one plot overlaying their curves in ``output`` and, with ``targets``, the time
     each run took to reach those accuracies. A folder that cannot be read in full is one line through ``warn``;
     a UserError when none can be read."""
-    from cifar10_dist.outputs import reading
+    from cifar10_dist.outputs import plots, reading
 
     folders = [Path(str(run_dir)) for run_dir in run_dirs]
     if not folders:
@@ -131,7 +131,7 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", ta
     if targets:
         rows = [reading.time_to_accuracy(folder, list(targets)) for folder in comparison.folders]
         times = reading.format_time_to_accuracy(rows, list(targets))
-    reading.render_comparison(comparison.folders, Path(output))
+    plots.render_comparison(comparison.folders, Path(output))
     return ReportResult(reading.format_table(comparison.rows), str(output), times, list(comparison.problems))
 
 

@@ -27,6 +27,9 @@ from types import ModuleType
 
 from cifar10_dist.errors import UserError
 
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+NUM_CLASSES = len(CIFAR10_CLASSES)  # a model's classes when nothing says otherwise (CIFAR-10's)
+
 
 @dataclass(frozen=True)
 class Source:

@@ -120,7 +120,7 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     """Two simulated nodes, each its own cache_dir (its local disk): the first run there copies the finished
     cache built beside the data (no decoding) while the node's other process waits, a later run reuses it, and
     a copy cut short is never read (the next run copies again)."""
-    from cifar10_dist.data import folder_cache, folder_source
+    from cifar10_dist.data import folder_scan, folder_source
 
     root = noise_folder(tmp_path / "shared", 20, 5)
     shared = Path(api.prepare_data(root, "folder", image_size=32).folder)
@@ -137,7 +137,7 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     again = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
     assert again.how == "reused"
     (tmp_path / "node-a" / shared.name / "meta.json").unlink()  # a copy that never finished
-    assert folder_cache.read_meta(tmp_path / "node-a" / shared.name) is None
+    assert folder_scan.read_meta(tmp_path / "node-a" / shared.name) is None
     copied = folder_source.load_folder(root, 32, cache_under=tmp_path / "node-a")
     assert copied.how == "copied" and len(copied.train) == 40
 
@@ -166,18 +166,18 @@ def test_a_build_killed_part_way_is_never_read_and_resumes_where_it_stopped(tmp_
     """A cache build killed after 48 of its 70 images leaves no cache (only its temporary folder); the next
     run goes on from image 48 and makes the same cache, byte for byte, as a build from nothing, unreadable
     files included; leftovers of an older version's builds are removed."""
-    from cifar10_dist.data import cache_builds, folder_cache
+    from cifar10_dist.data import cache_builds, folder_scan
 
     root = noise_folder(tmp_path / "photos", 25, 10)
     (root / "train" / "red" / "9999.jpg").write_bytes(b"not a jpeg")  # one unreadable file, before the kill
-    found = folder_cache.scan(root)
-    target = folder_cache.cache_dir(root, 32, folder_cache.fingerprint(found, 32))
+    found = folder_scan.scan(root)
+    target = folder_scan.cache_dir(root, 32, folder_scan.fingerprint(found, 32))
     old = target.with_name(f".{target.name}.building4242")  # an older version's leftover (per process id)
     old.mkdir(parents=True)
     killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(root)], capture_output=True, text=True,
                             env=cli_env(), timeout=120)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert not target.exists() and folder_cache.read_meta(target) is None
+    assert not target.exists() and folder_scan.read_meta(target) is None
     (building,) = target.parent.glob(f".{target.name}.building-*")
     assert json.loads((building / "progress.json").read_text())["done"] == 48
     with caplog.at_level("INFO", logger="cifar10_dist"):
@@ -198,13 +198,13 @@ def test_a_folders_checksum_is_read_once_per_choice_of_images_then_kept_in_the_c
     the same images takes it from the cache folder without reading the images; other rows are hashed anew."""
     import dataclasses
 
-    from cifar10_dist.data import folder_source, loading
+    from cifar10_dist.data import folder_source, run_data
     from cifar10_dist.outputs import provenance
 
     loaded = folder_source.load_folder(noise_folder(tmp_path / "photos", 12, 4), 32)
     parts = (loaded.train.images, loaded.train.labels, loaded.test.images, loaded.test.labels)
     expected = provenance.dataset_sha256(*parts)
-    assert loading.data_sha256(loaded) == expected
+    assert run_data.data_sha256(loaded) == expected
     (kept,) = (loaded.cache / "checksums").iterdir()
     assert kept.read_text() == expected + "\n"
 
@@ -213,10 +213,10 @@ def test_a_folders_checksum_is_read_once_per_choice_of_images_then_kept_in_the_c
 
     monkeypatch.setattr(MappedImages, "chunks", no_reading)
     again = folder_source.load_folder(tmp_path / "photos", 32)
-    assert loading.data_sha256(again) == expected
+    assert run_data.data_sha256(again) == expected
     fewer = dataclasses.replace(again, train=again.train.subset(torch.arange(20)))
     with pytest.raises(AssertionError, match="read again"):
-        loading.data_sha256(fewer)
+        run_data.data_sha256(fewer)
 
 
 def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():

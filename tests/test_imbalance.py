@@ -15,7 +15,8 @@ from ignite.engine import Engine
 from cifar10_dist.data import cifar, loaders
 from cifar10_dist.data.records import ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
-from cifar10_dist.outputs import checkpoint_files, reading
+from cifar10_dist.outputs import checkpoint_files
+from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.training import checkpointing
 from tests.conftest import run_in_process
@@ -132,7 +133,7 @@ def test_best_metric_chooses_the_best_model_file_and_the_summary_by_itself(tmp_p
                  for epoch, (accuracy, f1) in enumerate(values, start=1)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         result = RunResult(run_dir=str(run_dir), epochs=3, iterations=3, val=SplitMetrics(0.75, 1.0, 10))
-        best = reading.summarize(run_dir, result, {}, 1.0, metric).best
+        best = summary_file.summarize(run_dir, result, {}, 1.0, metric).best
         assert (best.epoch, best.metric, best.value) == ((1, "accuracy", 0.80) if metric == "accuracy"
                                                          else (2, "macro_f1", 0.65))
     assert chosen == {"accuracy": "best_model_1_val_accuracy=0.8000.pt", "macro_f1": "best_model_2_val_macro_f1=0.6500.pt"}

@@ -1,6 +1,6 @@
 """A folder's image cache made on disk: found again, built (resumably), or copied to a node's local disk.
 
-A build decodes every file once (``folder_cache.decode``, in parallel) into memory maps in a folder beside the
+A build decodes every file once (``folder_scan.decode``, in parallel) into memory maps in a folder beside the
 target (``.NAME.building-HOST``), saves its progress every ``PROGRESS_EVERY`` images and renames the folder when
 complete: a cache is complete or absent, and a build cut short (killed, preempted, out of time) resumes at its
 last saved image. The processes of one machine build or copy one at a time (a file lock); one that waited reads
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from cifar10_dist.data.folder_cache import (
+from cifar10_dist.data.folder_scan import (
     SPLITS,
     CacheMeta,
     FolderScan,
@@ -66,7 +66,7 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
 
 
 def intact_meta(folder: Path) -> CacheMeta | None:
-    """A finished cache's meta when its files are whole (``folder_cache.damage``: the headers only); a damaged one
+    """A finished cache's meta when its files are whole (``folder_scan.damage``: the headers only); a damaged one
     is removed with one warning (it is built again from the images), or, where it cannot be, one line naming it."""
     meta = read_meta(folder)
     damaged = damage(folder, meta) if meta is not None else None

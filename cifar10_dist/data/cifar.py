@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data.records import CLASSES, DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.records import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
@@ -32,7 +32,6 @@ ARCHIVE = "cifar-10-python.tar.gz"
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
-NUM_CLASSES = 10
 # md5 sums of the official release (as listed by torchvision.datasets.CIFAR10)
 OFFICIAL_MD5 = {
     "data_batch_1": "c99cafc152244af753f735de768cd75f",

@@ -1,5 +1,5 @@
 """The folder source (``dataset=folder``): a labelled image folder as a run's images, read on demand from its
-memory-mapped cache (``folder_cache``; ``records.MappedImages``), its checks applied (unreadable files, duplicates across splits, imbalanced classes) and
+memory-mapped cache (``folder_scan``; ``records.MappedImages``), its checks applied (unreadable files, duplicates across splits, imbalanced classes) and
 its card (``prepare-data``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import cache_builds, folder_cache
+from cifar10_dist.data import cache_builds, folder_scan
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
@@ -32,7 +32,7 @@ class FolderData(LoadedData):
     warnings: list[str] = field(default_factory=list)
     cache: Path | None = None
     how: str = "reused"  # the cache: "reused", "copied" (staged from beside the data) or "built" now
-    meta: folder_cache.CacheMeta | None = None
+    meta: folder_scan.CacheMeta | None = None
 
     @property
     def built(self) -> bool:
@@ -55,7 +55,7 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     warnings = [f"{len(meta.bad_files)} unreadable image file(s) skipped: {_named(meta.bad_files)}"] if meta.bad_files else []
     dropped = 0
     if duplicates:
-        pairs = "; ".join(f"{a} = {b}" for a, b in duplicates[:folder_cache.SHOWN])
+        pairs = "; ".join(f"{a} = {b}" for a, b in duplicates[:folder_scan.SHOWN])
         warnings.append(f"{len(duplicates)} image(s) of test/val are exact copies of images in another split "
                         f"(decoded pixels): {pairs}" + ("" if drop_test_duplicates else
                                                         "; --drop_test_duplicates=True removes them from test/val"))
@@ -69,9 +69,9 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
                     indices[split] = kept
     counts = np.bincount(labels[indices["train"]], minlength=len(meta.classes)).tolist()
     imbalance = max(counts) / max(min(counts), 1)
-    if imbalance > folder_cache.IMBALANCE_RATIO:
+    if imbalance > folder_scan.IMBALANCE_RATIO:
         warnings.append(f"classes are imbalanced: the largest has {imbalance:.1f}x the images of the smallest "
-                        f"(above {folder_cache.IMBALANCE_RATIO:g}): " + ", ".join(
+                        f"(above {folder_scan.IMBALANCE_RATIO:g}): " + ", ".join(
                             f"{name} {count}" for name, count in zip(meta.classes, counts))
                         + "; remedies: --sampler=balanced or --class_weights=auto, and --best_metric=balanced_accuracy "
                         "or macro_f1 (docs/your-data.md)")
@@ -111,8 +111,8 @@ def cross_split_duplicates(indices: dict[str, list[int]], hashes: np.ndarray, pa
 
 
 def _named(files: list[list[str]]) -> str:
-    shown = ", ".join(f"{path} ({why})" for path, why in files[:folder_cache.SHOWN])
-    return shown + (f" and {len(files) - folder_cache.SHOWN} more" if len(files) > folder_cache.SHOWN else "")
+    shown = ", ".join(f"{path} ({why})" for path, why in files[:folder_scan.SHOWN])
+    return shown + (f" and {len(files) - folder_scan.SHOWN} more" if len(files) > folder_scan.SHOWN else "")
 
 
 def card(loaded: FolderData, root: Path) -> str:
@@ -161,7 +161,7 @@ def stored_size(config: Config | Mapping[str, Any]) -> int:
 
 def info(config: Config) -> DatasetInfo:
     """The class folders of train/ (the normalisation is the training images', known once the cache is built)."""
-    return DatasetInfo(tuple(folder_cache.scan(Path(config.data_path)).classes), image_size=config.image_size)
+    return DatasetInfo(tuple(folder_scan.scan(Path(config.data_path)).classes), image_size=config.image_size)
 
 
 def load(config: Config) -> FolderData:
@@ -185,18 +185,18 @@ def load(config: Config) -> FolderData:
 
 def preflight(config: Config) -> None:
     """The layout, checked before any process starts (one line); the images when the run reads them."""
-    folder_cache.scan(Path(config.data_path))
+    folder_scan.scan(Path(config.data_path))
 
 
 def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, str] | None:
     """The first ``limit`` images of test/ (else train/) of the folder a checkpoint's config names, at its size."""
     root = Path(str(values.get("data_path", "")))
     try:
-        found = folder_cache.scan(root)
+        found = folder_scan.scan(root)
     except UserError:
         return None
     files = [root / path for path, _ in found.files["test" if found.files.get("test") else "train"][:limit]]
-    images = [folder_cache.read_fitted(path, stored_size(values)) for path in files]
+    images = [folder_scan.read_fitted(path, stored_size(values)) for path in files]
     images = [torch.from_numpy(image).permute(2, 0, 1) for image in images if image is not None]
     return (torch.stack(images), f"{len(images)} images of {root}") if images else None
 

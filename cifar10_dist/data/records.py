@@ -11,7 +11,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")  # CIFAR-10's
+from cifar10_dist.sources import CIFAR10_CLASSES, NUM_CLASSES  # noqa: F401 (NUM_CLASSES: for the data modules)
+
+CLASSES = CIFAR10_CLASSES  # the names of the CIFAR-10 source's classes, as the data modules know them
 MEAN = (0.4914, 0.4822, 0.4465)
 
 

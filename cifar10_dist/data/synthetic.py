@@ -7,11 +7,9 @@ from typing import Any, Mapping
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data.records import CLASSES, DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.records import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
-
-NUM_CLASSES = 10
 
 
 def make_synthetic(num_train: int, num_test: int, seed: int = 0, classes: int = NUM_CLASSES

@@ -58,7 +58,8 @@ def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> 
 
 def _train_seeds(config: Config) -> SeedsResult | None:
     from cifar10_dist.launch import spawn
-    from cifar10_dist.outputs import files, reading
+    from cifar10_dist.outputs import files
+    from cifar10_dist.outputs import summary as summary_file
     from cifar10_dist.training import worker
 
     runs = []
@@ -68,7 +69,7 @@ def _train_seeds(config: Config) -> SeedsResult | None:
         if not reported:
             return None  # a non-zero rank under torchrun: rank 0 reports
         runs.append(dataclasses.replace(RunResult.from_dict(reported), seed=seed))
-    summary = reading.summarize_seeds([run.to_dict() for run in runs])
+    summary = summary_file.summarize_seeds([run.to_dict() for run in runs])
     name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(config.output_path) / f"seeds_{name}.json"
     result = SeedsResult(runs=runs, summary=summary, summary_file=str(path))
@@ -100,13 +101,13 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import evaluation_files
-    from cifar10_dist.training import evaluation
+    from cifar10_dist.training import checkpoint_evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
     start_method.start_early(resolved)
     preflight.check_before_launch(resolved)
     if output_dir is not None:
         evaluation_files.make_folder(Path(output_dir))
-    worker = evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
+    worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
     reported = spawn.run(worker, resolved)
     return EvaluationResult.from_dict(reported) if reported else None

@@ -22,8 +22,8 @@ from torch import nn
 
 from cifar10_dist.config import MODEL_REFERENCE, TIMM_PREFIX, is_model_reference
 from cifar10_dist.errors import UserError
+from cifar10_dist.sources import NUM_CLASSES
 
-NUM_CLASSES = 10
 CIFAR_RESNETS = {"cifar_resnet18": "resnet18", "cifar_resnet34": "resnet34", "cifar_resnet50": "resnet50"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cifar10_dist.errors import UserError
-from cifar10_dist.outputs import files, mistake_grid, reading
+from cifar10_dist.outputs import files, mistake_grid, plots
 from cifar10_dist.results import EvaluationResult
 
 
@@ -36,7 +36,7 @@ def write(folder: Path, checkpoint: Path, result: EvaluationResult, test_images:
     files.write_json(folder / f"{stem}.json", {
         "checkpoint": str(checkpoint), "classes": result.classes, "rows": "true class", "columns": "predicted",
         "confusion_matrix": result.confusion_matrix, "per_class_accuracy": result.per_class_accuracy})
-    files.write_file(folder / f"{stem}.png", lambda path: reading.render_confusion(
+    files.write_file(folder / f"{stem}.png", lambda path: plots.render_confusion(
         result.confusion_matrix, path, checkpoint.name, result.classes))
     mistake_grid.write(folder, mistakes_stem(checkpoint), test_images, result.mistakes, checkpoint.name,
                        {"checkpoint": str(checkpoint), "test_images": result.num_samples})

@@ -1,6 +1,5 @@
-"""Reading a run folder back: metrics.jsonl -> curves, summary.json, comparison tables and plots,
-and the confusion-matrix picture of ``evaluate``. Plots are drawn on matplotlib Figures directly (no pyplot),
-so the caller's matplotlib backend and open figures are left alone."""
+"""Reading a run folder back: metrics.jsonl and summary.json, the best evaluation, the time each run took to an
+accuracy, and the comparison table of ``report`` (its plots: ``plots``; summary.json is made by ``summary``)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import tracker_guard
-from cifar10_dist.results import BestResult, RunResult, RunSummary
-
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+from cifar10_dist.results import RunSummary
 
 
 class DamagedFile(UserError):
@@ -95,62 +92,6 @@ def selection_split(evaluations: Sequence[Mapping[str, Any]], metric: str = "acc
     return split, chosen, max(chosen, key=lambda e: e.get(metric, e["accuracy"]), default=None)
 
 
-def summarize_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, sample standard deviation, min and max of each final metric over repeated runs."""
-    summary = {}
-    for split in ("test", "val", "train"):
-        for metric in ("accuracy", "loss"):
-            values = [run[split][metric] for run in runs if run.get(split)]
-            if len(values) == len(runs):
-                summary[f"{split}_{metric}"] = {
-                    "mean": statistics.fmean(values),
-                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                    "min": min(values),
-                    "max": max(values),
-                }
-    return summary
-
-
-def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float,
-              best_metric: str = "accuracy") -> RunSummary:
-    """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
-    precision, hardware, versions, checkpoint paths."""
-    events = read_events(run_dir)
-    epochs, evaluations = epochs_and_evaluations(events)
-    selection, _, best = selection_split(evaluations, best_metric)
-    resumes = [event for event in events if event["event"] == "resume"]
-    return RunSummary(
-        run_dir=str(run_dir),
-        best=BestResult(selection, best["accuracy"], best["epoch"], best_metric, best.get(best_metric, best["accuracy"]))
-        if best else None,
-        final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
-        epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
-        total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),
-        world_size=record.get("world_size"),
-        world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
-                                                         "same_images")} for event in resumes],
-        backend=record.get("backend"), devices=record.get("devices") or {}, precision=record.get("precision"),
-        hardware=record.get("hardware") or {}, data_checks=record.get("dataset", {}).get("checks") or {},
-        versions={**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
-        checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
-        best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
-    )
-
-
-def final_scalars(summary: RunSummary) -> dict[str, float]:
-    """The headline numbers of a finished run for TensorBoard's HParams tab: final/<split>_accuracy and _loss,
-    best/<split>_accuracy."""
-    scalars = {}
-    for split, metrics in summary.final.items():
-        scalars[f"final/{split}_accuracy"] = metrics.accuracy
-        scalars[f"final/{split}_loss"] = metrics.loss
-        if metrics.top5_accuracy is not None:
-            scalars[f"final/{split}_top5_accuracy"] = metrics.top5_accuracy
-    if summary.best is not None:
-        scalars[f"best/{summary.best.split}_accuracy"] = summary.best.accuracy
-    return scalars
-
-
 def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
     """When the selection split first reached each target accuracy at an epoch end: seconds of training
     (epoch times only, as airbench counts) and of training plus evaluations; None if never reached."""
@@ -203,53 +144,18 @@ def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence
             if not times:
                 cells.append("never")
                 continue
-            cells.append(_mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
+            cells.append(mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
         finals = [row["final_accuracy"] for row in rows if row["final_accuracy"] is not None]
-        lines.append(f"{'mean +- std':<{width}}  " + "  ".join(f"{c:>13}" for c in cells) + f"  {_mean_std(finals, 4):>15}")
+        lines.append(f"{'mean +- std':<{width}}  " + "  ".join(f"{c:>13}" for c in cells) + f"  {mean_std(finals, 4):>15}")
         lines.append("times in minutes: training only (with evaluations); std is the sample standard deviation")
     return "\n".join(lines)
 
 
-def _mean_std(values: Sequence[float], digits: int) -> str:
+def mean_std(values: Sequence[float], digits: int) -> str:
     if not values:
         return "-"
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.{digits}f}+-{spread:.{digits}f}"
-
-
-def _figure(width: float, height: float) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height))
-
-
-SPLIT_COLOURS = {"training": "tab:gray", "train_subset": "tab:blue", "val": "tab:orange", "test": "tab:red"}
-
-
-def render_curves(run_dir: Path, path: Path) -> None:
-    """Loss and accuracy against epoch: the epoch's mean training loss, and each evaluated split."""
-    epochs, evaluations = read_metrics(run_dir)
-    figure = _figure(10, 4)
-    loss_axes, accuracy_axes = figure.subplots(1, 2)
-    loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o--",
-                   color=SPLIT_COLOURS["training"], label="training batches (augmented)")
-    splits = {e["split"] for e in evaluations}
-    for split in sorted(splits):
-        points = [e for e in evaluations if e["split"] == split]
-        x = [e["epoch"] for e in points]
-        label = "test (model chosen on val)" if split == "test" and "val" in splits else split
-        style = {"color": SPLIT_COLOURS.get(split), "label": label}
-        loss_axes.plot(x, [e["loss"] for e in points], "o-", **style)
-        accuracy_axes.plot(x, [e["accuracy"] for e in points], "o-", **style)
-    for axes, name in ((loss_axes, "loss"), (accuracy_axes, "accuracy")):
-        axes.xaxis.get_major_locator().set_params(integer=True)
-        axes.set_xlabel("epoch")
-        axes.set_ylabel(name)
-        axes.grid(alpha=0.3)
-        axes.legend()
-    figure.suptitle(run_dir.name, fontsize=9)
-    figure.subplots_adjust(left=0.07, right=0.985, bottom=0.13, top=0.9, wspace=0.22)  # tight_layout: 0.3 s a run
-    figure.savefig(path, dpi=100, format="png")
 
 
 @dataclass(frozen=True)
@@ -325,48 +231,3 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
               f"({note.get('error')}); metrics.jsonl has everything"
               for row in rows for name, note in sorted(row.get("trackers", {}).items())]
     return "\n".join(lines)
-
-
-def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
-    """Accuracy on the selection split and running train loss of several runs, overlaid."""
-    figure = _figure(10, 4)
-    loss_axes, accuracy_axes = figure.subplots(1, 2)
-    for run_dir in run_dirs:
-        epochs, evaluations = read_metrics(run_dir)
-        selection, points, _ = selection_split(evaluations)
-        loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o-", label=run_dir.name)
-        accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
-                           label=f"{run_dir.name} ({selection})")
-    for axes, name in ((loss_axes, "training loss (epoch mean)"), (accuracy_axes, "accuracy")):
-        axes.xaxis.get_major_locator().set_params(integer=True)
-        axes.set_xlabel("epoch")
-        axes.set_ylabel(name)
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100, format="png")
-
-
-def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
-                     names: Sequence[str] | None = None) -> None:
-    """The confusion matrix (rows: true class, columns: predicted), with counts in the cells up to 20 classes."""
-    size = max(7.0, 0.16 * len(matrix))
-    figure = _figure(size, size * 6 / 7)
-    axes = figure.subplots()
-    image = axes.imshow(matrix, cmap="Blues")
-    figure.colorbar(image, ax=axes)
-    names = list(names) if names and len(names) == len(matrix) else [str(i) for i in range(len(matrix))]
-    font = 7 if len(matrix) <= 20 else 5
-    axes.set_xticks(range(len(names)), names, rotation=45 if len(matrix) <= 20 else 90, ha="right", fontsize=font)
-    axes.set_yticks(range(len(names)), names, fontsize=font)
-    axes.set_xlabel("predicted")
-    axes.set_ylabel("true")
-    peak = max(max(row) for row in matrix) or 1
-    for i, row in enumerate(matrix if len(matrix) <= 20 else []):
-        for j, count in enumerate(row):
-            axes.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                      color="white" if count > peak / 2 else "black")
-    axes.set_title(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100, format="png")
-

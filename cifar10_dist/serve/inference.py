@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from cifar10_dist.data import augmentation, cifar, folder_cache
+from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
@@ -122,10 +122,10 @@ def find_images(paths: Iterable[str | Path]) -> ImageFiles:
 
 def image_to_tensor(image: Any, size: int = IMAGE_SIZE) -> tuple[torch.Tensor, bool]:
     """A PIL image as uint8 (3, S, S) RGB (grayscale, palette and RGBA converted; alpha dropped), and whether it
-    had to be resized: the shorter side to S pixels, then the centre square (``folder_cache.fit_image``, the
+    had to be resized: the shorter side to S pixels, then the centre square (``folder_scan.fit_image``, the
     rule training images of a folder went through)."""
     resized = image.size != (size, size)
-    image = folder_cache.fit_image(image, size)
+    image = folder_scan.fit_image(image, size)
     pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
     return pixels.view(size, size, 3).permute(2, 0, 1).contiguous(), resized
 

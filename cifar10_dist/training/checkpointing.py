@@ -1,4 +1,4 @@
-"""Checkpoints: periodic training state, best models by validation accuracy, resume, and safe loading.
+"""Checkpoints: periodic training state, best models by validation accuracy, resume, and safe run_data.
 
 Files (in the run folder):
 - ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
@@ -26,7 +26,7 @@ from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import models
 from cifar10_dist.config import Config
-from cifar10_dist.data import cifar, loading
+from cifar10_dist.data import cifar, run_data
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import files, tracking
@@ -338,7 +338,7 @@ def _counts(images: Mapping[str, int] | None) -> str:
     return ", ".join(f"{split} {count}" for split, count in images.items()) if images else "not recorded"
 
 
-def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: loading.DataSetup,
+def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: run_data.DataSetup,
                            recorder: tracking.Recorder) -> None:
     """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
     metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each

@@ -11,8 +11,9 @@ from typing import Any
 import ignite.distributed as idist
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import loading
-from cifar10_dist.outputs import files, mistake_grid, reading, tracking
+from cifar10_dist.data import run_data
+from cifar10_dist.outputs import files, mistake_grid, plots, tracking
+from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import Mistake, RunResult
 from cifar10_dist.system import ranks
@@ -22,7 +23,7 @@ logger = logging.getLogger("cifar10_dist")
 
 
 def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: MistakeCollector,
-                   data_setup: loading.DataSetup, opened: OpenTrackers, recorder: tracking.Recorder,
+                   data_setup: run_data.DataSetup, opened: OpenTrackers, recorder: tracking.Recorder,
                    seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
     run's files for the trackers."""
@@ -37,7 +38,7 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: M
     opened.send_artifacts(run_dir)
 
 
-def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: loading.DataSetup, recorder: tracking.Recorder,
+def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.DataSetup, recorder: tracking.Recorder,
                    result: RunResult) -> None:
     """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
     images = data_setup.loaders.test.dataset.images
@@ -52,11 +53,11 @@ def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict
                   memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
-    summary = dataclasses.replace(reading.summarize(run_dir, result, record, seconds, config.best_metric),
+    summary = dataclasses.replace(summary_file.summarize(run_dir, result, record, seconds, config.best_metric),
                                   **tracker_fields, trial=config.trial,
                                   private_memory_mib=memory,
                                   pruned_at_epoch=result.pruned_at if config.trial is not None else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())
-    files.write_file(run_dir / "curves.png", lambda path: reading.render_curves(run_dir, path))
-    recorder.write_hparams(config.to_dict(), reading.final_scalars(summary), result.iterations)
+    files.write_file(run_dir / "curves.png", lambda path: plots.render_curves(run_dir, path))
+    recorder.write_hparams(config.to_dict(), summary_file.final_scalars(summary), result.iterations)
 

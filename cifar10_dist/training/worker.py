@@ -2,7 +2,7 @@
 
 Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
 engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
-runs and reports. ``launch.runs`` launches it in every process; evaluating a checkpoint is ``evaluation``.
+runs and reports. ``launch.runs`` launches it in every process; evaluating a checkpoint is ``checkpoint_evaluation``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
-from cifar10_dist.data import augmentation, batches, loaders, loading
+from cifar10_dist.data import augmentation, batches, loaders, run_data
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
@@ -54,7 +54,7 @@ def training(config: Config) -> dict[str, Any]:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
         weights = setup_pretrained(config)
-        data_setup = loading.setup_data(config, device, precision, weights.normalisation if weights else None)
+        data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
         network = setup_model(config, data_setup, weights)
@@ -100,7 +100,7 @@ def setup_pretrained(config: Config) -> pretrained.Weights | None:
     return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
 
 
-def setup_model(config: Config, data_setup: loading.DataSetup, weights: pretrained.Weights | None) -> Network:
+def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None) -> Network:
     """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
     whitening layer, in the configured memory format, wrapped for the backend (DDP, ...), and compiled for the
     engines if asked."""
@@ -127,7 +127,7 @@ class Optimization:
     step: TrainStep  # forward, backward, accumulation, clipping and the optimizer step (its GradScaler under fp16)
 
 
-def setup_optimization(config: Config, network: Network, data_setup: loading.DataSetup, device: torch.device,
+def setup_optimization(config: Config, network: Network, data_setup: run_data.DataSetup, device: torch.device,
                        precision: Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
@@ -173,7 +173,7 @@ class EngineSet:
 
 
 def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
-                  data_setup: loading.DataSetup) -> EngineSet:
+                  data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
         device, config, data_setup.iterations_per_epoch, data_setup.info))
@@ -234,7 +234,7 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
 
 
 def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: Network,
-                      optimization: Optimization, engine_set: EngineSet, data_setup: loading.DataSetup,
+                      optimization: Optimization, engine_set: EngineSet, data_setup: run_data.DataSetup,
                       stop_request: stopping.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
@@ -263,7 +263,7 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: Networ
     return to_save
 
 
-def reading_iterations(config: Config, data_setup: loading.DataSetup) -> Callable[[int], bool]:
+def reading_iterations(config: Config, data_setup: run_data.DataSetup) -> Callable[[int], bool]:
     """The iterations at which the training loss is read from the device anyway (logs, checkpoints, epoch ends,
     the last): the NaN check reads there too, so that no other iteration waits for the device."""
     log, checkpoint, epoch = config.log_every_iters, config.checkpoint_every, data_setup.iterations_per_epoch
@@ -276,7 +276,7 @@ def reading_iterations(config: Config, data_setup: loading.DataSetup) -> Callabl
 
 
 def setup_recorder(config: Config, run_dir: Path, opened: trackers.OpenTrackers, optimization: Optimization,
-                   engine_set: EngineSet, data_setup: loading.DataSetup) -> tracking.Recorder:
+                   engine_set: EngineSet, data_setup: run_data.DataSetup) -> tracking.Recorder:
     """TensorBoard, metrics.jsonl and the trackers that are on through one Recorder, and progress on the
     console."""
     recorder = tracking.Recorder(run_dir, *opened.guarded)
@@ -327,7 +327,7 @@ class Validation:
 
 
 def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
-                   data_setup: loading.DataSetup) -> RunResult:
+                   data_setup: run_data.DataSetup) -> RunResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
     """
     trainer = engine_set.trainer

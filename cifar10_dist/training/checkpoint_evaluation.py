@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import batches, loaders, loading
+from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance, tracking
@@ -37,7 +37,7 @@ class EvaluationWorker:
         stopping.accept_stop_signals()
         with tracking.package_logging():
             device = idist.device()
-            loaded = loading.load_datasets(config)
+            loaded = run_data.load_datasets(config)
             batch_loaders = loaders.make_loaders(
                 loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
                 num_workers=config.num_workers,
@@ -82,7 +82,7 @@ class EvaluationWorker:
                             "evaluate it on data with its classes")
         model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
                                             self.raw_weights)
-        present = loading.describe_run(config, loaded, device, precision)
+        present = run_data.describe_run(config, loaded, device, precision)
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)

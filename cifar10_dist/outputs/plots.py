@@ -1,0 +1,89 @@
+"""The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot) and a confusion
+matrix (``evaluate``). Drawn on matplotlib Figures directly (no pyplot), so the caller's matplotlib backend and
+open figures are left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from cifar10_dist.outputs.reading import read_metrics, selection_split
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+SPLIT_COLOURS = {"training": "tab:gray", "train_subset": "tab:blue", "val": "tab:orange", "test": "tab:red"}
+
+
+def render_curves(run_dir: Path, path: Path) -> None:
+    """Loss and accuracy against epoch: the epoch's mean training loss, and each evaluated split."""
+    epochs, evaluations = read_metrics(run_dir)
+    figure = _figure(10, 4)
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o--",
+                   color=SPLIT_COLOURS["training"], label="training batches (augmented)")
+    splits = {e["split"] for e in evaluations}
+    for split in sorted(splits):
+        points = [e for e in evaluations if e["split"] == split]
+        x = [e["epoch"] for e in points]
+        label = "test (model chosen on val)" if split == "test" and "val" in splits else split
+        style = {"color": SPLIT_COLOURS.get(split), "label": label}
+        loss_axes.plot(x, [e["loss"] for e in points], "o-", **style)
+        accuracy_axes.plot(x, [e["accuracy"] for e in points], "o-", **style)
+    for axes, name in ((loss_axes, "loss"), (accuracy_axes, "accuracy")):
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.set_xlabel("epoch")
+        axes.set_ylabel(name)
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle(run_dir.name, fontsize=9)
+    figure.subplots_adjust(left=0.07, right=0.985, bottom=0.13, top=0.9, wspace=0.22)  # tight_layout: 0.3 s a run
+    figure.savefig(path, dpi=100, format="png")
+
+
+def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
+    """Accuracy on the selection split and running train loss of several runs, overlaid."""
+    figure = _figure(10, 4)
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    for run_dir in run_dirs:
+        epochs, evaluations = read_metrics(run_dir)
+        selection, points, _ = selection_split(evaluations)
+        loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o-", label=run_dir.name)
+        accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
+                           label=f"{run_dir.name} ({selection})")
+    for axes, name in ((loss_axes, "training loss (epoch mean)"), (accuracy_axes, "accuracy")):
+        axes.xaxis.get_major_locator().set_params(integer=True)
+        axes.set_xlabel("epoch")
+        axes.set_ylabel(name)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, format="png")
+
+
+def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
+                     names: Sequence[str] | None = None) -> None:
+    """The confusion matrix (rows: true class, columns: predicted), with counts in the cells up to 20 classes."""
+    size = max(7.0, 0.16 * len(matrix))
+    figure = _figure(size, size * 6 / 7)
+    axes = figure.subplots()
+    image = axes.imshow(matrix, cmap="Blues")
+    figure.colorbar(image, ax=axes)
+    names = list(names) if names and len(names) == len(matrix) else [str(i) for i in range(len(matrix))]
+    font = 7 if len(matrix) <= 20 else 5
+    axes.set_xticks(range(len(names)), names, rotation=45 if len(matrix) <= 20 else 90, ha="right", fontsize=font)
+    axes.set_yticks(range(len(names)), names, fontsize=font)
+    axes.set_xlabel("predicted")
+    axes.set_ylabel("true")
+    peak = max(max(row) for row in matrix) or 1
+    for i, row in enumerate(matrix if len(matrix) <= 20 else []):
+        for j, count in enumerate(row):
+            axes.text(j, i, str(count), ha="center", va="center", fontsize=7,
+                      color="white" if count > peak / 2 else "black")
+    axes.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, format="png")
