@@ -85,11 +85,12 @@ def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_datase
     def twice(job):
         job.send_signal(signal.SIGINT)
         # 0.1 s: long enough for the launcher to handle the first (two signals before its handler runs are one
-        # for Python), well within the iteration (about 0.3 s, width 128) that ends before the workers can stop
+        # for Python), well within the iteration that ends before the workers can stop (width 256: about 0.5 s on
+        # the Zen 4 EPYC; at width 128 an iteration there took about 0.1 s and the stop sometimes won the race)
         time.sleep(0.1)
         job.send_signal(signal.SIGINT)
 
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice, "--model_kwargs={'width': 128}")
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice, "--model_kwargs={'width': 256}")
     assert code == 130, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith("interrupted again: every process stopped at once, without a new checkpoint"), last_line

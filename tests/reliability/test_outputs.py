@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,13 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
 
     def make_read_only() -> None:
         subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)], check=True)
+        for attempt in range(50):  # the kernel refuses (busy) while the run has a file open for writing through
+            remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)],  # the new mount: a
+                                       capture_output=True, text=True)  # checkpoint being written; it soon is not
+            if remounted.returncode == 0:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"could not make {run_dir} read-only: {remounted.stderr}")
 
     command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, make_read_only)
     last_line = stderr.strip().splitlines()[-1]
