@@ -1,34 +1,32 @@
-"""The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts and own rules
-(``fields``), the rules that tie keys together (``rules``), and building one from defaults, a YAML file and
-overrides (``loading``). Plain data: it imports nothing heavier than PyYAML, and only ``sources`` (the dataset
-names) and ``errors`` below it; checks against the filesystem, the model registry and the launch environment
-are ``launch.preflight``'s."""
+"""The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts, own rules and
+roles (``fields``; a tuning trial's spec: ``trial``), the rules that tie keys together and the typed values parsed
+from text (``rules``), and building one from defaults, a YAML file and overrides (``loading``). Plain data: it
+imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
+against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
 
 from cifar10_dist.config.fields import (
     FIELDS,
     INHERITED_BY_EVALUATE,
     PER_WORKER,
-    PRUNERS,
     UNTUNABLE,
     Bounds,
     Config,
-    PrunerSpec,
-    TrialSpec,
     choices,
     describe_options,
 )
 from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
-                                        MODEL_REFERENCE,
-                                        TIMM_PREFIX,
-                                        ClassWeights,
-                                        absolute_model_reference,
-                                        class_weights,
-                                        is_model_reference,
-                                        milestone_epochs,
-                                        planned_world_size,
-                                        validate,
+    MODEL_REFERENCE,
+    TIMM_PREFIX,
+    ClassWeights,
+    absolute_model_reference,
+    class_weights,
+    is_model_reference,
+    milestone_epochs,
+    planned_world_size,
+    validate,
 )
+from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 
 __all__ = ["FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",

@@ -16,8 +16,9 @@ from typing import Any, Collection, Literal
 
 import yaml
 
-from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, TrialSpec, field_types
+from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
+from cifar10_dist.config.trial import TrialSpec
 from cifar10_dist.errors import UserError, first_line
 
 
