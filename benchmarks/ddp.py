@@ -1,7 +1,7 @@
 """DDP: what DistributedDataParallel itself costs on this machine, over gloo; prints a table (and writes JSON with
---json). Last run: 2026-11-24, 2 cores, CPU not recorded, ResNet-18, 128 images per process, --steps=15 --rounds=4 (about
-20 minutes): 1.12x per step with DDP's defaults over two processes without communication; no bucket or graph
-setting beat them (docs/recipes.md, docs/measurements/ddp_cpu.json).
+--json: the rounds and each case's medians). Last run: docs/recipes.md (CPU named there, JSON in
+docs/measurements/ddp_cpu.json); ResNet-18, 128 images per process, --steps=15 --rounds=4, about 20 minutes on
+2 cores.
 
     python -m benchmarks.ddp [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3] [--rounds=3]
         [--json=PATH]
@@ -114,15 +114,20 @@ def main() -> None:
     print(f"{args.model}, {args.batch_size} images per process and step, 1 thread per process, "
           f"torch {torch.__version__}, {args.rounds} round(s); medians over rounds (range)")
     print(f"{'case':<38}{'s/step':>20}{'img/s':>8}{'DDP cost':>22}{'vs one':>22}")
+    summary = {}
     for name in CASES:
         per_step = [r[name] for r in rounds]
         processes = 1 if name == "one" else 2
-        cost = "-" if name in ("one", "two alone") else spread([r[name] / r["two alone"] for r in rounds])
-        print(f"{name:<38}{spread(per_step):>20}{processes * args.batch_size / statistics.median(per_step):>8.0f}"
-              f"{cost:>22}{spread([r[name] / r['one'] for r in rounds]):>22}")
+        costs = None if name in ("one", "two alone") else [r[name] / r["two alone"] for r in rounds]
+        versus_one = [r[name] / r["one"] for r in rounds]
+        speed = processes * args.batch_size / statistics.median(per_step)
+        print(f"{name:<38}{spread(per_step):>20}{speed:>8.0f}{spread(costs) if costs else '-':>22}"
+              f"{spread(versus_one):>22}")
+        summary[name] = {"seconds_per_step": statistics.median(per_step), "images_per_second": speed,
+                         "ddp_cost": statistics.median(costs) if costs else None,
+                         "vs_one": statistics.median(versus_one)}
     if args.json_path:
-        records.write(args.json_path, {"arguments": vars(args), "rounds": rounds, "hardware": records.hardware_record(),
-                                       "commit": records.commit()})
+        records.write(args.json_path, {"arguments": vars(args), "rounds": rounds, "medians": summary})
 
 
 if __name__ == "__main__":
