@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-MARKER = re.compile(r"(\d[\d,]*(?:\.\d+)?)[^\d<>|]{0,8}<!-- measured (\S+\.json) (/\S*?)(?: x(\d+))? -->")
+MARKER = re.compile(r"(\d[\d,]*(?:\.\d+)?)[^\d<>|]{0,8}<!-- measured (\S+\.json) (/[^>]*?)(?: x(\d+))? -->")
 CPU_KINDS = ("AMX", "AVX512", "AVX2")  # what hardware.describe names a CPU's kind by
 
 
