@@ -67,13 +67,14 @@ def newest_valid_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint file without executing code; a clear UserError for missing or unreadable files."""
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint file without executing code; a clear UserError for missing or unreadable files. With
+    ``mmap`` its tensors stay in the file until read (for a look at its meta alone)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint '{path}' does not exist")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:
         raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from error
     if not isinstance(checkpoint, dict):

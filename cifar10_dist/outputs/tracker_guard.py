@@ -1,4 +1,4 @@
-"""Outside stores never end a run (rank 0): a tracker (ClearML, MLflow) reaches its store through ``Guarded``,
+"""Outside stores never end a run (rank 0): a tracker (``trackers.Tracker``) reaches its store through ``Guarded``,
 which makes every call that may go over the network in one background thread, in order, so training never waits
 for a store.
 
@@ -7,10 +7,6 @@ The tracker keeps what it could not send, and the next flush at least ``RETRY_SE
 the store answers again one line says so. At the end the run's last sends (metrics, artifacts, status) get
 ``END_WAIT_SECONDS`` in all; what the store still lacks then is one warning and a note in summary.json
 (``trackers``) that ``report`` shows.
-
-A tracker has ``enabled``, ``store`` (where it sends, for messages), ``report_scalar(tag, value, step)`` (kept
-locally, never sent there), ``flush()`` (sends what is kept; raises when the store does not answer, keeping what
-it could not send) and ``unsent()`` (scalars kept, not yet sent).
 """
 
 from __future__ import annotations

@@ -325,7 +325,7 @@ def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -
 def data_change(path: str, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
-    recorded = checkpoint_provenance(load_checkpoint(path)).get("dataset", {})
+    recorded = checkpoint_provenance(load_checkpoint(path, mmap=True)).get("dataset", {})  # its meta alone
     present = record.get("dataset", {})
     then, now = recorded.get("sha256"), present.get("sha256")
     if then is None or now is None or then == now:
