@@ -1,5 +1,5 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``predict``, ``export``, ``tune``,
-``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``predict``,
+``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second).
@@ -10,14 +10,34 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cifar10_dist.config import INHERITED_BY_EVALUATE, Config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
-from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, PreparedData, ReportResult, TuneResult
+from cifar10_dist.results import (DoctorReport, EvaluationResult, ExportResult, LrFindResult, PreparedData,
+                                  ReportResult, TuneResult)
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "predict", "predict_files", "export",
+__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "predict", "predict_files", "export",
            "tune", "doctor", "report", "prepare_data"]
+
+
+def lr_find(config: Config | str | Path | None = None, start_lr: float = 1e-6, end_lr: float = 1.0,
+            num_iter: int = 100, diverge_threshold: float = 5.0, rule: str = "steepest",
+            output_dir: str | Path | None = None, **overrides: Any) -> LrFindResult | None:
+    """Sweep learning_rate from ``start_lr`` to ``end_lr`` (log scale, ``num_iter`` iterations at most, stopped
+    when the smoothed loss passes ``diverge_threshold`` times its lowest) with the run this config describes (its
+    model, pretrained start, data, optimizer groups at their ratios, precision, processes), and suggest the
+    peak learning_rate by ``rule`` (steepest or minimum); the model and optimizer are left as they were.
+    Writes lr_find.json and lr_find.png to ``output_dir`` (default: a new output_path/lr_find-<time>). None in
+    the processes of a torchrun/srun launch other than rank 0."""
+    settings = LrSweep(start_lr=float(start_lr), end_lr=float(end_lr), num_iter=num_iter,
+                       diverge_threshold=float(diverge_threshold), rule=str(rule))
+    settings.check()  # before torch is imported
+    resolved = resolve(config, **overrides)
+    if resolved.learning_rate == "find":
+        raise UserError("lr-find sweeps learning_rate itself: leave learning_rate=find out (a number sets the ratio "
+                        "muon_lr keeps to it)")
+    return runs.lr_find(resolved, settings, output_dir)
 
 
 def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,

@@ -1,5 +1,5 @@
-"""The command line: ``cifar10-dist run | evaluate | predict | export | tune | prepare-data | report | doctor |
-config``, a thin fire layer
+"""The command line: ``cifar10-dist run | lr-find | evaluate | predict | export | tune | prepare-data | report |
+doctor | config``, a thin fire layer
 over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
@@ -33,6 +33,24 @@ def run(config: str | None = None, **overrides: Any) -> None:
     elif isinstance(result, RunResult):
         print_run_result(result)
     # None: a non-zero rank under torchrun; rank 0 reports
+
+
+def lr_find(config: str | None = None, start_lr: float = 1e-6, end_lr: float = 1.0, num_iter: int = 100,
+            diverge_threshold: float = 5.0, rule: str = "steepest", output_dir: str | None = None,
+            **overrides: Any) -> None:
+    """Sweep the learning rate with the run a config describes; print the suggestion and where the plot is."""
+    from cifar10_dist.config import SUGGESTION_RULES
+
+    result = api.lr_find(config, start_lr, end_lr, num_iter, diverge_threshold, rule, output_dir, **overrides)
+    if result is None:
+        return  # a non-zero rank under torchrun
+    others = ", ".join(f"{name} {value:.3g}" for name, value in result.candidates.items() if name != result.rule)
+    muon = f" --muon_lr={result.muon_lr:.3g}" if result.muon_lr is not None else ""
+    print(f"suggested learning_rate: {result.suggestion:.3g} ({result.rule}: {SUGGESTION_RULES[result.rule]})")
+    print(f"swept {result.start_lr:g}..{result.end_lr:g} over {len(result.losses)} iterations in "
+          f"{result.seconds:.0f} s, stopped: {result.stopped}" + (f"; other rule: {others}" if others else ""))
+    print(f"train with: --learning_rate={result.suggestion:.3g}{muon}")
+    print(f"plot: {Path(str(result.folder)) / 'lr_find.png'}, record: {Path(str(result.folder)) / 'lr_find.json'}")
 
 
 def print_run_result(result: RunResult) -> None:
@@ -231,7 +249,7 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
     print(json_module.dumps(report.to_dict(), indent=2) if json else render(report))
 
 
-COMMANDS = {"run": run, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
+COMMANDS = {"run": run, "lr-find": lr_find, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
             "prepare-data": prepare_data, "report": report, "doctor": doctor, "config": show_config}
 def _help_text(argv: list[str]) -> str | None:
     """Our own help (fire's cannot list options passed through **overrides)."""

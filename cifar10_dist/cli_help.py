@@ -15,6 +15,30 @@ Values come from the defaults below, then the YAML file, then the command line.
 {options}
 """
 
+LR_FIND_HELP = """\
+Usage: cifar10-dist lr-find [--config=FILE.yaml] [--start_lr=1e-6] [--end_lr=1] [--num_iter=100] [--KEY=VALUE ...]
+
+Sweep the learning rate before training (Ignite's FastaiLRFinder): the run these flags describe (model,
+pretrained start, data, augmentation, optimizer with its param groups, precision, processes) trains num_iter
+iterations at learning rates rising on a log scale from start_lr to end_lr, stopping early when the smoothed loss
+passes diverge_threshold times its lowest or is not finite. Every rank sees the mean loss of all ranks, so all
+agree. The model and optimizer are left as they were. Prints the suggested learning_rate (the schedule's peak:
+each other param group keeps its ratio to it: bias_lr_scale, backbone_lr_scale, muon_lr / learning_rate) and
+writes lr_find.png (loss against learning rate, the suggestion marked) and lr_find.json. `run
+--learning_rate=find` runs this sweep (the defaults below) first and trains with its suggestion.
+
+  --start_lr=1e-06           the sweep's lowest learning_rate
+  --end_lr=1.0               its highest
+  --num_iter=100             iterations at most (5..1000)
+  --diverge_threshold=5.0    stop when the smoothed loss passes this many times its lowest
+  --rule=steepest            steepest: where the smoothed loss falls fastest before its minimum (Ignite's
+                             lr_suggestion); minimum: a tenth of where it is lowest
+  --output_dir=None          where lr_find.png and .json go (default: a new output_path/lr_find-<time>)
+  --config=None              YAML file with any of run's keys
+  --debug                    show tracebacks for errors
+{options}
+"""
+
 EVALUATE_HELP = """\
 Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
 
@@ -157,6 +181,7 @@ Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs 
 
 Commands:
   run            train (cifar10-dist run --help lists every option)
+  lr-find        sweep the learning rate before training; suggest one and plot the loss against it
   evaluate       test-set accuracy and loss of a saved checkpoint
   predict        classify image files with a saved checkpoint
   export         write a checkpoint's model as {", ".join(FORMATS)} (verified)
@@ -175,6 +200,6 @@ validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config
 refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
 """
 
-PAGES = {"run": RUN_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
+PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
         "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
         "doctor": DOCTOR_HELP, "config": CONFIG_HELP}

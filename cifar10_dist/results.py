@@ -1,4 +1,4 @@
-"""What ``train``, ``evaluate``, ``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export``, ``tune``, ``lr_find``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -123,6 +123,30 @@ class ExportResult:
 
 
 @dataclass(frozen=True)
+class LrFindResult:
+    """lr-find's sweep (the same on every rank: each iteration's loss is the mean over all ranks) and its
+    suggestion for ``learning_rate``, the schedule's peak; each other param group swept at its ratio to it."""
+
+    suggestion: float  # for learning_rate
+    rule: str  # how it was chosen: steepest or minimum
+    candidates: dict[str, float]  # what each rule suggests
+    learning_rates: list[float]  # learning_rate at each iteration of the sweep
+    losses: list[float]  # the smoothed loss after each iteration
+    stopped: str  # diverged (the loss passed diverge_threshold x its minimum), not finite, or num_iter
+    start_lr: float
+    end_lr: float
+    num_iter: int
+    diverge_threshold: float
+    group_ratios: list[float]  # each param group's lr over learning_rate during the sweep
+    muon_lr: Optional[float] = None  # muon_lr at the same ratio to the suggestion as configured
+    seconds: float = 0.0
+    folder: Optional[str] = None  # where lr_find.json and lr_find.png are
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     """Training throughput of the probe model in one setting."""
 
@@ -236,6 +260,8 @@ class RunSummary:
     data_checks: dict[str, Any] = field(default_factory=dict)  # dataset=folder: what its checks found
     trackers: dict[str, Any] = field(default_factory=dict)  # an outside store that missed something: what and why
     trial: Optional[TrialSpec] = None  # set by tune: study, storage, number, params, pruner
+    learning_rate_found: Optional[dict[str, Any]] = None  # learning_rate=find: the suggestion and how it was chosen
+    profile: dict[str, Any] = field(default_factory=dict)  # profile=N: the trace and each part's share of the time
     pruned_at_epoch: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -130,11 +130,12 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-def test_help_lists_every_key_with_default_and_meaning_but_the_ones_tune_sets():
+def test_help_lists_every_key_with_default_and_meaning_but_the_internal_ones():
     text = describe_options()
-    assert "--trial=" not in text and "--mlflow_parent_run=" not in text  # set by tune itself, never by a user
+    # set by tune and by learning_rate=find themselves, never by a user
+    assert "--trial=" not in text and "--mlflow_parent_run=" not in text and "--lr_found=" not in text
     for field in dataclasses.fields(Config):
-        if field.name in ("trial", "mlflow_parent_run"):
+        if field.metadata["internal"]:
             continue
         line = next(line for line in text.splitlines() if line.strip().startswith(f"--{field.name}="))
         assert str(field.default) in line

@@ -1,5 +1,5 @@
 """The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts, own rules and
-roles (``fields``; a tuning trial's spec: ``trial``), the rules that tie keys together and the typed values parsed
+roles (``fields``; a tuning trial's spec: ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys together and the typed values parsed
 from text (``rules``), and building one from defaults, a YAML file and overrides (``loading``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
 against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
@@ -14,6 +14,7 @@ from cifar10_dist.config.fields import (
     choices,
     describe_options,
 )
+from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
     MODEL_REFERENCE,
@@ -28,7 +29,7 @@ from cifar10_dist.config.rules import (
 )
 from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 
-__all__ = ["FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
+__all__ = ["LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
            "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
            "validate"]

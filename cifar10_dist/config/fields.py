@@ -167,7 +167,9 @@ class Config:
                                      bounds=Bounds(1, note=" (1: no accumulation)"))
     optimizer: Literal["sgd", "adamw"] = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_beta1, adam_beta2, "
                                                        "adam_eps)")
-    learning_rate: float = option(0.4, "peak learning rate reached after the warmup", bounds=ABOVE_0)
+    learning_rate: Union[float, str] = option(0.4, "peak learning rate reached after the warmup; find: sweep it first "
+                                              "as lr-find does (its defaults) and train with the suggestion "
+                                              "(docs/before-you-train.md)", also=("find",), bounds=ABOVE_0)
     momentum: float = option(0.9, "SGD momentum", bounds=FRACTION)
     nesterov: bool = option(True, "use Nesterov momentum")
     weight_decay: float = option(1e-4, "weight decay (SGD's L2 term, AdamW's decoupled decay)", bounds=AT_LEAST_0)
@@ -286,6 +288,9 @@ class Config:
         per_worker=True)
     wandb_log_model: bool = option(False, "with_wandb: also store the best model file as a W&B artifact",
                                    per_worker=True)
+    profile: int = option(0, "profile N training iterations (after 5 of warm-up) with torch.profiler: a trace for "
+                          "TensorBoard or Perfetto in RUN/profile/, the top operators and each handler's share of the "
+                          "time in the log (0: off)", bounds=Bounds(0, reads="0 (off) or more"), tunable=False)
     # launch
     backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
         None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
@@ -306,6 +311,8 @@ class Config:
     trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, "
                                         "params); rank 0 reports each val accuracy there and the run may be pruned; "
                                         "no test set", internal=True)
+    lr_found: Optional[dict] = option(None, "set by learning_rate=find: the sweep's suggestion and where its files "
+                                      "wait for the run folder", internal=True)
     mlflow_parent_run: Optional[str] = option(None, "set by tune: the MLflow run of the study, parent of this "
                                               "trial's MLflow run", internal=True, per_worker=True)
 

@@ -82,6 +82,12 @@ def _validate_training_options(c: Config) -> None:
     _require(c.muon_lr is None or c.optimizer == "sgd",
              f"muon_lr={c.muon_lr} with optimizer={c.optimizer}: Muon trains the filters next to SGD; use "
              "optimizer=sgd, or leave muon_lr unset")
+    _require(c.learning_rate != "find" or c.muon_lr is None,
+             f"learning_rate=find with muon_lr={c.muon_lr}: the sweep keeps muon_lr's ratio to learning_rate, and "
+             "find gives no learning_rate to take it from; run cifar10-dist lr-find with both numbers (it suggests "
+             "both) and train with what it prints")
+    _require(c.learning_rate != "find" or c.trial is None,
+             "learning_rate=find in a tuning trial: give the trials a learning_rate (or search it in the space)")
     milestones = milestone_epochs(c.lr_milestones)
     _require(c.lr_schedule == "step" or not milestones,
              f"lr_milestones={c.lr_milestones} is for lr_schedule=step, not {c.lr_schedule}")

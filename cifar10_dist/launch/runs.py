@@ -1,4 +1,4 @@
-"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint. The layer below
+"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint, ``lr_find``. The layer below
 ``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
 
 Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
@@ -13,9 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, load_config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, load_config
 from cifar10_dist.launch import start_method
-from cifar10_dist.results import EvaluationResult, RunResult, SeedsResult
+from cifar10_dist.results import EvaluationResult, LrFindResult, RunResult, SeedsResult
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
@@ -100,14 +100,32 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     unless given; a training checkpoint of a run with ema_decay is evaluated with its EMA weights unless
     ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.outputs import evaluation_files
+    from cifar10_dist.outputs import files
     from cifar10_dist.training import checkpoint_evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
     start_method.start_early(resolved)
     preflight.check_before_launch(resolved)
     if output_dir is not None:
-        evaluation_files.make_folder(Path(output_dir))
+        files.make_folder(Path(output_dir))
     worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
     reported = spawn.run(worker, resolved)
     return EvaluationResult.from_dict(reported) if reported else None
+
+
+def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None) -> LrFindResult | None:
+    """Sweep the learning rate with the config's model, data and optimizer in every process of its launch
+    (``training.lr_finding``); lr_find.json and lr_find.png go to ``folder`` (default: a new
+    output_path/lr_find-<time>). None in the processes of a torchrun/srun launch other than rank 0."""
+    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist.outputs import files
+    from cifar10_dist.training import lr_finding
+
+    settings.check()
+    start_method.start_early(config)
+    preflight.check_before_launch(config)
+    if folder is None:
+        folder = Path(config.output_path) / f"lr_find-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    files.make_folder(Path(folder))
+    reported = spawn.run(lr_finding.LrFindWorker(settings, str(folder)), config)
+    return LrFindResult(**reported) if reported else None

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import files, mistake_grid, plots
 from cifar10_dist.results import EvaluationResult
 
@@ -19,14 +18,6 @@ def confusion_stem(checkpoint: Path) -> str:
 
 def mistakes_stem(checkpoint: Path) -> str:
     return f"mistakes_{checkpoint.stem}"
-
-
-def make_folder(folder: Path) -> None:
-    """The folder, made where missing; one line when it cannot be (before anything is evaluated)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"output_dir='{folder}' is not writable ({error.strerror})") from error
 
 
 def write(folder: Path, checkpoint: Path, result: EvaluationResult, test_images: torch.Tensor) -> None:

@@ -13,10 +13,18 @@ from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
-from cifar10_dist.errors import OutputNotWritable
+from cifar10_dist.errors import OutputNotWritable, UserError
 
 # errno values that mean "this file cannot be written here" rather than a bug
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def make_folder(folder: Path, name: str = "output_dir") -> None:
+    """The folder, made where missing; one line naming ``name`` when it cannot be (before any work starts)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"{name}='{folder}' is not writable ({error.strerror})") from error
 
 
 def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> None:

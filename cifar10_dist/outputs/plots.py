@@ -87,3 +87,19 @@ def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100, format="png")
+
+
+def render_lr_sweep(learning_rates: Sequence[float], losses: Sequence[float], suggestion: float, rule: str,
+                    path: Path) -> None:
+    """lr-find's sweep: the smoothed training loss against learning_rate (log x), the suggestion marked."""
+    figure = _figure(7, 4.2)
+    axes = figure.subplots()
+    axes.plot(learning_rates, losses, "-", color="tab:blue", label="training loss (smoothed, all ranks' mean)")
+    axes.axvline(suggestion, color="tab:red", linestyle="--", label=f"suggested learning_rate {suggestion:.3g} ({rule})")
+    axes.set_xscale("log")
+    axes.set_xlabel("learning_rate (the schedule's peak; other groups keep their ratios)")
+    axes.set_ylabel("training loss")
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, format="png")

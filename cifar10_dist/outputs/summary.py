@@ -34,6 +34,7 @@ def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], secon
         versions={**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
+        learning_rate_found=record.get("learning_rate_found"), profile=record.get("profile") or {},
     )
 
 

@@ -30,7 +30,8 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, loss, optimizers, process_setup, run_end, schedules, trials
+from cifar10_dist.training import (checkpointing, loss, lr_finding, optimizers, process_setup, run_end, schedules,
+                                   trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -58,6 +59,7 @@ def training(config: Config) -> dict[str, Any]:
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
         network = setup_model(config, data_setup, weights)
+        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         resuming = config.resume_from is not None
@@ -67,6 +69,8 @@ def training(config: Config) -> dict[str, Any]:
             resume_from = checkpointing.checked_resume_path(config, run_dir, data_setup.provenance)
             with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance) as opened:
                 run_log.write_to(run_dir)
+                if sweep is not None:
+                    ranks.on_rank_zero(lr_finding.write_files, run_dir, sweep)
                 run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance,
                                            data_setup.held_out_indices)
                 to_save = setup_checkpoints(config, run_dir, opened.saver(run_dir), network, optimization,

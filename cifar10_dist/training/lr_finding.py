@@ -1,0 +1,221 @@
+"""Finding the learning rate before training: ``lr-find`` (``LrFindWorker``) and ``learning_rate=find``
+(``settle_learning_rate``). Ignite's ``FastaiLRFinder`` sweeps learning_rate on a log scale over the run's own
+training step (its model and pretrained start, data, augmentation, optimizer with its param groups, precision),
+in every process of a launch: each iteration's loss is the mean over all ranks, so every rank sees the same curve
+and makes the same suggestion. The model's and optimizer's states are restored afterwards.
+
+learning_rate is the peak of the run's warmup and schedule; each param group is swept at its ratio to it
+(bias_lr_scale, backbone_lr_scale, whitening_bias_lr_scale, muon_lr / learning_rate), so the suggestion is a
+learning_rate to give the run as it is. A backbone frozen for freeze_epochs is swept unfrozen at its
+backbone_lr_scale: the sweep measures the whole network, as it trains after the thaw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import FastaiLRFinder
+
+from cifar10_dist.config import SUGGESTION_RULES, Config, LrSweep
+from cifar10_dist.data import batches, run_data
+from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import checkpoint_files, files, plots, tracking
+from cifar10_dist.results import LrFindResult
+from cifar10_dist.system import ranks, stopping
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import checkpointing, loss, optimizers, process_setup
+from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
+
+logger = logging.getLogger("cifar10_dist")
+
+NOMINAL_LR = 1.0  # the learning_rate the optimizer is built with for the sweep (its groups keep their ratios)
+LOG_EVERY = 10  # iterations between progress lines
+
+
+def sweep(trainer: Engine, to_restore: dict[str, Any], optimizer: torch.optim.Optimizer, loader: Any,
+          ratios: list[float], settings: LrSweep) -> tuple[list[float], list[float], str]:
+    """Run ``trainer`` on ``loader`` under FastaiLRFinder (each param group from start_lr to end_lr times its
+    ratio); ``to_restore`` (model, optimizer) is as before afterwards. Returns the learning_rate each iteration
+    trained with (group 0's over its ratio), the smoothed loss after it, and why the sweep stopped: diverged,
+    not finite, or num_iter."""
+    finder = FastaiLRFinder()
+    starts = [settings.start_lr * ratio for ratio in ratios]
+    ends = [settings.end_lr * ratio for ratio in ratios]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Run completed without loss diverging")
+        with finder.attach(trainer, to_restore, output_transform=lambda output: output.loss,
+                           num_iter=settings.num_iter, start_lr=starts, end_lr=ends, step_mode="exp",
+                           smooth_f=settings.smoothing, diverge_th=settings.diverge_threshold) as finding:
+            finding.add_event_handler(Events.STARTED, _watch, finder, settings.num_iter)  # after the finder's
+            for group, start in zip(optimizer.param_groups, starts):  # the first iteration's (the finder steps after)
+                group["lr"] = start
+            used: list[float] = []  # each iteration's own (the finder records the next one's)
+            finding.add_event_handler(Events.ITERATION_STARTED,
+                                      lambda _: used.append(optimizer.param_groups[0]["lr"] / ratios[0]))
+            finding.run(loader, max_epochs=math.ceil((settings.num_iter + 1) / len(loader)))
+    world_size = idist.get_world_size()  # the finder sums the ranks' losses (idist.all_reduce): their mean here
+    losses = [value / world_size for value in finder.get_results()["loss"]]
+    return used[:len(losses)], losses, _why_stopped(losses, settings)
+
+
+def _watch(trainer: Engine, finder: FastaiLRFinder, num_iter: int) -> None:
+    """Each iteration, after the finder has logged it: stop at a loss that is not finite (the finder's own
+    divergence test does not catch NaN) and after num_iter iterations, log progress on rank 0."""
+
+    def look(engine: Engine) -> None:
+        losses = finder.get_results()["loss"]
+        if not math.isfinite(losses[-1]) or engine.state.iteration >= num_iter:  # (the finder's own stop: 1 later)
+            engine.terminate()
+        if engine.state.iteration % LOG_EVERY == 0:
+            ranks.on_rank_zero(logger.info, "lr-find: iteration %d/%d, smoothed loss %.4f", engine.state.iteration,
+                               num_iter, losses[-1] / idist.get_world_size())
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, look)
+
+
+def _why_stopped(losses: list[float], settings: LrSweep) -> str:
+    finite = [value for value in losses if math.isfinite(value)]
+    if len(finite) < len(losses):
+        return "not finite"
+    if finite and finite[-1] > settings.diverge_threshold * min(finite):
+        return "diverged"
+    return "num_iter"
+
+
+def suggestions(learning_rates: list[float], losses: list[float]) -> dict[str, float]:
+    """What each rule suggests from the finite part of the curve: steepest (Ignite's ``lr_suggestion``, the
+    steepest fall of the smoothed loss before its minimum) and minimum (a tenth of the lowest point's)."""
+    kept = [index for index, value in enumerate(losses) if math.isfinite(value)]
+    learning_rates, losses = [learning_rates[i] for i in kept], [losses[i] for i in kept]
+    if not losses:
+        return {}
+    found = {"minimum": learning_rates[min(range(len(losses)), key=losses.__getitem__)] / 10}
+    finder = FastaiLRFinder()
+    finder._history = {"lr": learning_rates, "loss": losses}  # lr_suggestion reads the history it recorded
+    try:
+        found["steepest"] = float(finder.lr_suggestion())
+    except RuntimeError:  # fewer than 3 points before the minimum: the loss never fell
+        pass
+    return found
+
+
+def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_setup: run_data.DataSetup,
+         device: torch.device, precision: Precision, settings: LrSweep) -> LrFindResult:
+    """The sweep with this run's model, data, optimizer groups and precision; the model as before afterwards."""
+    started = time.perf_counter()
+    swept_config = dataclasses.replace(config, learning_rate=NOMINAL_LR,
+                                       muon_lr=None if config.muon_lr is None else config.muon_lr / _numeric(config))
+    optimizer, group_schedules = optimizers.build_optimizer(model, swept_config, data_setup.total_iterations)
+    ratios = [schedule.lr_scale for schedule in group_schedules]
+    loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device, {})
+    step = TrainStep(forward, optimizer, loss_fn, precision, Accumulation(config.accumulation_steps, model),
+                     config.clip_grad_norm)
+    trainer = create_trainer(step, batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch,
+                                                                data_setup.info))
+    batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
+    learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
+                                            optimizer, data_setup.loaders.train, ratios, settings)
+    candidates = suggestions(learning_rates, losses)
+    if settings.rule not in candidates:
+        raise UserError(f"lr-find: the loss did not fall between learning_rate {settings.start_lr:g} and "
+                        f"{learning_rates[-1] if learning_rates else settings.end_lr:.3g} ({stopped} after "
+                        f"{len(losses)} iterations), so rule={settings.rule} has nothing to suggest: start lower "
+                        "(--start_lr), sweep longer (--num_iter) or look at the model's loss")
+    suggestion = candidates[settings.rule]
+    muon_lr = None if config.muon_lr is None else config.muon_lr * suggestion / _numeric(config)
+    return LrFindResult(suggestion=suggestion, rule=settings.rule, candidates=candidates, learning_rates=learning_rates,
+                        losses=losses, stopped=stopped, start_lr=settings.start_lr, end_lr=settings.end_lr,
+                        num_iter=settings.num_iter, diverge_threshold=settings.diverge_threshold,
+                        group_ratios=ratios, muon_lr=muon_lr, seconds=time.perf_counter() - started)
+
+
+def _numeric(config: Config) -> float:
+    """The configured learning_rate that muon_lr is a ratio of (``rules`` refuses find with muon_lr)."""
+    return NOMINAL_LR if config.learning_rate == "find" else float(config.learning_rate)
+
+
+def describe(result: LrFindResult) -> str:
+    """The one line that says what was suggested and how."""
+    muon = f", muon_lr {result.muon_lr:.3g} (its configured ratio)" if result.muon_lr is not None else ""
+    return (f"suggested learning_rate {result.suggestion:.3g}{muon}: {SUGGESTION_RULES[result.rule]}; swept "
+            f"{result.start_lr:g}..{result.end_lr:g} over {len(result.losses)} iterations ({result.stopped})")
+
+
+def write_files(folder: Path, result: LrFindResult) -> LrFindResult:
+    """Rank 0: lr_find.json and lr_find.png in ``folder``; the result with its folder."""
+    placed = dataclasses.replace(result, folder=str(folder))
+    files.write_json(folder / "lr_find.json", placed.to_dict())
+    files.write_file(folder / "lr_find.png", lambda path: plots.render_lr_sweep(
+        placed.learning_rates, placed.losses, placed.suggestion, placed.rule, path))
+    return placed
+
+
+def record_of(result: LrFindResult) -> dict[str, Any]:
+    """What a run with learning_rate=find keeps of the sweep (config lr_found, provenance, summary.json)."""
+    return {key: value for key, value in result.to_dict().items() if key not in ("learning_rates", "losses")}
+
+
+def settle_learning_rate(config: Config, network: Any, data_setup: run_data.DataSetup, device: torch.device,
+                         precision: Precision) -> tuple[Config, LrFindResult | None]:
+    """learning_rate=find: the config with the sweep's suggestion (and the sweep, for its files), or with the
+    learning rate its checkpoint trained with when it resumes, recorded in the run's provenance; any other
+    config as it is. ``network``: the run's (``worker.Network``: model and forward)."""
+    if config.learning_rate != "find":
+        return config, None
+    result = None
+    if checkpointing.resuming_from_a_checkpoint(config):
+        found = ranks.from_rank_zero(_recorded_learning_rate, config)
+        ranks.on_rank_zero(logger.info, "learning_rate=find: %.4g, as the run being resumed found it",
+                           found["suggestion"])
+    else:
+        result = find(config, network.model, network.forward, data_setup, device, precision, LrSweep())
+        ranks.on_rank_zero(logger.info, "learning_rate=find: %s", describe(result))
+        found = record_of(result)
+    data_setup.provenance["learning_rate_found"] = found
+    return dataclasses.replace(config, learning_rate=found["suggestion"], lr_found=found), result
+
+
+def _recorded_learning_rate(config: Config) -> dict[str, Any]:
+    path = config.resume_from
+    if path == "auto":
+        path = checkpoint_files.newest_valid_checkpoint(Path(config.output_path) / str(config.run_name))
+    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(path, mmap=True))
+    found = recorded.get("lr_found")
+    if not isinstance(found, dict) or "suggestion" not in found:
+        found = {"suggestion": recorded.get("learning_rate"), "rule": "given", "note": "the checkpoint's own"}
+    return found
+
+
+class LrFindWorker:
+    """``lr-find`` in every process of a launch (picklable for spawning): the sweep, and on rank 0 its files in
+    ``folder``; returns the LrFindResult as a dict."""
+
+    def __init__(self, settings: LrSweep, folder: str) -> None:
+        self.settings, self.folder = settings, folder
+
+    def __call__(self, config: Config) -> dict[str, Any]:
+        from cifar10_dist.training import worker  # the run's own setup functions
+
+        stopping.accept_stop_signals()
+        with tracking.package_logging():
+            device = process_setup.setup_process(config)
+            precision = process_setup.setup_precision(config, device)
+            weights = worker.setup_pretrained(config)
+            data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
+            network = worker.setup_model(config, data_setup, weights)
+            with contextlib.closing(data_setup.loaders):
+                result = find(config, network.model, network.forward, data_setup, device, precision, self.settings)
+            placed = ranks.on_rank_zero(write_files, Path(self.folder), result)
+            ranks.on_rank_zero(logger.info, "lr-find: %s", describe(result))
+            return (placed or result).to_dict()
+

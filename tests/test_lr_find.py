@@ -1,0 +1,193 @@
+"""lr-find and learning_rate=find: the sweep on a problem whose good range is known, the model and optimizer
+restored, every rank agreeing, an early stop on divergence, the plot, and a run that trains with the suggestion."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from cifar10_dist import api
+from cifar10_dist.config import LrSweep
+from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import lr_finding
+from cifar10_dist.training.step import TrainStep, create_trainer
+from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process
+
+SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]
+
+
+def regression(count: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear regression in 8 dimensions with input scales 0.5..2 and a little noise: least squares, whose good
+    learning rates are known exactly (below)."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(count, 8, generator=generator) * torch.linspace(0.5, 2.0, 8)
+    targets = inputs @ torch.randn(8, 1, generator=generator) + 0.1 * torch.randn(count, 1, generator=generator)
+    return inputs, targets
+
+
+def batches_of(inputs: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(list(zip(inputs, targets)), batch_size=64, shuffle=True,
+                                       generator=torch.Generator().manual_seed(seed))
+
+
+def sweep_of(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, loader, settings: LrSweep):
+    step = TrainStep(model, optimizer, loss_fn, Precision("cpu", None))
+    trainer = create_trainer(step, lambda batch, iteration: (batch[0], batch[1]))
+    return lr_finding.sweep(trainer, {"model": model, "optimizer": optimizer}, optimizer, loader, [1.0], settings)
+
+
+def test_the_suggestion_lies_in_the_range_where_sgd_solves_least_squares():
+    """The mean squared error's Hessian is 2 E[x x^T]: plain SGD diverges above 2 over its largest eigenvalue
+    and crawls far below it (a hundredth of it needs hundreds of steps per e-fold on the flattest direction).
+    Both rules must land in [1/100, 1] of the stability limit, and the sweep must stop on the divergence."""
+    inputs, targets = regression()
+    stable_below = 2 / torch.linalg.eigvalsh(2 * inputs.T @ inputs / len(inputs)).max().item()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    learning_rates, losses, stopped = sweep_of(model, optimizer, nn.MSELoss(), batches_of(inputs, targets),
+                                               LrSweep(num_iter=100, end_lr=10.0))
+    found = lr_finding.suggestions(learning_rates, losses)
+    assert stable_below / 100 <= found["steepest"] <= stable_below, (found, stable_below)
+    assert stable_below / 100 <= found["minimum"] <= stable_below, (found, stable_below)
+    assert stopped in ("diverged", "not finite"), stopped  # 10 is far past stability: stopped early
+    assert len(losses) < 100
+    assert learning_rates == sorted(learning_rates) and learning_rates[0] == pytest.approx(1e-6, rel=0.2)
+
+
+def test_the_model_and_the_optimizer_are_as_before_the_sweep():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(64, 8)).logsumexp(1).mean().backward()
+    optimizer.step()  # momentum buffers to restore
+    before_model = {key: value.clone() for key, value in model.state_dict().items()}
+    before_optimizer = json.loads(json.dumps(optimizer.state_dict(), default=lambda t: t.tolist()))
+    inputs = torch.randn(256, 8, generator=torch.Generator().manual_seed(1))
+    loader = batches_of(inputs, (inputs[:, 0] > 0).long() + 2 * (inputs[:, 1] > 0).long())
+    sweep_of(model, optimizer, nn.CrossEntropyLoss(), loader, LrSweep(num_iter=20))
+    assert_same_nested(before_model, model.state_dict(), "model")
+    assert json.loads(json.dumps(optimizer.state_dict(), default=lambda t: t.tolist())) == before_optimizer
+
+
+def test_a_loss_that_never_falls_is_one_line_naming_the_range(tmp_path):
+    result = run_in_process("lr-find", *SYNTHETIC, "--start_lr=1e-9", "--end_lr=1e-8", "--num_iter=8",
+                            f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert "the loss did not fall between learning_rate 1e-09 and" in result.stderr
+    assert "start lower (--start_lr)" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--start_lr=1", "--end_lr=0.1"], "start_lr=1.0 and end_lr=0.1: the sweep needs 0 < start_lr < end_lr"),
+    (["--num_iter=2000"], "num_iter=2000 must be a whole number in 5..1000"),
+    (["--rule=valley"], "rule='valley' is unknown: choose steepest or minimum"),
+    (["--diverge_threshold=1"], "diverge_threshold=1.0 must be greater than 1"),
+])
+def test_bad_sweep_settings_are_refused_in_one_line(flags, message, tmp_path):
+    result = run_in_process("lr-find", *SYNTHETIC, *flags, f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_lr_find_writes_its_plot_and_record_and_prints_the_suggestion(tmp_path):
+    folder = tmp_path / "sweep"
+    result = run_in_process("lr-find", *SYNTHETIC, "--num_iter=30", "--end_lr=10", f"--output_dir={folder}",
+                            f"--output_path={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((folder / "lr_find.json").read_text())
+    assert f"suggested learning_rate: {record['suggestion']:.3g} (steepest" in result.stdout
+    assert f"train with: --learning_rate={record['suggestion']:.3g}" in result.stdout
+    assert record["learning_rates"][0] == pytest.approx(1e-6, rel=0.8)
+    assert len(record["losses"]) == len(record["learning_rates"]) <= 30
+    assert record["suggestion"] in record["learning_rates"]
+    assert record["group_ratios"] == [1.0]
+    with Image.open(folder / "lr_find.png") as image:
+        assert image.format == "PNG" and image.size[0] > 300
+        image.verify()
+
+
+def test_param_groups_are_swept_at_their_ratios_and_muon_lr_keeps_its_own(tmp_path):
+    result = api.lr_find(None, num_iter=10, rule="minimum", output_dir=tmp_path / "sweep", dataset="synthetic", synthetic_size=320,
+                         model="simple_cnn", model_kwargs={"width": 8}, batch_size=32, num_workers=0,
+                         learning_rate=0.2, muon_lr=0.05, bias_lr_scale=4.0, backbone_lr_scale=0.1,
+                         freeze_epochs=1, num_epochs=3, output_path=str(tmp_path))
+    ratios = sorted({round(ratio, 6) for ratio in result.group_ratios})
+    # head 1; backbone 0.1; backbone norm biases 4 x 0.1; head has no norm; the filters (Muon) 0.05 / 0.2 x 0.1
+    assert ratios == [0.025, 0.1, 0.4, 1.0], result.group_ratios
+    assert result.muon_lr == pytest.approx(result.suggestion * 0.05 / 0.2)
+
+
+class RankRecordingWorker(lr_finding.LrFindWorker):
+    """The lr-find worker, also writing each rank's suggestion (the launcher returns rank 0's alone)."""
+
+    def __call__(self, config):
+        import ignite.distributed as idist
+
+        result = super().__call__(config)
+        Path(self.folder, f"rank{idist.get_rank()}.json").write_text(json.dumps(result["suggestion"]))
+        return result
+
+
+def test_two_gloo_processes_agree_on_the_suggestion(tmp_path):
+    from cifar10_dist.launch import spawn
+
+    config = api.resolve(None, dataset="synthetic", synthetic_size=320, model="simple_cnn",
+                         model_kwargs={"width": 8}, batch_size=32, num_workers=0, output_path=str(tmp_path),
+                         backend="gloo", nproc_per_node=2)
+    spawn.run(RankRecordingWorker(LrSweep(num_iter=20, end_lr=10.0), str(tmp_path)), config)
+    suggestions = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert suggestions[0] == suggestions[1] and math.isfinite(suggestions[0])
+
+
+def test_lr_find_runs_over_spawned_gloo_processes(tmp_path):
+    result = run_in_process("lr-find", *SYNTHETIC, *SPAWN_2, "--num_iter=12", "--end_lr=10",
+                            f"--output_dir={tmp_path / 'sweep'}", f"--output_path={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "sweep" / "lr_find.png").is_file()
+
+
+def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_records_it(tmp_path):
+    found = run_in_process("run", *SYNTHETIC, "--learning_rate=find", f"--output_path={tmp_path}", "--run_name=found")
+    assert found.returncode == 0, found.stderr[-2000:]
+    run_dir = tmp_path / "found"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    suggestion = summary["learning_rate_found"]["suggestion"]
+    assert summary["learning_rate_found"]["rule"] == "steepest"
+    assert json.loads((run_dir / "provenance.json").read_text())["learning_rate_found"]["suggestion"] == suggestion
+    assert (run_dir / "lr_find.png").is_file() and (run_dir / "lr_find.json").is_file()
+    given = run_in_process("run", *SYNTHETIC, f"--learning_rate={suggestion!r}", f"--output_path={tmp_path}",
+                           "--run_name=given")
+    assert given.returncode == 0, given.stderr[-2000:]
+    [a], [b] = (sorted((tmp_path / name).glob("training_checkpoint_*.pt")) for name in ("found", "given"))
+    assert_same_nested(torch.load(a, weights_only=True)["model"], torch.load(b, weights_only=True)["model"], "model")
+    # resumed, it trains on with the learning rate it found, without a new sweep
+    resumed = run_in_process("run", *SYNTHETIC, "--learning_rate=find", f"--output_path={tmp_path}",
+                             "--run_name=found", "--resume_from=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = (run_dir / "run.log").read_text()
+    assert f"learning_rate=find: {suggestion:.4g}, as the run being resumed found it" in log
+    assert log.count("lr-find: iteration") == 10  # the first launch's sweep alone (100 iterations, a line per 10)
+
+
+def test_learning_rate_find_with_muon_lr_is_refused_in_one_line():
+    result = run_in_process("run", "--learning_rate=find", "--muon_lr=0.1")
+    assert result.returncode == 2
+    assert "learning_rate=find with muon_lr=0.1: the sweep keeps muon_lr's ratio to learning_rate" in result.stderr
+
+
+
+def test_the_recorded_loss_is_the_ranks_mean_not_their_sum(tmp_path):
+    """Ignite's finder sums the ranks' losses; the record and the plot show their mean: the first point of a
+    sweep over two processes is near ln(10), the loss of a fresh 10-class network, not twice it."""
+    result = api.lr_find(None, num_iter=5, rule="minimum", output_dir=tmp_path / "sweep", dataset="synthetic",
+                         synthetic_size=320, model="simple_cnn", model_kwargs={"width": 8}, batch_size=32,
+                         num_workers=0, output_path=str(tmp_path), backend="gloo", nproc_per_node=2)
+    assert abs(result.losses[0] - math.log(10)) < 0.7, result.losses
