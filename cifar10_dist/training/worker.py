@@ -30,8 +30,8 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (checkpointing, loss, lr_finding, optimizers, process_setup, run_end, schedules,
-                                   trials)
+from cifar10_dist.training import (checkpointing, loss, lr_finding, optimizers, process_setup, profiling, run_end,
+                                   schedules, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -340,7 +340,10 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
                     " (stopped early)" if engine_set.stopped_early else "")
         validation(trainer)  # Ignite would restart a finished run from iteration 0
     else:
+        profiler = profiling.attach(config.profile, run_dir, trainer)
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
+        if profiler is not None:
+            data_setup.provenance["profile"] = profiler.report()  # summary.json reads it
     stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
     if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
