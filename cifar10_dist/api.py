@@ -1,4 +1,4 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``predict``,
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``batch_size``, ``predict``,
 ``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
@@ -14,10 +14,10 @@ from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
-from cifar10_dist.results import (DoctorReport, EvaluationResult, ExportResult, LrFindResult, PreparedData,
-                                  ReportResult, TuneResult)
+from cifar10_dist.results import (BatchSizeResult, DoctorReport, EvaluationResult, ExportResult, LrFindResult,
+                                  PreparedData, ReportResult, TuneResult)
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "predict", "predict_files", "export",
+__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size", "predict", "predict_files", "export",
            "tune", "doctor", "report", "prepare_data"]
 
 
@@ -38,6 +38,27 @@ def lr_find(config: Config | str | Path | None = None, start_lr: float = 1e-6, e
         raise UserError("lr-find sweeps learning_rate itself: leave learning_rate=find out (a number sets the ratio "
                         "muon_lr keeps to it)")
     return runs.lr_find(resolved, settings, output_dir)
+
+
+def batch_size(config: Config | str | Path | None = None, batch_sizes: Sequence[int] | None = None,
+               budget_seconds: float = 3.0, **overrides: Any) -> BatchSizeResult:
+    """The batch the run this config describes should take here, measured with its own training step (model,
+    optimizer, precision, memory format, image size) in this process: on a GPU the largest that fits with a
+    margin, on a CPU the fastest of ``batch_sizes`` (per process; the config's own always included), each timed
+    for about ``budget_seconds``; with the learning rate scaled to it by the optimizer's rule."""
+    sizes = tuple(batch_sizes) if batch_sizes else None
+    if sizes is not None and not all(isinstance(size, int) and not isinstance(size, bool) and size >= 1
+                                     for size in sizes):
+        raise UserError(f"batch_sizes={batch_sizes!r} must be whole numbers >= 1, comma-separated: "
+                        "--batch_sizes=64,128,256")
+    if not budget_seconds > 0:
+        raise UserError(f"budget_seconds={budget_seconds} must be greater than 0")
+    resolved = resolve(config, **overrides)
+    from cifar10_dist import models
+    from cifar10_dist.training.batch_sizes import find_batch_size
+
+    models.check_model(resolved.model, resolved.model_kwargs, models.NUM_CLASSES, resolved.image_size)
+    return find_batch_size(resolved, sizes, float(budget_seconds))
 
 
 def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,

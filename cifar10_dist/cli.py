@@ -1,4 +1,4 @@
-"""The command line: ``cifar10-dist run | lr-find | evaluate | predict | export | tune | prepare-data | report |
+"""The command line: ``cifar10-dist run | lr-find | batch-size | evaluate | predict | export | tune | prepare-data | report |
 doctor | config``, a thin fire layer
 over the API.
 
@@ -51,6 +51,29 @@ def lr_find(config: str | None = None, start_lr: float = 1e-6, end_lr: float = 1
           f"{result.seconds:.0f} s, stopped: {result.stopped}" + (f"; other rule: {others}" if others else ""))
     print(f"train with: --learning_rate={result.suggestion:.3g}{muon}")
     print(f"plot: {Path(str(result.folder)) / 'lr_find.png'}, record: {Path(str(result.folder)) / 'lr_find.json'}")
+
+
+def batch_size(config: str | None = None, batch_sizes: Any = None, budget_seconds: float = 3.0, json: bool = False,
+               **overrides: Any) -> None:
+    """Measure which batch the run a config describes should take here; print the table and the suggestion."""
+    sizes = batch_sizes if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None else (
+        [int(size) for size in str(batch_sizes).split(",")] if str(batch_sizes).replace(",", "").isdigit()
+        else [batch_sizes])
+    result = api.batch_size(config, sizes, float(budget_seconds), **overrides)
+    if json:
+        print(json_module.dumps(result.to_dict(), indent=2))
+        return
+    print(f"{result.model} at {result.image_size} px on {result.device}, one process (sizes per process):")
+    for row in result.speeds:
+        print(f"  batch {row.batch_size:>6}  {row.images_per_second:>9.1f} img/s  +-{row.spread:.0%}  "
+              f"({row.steps} steps; {row.verdict})")
+    print(f"suggested batch_size: {result.batch_size} ({result.reason})")
+    if result.learning_rate is not None:
+        print(f"learning_rate {result.learning_rate:.4g} for it: the config's scaled from batch "
+              f"{result.config_batch_size} by the {result.rule} rule")
+    else:
+        print(f"learning_rate: {result.rule}")
+    print(f"({result.seconds:.1f} s in all)")
 
 
 def print_run_result(result: RunResult) -> None:
@@ -249,7 +272,7 @@ def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float 
     print(json_module.dumps(report.to_dict(), indent=2) if json else render(report))
 
 
-COMMANDS = {"run": run, "lr-find": lr_find, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
+COMMANDS = {"run": run, "lr-find": lr_find, "batch-size": batch_size, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
             "prepare-data": prepare_data, "report": report, "doctor": doctor, "config": show_config}
 def _help_text(argv: list[str]) -> str | None:
     """Our own help (fire's cannot list options passed through **overrides)."""

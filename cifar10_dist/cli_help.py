@@ -39,6 +39,28 @@ writes lr_find.png (loss against learning rate, the suggestion marked) and lr_fi
 {options}
 """
 
+BATCH_SIZE_HELP = """\
+Usage: cifar10-dist batch-size [--config=FILE.yaml] [--batch_sizes=32,64,...] [--budget_seconds=3] [--json]
+                               [--KEY=VALUE ...]
+
+Which batch the run these flags describe should take on this machine, measured with its own training step
+(model, optimizer with its groups, precision, memory format, image size) on random images, in this process.
+On a GPU: the largest batch that fits (doubled until out of memory, then bisected back), less a 10% margin.
+On a CPU: each size timed (a warm-up step, then at least 3 steps within budget_seconds, the middle half of
+the step times as the band); the fastest is suggested only where its band clears the config's own batch's,
+else "no difference measurable" and the config's batch is kept. Sizes are per process; the suggestion is
+global (times the planned world size), with learning_rate scaled to it by the optimizer's rule (linear for
+SGD, square root for AdamW).
+
+  --batch_sizes=32,64,128,256,512,1024   CPU: the sizes to time (the config's own is always added);
+                             GPU: the first is where the doubling starts
+  --budget_seconds=3         about how long each size is timed
+  --json                     print the result as one JSON object
+  --config=None              YAML file with any of run's keys
+  --debug                    show tracebacks for errors
+{options}
+"""
+
 EVALUATE_HELP = """\
 Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
 
@@ -182,6 +204,7 @@ Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs 
 Commands:
   run            train (cifar10-dist run --help lists every option)
   lr-find        sweep the learning rate before training; suggest one and plot the loss against it
+  batch-size     measure which batch size trains fastest here (CPU) or fits (GPU); scale the learning rate
   evaluate       test-set accuracy and loss of a saved checkpoint
   predict        classify image files with a saved checkpoint
   export         write a checkpoint's model as {", ".join(FORMATS)} (verified)
@@ -200,6 +223,6 @@ validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config
 refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
 """
 
-PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
+PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
         "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
         "doctor": DOCTOR_HELP, "config": CONFIG_HELP}

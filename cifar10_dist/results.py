@@ -1,4 +1,4 @@
-"""What ``train``, ``evaluate``, ``export``, ``tune``, ``lr_find``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export``, ``tune``, ``lr_find``, ``batch_size``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -141,6 +141,38 @@ class LrFindResult:
     muon_lr: Optional[float] = None  # muon_lr at the same ratio to the suggestion as configured
     seconds: float = 0.0
     folder: Optional[str] = None  # where lr_find.json and lr_find.png are
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchSpeed:
+    """One batch size (per process) measured by the batch-size finder."""
+
+    batch_size: int
+    images_per_second: float  # at the median step time
+    spread: float  # half the interquartile range of the step times, as a fraction of the median
+    steps: int  # timed steps after a warm-up step
+    verdict: str  # fastest, slower, or no difference measurable from the fastest
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """What the batch-size finder measured and suggests: a global batch_size (per process x world_size) and
+    the learning rate scaled to it by the optimizer's rule."""
+
+    device: str
+    model: str
+    image_size: int
+    world_size: int
+    config_batch_size: int
+    speeds: list[BatchSpeed]
+    batch_size: int  # suggested, global (0: nothing fit)
+    reason: str
+    learning_rate: Optional[float]
+    rule: str
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

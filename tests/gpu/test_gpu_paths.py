@@ -170,3 +170,20 @@ def test_evaluation_on_the_gpu_matches_the_cpu(check_data, tmp_path, record):
     assert results["gpu"]["confusion_matrix"] == results["cpu"]["confusion_matrix"]
     assert results["gpu"]["loss"] == pytest.approx(results["cpu"]["loss"], abs=1e-4)
     record("evaluation loss |gpu - cpu|", abs(results["gpu"]["loss"] - results["cpu"]["loss"]))
+
+
+def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(record):
+    """On CUDA: the largest simple_cnn batch at 128 px that fits, found by doubling until out of memory and
+    bisecting back, then 90% of it; a batch that large really trains, and twice the largest does not fit."""
+    cuda_only()
+    from cifar10_dist import api
+    from cifar10_dist.training import batch_sizes
+
+    result = api.batch_size(None, [256], budget_seconds=1.0, model="simple_cnn", image_size=128,
+                            dataset="folder", data_path="unused")
+    assert result.device == "cuda" and result.batch_size > 256
+    record("batch-size finder: suggested batch (simple_cnn, 128 px)", result.batch_size)
+    config = api.resolve(None, model="simple_cnn", image_size=128, dataset="folder", data_path="unused")
+    fits = batch_sizes.fits_on_gpu(config, torch.device("cuda"))
+    assert fits(result.batch_size)
+    assert not fits(int(result.batch_size / batch_sizes.GPU_MARGIN) * 2 + 64)
