@@ -175,6 +175,12 @@ def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_reco
     log = (run_dir / "run.log").read_text()
     assert f"learning_rate=find: {suggestion:.4g}, as the run being resumed found it" in log
     assert log.count("lr-find: iteration") == 10  # the first launch's sweep alone (100 iterations, a line per 10)
+    # the run's best model as a pretrained start of a sweep (the head new, the weights loaded before it)
+    [best] = sorted(run_dir.glob("best_model_*.pt"))
+    started = run_in_process("lr-find", *SYNTHETIC, f"--pretrained={best}", "--num_iter=10", "--rule=minimum",
+                             f"--output_dir={tmp_path / 'pretrained'}", f"--output_path={tmp_path}")
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert json.loads((tmp_path / "pretrained" / "lr_find.json").read_text())["losses"][0] < math.log(10) - 0.5
 
 
 def test_learning_rate_find_with_muon_lr_is_refused_in_one_line():

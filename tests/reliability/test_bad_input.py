@@ -146,7 +146,7 @@ def test_each_kind_of_bad_input_ends_the_cli_process_with_exit_2_and_one_line(in
     [
         (["evaluate"], "error: evaluate needs --checkpoint=PATH"),
         (["evaluate", "--checkpoint=nope.pt"], "error: checkpoint 'nope.pt' does not exist"),
-        (["fly"], "error: unknown command 'fly': choose one of run, evaluate, predict, export, tune, prepare-data, report"),
+        (["fly"], "error: unknown command 'fly': choose one of run, lr-find, batch-size, evaluate, predict, export, tune, prepare-data, report"),
         (["report"], "error: report needs at least one run folder"),
         (["report", "nowhere"], "error: run folder 'nowhere' does not exist"),
         (["prepare-data", "--synthetic=-5"], "error: synthetic=-5, synthetic_test=1: both must be whole numbers >= 1"),
