@@ -49,6 +49,8 @@ def lr_find(config: str | None = None, start_lr: float = 1e-6, end_lr: float = 1
     print(f"suggested learning_rate: {result.suggestion:.3g} ({result.rule}: {SUGGESTION_RULES[result.rule]})")
     print(f"swept {result.start_lr:g}..{result.end_lr:g} over {len(result.losses)} iterations in "
           f"{result.seconds:.0f} s, stopped: {result.stopped}" + (f"; other rule: {others}" if others else ""))
+    if result.warning:
+        print(f"warning: {result.warning}")
     print(f"train with: --learning_rate={result.suggestion:.3g}{muon}")
     print(f"plot: {Path(str(result.folder)) / 'lr_find.png'}, record: {Path(str(result.folder)) / 'lr_find.json'}")
 

@@ -139,6 +139,7 @@ class LrFindResult:
     diverge_threshold: float
     group_ratios: list[float]  # each param group's lr over learning_rate during the sweep
     muon_lr: Optional[float] = None  # muon_lr at the same ratio to the suggestion as configured
+    warning: Optional[str] = None  # the steepest fall lies next to the loss's minimum: at the edge of divergence
     seconds: float = 0.0
     folder: Optional[str] = None  # where lr_find.json and lr_find.png are
 

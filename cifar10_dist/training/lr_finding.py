@@ -40,6 +40,7 @@ logger = logging.getLogger("cifar10_dist")
 
 NOMINAL_LR = 1.0  # the learning_rate the optimizer is built with for the sweep (its groups keep their ratios)
 LOG_EVERY = 10  # iterations between progress lines
+EDGE = 3.0  # a steepest fall this close below the lowest loss is at the edge of divergence (warned about)
 
 
 def sweep(trainer: Engine, to_restore: dict[str, Any], optimizer: torch.optim.Optimizer, loader: Any,
@@ -109,6 +110,17 @@ def suggestions(learning_rates: list[float], losses: list[float]) -> dict[str, f
     return found
 
 
+def edge_warning(candidates: dict[str, float], rule: str) -> str | None:
+    """Why the steepest rule's suggestion is risky, when it lies within EDGE of where the loss was lowest (the
+    loss fell fastest just before it turned up); None otherwise."""
+    lowest = candidates["minimum"] * 10
+    if rule != "steepest" or lowest >= EDGE * candidates["steepest"]:
+        return None
+    return (f"the loss fell fastest at {candidates['steepest']:.3g}, within {EDGE:g}x of where it was lowest "
+            f"({lowest:.3g}): the suggestion is at the edge of divergence; --rule=minimum suggests "
+            f"{candidates['minimum']:.3g}")
+
+
 def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_setup: run_data.DataSetup,
          device: torch.device, precision: Precision, settings: LrSweep) -> LrFindResult:
     """The sweep with this run's model, data, optimizer groups and precision; the model as before afterwards."""
@@ -131,12 +143,12 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
                         f"{learning_rates[-1] if learning_rates else settings.end_lr:.3g} ({stopped} after "
                         f"{len(losses)} iterations), so rule={settings.rule} has nothing to suggest: start lower "
                         "(--start_lr), sweep longer (--num_iter) or look at the model's loss")
-    suggestion = candidates[settings.rule]
+    suggestion, warning = candidates[settings.rule], edge_warning(candidates, settings.rule)
     muon_lr = None if config.muon_lr is None else config.muon_lr * suggestion / _numeric(config)
     return LrFindResult(suggestion=suggestion, rule=settings.rule, candidates=candidates, learning_rates=learning_rates,
                         losses=losses, stopped=stopped, start_lr=settings.start_lr, end_lr=settings.end_lr,
                         num_iter=settings.num_iter, diverge_threshold=settings.diverge_threshold,
-                        group_ratios=ratios, muon_lr=muon_lr, seconds=time.perf_counter() - started)
+                        group_ratios=ratios, muon_lr=muon_lr, warning=warning, seconds=time.perf_counter() - started)
 
 
 def _numeric(config: Config) -> float:
@@ -180,6 +192,8 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
     else:
         result = find(config, network.model, network.forward, data_setup, device, precision, LrSweep())
         ranks.on_rank_zero(logger.info, "learning_rate=find: %s", describe(result))
+        if result.warning:
+            ranks.on_rank_zero(logger.warning, "learning_rate=find: %s", result.warning)
         found = record_of(result)
     data_setup.provenance["learning_rate_found"] = found
     return dataclasses.replace(config, learning_rate=found["suggestion"], lr_found=found), result

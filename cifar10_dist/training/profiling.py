@@ -27,6 +27,7 @@ logger = logging.getLogger("cifar10_dist")
 
 WARMUP = 5  # iterations of this launch before the trace starts (first-call allocations, autotuning)
 TOP_OPERATORS = 15
+SHOWN_SHARE = 0.001  # parts below this share of the time are summed in the log line
 
 
 class RunProfiler:
@@ -83,8 +84,11 @@ class RunProfiler:
             self._stop()
         shares = time_shares(self.handlers.get_results())
         total = sum(shares.values()) or 1.0
-        ranks.on_rank_zero(logger.info, "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s",
-                           total, ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shares.items()))
+        shown = {name: seconds for name, seconds in shares.items() if seconds / total >= SHOWN_SHARE}
+        rest = f", {len(shares) - len(shown)} other handlers {sum(shares.values()) / total - sum(shown.values()) / total:.1%}"
+        ranks.on_rank_zero(logger.info, "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s%s",
+                           total, ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shown.items()),
+                           rest if len(shown) < len(shares) else "")
         return {"iterations_traced": self.traced, "warmup_iterations": WARMUP,
                 "trace": str(self.trace) if self.trace else None, "seconds": {k: round(v, 4) for k, v in shares.items()},
                 "shares": {name: round(seconds / total, 4) for name, seconds in shares.items()}}
