@@ -35,7 +35,7 @@ def commands(cifar: str, folder: str, pretrained: str, work: Path) -> dict[str, 
         "lr-find, folder, pretrained": ["lr-find", *on_folder, f"--pretrained={pretrained}", *FINE_TUNING,
                                         f"--output_dir={work / 'lr-folder'}"],
         "batch-size, folder at 64 px": ["batch-size", *on_folder, "--image_size=64"],
-        "profile, folder at 64 px": ["run", *on_folder, "--image_size=64", f"--pretrained={pretrained}", "--learning_rate=find",
+        "profile, folder": ["run", *on_folder, f"--pretrained={pretrained}", "--learning_rate=0.0288",
                                      *FINE_TUNING, "--num_epochs=3", "--freeze_epochs=1", "--profile=5",
                                      f"--output_path={work}", "--run_name=profiled-folder"],
     }

@@ -40,7 +40,7 @@ logger = logging.getLogger("cifar10_dist")
 
 NOMINAL_LR = 1.0  # the learning_rate the optimizer is built with for the sweep (its groups keep their ratios)
 LOG_EVERY = 10  # iterations between progress lines
-EDGE = 3.0  # a steepest fall this close below the lowest loss is at the edge of divergence (warned about)
+EDGE = 2.0  # a steepest fall this close below the lowest loss is at the edge of divergence (warned about)
 
 
 def sweep(trainer: Engine, to_restore: dict[str, Any], optimizer: torch.optim.Optimizer, loader: Any,
