@@ -130,8 +130,12 @@ def evaluate(
     print(f"confusion matrix: {folder / stem}.json, .png")
     print(f"most confident mistakes: {folder / evaluation_files.mistakes_stem(Path(str(checkpoint)))}.png, .json")
     top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
+    if metrics.reliability:
+        print(f"reliability diagram: {folder / evaluation_files.calibration_stem(Path(str(checkpoint)))}.png, .json")
     print(f"test: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} ({metrics.num_samples} images); "
           f"balanced accuracy {metrics.balanced_accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    if metrics.ece is not None:
+        print(f"calibration: ECE {metrics.ece:.4f} (15 bins), NLL {metrics.loss:.4f} (the loss)")
 
 
 def predict(*paths: str, checkpoint: str | None = None, top_k: int | None = None, json: bool = False, batch_size: int = 256,

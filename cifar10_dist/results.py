@@ -22,6 +22,7 @@ class SplitMetrics:
     top5_accuracy: Optional[float] = None  # with more than 5 classes
     balanced_accuracy: Optional[float] = None  # the mean of per-class recalls
     macro_f1: Optional[float] = None  # the mean of per-class F1
+    ece: Optional[float] = None  # expected calibration error, 15 equal-width bins of the top-1 probability
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> SplitMetrics | None:
@@ -93,6 +94,8 @@ class EvaluationResult:
     per_class_precision: list[float] = field(default_factory=list)
     per_class_f1: list[float] = field(default_factory=list)
     mistakes: list[Mistake] = field(default_factory=list)  # the most confident, most confident first
+    ece: Optional[float] = None  # expected calibration error (15 bins); ``loss`` is the NLL
+    reliability: dict[str, list[float]] = field(default_factory=dict)  # per bin: images, confidence, accuracy
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -295,6 +298,7 @@ class RunSummary:
     trial: Optional[TrialSpec] = None  # set by tune: study, storage, number, params, pruner
     learning_rate_found: Optional[dict[str, Any]] = None  # learning_rate=find: the suggestion and how it was chosen
     profile: dict[str, Any] = field(default_factory=dict)  # profile=N: the trace and each part's share of the time
+    calibration: Optional[dict[str, Any]] = None  # calibrate=temperature: T, val's NLL and ECE before and after
     pruned_at_epoch: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:

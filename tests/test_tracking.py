@@ -49,7 +49,8 @@ def jsonl(run_dir: Path) -> list[dict]:
 SCALARS = {"training/batch_loss", "training/lr", "training/epoch_loss", "training/epoch_time",
            "training/images_per_second", "test/accuracy", "test/top5_accuracy", "test/loss", "test/duration",
            "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration",
-           "test/balanced_accuracy", "test/macro_f1", "train_subset/balanced_accuracy", "train_subset/macro_f1"}
+           "test/balanced_accuracy", "test/macro_f1", "train_subset/balanced_accuracy", "train_subset/macro_f1",
+           "test/ece", "train_subset/ece"}
 
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:

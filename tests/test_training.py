@@ -149,7 +149,7 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
         metrics = json.loads(output.out.strip().splitlines()[-1])
         assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes",
                                 "top5_accuracy", "balanced_accuracy", "macro_f1", "per_class_precision",
-                                "per_class_f1", "mistakes"}
+                                "per_class_f1", "mistakes", "ece", "reliability"}
         assert metrics["classes"] == list(cifar.CLASSES)
         assert metrics["mistakes"] and all(m["true"] != m["predicted"] for m in metrics["mistakes"])
         assert metrics["num_samples"] == 301 and 0.4 < metrics["accuracy"] <= 1.0

@@ -248,6 +248,11 @@ class Config:
     tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
                       "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)",
                       inherited_by_evaluate=True)
+    calibrate: Optional[Literal["temperature"]] = option(
+        None, "temperature: after training, fit one temperature on the validation split (never the test set: needs "
+        "val_split or a val/ folder) so that softmax(logits / T) are calibrated probabilities; stored with the "
+        "model, used by evaluate, predict and export", choices_read="temperature (or leave it unset)",
+        tunable=False)
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
                                    bounds=AT_LEAST_1)
     log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1)

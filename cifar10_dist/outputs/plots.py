@@ -1,5 +1,5 @@
-"""The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot) and a confusion
-matrix (``evaluate``). Drawn on matplotlib Figures directly (no pyplot), so the caller's matplotlib backend and
+"""The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot), a confusion
+matrix (``evaluate``), a reliability diagram (calibration) and lr-find's sweep. Drawn on matplotlib Figures directly (no pyplot), so the caller's matplotlib backend and
 open figures are left alone."""
 
 from __future__ import annotations
@@ -101,5 +101,31 @@ def render_lr_sweep(learning_rates: Sequence[float], losses: Sequence[float], su
     axes.set_ylabel("training loss")
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100, format="png")
+
+
+def render_reliability(rows: dict[str, list[float]], ece: float, path: Path, title: str) -> None:
+    """The reliability diagram: accuracy against mean top-1 probability per bin (bars; the diagonal is perfect
+    calibration), with how many images each bin holds."""
+    bins = len(rows["images"])
+    width = 1 / bins
+    centres = [(index + 0.5) * width for index in range(bins)]
+    figure = _figure(5.5, 5.5)
+    axes, counts = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    filled = [count > 0 for count in rows["images"]]
+    axes.bar([c for c, f in zip(centres, filled) if f], [a for a, f in zip(rows["accuracy"], filled) if f],
+             width=width * 0.95, color="tab:blue", label="accuracy in the bin")
+    axes.plot([c for c, f in zip(rows["confidence"], filled) if f], [a for a, f in zip(rows["accuracy"], filled) if f],
+              "o", color="tab:red", markersize=3, label="at the bin's mean top-1 probability")
+    axes.plot([0, 1], [0, 1], "--", color="gray", label="perfectly calibrated")
+    axes.set_ylabel("accuracy")
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1)
+    axes.legend(fontsize=7, loc="upper left")
+    axes.set_title(f"{title}: ECE {ece:.4f} ({bins} bins)", fontsize=9)
+    counts.bar(centres, rows["images"], width=width * 0.95, color="tab:gray")
+    counts.set_xlabel("top-1 probability")
+    counts.set_ylabel("images")
     figure.tight_layout()
     figure.savefig(path, dpi=100, format="png")

@@ -35,6 +35,7 @@ def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], secon
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
         learning_rate_found=record.get("learning_rate_found"), profile=record.get("profile") or {},
+        calibration=record.get("calibration"),
     )
 
 

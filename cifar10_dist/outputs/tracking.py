@@ -97,11 +97,13 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
 
 def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float,
                 best_metric: str = "accuracy") -> None:
-    """One line per evaluation: accuracy, top-5 (with more than 5 classes), the best_metric when it is another."""
+    """One line per evaluation: accuracy, top-5 (with more than 5 classes), the best_metric when it is another,
+    the loss (the NLL) and the expected calibration error."""
     top5 = f", top-5 {metrics['top5_accuracy']:.4f}" if "top5_accuracy" in metrics else ""
     chosen = f", {best_metric} {metrics[best_metric]:.4f}" if best_metric != "accuracy" else ""
-    logger.info("epoch %d %s: accuracy %.4f%s%s, loss %.4f on %d images (%.1f s)",
-                epoch, split, metrics["accuracy"], top5, chosen, metrics["loss"], metrics["num_samples"], seconds)
+    calibration = f", ECE {metrics['ece']:.4f}" if "ece" in metrics else ""
+    logger.info("epoch %d %s: accuracy %.4f%s%s, loss %.4f on %d images%s (%.1f s)", epoch, split,
+                metrics["accuracy"], top5, chosen, metrics["loss"], metrics["num_samples"], calibration, seconds)
 
 
 def private_memory_mib() -> float:
@@ -275,7 +277,7 @@ class Recorder:
     def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float) -> None:
         if self.writer is None:
             return
-        optional = {name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1")
+        optional = {name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1", "ece")
                     if name in metrics}
         self._scalars(split, {"accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"],
                               "duration": seconds}, epoch)

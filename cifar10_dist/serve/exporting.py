@@ -94,7 +94,11 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
                   "resize": resize_rule(trained.info)},
         "mean": list(trained.info.mean),
         "std": list(trained.info.std),
-        "output": "logits (N, classes); softmax gives probabilities",
+        "output": "logits (N, classes); softmax gives probabilities" if trained.temperature is None else
+                  f"logits (N, classes) already divided by the temperature {trained.temperature:.6g} "
+                  "(calibrate=temperature; safetensors holds the raw weights: divide by it yourself); softmax gives "
+                  "calibrated probabilities",
+        "temperature": trained.temperature,
         "checkpoint": str(trained.checkpoint),
         "provenance": trained.provenance,
         "torch": str(torch.__version__),
@@ -158,14 +162,14 @@ def write_pt2(trained: inference.TrainedModel, path: Path, metadata: dict[str, A
     supported form for deployment), saved with the metadata as ``metadata.json``, loaded back with
     ``torch.export.load`` and run against the PyTorch model."""
     try:
-        program = torch.export.export(trained.model, (images[:2],), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+        program = torch.export.export(trained.scaled, (images[:2],), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
     except Exception as error:
         raise cannot_export(trained, "pt2", error) from error
     archive = io.BytesIO()  # the file has a temporary name until checked, and torch wants .pt2 names or buffers
     torch.export.save(program, archive, extra_files={"metadata.json": json.dumps(metadata)})
     path.write_bytes(archive.getvalue())
     loaded = torch.export.load(io.BytesIO(path.read_bytes()))
-    return checked(trained, "pt2", compare(logits(trained.model, images), logits(loaded.module(), images)))
+    return checked(trained, "pt2", compare(logits(trained.scaled, images), logits(loaded.module(), images)))
 
 
 def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
@@ -175,12 +179,12 @@ def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         try:
-            traced = torch.jit.trace(trained.model, images[:2])
+            traced = torch.jit.trace(trained.scaled, images[:2])
         except Exception as error:
             raise cannot_export(trained, "torchscript", error) from error
         torch.jit.save(traced, str(path), _extra_files={"metadata.json": json.dumps(metadata)})
         loaded = torch.jit.load(str(path), map_location="cpu")
-    return checked(trained, "TorchScript", compare(logits(trained.model, images), logits(loaded, images)))
+    return checked(trained, "TorchScript", compare(logits(trained.scaled, images), logits(loaded, images)))
 
 
 def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
@@ -194,7 +198,7 @@ def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, 
     with contextlib.redirect_stdout(messages), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(trained.model, (images[:2],), None, dynamo=True, input_names=["images"],
+            program = torch.onnx.export(trained.scaled, (images[:2],), None, dynamo=True, input_names=["images"],
                                         output_names=["logits"], dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
             proto = program.model_proto
         except Exception as error:
@@ -205,7 +209,7 @@ def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, 
     onnx.save(proto, str(path))
     onnx.checker.check_model(str(path), full_check=True)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return checked(trained, "ONNX", compare(logits(trained.model, images),
+    return checked(trained, "ONNX", compare(logits(trained.scaled, images),
                                            torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])))
 
 

@@ -18,8 +18,9 @@ from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
-from cifar10_dist.training import checkpointing
+from cifar10_dist.training import checkpointing, temperature
 from cifar10_dist.training.evaluators import tta_logits
+from cifar10_dist.training.temperature import TemperatureScaled
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,12 @@ class TrainedModel:
     device: torch.device
     provenance: dict[str, Any]  # recorded in the checkpoint (code version, data hash)
     info: DatasetInfo = cifar.cifar_info("cifar10")  # classes, normalisation and image size it was trained with
+    temperature: float | None = None  # calibrate=temperature: its logits are divided by this
+
+    @property
+    def scaled(self) -> nn.Module:
+        """The model whose logits give its probabilities: divided by the temperature when it has one."""
+        return self.model if self.temperature is None else TemperatureScaled(self.model, self.temperature)
 
     @property
     def tta(self) -> int:
@@ -56,7 +63,7 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
     config = checkpointing.checkpoint_config(loaded)
     info = checkpointing.checkpoint_info(loaded)
     return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, info.classes, chosen,
-                        checkpointing.checkpoint_provenance(loaded), info)
+                        checkpointing.checkpoint_provenance(loaded), info, loaded.get(temperature.KEY))
 
 
 @torch.no_grad()
@@ -73,7 +80,7 @@ def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int =
                                       trained.info.crop_fraction)
         batch = augmentation.normalize(view, trained.info.mean,
                                        trained.info.std)
-        chunks.append(torch.softmax(tta_logits(trained.model, batch, views).float(), dim=1).cpu())
+        chunks.append(torch.softmax(tta_logits(trained.scaled, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
 
 

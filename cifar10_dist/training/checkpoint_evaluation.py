@@ -19,8 +19,8 @@ from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance,
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, process_setup
-from cifar10_dist.training.evaluators import MistakeCollector, create_evaluator, per_class_f1
+from cifar10_dist.training import checkpointing, process_setup, temperature
+from cifar10_dist.training.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -61,7 +61,8 @@ class EvaluationWorker:
                 per_class_accuracy=(matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist(),
                 per_class_precision=(matrix.diag() / matrix.sum(dim=0).clamp(min=1)).tolist(),
                 per_class_f1=per_class_f1(matrix.double()).tolist(), confusion_matrix=matrix.tolist(),
-                classes=list(info.classes), mistakes=collector.gathered(list(info.classes)),
+                classes=list(info.classes), mistakes=collector.gathered(list(info.classes)), ece=metrics["ece"],
+                reliability=reliability(metrics["calibration_bins"]),
             )
             if self.output_dir is not None:
                 ranks.on_rank_zero(evaluation_files.write, Path(self.output_dir), Path(self.checkpoint), result,
@@ -86,4 +87,5 @@ class EvaluationWorker:
         for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
-        return idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last))), info
+        model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+        return temperature.with_temperature(model, checkpoint), info  # calibrate=temperature: its probabilities

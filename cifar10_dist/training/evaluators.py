@@ -1,5 +1,5 @@
-"""Evaluation engines: accuracy, loss and the number of images (exact across processes, optionally the confusion
-matrix), with test-time augmentation; and when a trainer validates."""
+"""Evaluation engines: accuracy, loss (the NLL), the expected calibration error and the number of images (exact
+across processes, optionally the confusion matrix), with test-time augmentation; and when a trainer validates."""
 
 from __future__ import annotations
 
@@ -33,6 +33,50 @@ class NumSamples(Metric):
     @sync_all_reduce("_count")
     def compute(self) -> int:
         return int(self._count.item())
+
+
+CALIBRATION_BINS = 15  # equal-width bins of the top-1 probability (Guo et al. 2017)
+
+
+class CalibrationBins(Metric):
+    """Per bin of the top-1 probability ((0, 1/15], ..., (14/15, 1]): images, their summed top-1 probability and
+    how many were right, as a (3, bins) tensor summed over all processes (the reliability diagram's data)."""
+
+    def __init__(self, bins: int = CALIBRATION_BINS, device: torch.device | str = "cpu") -> None:
+        self.bins = bins
+        super().__init__(device=device)
+
+    @reinit__is_reduced
+    def reset(self) -> None:
+        self._sums = torch.zeros(3, self.bins, device=self._device)
+
+    @reinit__is_reduced
+    def update(self, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        logits, targets = output[0].detach(), output[1]
+        confidence, predicted = logits.float().softmax(dim=1).max(dim=1)
+        index = ((confidence * self.bins).ceil().long().clamp(1, self.bins) - 1).to(self._device)
+        for row, values in enumerate((torch.ones_like(confidence), confidence, (predicted == targets).float())):
+            self._sums[row].index_add_(0, index, values.to(self._device))
+
+    @sync_all_reduce("_sums")
+    def compute(self) -> torch.Tensor:
+        return self._sums.clone()
+
+
+def expected_calibration_error(sums: torch.Tensor) -> float:
+    """ECE = sum over bins of (images in bin / images) x |accuracy in bin - mean top-1 probability in bin|."""
+    counts, confidence, correct = sums.double()
+    total = counts.sum()
+    return float((correct - confidence).abs().sum() / total) if total > 0 else 0.0
+
+
+def reliability(sums: torch.Tensor) -> dict[str, list[float]]:
+    """The reliability diagram's rows from CalibrationBins: per bin its images, mean top-1 probability and
+    accuracy (0 for an empty bin)."""
+    counts, confidence, correct = sums.double().cpu()
+    filled = counts.clamp(min=1)
+    return {"images": counts.tolist(), "confidence": (confidence / filled).tolist(),
+            "accuracy": (correct / filled).tolist()}
 
 
 def balanced_accuracy(matrix: torch.Tensor) -> float:
@@ -81,7 +125,8 @@ def create_evaluator(
     top5: bool = False,
     confusion_matrix: bool = False,
 ) -> Engine:
-    """An Engine computing accuracy, loss and num_samples over a loader, exact across processes (with
+    """An Engine computing accuracy, loss, ece, calibration_bins and num_samples over a loader, exact across
+    processes (with
     ``num_classes``: balanced_accuracy and macro_f1, and the confusion matrix itself with ``confusion_matrix``;
     top-5 accuracy with ``top5``), with test-time augmentation level ``tta``."""
 
@@ -100,6 +145,9 @@ def create_evaluator(
     Accuracy(device=metric_device).attach(evaluator, "accuracy")
     Loss(loss_fn, device=metric_device).attach(evaluator, "loss")
     NumSamples(device=metric_device).attach(evaluator, "num_samples")
+    calibration = CalibrationBins(device=metric_device)
+    calibration.attach(evaluator, "calibration_bins")  # (not a scalar: Validation.measure takes it out)
+    MetricsLambda(expected_calibration_error, calibration).attach(evaluator, "ece")
     if num_classes is not None:
         matrix = ConfusionMatrix(num_classes, device=metric_device)
         if confusion_matrix:
@@ -117,7 +165,7 @@ class MistakeCollector:
     An image's index in the evaluated set follows the ShardSampler: rank r's k-th image is r + k x world size."""
 
     def __init__(self, evaluator: Engine, batch_size: int, count: int = SHOWN) -> None:
-        self.batch_size, self.count = batch_size, count
+        self.evaluator, self.batch_size, self.count = evaluator, batch_size, count  # (its calibration bins too)
         self.kept: list[torch.Tensor] = []  # confidence (-1: right), index, predicted, true: the best ``count``
         evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: self.kept.clear())
         evaluator.add_event_handler(Events.ITERATION_COMPLETED, self.update)

@@ -1,5 +1,5 @@
-"""The end of a run (``worker.training``): every rank's memory, the final test evaluation's most confident mistakes,
-metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's files for the trackers."""
+"""The end of a run (``worker.training``): every rank's memory, the final test evaluation's most confident mistakes
+and reliability diagram, metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's files for the trackers."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import ignite.distributed as idist
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import run_data
-from cifar10_dist.outputs import files, mistake_grid, plots, tracking
+from cifar10_dist.outputs import evaluation_files, files, mistake_grid, plots, tracking
 from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import Mistake, RunResult
 from cifar10_dist.system import ranks
-from cifar10_dist.training.evaluators import MistakeCollector
+from cifar10_dist.training.evaluators import MistakeCollector, expected_calibration_error, reliability
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -33,6 +33,9 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: M
     if result.test is not None:  # (every rank has the test numbers, or none has)
         found = mistakes.gathered(list(data_setup.info.classes))
         ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
+        bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's
+        if bins is not None:
+            ranks.on_rank_zero(write_reliability, run_dir, bins, recorder, result)
     ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, opened.summary_fields(),
                        recorder, seconds, memory)
     opened.send_artifacts(run_dir)
@@ -46,6 +49,13 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.Dat
     pixels = mistake_grid.write(run_dir, "mistakes", images, found, title,
                                 {"model": result.test.model or "final", "test_images": len(images)})
     recorder.write_image("test/mistakes", pixels, result.iterations)
+
+
+def write_reliability(run_dir: Path, bins: Any, recorder: tracking.Recorder, result: RunResult) -> None:
+    """Rank 0: the final test evaluation's reliability diagram, calibration.png and .json, and in TensorBoard."""
+    pixels = evaluation_files.write_calibration(run_dir, "calibration", expected_calibration_error(bins),
+                                                reliability(bins), f"{run_dir.name}, {result.test.model or 'final model'}")
+    recorder.write_image("test/calibration", pixels, result.iterations)
 
 
 def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],

@@ -31,7 +31,7 @@ from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import (checkpointing, loss, lr_finding, optimizers, process_setup, profiling, run_end,
-                                   schedules, trials)
+                                   schedules, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -165,6 +165,7 @@ class EngineSet:
     early_stopping: EarlyStopping | None = None
     trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
     mistakes: MistakeCollector | None = None  # on the evaluation that gives the final test numbers
+    calibration: tuple[Engine, temperature.TemperatureScaled] | None = None  # calibrate: val logits, the test's T
 
     @property
     def choosing_evaluator(self) -> Engine:
@@ -197,8 +198,11 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
                                 top5=len(data_setup.info.classes) > TOP5_FROM)
 
     selection = new_evaluator(config.tta)
-    test = new_evaluator(config.tta) if data_setup.split == "val" else selection
+    scaled = temperature.scaled_test_model(config.calibrate, data_setup.split, network.forward)  # T set at the end
+    test = new_evaluator(config.tta, scaled if scaled is not None else network.forward) \
+        if data_setup.split == "val" else selection
     engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
+    engine_set.calibration = (new_evaluator(config.tta), scaled) if scaled is not None else None
     if config.ema_decay is not None:
         warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
         engine_set.ema = WeightAverage(network.model, trainer, config.ema_decay, warmup,
@@ -306,6 +310,7 @@ class Validation:
     best_metric: str = "accuracy"
     latest: dict[str, Any] | None = None
     iteration: int = 0
+    calibration: dict[str, Any] | None = None  # calibrate=temperature: T and val's NLL and ECE before and after
 
     def __call__(self, trainer: Engine) -> None:
         if trainer.state.output is not None and not math.isfinite(float(trainer.state.output.loss)):
@@ -324,6 +329,7 @@ class Validation:
     def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()
         metrics = dict(evaluator.run(loader).metrics)
+        metrics.pop("calibration_bins", None)  # (the run's end draws the final test's)
         seconds = time.perf_counter() - start
         tracking.log_metrics(epoch, split, metrics, seconds, self.best_metric)
         self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
@@ -347,6 +353,7 @@ def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: 
     stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
     if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
+        data_setup.provenance["calibration"] = validation.calibration  # summary.json reads it
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
@@ -375,6 +382,10 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
         for tensor in network.state_dict().values():
             tensor.copy_(idist.broadcast(tensor, src=0))
     logger.info("test set, used once: %s", "the final model (no best model saved)" if name == "final" else name)
+    if validation.engine_set.calibration is not None:  # T fitted on val, the test evaluated with it
+        evaluator, scaled = validation.engine_set.calibration
+        validation.calibration = temperature.calibrate(evaluator, validation.loaders.val, run_dir)
+        scaled.temperature.fill_(validation.calibration["temperature"])
     epoch = validation.latest["epoch"] if validation.latest else 0
     metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
     return {**metrics, "model": name}

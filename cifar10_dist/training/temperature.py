@@ -1,0 +1,129 @@
+"""Temperature scaling (``calibrate=temperature``, Guo et al. 2017): after training, one temperature T > 0 is
+fitted to the model chosen on the validation split, on that split's logits, by minimising their NLL (LBFGS on
+log T); softmax(logits / T) are then its probabilities. The predicted classes do not change, only how sure the
+model says it is. T is written into the best-model files and the newest training checkpoint (key
+``temperature``), which evaluate, predict and export read (``TemperatureScaled``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from torch import nn
+
+from cifar10_dist.errors import UserError
+from cifar10_dist.outputs import checkpoint_files, files
+from cifar10_dist.system import ranks
+from cifar10_dist.training.evaluators import CalibrationBins, expected_calibration_error
+
+logger = logging.getLogger("cifar10_dist")
+
+KEY = "temperature"  # in best-model files and training checkpoints
+
+
+class TemperatureScaled(nn.Module):
+    """``model``'s logits divided by ``temperature`` (what evaluate, predict and export run when a checkpoint
+    carries one)."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("temperature", torch.tensor(float(temperature)))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs) / self.temperature
+
+
+def scaled_test_model(calibrate: str | None, split: str, forward: nn.Module) -> TemperatureScaled | None:
+    """With ``calibrate``, the model the test evaluation runs (T = 1 until it is fitted); refused in one line
+    when the run has no validation split to fit it on (a folder without val/ and val_split=0)."""
+    if calibrate is None:
+        return None
+    if split != "val":
+        raise UserError(f"calibrate={calibrate} fits the temperature on a validation split, never on the test set, "
+                        "and this run has none: give val_split > 0 (e.g. --val_split=0.1) or a val/ folder")
+    return TemperatureScaled(forward, 1.0)
+
+
+def with_temperature(model: nn.Module, checkpoint: dict[str, Any]) -> nn.Module:
+    """The model as its checkpoint says it should be read: scaled by its temperature when it has one."""
+    temperature = checkpoint.get(KEY)
+    return TemperatureScaled(model, float(temperature)) if temperature is not None else model
+
+
+def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """The T minimising the NLL of softmax(logits / T) over these logits (float64 LBFGS on log T, from T = 1)."""
+    logits, targets = logits.double().cpu(), targets.cpu()
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(logits / log_t.exp(), targets)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+class LogitsKept:
+    """The logits and targets of an evaluator's next run, from every process (gathered, padded to the longest)."""
+
+    def __init__(self, evaluator: Engine) -> None:
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.handle = evaluator.add_event_handler(Events.ITERATION_COMPLETED, self.keep)
+
+    def keep(self, engine: Engine) -> None:
+        logits, targets = engine.state.output
+        self.parts.append((logits.detach().float(), targets))
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.handle.remove()
+        logits = torch.cat([part[0] for part in self.parts])
+        targets = torch.cat([part[1] for part in self.parts])
+        count = torch.tensor([len(targets)], device=logits.device)
+        longest = int(idist.all_reduce(count.clone(), op="MAX").item())
+        padded = torch.cat([torch.cat([logits, targets[:, None].float()], dim=1),
+                            torch.full((longest - len(targets), logits.shape[1] + 1), -1.0, device=logits.device)])
+        rows = idist.all_gather(padded).cpu()
+        rows = rows[rows[:, -1] >= 0]
+        return rows[:, :-1], rows[:, -1].long()
+
+
+def calibrate(evaluator: Engine, loader: Any, run_dir: Path) -> dict[str, Any]:
+    """Fit T on the logits ``evaluator`` gives on ``loader`` (the validation split, the chosen model), write it
+    into the run's best-model files and newest training checkpoint (rank 0), and return what was found: T and the
+    split's NLL and ECE before and after (the same on every rank)."""
+    kept = LogitsKept(evaluator)
+    evaluator.run(loader)
+    logits, targets = kept.gathered()
+    temperature = fit_temperature(logits, targets)
+    found = {"temperature": temperature, "images": len(targets)}
+    for when, scale in (("before", 1.0), ("after", temperature)):
+        scaled = logits.double() / scale
+        bins = CalibrationBins()
+        bins.update((scaled, targets))
+        found[f"val_nll_{when}"] = float(nn.functional.cross_entropy(scaled, targets))
+        found[f"val_ece_{when}"] = expected_calibration_error(bins.compute())
+    ranks.on_rank_zero(store_temperature, run_dir, temperature)
+    ranks.on_rank_zero(logger.info, "calibrate=temperature: T %.4f fitted on %d val images: NLL %.4f -> %.4f, ECE "
+                       "%.4f -> %.4f; stored in the best-model files and the newest checkpoint", temperature,
+                       found["images"], found["val_nll_before"], found["val_nll_after"], found["val_ece_before"],
+                       found["val_ece_after"])
+    return found
+
+
+def store_temperature(run_dir: Path, temperature: float) -> None:
+    """Rank 0: T added to every best-model file and the newest training checkpoint of the run, each rewritten
+    whole (a temporary file, then a rename)."""
+    paths = [*run_dir.glob("best_model_*.pt")]
+    newest = checkpoint_files.newest_valid_checkpoint(run_dir)
+    for path in paths + ([newest] if newest is not None else []):
+        checkpoint = checkpoint_files.load_checkpoint(path)
+        checkpoint[KEY] = temperature
+        files.write_file(path, lambda target, content=checkpoint: torch.save(content, target))

@@ -1,0 +1,124 @@
+"""Calibration: the expected calibration error of every evaluation against its formula on hand-made predictions,
+the reliability diagram of evaluate and of a run's end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cifar10_dist.training.evaluators import CalibrationBins, expected_calibration_error, reliability
+from tests.conftest import TINY, run_in_process
+
+
+def logits_with_top1(probabilities: list[float], classes: int = 4) -> torch.Tensor:
+    """Logits whose softmax puts ``p`` on class 0 and the rest evenly on the others, one row per p."""
+    rows = []
+    for p in probabilities:
+        rest = (1 - p) / (classes - 1)
+        rows.append(torch.log(torch.tensor([p] + [rest] * (classes - 1), dtype=torch.float64)))
+    return torch.stack(rows).float()
+
+
+def test_the_ece_is_the_binned_gap_between_confidence_and_accuracy():
+    # top-1 probabilities 0.95 (x4, 3 right), 0.55 (x2, 2 right), 0.3 (x2, 0 right), 15 bins of width 1/15
+    confidences = [0.95, 0.95, 0.95, 0.95, 0.55, 0.55, 0.3, 0.3]
+    targets = torch.tensor([0, 0, 0, 1, 0, 0, 2, 3])
+    metric = CalibrationBins()
+    metric.update((logits_with_top1(confidences[:5]), targets[:5]))  # two batches, as an evaluation runs
+    metric.update((logits_with_top1(confidences[5:]), targets[5:]))
+    sums = metric.compute()
+    # by hand: bin of 0.95 (14th): |3/4 - 0.95| x 4/8; of 0.55 (9th): |1 - 0.55| x 2/8; of 0.3 (5th): |0 - 0.3| x 2/8
+    by_hand = abs(0.75 - 0.95) * 4 / 8 + abs(1.0 - 0.55) * 2 / 8 + abs(0.0 - 0.3) * 2 / 8
+    assert expected_calibration_error(sums) == pytest.approx(by_hand, abs=1e-6)
+    rows = reliability(sums)
+    assert rows["images"][14] == 4 and rows["images"][8] == 2 and rows["images"][4] == 2 and sum(rows["images"]) == 8
+    assert rows["accuracy"][14] == pytest.approx(0.75) and rows["confidence"][8] == pytest.approx(0.55, abs=1e-6)
+
+
+def test_a_probability_on_a_bin_edge_falls_in_the_lower_bin_and_one_in_the_last():
+    metric = CalibrationBins()
+    metric.update((logits_with_top1([1 / 3 + 1e-7, 1.0 - 1e-7], classes=3), torch.tensor([0, 0])))
+    counts = metric.compute()[0]
+    assert counts[5] == 1 and counts[14] == 1  # (5/15, 6/15] holds 1/3 + a hair; (14/15, 1] holds ~1
+
+
+def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(small_dataset, tmp_path):
+    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                            "--run_name=calibrated")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_dir = tmp_path / "calibrated"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert 0 <= metrics["test"]["ece"] <= 1
+    drawn = json.loads((run_dir / "calibration.json").read_text())
+    assert drawn["ece"] == pytest.approx(metrics["test"]["ece"]) and sum(drawn["images"]) == 301
+    assert (run_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ", ECE " in (run_dir / "run.log").read_text()
+    [best] = sorted(run_dir.glob("best_model_*.pt"))
+    evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert f"calibration: ECE {metrics['test']['ece']:.4f} (15 bins), NLL {metrics['test']['loss']:.4f}" in evaluated.stdout
+    assert (run_dir / f"calibration_{best.stem}.png").is_file()
+
+
+def test_the_fitted_temperature_undoes_overconfidence_and_lowers_the_nll():
+    """Logits drawn calibrated, then made 3x too sharp: the fitted T is near 3 and the NLL falls back."""
+    from cifar10_dist.training.temperature import fit_temperature
+
+    generator = torch.Generator().manual_seed(0)
+    calibrated = torch.randn(4000, 10, generator=generator) * 1.5
+    targets = torch.multinomial(calibrated.softmax(dim=1), 1, generator=generator).squeeze(1)
+    sharp = calibrated * 3
+    found = fit_temperature(sharp, targets)
+    assert 2.7 < found < 3.3
+    nll = torch.nn.functional.cross_entropy
+    assert nll(sharp / found, targets) < nll(sharp, targets) - 0.1
+
+
+def test_calibrate_without_a_validation_split_is_refused_in_one_line(tmp_path):
+    result = run_in_process("run", "--calibrate=temperature", f"--output_path={tmp_path}")
+    assert result.returncode == 2
+    assert "calibrate=temperature fits the temperature on a validation split, never on the test set" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export_use_it(small_dataset, tmp_path):
+    import onnxruntime
+
+    from cifar10_dist import api
+    from cifar10_dist.data import augmentation, cifar
+    from cifar10_dist.outputs import checkpoint_files
+    from cifar10_dist.training import checkpointing
+
+    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                            "--run_name=tempered", "--val_split=0.2", "--calibrate=temperature")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_dir = tmp_path / "tempered"
+    found = json.loads((run_dir / "summary.json").read_text())["calibration"]
+    assert found["temperature"] > 0 and found["images"] == 120
+    assert found["val_nll_after"] <= found["val_nll_before"] + 1e-9
+    [best] = sorted(run_dir.glob("best_model_*.pt"))
+    stored = checkpoint_files.load_checkpoint(best)
+    assert stored["temperature"] == found["temperature"]
+    assert checkpoint_files.load_checkpoint(checkpoint_files.newest_valid_checkpoint(run_dir))["temperature"] == \
+        found["temperature"]
+    # evaluate reads it: the same test loss (the NLL of the calibrated probabilities) as the run's end
+    final = json.loads((run_dir / "metrics.json").read_text())["test"]
+    evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}", "--json")
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(final["loss"], abs=1e-4)
+    # predict and ONNX: the raw model's logits divided by T
+    raw = checkpointing.restore_model(stored, best).eval()
+    test_images = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1].images[:16]
+    info = checkpointing.checkpoint_info(stored)
+    inputs = augmentation.normalize(augmentation.eval_view(test_images, info.image_size, info.crop_fraction),
+                                    info.mean, info.std)
+    with torch.no_grad():
+        expected = raw(inputs) / found["temperature"]
+    assert torch.allclose(api.predict(best, test_images), expected.softmax(dim=1), atol=1e-5)
+    exported = api.export(best, "onnx", tmp_path / "tempered.onnx")
+    session = onnxruntime.InferenceSession(exported.path, providers=["CPUExecutionProvider"])
+    onnx_logits = torch.from_numpy(session.run(["logits"], {"images": inputs.numpy()})[0])
+    assert torch.allclose(onnx_logits, expected, atol=1e-4)
+    assert json.loads(Path(exported.sidecar).read_text())["temperature"] == found["temperature"]
