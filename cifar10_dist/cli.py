@@ -190,17 +190,24 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 
 
 def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
-           raw_weights: bool = False) -> None:
+           raw_weights: bool = False, quantize: str | None = None, calibration_images: int = 300,
+           min_agreement: float = 0.98) -> None:
     """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check."""
     if checkpoint is None or format is None:
         raise UserError(f"export needs --checkpoint=PATH and --format={formats.NAMES}")
-    result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights))
+    result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights),
+                        None if quantize is None else str(quantize), calibration_images, float(min_agreement))
     runtime = formats.FORMATS[result.format].verified_by
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
     print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e} "
           f"({result.relative_difference:.1e} of their scale {result.logit_scale:.3g}; accepted: "
           f"{result.accepted_relative_difference:.0e} of it), same top-1 class on {result.same_top1} of {result.num_images}")
+    if result.quantization is not None:
+        found = result.quantization
+        print(f"int8 on the {found['test_images']} test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
+              f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
+              f"{found['min_agreement']:.0%}); calibrated on {found['calibration_images']} training images")
     print(f"wrote {result.path} ({Path(result.path).stat().st_size / 1e6:.1f} MB) and {result.sidecar}")
 
 

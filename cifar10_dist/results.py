@@ -120,6 +120,7 @@ class ExportResult:
     logit_scale: float = 1.0  # the largest absolute logit of the model on the images (at least 1)
     accepted_relative_difference: float = 0.0  # the export's check: relative_difference at most this
     tensors_equal: Optional[int] = None  # safetensors: tensors read back that are torch.equal to the model's
+    quantization: Optional[dict[str, Any]] = None  # int8: how, on how many images, test accuracy and agreement
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,7 +15,9 @@ import importlib
 import io
 import json
 import re
+import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +30,7 @@ from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
-from cifar10_dist.serve import inference
+from cifar10_dist.serve import inference, quantizing
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
@@ -48,28 +50,87 @@ def require(format: str) -> None:
                             ) from error
 
 
+@dataclass(frozen=True)
+class Quantization:
+    """``quantize=int8`` and its settings (serve.quantizing); ``calibration``: uint8 images to calibrate on
+    instead of a choice of training images (a test's way to quantize badly on purpose)."""
+
+    kind: str | None = None
+    calibration_images: int = quantizing.CALIBRATION_IMAGES
+    min_agreement: float = quantizing.MIN_AGREEMENT
+    calibration: torch.Tensor | None = None
+
+    def check(self, format: str) -> None:
+        if self.kind is None:
+            return
+        if self.kind != "int8":
+            raise UserError(f"quantize={self.kind!r} is not accepted: int8 (ONNX Runtime's static quantization)")
+        if format != "onnx":
+            raise UserError(f"quantize=int8 is for format=onnx (ONNX Runtime's static quantization), not {format}")
+        if isinstance(self.calibration_images, bool) or not isinstance(self.calibration_images, int) or \
+                self.calibration_images < 1:
+            raise UserError(f"calibration_images={self.calibration_images!r} must be a whole number >= 1")
+        if not 0 < self.min_agreement <= 1:
+            raise UserError(f"min_agreement={self.min_agreement} must be in (0, 1], e.g. 0.98")
+
+
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
-           raw_weights: bool = False) -> ExportResult:
+           raw_weights: bool = False, quantization: Quantization = Quantization()) -> ExportResult:
     """Export a checkpoint's model to ``format`` at ``output`` (default: next to the checkpoint), verified; the
-    EMA weights of a run with ema_decay unless ``raw_weights``."""
+    EMA weights of a run with ema_decay unless ``raw_weights``; int8 ONNX with ``quantization``."""
     if format not in FORMATS:
         raise UserError(f"format={format!r} is not accepted: choose one of {', '.join(FORMATS)}")
+    quantization.check(format)
     require(format)
     trained = inference.load_trained_model(checkpoint, device="cpu", raw_weights=raw_weights)
     chosen = FORMATS[format]
-    path = Path(output) if output is not None else Path(checkpoint).with_suffix(chosen.suffix)
+    suffix = ".int8" + chosen.suffix if quantization.kind else chosen.suffix
+    path = Path(output) if output is not None else Path(checkpoint).with_suffix(suffix)
     if path.is_dir():
         raise UserError(f"output='{path}' is a folder: give a file name, e.g. {path / ('model' + chosen.suffix)}")
     if not path.parent.is_dir():
         raise UserError(f"output='{path}': the folder {path.parent} does not exist")
     metadata = describe(trained)
     images, source = check_images(trained.config, trained.info)
-    exporter = globals()[chosen.writer]  # the format's writer, below
     found: dict[str, Any] = {}
-    files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
+    if quantization.kind:
+        found = write_int8_onnx(trained, path, metadata, images, quantization)
+        metadata = {**metadata, "quantization": found["quantization"]}
+    else:
+        exporter = globals()[chosen.writer]  # the format's writer, below
+        files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
     sidecar = path.with_name(path.name + ".json")
     files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
     return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
+
+
+def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor,
+                    quantization: Quantization) -> dict[str, Any]:
+    """The fp32 ONNX export (verified against PyTorch), quantized to int8 and checked against it on the test set;
+    written to ``path`` only when the agreement holds (serve.quantizing)."""
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="cifar10_dist-int8-") as folder:
+        work = Path(folder)
+        fp32, int8 = work / "model.onnx", work / "model.int8.onnx"
+        found = write_onnx(trained, fp32, metadata, images)
+        data = quantizing.trained_data(trained.config)
+        calibration = quantization.calibration if quantization.calibration is not None else \
+            quantizing.calibration_images(data.train.images, quantization.calibration_images)
+        quantizing.quantize(fp32, int8, calibration, trained.info, work)
+        compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
+        quantizing.check_agreement(compared, quantization.min_agreement, path)
+        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights per output channel, int8 "
+                               "activations calibrated with MinMax", "calibration_images": len(calibration),
+                     "min_agreement": quantization.min_agreement, **compared}
+        proto = onnx.load(str(int8))
+        del proto.metadata_props[:]
+        for key, value in {"cifar10_dist": json.dumps({**metadata, "quantization": described}),
+                           "classes": json.dumps(metadata["classes"]), "mean": json.dumps(metadata["mean"]),
+                           "std": json.dumps(metadata["std"])}.items():
+            proto.metadata_props.add(key=key, value=value)
+        files.write_file(path, lambda temporary: onnx.save(proto, str(temporary)))
+    return {**found, "quantization": described}
 
 
 def resize_rule(info: DatasetInfo) -> str:
@@ -94,6 +155,8 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
                   "resize": resize_rule(trained.info)},
         "mean": list(trained.info.mean),
         "std": list(trained.info.std),
+        "crop_fraction": trained.info.crop_fraction,
+        "stored_size": trained.info.stored_size,
         "output": "logits (N, classes); softmax gives probabilities" if trained.temperature is None else
                   f"logits (N, classes) already divided by the temperature {trained.temperature:.6g} "
                   "(calibrate=temperature; safetensors holds the raw weights: divide by it yourself); softmax gives "

@@ -56,7 +56,17 @@ def default_device() -> torch.device:
 def load_trained_model(checkpoint: str | Path, device: str | torch.device | None = None,
                        raw_weights: bool = False) -> TrainedModel:
     """The model a checkpoint (training checkpoint or best-model file) records, rebuilt with its weights (the EMA
-    weights of a run with ema_decay, unless ``raw_weights``)."""
+    weights of a run with ema_decay, unless ``raw_weights``); or an ONNX file of ``export`` (int8 included) on
+    ONNX Runtime, on the CPU."""
+    if str(checkpoint).endswith(".onnx"):
+        from cifar10_dist.serve import quantizing
+
+        if not Path(checkpoint).is_file():
+            raise UserError(f"checkpoint '{checkpoint}' does not exist")
+        metadata = quantizing.onnx_metadata(checkpoint)
+        info = quantizing.info_of(metadata)
+        return TrainedModel(quantizing.OnnxModel(checkpoint), Path(checkpoint), {"tta": 0, "model": metadata["model"]},
+                            info.classes, torch.device("cpu"), metadata.get("provenance") or {}, info)
     loaded = checkpoint_files.load_checkpoint(checkpoint)
     model = checkpointing.restore_model(loaded, checkpoint, raw_weights=raw_weights)
     chosen = torch.device(device) if device is not None else default_device()
