@@ -114,7 +114,7 @@ Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs
   --output=None              file to write (default: next to the checkpoint, {"/".join(f.suffix for f in FORMATS.values())})
   --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
   --quantize=None            int8 (format=onnx): ONNX Runtime's static quantization, per-channel int8 weights and
-                             int8 activations calibrated on training images; its test accuracy and top-1 agreement
+                             8-bit activations calibrated on training images; its test accuracy and top-1 agreement
                              with the fp32 model are printed, and below min_agreement nothing is written
                              (default file: CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)
   --calibration_images=300   training images that calibrate the int8 activations

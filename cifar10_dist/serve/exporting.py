@@ -120,7 +120,7 @@ def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[
         quantizing.quantize(fp32, int8, calibration, trained.info, work)
         compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
         quantizing.check_agreement(compared, quantization.min_agreement, path)
-        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights per output channel, int8 "
+        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights per output channel, uint8 "
                                "activations calibrated with MinMax", "calibration_images": len(calibration),
                      "min_agreement": quantization.min_agreement, **compared}
         proto = onnx.load(str(int8))
