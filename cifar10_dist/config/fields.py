@@ -154,6 +154,16 @@ class Config:
                                 bounds=AT_LEAST_0)
     backbone_lr_scale: float = option(1.0, "learning-rate factor of everything but the head (the model's last "
                                       "Linear), e.g. 0.1 when fine-tuning pretrained weights", bounds=ABOVE_0)
+    teacher: Optional[str] = option(None, "distil from this teacher: one of our checkpoints or best-model files (its "
+                                    "model rebuilt), or a model name whose weights teacher_pretrained gives; it must "
+                                    "have the run's classes (docs/ship-it.md)", tunable=False)
+    teacher_pretrained: Optional[str] = option(None, "the teacher's weights when teacher is a model name: a torchvision "
+                                               "weights name, true for timm, or a file that records its classes",
+                                               also=("true",), tunable=False)
+    distill_alpha: float = option(0.5, "with a teacher: the weight of its softened targets in the loss (the run's "
+                                  "own loss has 1 - distill_alpha)", bounds=Bounds(0, 1, reads="in [0, 1]"))
+    distill_temperature: float = option(4.0, "with a teacher: the temperature both distributions are softened with "
+                                        "(the soft loss is multiplied by its square)", bounds=ABOVE_0)
     model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
                                           "(e.g. '{\"width\": 64}')", inherited_by_evaluate=True)
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")

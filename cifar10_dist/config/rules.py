@@ -85,6 +85,8 @@ def _validate_training_options(c: Config) -> None:
     _require(c.muon_lr is None or c.optimizer == "sgd",
              f"muon_lr={c.muon_lr} with optimizer={c.optimizer}: Muon trains the filters next to SGD; use "
              "optimizer=sgd, or leave muon_lr unset")
+    _require(c.teacher_pretrained is None or c.teacher is not None,
+             f"teacher_pretrained={c.teacher_pretrained} names the weights of a teacher: give --teacher=MODEL too")
     _require(c.learning_rate != "find" or c.muon_lr is None,
              f"learning_rate=find with muon_lr={c.muon_lr}: the sweep keeps muon_lr's ratio to learning_rate, and "
              "find gives no learning_rate to take it from; run cifar10-dist lr-find with both numbers (it suggests "

@@ -36,6 +36,7 @@ def check_before_launch(config: Config) -> None:
         weights = pretrained.resolve(config.model, config.pretrained)
         if config.resume_from is None:
             pretrained.fetch(weights)
+    check_teacher(config)
     check_files(config)
     check_launch(config)
     check_batch_fits_world(config)
@@ -43,6 +44,19 @@ def check_before_launch(config: Config) -> None:
     check_amp_dtype(config)
     optimizers.check_muon_available(config.muon_lr)
     trackers.check_installed(config.to_dict())
+
+
+def check_teacher(config: Config) -> None:
+    """A teacher file that exists, or a teacher's weights named and fetched once, before any worker starts."""
+    if config.teacher is None:
+        return
+    if config.teacher_pretrained is None:
+        if not Path(config.teacher).expanduser().is_file():
+            raise UserError(f"teacher='{config.teacher}' does not exist: give one of our checkpoints or best-model "
+                            "files, or a model name with --teacher_pretrained")
+        return
+    weights = pretrained.resolve(config.teacher, config.teacher_pretrained)
+    pretrained.fetch(weights)
 
 
 def check_amp_dtype(config: Config) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from ignite.engine import Engine
@@ -56,8 +57,10 @@ class TrainStep:
     only) is ``scaler``, checkpointed with the run."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, precision: Precision,
-                 accumulation: Accumulation | None = None, clip_grad_norm: float | None = None) -> None:
+                 accumulation: Accumulation | None = None, clip_grad_norm: float | None = None,
+                 teacher: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.model, self.optimizer, self.loss_fn, self.precision = model, optimizer, loss_fn, precision
+        self.teacher = teacher  # distillation: its logits on the same batch are the loss's third argument
         self.accumulation = accumulation or Accumulation(1)
         self.clip_grad_norm = clip_grad_norm
         self.scaler = make_grad_scaler(precision)
@@ -72,7 +75,9 @@ class TrainStep:
                 norm.eval()
         with contextlib.nullcontext() if stepping else self.accumulation.without_gradient_sync():
             with self.precision.autocast():
-                loss = self.loss_fn(self.model(inputs), targets)
+                outputs = self.model(inputs)
+                loss = self.loss_fn(outputs, targets) if self.teacher is None else \
+                    self.loss_fn(outputs, targets, self.teacher(inputs))
             share = loss / self.accumulation.steps if self.accumulation.steps > 1 else loss
             (self.scaler.scale(share) if self.scaler is not None else share).backward()
         if stepping:

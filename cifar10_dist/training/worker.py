@@ -30,8 +30,8 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (checkpointing, loss, lr_finding, optimizers, process_setup, profiling, run_end,
-                                   schedules, temperature, trials)
+from cifar10_dist.training import (checkpointing, distillation, loss, lr_finding, optimizers, process_setup,
+                                   profiling, run_end, schedules, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -145,8 +145,9 @@ def setup_optimization(config: Config, network: Network, data_setup: run_data.Da
     )
     loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device,
                                  data_setup.provenance)
-    step = TrainStep(network.forward, optimizer, loss_fn, precision,
-                     Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm)
+    teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
+    step = TrainStep(network.forward, optimizer, distillation.distilled(loss_fn, config) if teacher else loss_fn,
+                     precision, Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm, teacher)
     return Optimization(optimizer, lr_scheduler, step)
 
 
