@@ -12,6 +12,7 @@ Docs: docs/ship-it.md.
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--cifar", required=True, help="folder holding cifar-10-batches-py")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--json", dest="json_path", default="docs/measurements/distillation_cpu.json")
+    parser.add_argument("--keep_teacher", help="copy the teacher's best-model file here (e.g. for benchmarks.int8)")
     args = parser.parse_args()
     machine = records.machine("cpu")
     print(f"{machine}, torch {torch.__version__}", flush=True)
@@ -46,6 +48,8 @@ def main() -> None:
         teacher_run = runner.train_ours(output, records.REPO / "configs" / "fast.yaml", "cpu", run_name="teacher",
                                         data_path=args.cifar)
         teacher = sorted(teacher_run.run_dir.glob("best_model_*.pt"))[-1]
+        if args.keep_teacher:
+            shutil.copyfile(teacher, args.keep_teacher)
         runs = {"teacher (fast.yaml, airbench)": row("teacher", teacher_run),
                 "student alone": row("student alone", runner.train_ours(output, None, "cpu", run_name="alone",
                                                                         **student)),
