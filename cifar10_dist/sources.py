@@ -39,6 +39,7 @@ class Source:
     module: str  # dotted name of the module that implements it
     label_modes: dict[str, str] = field(default_factory=lambda: {"fine": "its classes"})  # label_mode: what it means
     image_size: int | None = 32  # its images' size; None: any (the image_size key chooses)
+    own_val: bool = False  # its data may bring a validation split of its own (a folder's val/)
 
     def implementation(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -78,4 +79,4 @@ register(Source("cifar10", "cifar10_dist.data.cifar"))
 register(Source("cifar100", "cifar10_dist.data.cifar",
                 label_modes={"fine": "its 100 classes", "coarse": "its 20 superclasses"}))
 register(Source("synthetic", "cifar10_dist.data.synthetic"))
-register(Source("folder", "cifar10_dist.data.folder_source", image_size=None))
+register(Source("folder", "cifar10_dist.data.folder_source", image_size=None, own_val=True))

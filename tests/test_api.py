@@ -88,6 +88,7 @@ def test_prepare_data_report_and_evaluate_files_are_api_calls_the_cli_only_print
     metrics = api.evaluate(checkpoint, output_dir=tmp_path / "confusion", num_workers=0, batch_size=32)
     assert isinstance(metrics, EvaluationResult) and metrics.num_samples == 64
     assert sorted(path.name for path in (tmp_path / "confusion").iterdir()) == [
+        "calibration_training_checkpoint_10.json", "calibration_training_checkpoint_10.png",
         "confusion_training_checkpoint_10.json", "confusion_training_checkpoint_10.png",
         "mistakes_training_checkpoint_10.json", "mistakes_training_checkpoint_10.png"]
     with pytest.raises(api.UserError, match="^run folder '.*missing' does not exist$"):

@@ -122,3 +122,14 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     onnx_logits = torch.from_numpy(session.run(["logits"], {"images": inputs.numpy()})[0])
     assert torch.allclose(onnx_logits, expected, atol=1e-4)
     assert json.loads(Path(exported.sidecar).read_text())["temperature"] == found["temperature"]
+
+
+def test_a_folder_without_a_validation_split_is_refused_before_training():
+    from cifar10_dist.errors import UserError
+    from cifar10_dist.training.temperature import TemperatureScaled, scaled_test_model
+
+    with pytest.raises(UserError, match="calibrate=temperature fits the temperature on a validation split, never on "
+                                        "the test set, and this run has none"):
+        scaled_test_model("temperature", "test", torch.nn.Identity())
+    assert isinstance(scaled_test_model("temperature", "val", torch.nn.Identity()), TemperatureScaled)
+    assert scaled_test_model(None, "test", torch.nn.Identity()) is None

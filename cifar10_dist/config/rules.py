@@ -79,7 +79,7 @@ def _validate_training_options(c: Config) -> None:
              f"early_stopping_patience={c.early_stopping_patience} needs val_split > 0 (e.g. --val_split=0.1): with "
              "val_split=0 it would stop on test accuracy, and the test set would no longer be unseen")
     _require(c.trial is None or c.val_split > 0, "a tuning trial needs val_split > 0: trials never see the test set")
-    _require(c.calibrate is None or c.val_split > 0 or c.dataset == "folder",
+    _require(c.calibrate is None or c.val_split > 0 or sources.source_of(c.dataset).own_val,
              f"calibrate={c.calibrate} fits the temperature on a validation split, never on the test set: give "
              "val_split > 0 (e.g. --val_split=0.1)")
     _require(c.muon_lr is None or c.optimizer == "sgd",
