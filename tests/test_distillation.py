@@ -127,3 +127,19 @@ def test_a_missing_teacher_file_is_one_line(tmp_path):
     result = run_in_process("run", *SYNTHETIC, f"--teacher={tmp_path / 'nope.pt'}", f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert f"teacher='{tmp_path / 'nope.pt'}' does not exist" in result.stderr
+
+
+def test_a_calibrated_teacher_teaches_with_its_calibrated_logits(teacher_file, tmp_path):
+    from cifar10_dist.config import load_config
+    from cifar10_dist.training.distillation import build_teacher
+    from cifar10_dist.training.temperature import TemperatureScaled
+
+    checkpoint = checkpoint_files.load_checkpoint(teacher_file)
+    checkpoint["temperature"] = 2.0
+    calibrated = tmp_path / "calibrated.pt"
+    torch.save(checkpoint, calibrated)
+    config = load_config(None, dataset="synthetic", teacher=str(calibrated))
+    info = checkpoint["meta"]["provenance"]["dataset"]["info"]
+    teacher = build_teacher(config, tuple(info["classes"]), (info["mean"], info["std"]), torch.device("cpu"),
+                            Precision("cpu", None), torch.contiguous_format)
+    assert isinstance(teacher.model, TemperatureScaled) and float(teacher.model.temperature) == 2.0

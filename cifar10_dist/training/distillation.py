@@ -5,7 +5,7 @@ precision, on every process), and the student's loss becomes
     (1 - distill_alpha) x the run's own loss + distill_alpha x T^2 x KL(softmax(teacher / T) || softmax(student / T))
 
 with T = ``distill_temperature``. The teacher is one of our checkpoints or best-model files (its model rebuilt,
-its EMA weights when it has them), or a model name with ``teacher_pretrained`` weights (torchvision, timm, a
+its EMA weights when it has them, its logits divided by its own temperature when it was calibrated), or a model name with ``teacher_pretrained`` weights (torchvision, timm, a
 file) whose classes are known; it must have the run's classes, and it sees the images with its own
 normalisation (the student's batch is un-normalised and normalised again for it)."""
 
@@ -26,7 +26,7 @@ from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing
+from cifar10_dist.training import checkpointing, temperature
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -94,7 +94,7 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
         info = checkpointing.checkpoint_info(checkpoint)
         if tuple(info.classes) != tuple(classes):
             raise _other_classes(f"'{config.teacher}'", info.classes, classes)
-        model = checkpointing.restore_model(checkpoint, path)
+        model = temperature.with_temperature(checkpointing.restore_model(checkpoint, path), checkpoint)
         own = (info.mean, info.std)
         record = {"kind": "checkpoint", "model": checkpointing.checkpoint_config(checkpoint).get("model"),
                   "path": str(path.resolve()), "sha256": pretrained.Weights("file", str(path), str(path)).describe()
