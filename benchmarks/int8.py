@@ -1,6 +1,7 @@
 """int8 against fp32 in ONNX Runtime on this CPU: images per second of cifar_resnet18 (32 px) and resnet18
 (224 px) as our export writes them (the fp32 ONNX graph, and its static int8 quantization by
-``serve.quantizing.quantize``), and, for a trained model, the test accuracy of both and their agreement.
+``serve.quantizing.quantize``, with its unsigned activations and, for comparison, signed ones), and, for a trained
+model, the test accuracy of both and their agreement.
 
     python -m benchmarks.int8 [--checkpoint=FILE] [--rounds=5] [--json=PATH]
 
@@ -55,16 +56,21 @@ def speeds(name: str, rounds: int, work: Path) -> dict[str, Any]:
     fp32, int8 = work / f"{name}.onnx", work / f"{name}.int8.onnx"
     export_fp32(name, size, fp32)
     calibration = torch.randint(0, 256, (64, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    quantizing.quantize(fp32, int8, calibration, DatasetInfo(tuple(str(i) for i in range(10)), image_size=size), work)
-    timings: dict[str, list[float]] = {"fp32": [], "int8": []}
+    info = DatasetInfo(tuple(str(i) for i in range(10)), image_size=size)
+    signed = work / f"{name}.s8s8.onnx"
+    quantizing.quantize(fp32, int8, calibration, info, work)
+    quantizing.quantize(fp32, signed, calibration, info, work, signed_activations=True)
+    timings: dict[str, list[float]] = {"fp32": [], "int8": [], "int8 signed activations": []}
     for _ in range(rounds):
-        for kind, path in (("fp32", fp32), ("int8", int8)):
+        for kind, path in (("fp32", fp32), ("int8", int8), ("int8 signed activations", signed)):
             timings[kind].append(images_per_second(path, size, batch, steps))
     medians = {kind: statistics.median(values) for kind, values in timings.items()}
     print(f"{name} at {size} px, batch {batch}: fp32 {medians['fp32']:.0f} img/s, int8 {medians['int8']:.0f} img/s "
-          f"({medians['int8'] / medians['fp32']:.2f}x)", flush=True)
+          f"({medians['int8'] / medians['fp32']:.2f}x), with signed activations "
+          f"{medians['int8 signed activations']:.0f} img/s", flush=True)
     return {"image_size": size, "batch": batch, "rounds": timings, "median_images_per_second": medians,
             "int8_over_fp32": medians["int8"] / medians["fp32"],
+            "signed_int8_over_fp32": medians["int8 signed activations"] / medians["fp32"],
             "file_mb": {"fp32": fp32.stat().st_size / 1e6, "int8": int8.stat().st_size / 1e6}}
 
 

@@ -1,7 +1,7 @@
 """int8 ONNX (``export --format=onnx --quantize=int8``): ONNX Runtime's static quantization of the verified fp32
 ONNX export (QDQ format, signed int8 weights per output channel, unsigned 8-bit activations whose ranges are
-calibrated on N training images, MinMax: ORT's fast U8S8 kernels on x86, 2.9x fp32's speed for cifar_resnet18 on
-the Zen 4 EPYC where signed activations ran no faster than fp32; benchmarks.int8), then checked on the whole test set of the data the model was trained on: the test
+calibrated on N training images, MinMax: ORT's fast U8S8 kernels on x86; signed activations ran far slower on
+the Zen 4 EPYC, benchmarks.int8 measures both), then checked on the whole test set of the data the model was trained on: the test
 accuracy of the fp32 and the int8 model and how often their top-1 classes agree. Below ``min_agreement`` (default
 MIN_AGREEMENT) the export is refused in one line and nothing is written. ``OnnxModel`` runs an exported file for
 ``predict``."""
@@ -86,8 +86,10 @@ def calibration_images(train: torch.Tensor, count: int) -> torch.Tensor:
     return train[chosen.sort().values]
 
 
-def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInfo, work: Path) -> None:
-    """Static int8 quantization of ``fp32`` into ``int8`` (ORT's pre-processing first, as its docs advise)."""
+def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInfo, work: Path,
+             signed_activations: bool = False) -> None:
+    """Static int8 quantization of ``fp32`` into ``int8`` (ORT's pre-processing first, as its docs advise);
+    ``signed_activations``: int8 activations instead of uint8 (S8S8: what benchmarks.int8 compares)."""
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -102,7 +104,8 @@ def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInf
     prepared = work / "prepared.onnx"
     quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
     quantize_static(str(prepared), str(int8), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
 
 
