@@ -96,9 +96,9 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
             raise _other_classes(f"'{config.teacher}'", info.classes, classes)
         model = temperature.with_temperature(checkpointing.restore_model(checkpoint, path), checkpoint)
         own = (info.mean, info.std)
+        described = pretrained.Weights("file", str(path.resolve()), str(path.resolve()))
         record = {"kind": "checkpoint", "model": checkpointing.checkpoint_config(checkpoint).get("model"),
-                  "path": str(path.resolve()), "sha256": pretrained.Weights("file", str(path), str(path)).describe()
-                  .get("sha256")}
+                  **{key: value for key, value in ranks.from_rank_zero(described.describe).items() if key != "kind"}}
     else:
         weights = pretrained.resolve(config.teacher, config.teacher_pretrained)
         if not weights.classes:
@@ -110,7 +110,7 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
         model = models.build_model(config.teacher, None, len(classes))
         pretrained.load(model, weights, classes)
         own = weights.normalisation or normalisation
-        record = {"kind": weights.kind, "model": config.teacher, **weights.describe()}
+        record = {"model": config.teacher, **ranks.from_rank_zero(weights.describe)}  # the file hashed once
     model = model.to(device, memory_format=layout).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
