@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,7 +16,10 @@ import termios
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
+from cifar10_dist.outputs import tracking
 from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
 
@@ -320,3 +324,16 @@ def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_sam
     assert result.stderr == "error: with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install " \
                             "clearml)\n"
     assert not any(tmp_path.iterdir())
+
+
+def test_the_environment_line_names_the_backend_also_with_one_process(tmp_path, caplog):
+    """torchrun with one process still runs a process group: the log says so (a GPU check found it silent)."""
+    caplog.set_level(logging.INFO, logger=tracking.logger.name)
+    tracking.log_environment({"model": "m"}, torch.device("cpu"))
+    assert "distributed:" not in caplog.text and "device cpu," in caplog.text
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        tracking.log_environment({"model": "m"}, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert "distributed: backend gloo, world size 1, 1 processes per node, 1 nodes" in caplog.text

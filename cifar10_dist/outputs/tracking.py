@@ -82,17 +82,25 @@ def package_logging() -> Iterator[None]:
 
 
 def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
-    """Versions, device, distributed setting and the resolved config."""
+    """Versions, device (with its index on a GPU), distributed setting (whenever a backend is up, also with one
+    process) and the resolved config."""
     logger.info(
         "python %s, torch %s, pytorch-ignite %s, device %s, %d CPU threads per process",
-        platform.python_version(), torch.__version__, ignite.__version__, device, torch.get_num_threads(),
+        platform.python_version(), torch.__version__, ignite.__version__, indexed(device), torch.get_num_threads(),
     )
-    if idist.get_world_size() > 1:
+    if idist.backend() is not None:
         logger.info(
             "distributed: backend %s, world size %d, %d processes per node, %d nodes",
             idist.backend(), idist.get_world_size(), idist.get_nproc_per_node(), idist.get_nnodes(),
         )
     logger.info("config: %s", ", ".join(f"{key}={value}" for key, value in config.items()))
+
+
+def indexed(device: torch.device) -> torch.device:
+    """cuda -> cuda:N (the current device), so the log says which GPU; other devices as they are."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float,
