@@ -27,7 +27,7 @@ from cifar10_dist.data import batches
 from cifar10_dist.results import BatchSizeResult, BatchSpeed
 from cifar10_dist.system import doctor
 from cifar10_dist.system.precision import choose_precision
-from cifar10_dist.training import optimizers
+from cifar10_dist.training import layouts, optimizers
 from cifar10_dist.training.step import TrainStep
 
 CPU_CANDIDATES = (32, 64, 128, 256, 512, 1024)
@@ -40,7 +40,7 @@ ROUND_TO = 8
 def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[], None]:
     """One training step of the config's run on ``batch_size`` random images, as a callable."""
     torch.manual_seed(0)
-    layout = batches.memory_format(config.channels_last)
+    layout = batches.memory_format(layouts.settle(config, device, models.NUM_CLASSES).channels_last)
     model = models.build_model(config.model, config.model_kwargs).to(device, memory_format=layout)
     numeric = dataclasses.replace(config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)

@@ -19,7 +19,7 @@ from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance,
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, process_setup, temperature
+from cifar10_dist.training import checkpointing, layouts, process_setup, temperature
 from cifar10_dist.training.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 
 logger = logging.getLogger("cifar10_dist")
@@ -44,6 +44,7 @@ class EvaluationWorker:
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
             precision = process_setup.setup_precision(config, device)
+            config = layouts.settle(config, device, len(loaded.info.classes))
             model, info = self.load_model(config, loaded, device, precision)
             evaluator = create_evaluator(
                 model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),

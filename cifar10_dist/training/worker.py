@@ -30,8 +30,8 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (checkpointing, distillation, loss, lr_finding, optimizers, process_setup,
-                                   profiling, run_end, schedules, temperature, trials)
+from cifar10_dist.training import (checkpointing, distillation, layouts, loss, lr_finding, optimizers,
+                                   process_setup, profiling, run_end, schedules, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -56,6 +56,7 @@ def training(config: Config) -> dict[str, Any]:
         precision = process_setup.setup_precision(config, device)
         weights = setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
+        config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
         network = setup_model(config, data_setup, weights)
