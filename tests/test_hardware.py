@@ -218,3 +218,12 @@ def test_nan_between_reads_is_found_at_the_next_read_with_its_iteration(small_da
     stopped, first = int(match[1]), int(match[3])
     assert stopped % 4 == 0 and stopped - 4 < first <= stopped
     assert all(int(path.stem.rsplit("_", 1)[1]) < first for path in (tmp_path / "nan").glob("training_checkpoint_*"))
+
+
+def test_the_cpu_family_tells_apart_the_kinds_one_model_name_covers(monkeypatch):
+    lines = ["processor\t: 0", "vendor_id\t: AuthenticAMD", "cpu family\t: 26", "model\t\t: 2",
+             "model name\t: AMD EPYC", "", "processor\t: 1", "cpu family\t: 99", "model\t\t: 9"]
+    monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: lines)
+    assert hardware.cpu_family() == "26/2"
+    monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: ["model name\t: Apple M2"])
+    assert hardware.cpu_family() == ""

@@ -26,6 +26,7 @@ class CpuInfo:
     avx512_bf16: bool
     logical_cores: int  # usable by this process (its affinity)
     torch_threads: int
+    family: str = ""  # /proc/cpuinfo's "cpu family" and "model", e.g. "26/2" (AMD Zen 5): "AMD EPYC" names many kinds
 
     @property
     def native_bf16(self) -> bool:
@@ -52,7 +53,7 @@ def cpu_info() -> CpuInfo:
     return CpuInfo(model=cpu_model(), capability=torch.backends.cpu.get_cpu_capability(),
                    amx_bf16="amx_bf16" in flags, avx512_bf16="avx512_bf16" in flags,
                    logical_cores=usable_cores(),
-                   torch_threads=torch.get_num_threads())
+                   torch_threads=torch.get_num_threads(), family=cpu_family())
 
 
 def usable_cores() -> int:
@@ -82,6 +83,18 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def cpu_family() -> str:
+    """ "FAMILY/MODEL" from /proc/cpuinfo (e.g. "25/17" AMD Zen 4, "26/2" Zen 5), "" where it is not given."""
+    fields = {}
+    for line in _cpuinfo_lines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+        if not line.strip() and fields:
+            break
+    return f"{fields['cpu family']}/{fields['model']}" if len(fields) == 2 else ""
 
 
 def native_bf16_cpu() -> bool:
