@@ -84,7 +84,7 @@ def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records
     assert summary["precision"] == provenance["precision"] == "fp32"
     assert summary["hardware"]["cpu"] == provenance["hardware"]["cpu"] == {
         "model": "Fake EPYC 7B12", "capability": "AVX2", "amx_bf16": False, "avx512_bf16": False,
-        "logical_cores": 2, "torch_threads": 2, "native_bf16": False}
+        "logical_cores": 2, "torch_threads": 2, "family": "", "native_bf16": False}
 
 
 def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
