@@ -124,6 +124,12 @@ class Config:
     crop_fraction: float = option(1.0, "evaluation, predict and export see the central crop_fraction of each image "
                                   "resized to image_size (e.g. 0.875, torchvision's 224 of 256); a folder is stored "
                                   "at image_size / crop_fraction", bounds=Bounds(0.5, 1, reads="in [0.5, 1]"))
+    resize_start: float = option(1.0, "progressive resizing: the first epoch trains at this fraction of image_size, "
+                                 "growing linearly per epoch (in steps of 4 pixels) to full size by resize_until "
+                                 "of training; evaluation always at full size (1: off; e.g. 0.5)",
+                                 bounds=Bounds(0.25, 1, reads="in [0.25, 1]", note=" (1: off)"))
+    resize_until: float = option(0.75, "progressive resizing: the fraction of training by which the images are "
+                                 "back at full size", bounds=Bounds(0, 1, low_open=True))
     crop_pad_mode: Literal["zeros", "reflect"] = option("zeros", "padding for the crop: zeros or reflect",
                                                         choices_read="zeros or reflect")
     flip: Literal["random", "alternating", "none"] = option("random", "horizontal flip: random (per image), "
@@ -230,6 +236,12 @@ class Config:
                              "to an EMA of them whose decay grows to 0.77")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)",
                                          bounds=AT_LEAST_1)
+    select_fraction: float = option(1.0, "data selection: each process trains each step on this fraction of its "
+                                    "batch, the images the model's own forward pass (no gradients) finds hardest "
+                                    "(highest loss); backward runs on them alone (1: off; e.g. 0.5)",
+                                    bounds=Bounds(0, 1, low_open=True, note=" (1: off)"))
+    select_until: float = option(1.0, "data selection: the fraction of training it applies to (whole batches after "
+                                 "it)", bounds=Bounds(0, 1, low_open=True))
     # speed
     with_amp: Union[bool, str] = option(False, "mixed precision: auto (what the hardware runs fast: bf16 on CPUs with "
                                         "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "

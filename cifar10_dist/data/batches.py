@@ -4,6 +4,7 @@ epoch skips what was seen)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import ignite.distributed as idist
@@ -11,8 +12,10 @@ import torch
 from ignite.engine import Engine, Events
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import augmentation
+from cifar10_dist.data import augmentation, resizing
 from cifar10_dist.data.records import DatasetInfo
+
+logger = logging.getLogger("cifar10_dist")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 PrepareBatch = Callable[[Batch, int], Batch]  # (batch, iteration) -> (inputs, targets) on the device
@@ -45,24 +48,29 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     two: ``torch.manual_seed`` would also seed every CUDA, XPU and MTIA device, which on a machine without them
     records a stack trace for their lazy start at each call (1.3 ms per iteration, issue 29). With alternating
     flip the training set is pre-flipped (``loaders.pre_flip``) and whole batches are mirrored in every second epoch.
+    With progressive resizing (``resize_start``) each epoch's images are resized to its side (``data.resizing``).
     """
     rank = idist.get_rank()
     layout = memory_format(config.channels_last)
     image_policy = augmentation.policy(config.auto_augment, config.auto_augment_magnitude)
     erasing = augmentation.random_erasing(config.random_erasing)
     mix = augmentation.mixing(config.mixup_alpha, config.cutmix_alpha, len(info.classes))
+    sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, info.image_size)
+    if sizes.active:
+        logger.info("progressive resizing: %s; evaluation at full size", sizes.describe(config.num_epochs))
 
     def flip_mode(iteration: int) -> str:
         if config.flip != "alternating":
             return config.flip
         return "all" if ((iteration - 1) // iterations_per_epoch) % 2 else "none"
 
-    def crop(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """A random-resized crop of each image, or the evaluation view when the images are stored larger."""
+    def crop(images: torch.Tensor, generator: torch.Generator, side: int) -> torch.Tensor:
+        """A random-resized crop of each image (at this epoch's side), or the evaluation view when the images are
+        stored larger."""
         if config.random_resized_crop:
             boxes = augmentation.random_resized_boxes(len(images), images.shape[-1], config.random_resized_crop,
                                                       generator)
-            return augmentation.resized_crops(images, boxes, info.image_size)
+            return augmentation.resized_crops(images, boxes, side)
         if images.shape[-1] != info.image_size:
             return augmentation.eval_view(images, info.image_size, info.crop_fraction)
         return images
@@ -71,12 +79,14 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         images, labels = batch
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
-        images = crop(images, generator)
+        side = sizes.size((iteration - 1) // iterations_per_epoch)
+        images = crop(images, generator, side)
         padding = 0 if config.random_resized_crop else config.crop_padding
         images = augmentation.augment(images, generator, padding, config.crop_pad_mode, flip_mode(iteration))
         if image_policy is not None:
             images = augmentation.per_image(image_policy, images)
         inputs = augmentation.normalize(images, info.mean, info.std)
+        inputs = resizing.resize(inputs, side)  # progressive resizing (random-resized crops are cut at side)
         if erasing is not None:
             inputs = augmentation.per_image(erasing, inputs)
         labels = labels.to(device, non_blocking=True)

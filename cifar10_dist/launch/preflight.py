@@ -16,6 +16,7 @@ import torch
 
 from cifar10_dist import models, sources
 from cifar10_dist.config import Config, class_weights, planned_world_size
+from cifar10_dist.data import resizing
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import trackers
@@ -27,8 +28,10 @@ def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
     source = sources.source_of(config.dataset).implementation()
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
-    classes = source.info(config).classes
+    info = source.info(config)
+    classes = info.classes
     models.check_model(config.model, config.model_kwargs, len(classes), config.image_size)
+    check_resizing(config, len(classes), info.image_size)
     parsed_weights = class_weights(config.class_weights)
     if parsed_weights is not None:
         parsed_weights.check(classes)
@@ -44,6 +47,20 @@ def check_before_launch(config: Config) -> None:
     check_amp_dtype(config)
     optimizers.check_muon_available(config.muon_lr)
     trackers.check_installed(config.to_dict())
+
+
+def check_resizing(config: Config, classes: int, full: int) -> None:
+    """Progressive resizing's smallest images go through the model once now: a model that cannot take them (a
+    fixed-size head, pooling that runs out of pixels) is refused before training, naming the size."""
+    sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, full)
+    if not sizes.active or sizes.smallest == full:
+        return
+    try:
+        models.check_model(config.model, config.model_kwargs, classes, sizes.smallest)
+    except UserError as error:
+        raise UserError(f"resize_start={config.resize_start:g}: model='{config.model}' cannot take the first epoch's "
+                        f"{sizes.smallest}x{sizes.smallest} images ({str(error).split(': ', 1)[-1]}); raise "
+                        "resize_start, or leave it at 1 (off)") from error
 
 
 def check_teacher(config: Config) -> None:

@@ -259,7 +259,8 @@ def _conv_group(channels_in: int, channels_out: int) -> nn.Sequential:
 class AirbenchNet(nn.Module):
     """The network of Keller Jordan's airbench94 (arXiv 2404.00498): a frozen 2x2 whitening convolution
     (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
-    64/256/256 channels, max-pool, a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image."""
+    64/256/256 channels, a global max-pool (airbench's 3x3 max-pool at 32 px; smaller images too, for progressive
+    resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image."""
 
     def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
                  num_classes: int = NUM_CLASSES) -> None:
@@ -273,7 +274,7 @@ class AirbenchNet(nn.Module):
             _conv_group(whitened, widths[0]),
             _conv_group(widths[0], widths[1]),
             _conv_group(widths[1], widths[2]),
-            nn.MaxPool2d(3),
+            nn.AdaptiveMaxPool2d(1),  # airbench's MaxPool2d(3) on the 3x3 map of 32-px images; any size >= 16 px
             nn.Flatten(),
         )
         self.head = nn.Linear(widths[2], num_classes, bias=False)

@@ -20,6 +20,7 @@ from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
 from cifar10_dist.system.precision import Precision, make_grad_scaler
+from cifar10_dist.training.selection import HardestSelection
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, precision: Precision,
                  accumulation: Accumulation | None = None, clip_grad_norm: float | None = None,
-                 teacher: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 teacher: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 selection: HardestSelection | None = None) -> None:
         self.model, self.optimizer, self.loss_fn, self.precision = model, optimizer, loss_fn, precision
+        self.selection = selection  # data selection: the hardest part of a batch (``training.selection``)
         self.teacher = teacher  # distillation: its logits on the same batch are the loss's third argument
         self.accumulation = accumulation or Accumulation(1)
         self.clip_grad_norm = clip_grad_norm
@@ -68,11 +71,14 @@ class TrainStep:
         self.grad_norm: torch.Tensor | None = None
         self.frozen_norms: list[nn.Module] = []  # kept in eval mode (``freezing.BackboneFreeze``)
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, stepping: bool = True) -> StepOutput:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, stepping: bool = True,
+                 select: bool = False) -> StepOutput:
         if not self.model.training:  # after an evaluation (model.train() visits every module: ~1 us each)
             self.model.train()
             for norm in self.frozen_norms:
                 norm.eval()
+        if select:
+            inputs, targets = self.selection(inputs, targets)
         with contextlib.nullcontext() if stepping else self.accumulation.without_gradient_sync():
             with self.precision.autocast():
                 outputs = self.model(inputs)
@@ -107,7 +113,8 @@ def create_trainer(step: TrainStep, prepare_batch: PrepareBatch) -> Engine:
         iteration = engine.state.iteration
         inputs, targets = prepare_batch(batch, iteration)
         total = engine.state.max_epochs * engine.state.epoch_length
-        return step(inputs, targets, step.accumulation.steps_at(iteration, total))
+        select = step.selection is not None and step.selection.applies(iteration)
+        return step(inputs, targets, step.accumulation.steps_at(iteration, total), select)
 
     trainer = Engine(train_iteration)
     trainer.logger = logging.getLogger("cifar10_dist.trainer")

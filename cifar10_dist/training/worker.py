@@ -31,7 +31,7 @@ from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import (checkpointing, distillation, layouts, loss, lr_finding, optimizers,
-                                   process_setup, profiling, run_end, schedules, temperature, trials)
+                                   process_setup, profiling, run_end, schedules, selection, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze
@@ -147,8 +147,11 @@ def setup_optimization(config: Config, network: Network, data_setup: run_data.Da
     loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device,
                                  data_setup.provenance)
     teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
+    chooser = selection.from_config(config.select_fraction, config.select_until, network.forward, precision,
+                                    data_setup.total_iterations, data_setup.loaders.train.batch_size)
     step = TrainStep(network.forward, optimizer, distillation.distilled(loss_fn, config) if teacher else loss_fn,
-                     precision, Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm, teacher)
+                     precision, Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm, teacher,
+                     chooser)
     return Optimization(optimizer, lr_scheduler, step)
 
 
