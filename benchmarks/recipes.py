@@ -4,14 +4,15 @@ seeds 0-2 (docs/measurements/recipes_cpu.json; seed 0 of fast.yaml again on 2026
 peer 90.64% +- 0.18, fast 90.51% +- 0.09, Muon 90.54% +- 0.13; a run of the peer takes about 45 minutes on 2 cores,
 one of fast.yaml about 9.
 
-    python -m benchmarks.recipes --data_path=DIR [--only=peer,fast,muon,muon7] [--seeds=3] [--first_seed=0]
+    python -m benchmarks.recipes --data_path=DIR [--only=peer,muon,lean] [--seeds=3] [--first_seed=0]
         [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
     --quick      every entry for a few steps (checks the tool); --table only prints the table of the JSON
     --per_step   [--batch_size=1024 --steps=5 --rounds=4]: only seconds per bare training step of the peer's network
                  and ours on the CPU, interleaved in rounds (do the networks themselves differ in speed?)
 
 Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7 (the same cut to 7
-epochs). Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
+(data selection). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
 epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
 start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
 the same invocation (this machine's speed drifts up to 2x between hours).
@@ -33,8 +34,14 @@ from benchmarks import peer, records, runner
 
 CONFIGS = records.REPO / "configs"
 # entry: (config, overrides on top of it)
-OURS: dict[str, tuple[str, dict[str, Any]]] = {"fast": ("fast.yaml", {}), "muon": ("fast_muon.yaml", {}),
-                                               "muon7": ("fast_muon.yaml", {"num_epochs": 7, "validate_every": 7})}
+OURS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fast": ("fast.yaml", {}), "muon": ("fast_muon.yaml", {}),
+    "muon7": ("fast_muon.yaml", {"num_epochs": 7, "validate_every": 7}),
+    # each lever of configs/fast_lean.yaml alone on fast_muon.yaml (the ablation in docs/recipes.md), then together
+    "resize": ("fast_muon.yaml", {"resize_start": 0.5, "resize_until": 0.75}),
+    "select": ("fast_muon.yaml", {"select_fraction": 0.5, "select_until": 0.5}),
+    "lean": ("fast_lean.yaml", {}),
+}
 ENTRIES = ("peer", *OURS)
 QUICK_OURS = {"num_epochs": 2, "epoch_length": 2, "tta": 0, "num_warmup_epochs": 0}
 
@@ -128,8 +135,8 @@ def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
     for invocation in sorted({r["invocation"] for r in runs}):
         together = {name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation
                                  and r["recipe"] == name]) for name in ENTRIES}
-        pairs = [(a, b) for a in OURS for b in ("fast", "peer")
-                 if a != b and together[a] is not None and together[b] is not None]
+        pairs = [(a, b) for a in OURS for b in ("fast", "muon", "peer")
+                 if a != b and not (a == "fast" and b == "muon") and together[a] is not None and together[b] is not None]
         if pairs:
             ratios = ", ".join(f"{a}/{b} {together[a] / together[b]:.2f}" for a, b in pairs)
             lines.append(f"training-time ratios in invocation {invocation}: {ratios}")
@@ -162,7 +169,7 @@ def run_entries(args: argparse.Namespace, entries: list[str], path: Path) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path", help="folder holding cifar-10-batches-py")
-    parser.add_argument("--only", default=",".join(ENTRIES), help="comma-separated entries: " + ", ".join(ENTRIES))
+    parser.add_argument("--only", default="peer,muon,lean", help="comma-separated entries: " + ", ".join(ENTRIES))
     parser.add_argument("--seeds", type=int, default=1, help="runs of each entry (seeds first_seed, first_seed+1, ...)")
     parser.add_argument("--first_seed", type=int, default=0, help="the first seed (to add seeds to an earlier JSON)")
     parser.add_argument("--json", dest="json_path", default="benchmark_recipes.json", help="runs are appended here")

@@ -122,7 +122,7 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     assert lines[2].split() == ["fast", "2", "2", "90.60%", "0.01%", "17.5", "15", "no"]
     assert lines[3].split() == ["muon", "2", "1", "90.80%", "nan%", "27.5", "15", "peer"]
     assert lines[4].split() == ["muon7", "1", "1", "90.50%", "nan%", "22.5", "15", "no"]
-    assert lines[5:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/peer 0.50"]  # none across A and B
+    assert lines[5:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/muon 0.75, muon7/peer 0.50"]  # none across A and B
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 

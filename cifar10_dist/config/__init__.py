@@ -1,6 +1,6 @@
 """The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts, own rules and
 roles (``fields``; a tuning trial's spec: ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys together and the typed values parsed
-from text (``rules``), and building one from defaults, a YAML file and overrides (``loading``). Plain data: it
+from text (``rules``), and building one from defaults, a YAML file and overrides, and the options' help (``loading``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
 against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
 
@@ -12,10 +12,9 @@ from cifar10_dist.config.fields import (
     Bounds,
     Config,
     choices,
-    describe_options,
 )
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
-from cifar10_dist.config.loading import load_config, note, read_yaml_mapping
+from cifar10_dist.config.loading import describe_options, load_config, note, read_yaml_mapping
 from cifar10_dist.config.rules import (
     MODEL_REFERENCE,
     TIMM_PREFIX,

@@ -124,12 +124,11 @@ class Config:
     crop_fraction: float = option(1.0, "evaluation, predict and export see the central crop_fraction of each image "
                                   "resized to image_size (e.g. 0.875, torchvision's 224 of 256); a folder is stored "
                                   "at image_size / crop_fraction", bounds=Bounds(0.5, 1, reads="in [0.5, 1]"))
-    resize_start: float = option(1.0, "progressive resizing: the first epoch trains at this fraction of image_size, "
-                                 "growing linearly per epoch (in steps of 4 pixels) to full size by resize_until "
-                                 "of training; evaluation always at full size (1: off; e.g. 0.5)",
-                                 bounds=Bounds(0.25, 1, reads="in [0.25, 1]", note=" (1: off)"))
-    resize_until: float = option(0.75, "progressive resizing: the fraction of training by which the images are "
-                                 "back at full size", bounds=Bounds(0, 1, low_open=True))
+    resize_start: float = option(1.0, "progressive resizing: epoch 1 trains at this fraction of image_size, growing "
+                                 "per epoch (4-pixel steps) to full size by resize_until of training; evaluation at "
+                                 "full size (1: off)", bounds=Bounds(0.25, 1, reads="in [0.25, 1]", note=" (1: off)"))
+    resize_until: float = option(0.75, "progressive resizing: the fraction of training by which images are full size",
+                                 bounds=Bounds(0, 1, low_open=True))
     crop_pad_mode: Literal["zeros", "reflect"] = option("zeros", "padding for the crop: zeros or reflect",
                                                         choices_read="zeros or reflect")
     flip: Literal["random", "alternating", "none"] = option("random", "horizontal flip: random (per image), "
@@ -236,12 +235,11 @@ class Config:
                              "to an EMA of them whose decay grows to 0.77")
     epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)",
                                          bounds=AT_LEAST_1)
-    select_fraction: float = option(1.0, "data selection: each process trains each step on this fraction of its "
-                                    "batch, the images the model's own forward pass (no gradients) finds hardest "
-                                    "(highest loss); backward runs on them alone (1: off; e.g. 0.5)",
+    select_fraction: float = option(1.0, "data selection: each step trains on this fraction of each process's batch, "
+                                    "the highest-loss images under a no-grad forward of the model (1: off)",
                                     bounds=Bounds(0, 1, low_open=True, note=" (1: off)"))
-    select_until: float = option(1.0, "data selection: the fraction of training it applies to (whole batches after "
-                                 "it)", bounds=Bounds(0, 1, low_open=True))
+    select_until: float = option(1.0, "data selection: the fraction of training it applies to",
+                                 bounds=Bounds(0, 1, low_open=True))
     # speed
     with_amp: Union[bool, str] = option(False, "mixed precision: auto (what the hardware runs fast: bf16 on CPUs with "
                                         "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "
@@ -250,10 +248,9 @@ class Config:
     amp_dtype: Literal["auto", "float16", "bfloat16"] = option(
         "auto", "with_amp=True's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 (with a "
         "GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)")
-    channels_last: Union[bool, str] = option(
-        "auto", "channels-last memory format for model and inputs: auto (on for a model with 2D convolutions on a CPU "
-        "or CUDA GPU, where it measured 0.99-2.4x the default layout's speed; off elsewhere; the choice is logged and "
-        "saved in the run's config), True or False", also=("auto",))
+    channels_last: Union[bool, str] = option("auto", "channels-last memory format: auto (on for a model with 2D "
+                                             "convolutions on a CPU or CUDA GPU, off elsewhere; logged and saved in "
+                                             "config.yaml), True or False", also=("auto",))
     keep_freed_memory: bool = option(True, "CPU training on Linux (glibc): freed memory stays in the process for reuse "
                                      "instead of going back to the OS after every step (wide batches train up to "
                                      "1.4x faster; the process keeps its peak memory until it exits)")
@@ -392,18 +389,3 @@ def check_field(name: str, value: Any) -> None:
 
 def _is_plain_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
-
-
-def describe_options() -> str:
-    """One line per config key: name, default and meaning (for --help)."""
-    shown = {name: f for name, f in FIELDS.items() if not f.metadata["internal"]}
-    width = max(len(name) + len(repr(f.default)) for name, f in shown.items()) + 4
-    lines = []
-    for name, f in shown.items():
-        flag = f"--{name}={_format_default(f.default)}"
-        lines.append(f"  {flag:<{width}} {f.metadata['help']}")
-    return "\n".join(lines)
-
-
-def _format_default(value: Any) -> str:
-    return "None" if value is None else str(value)
