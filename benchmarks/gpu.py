@@ -1,8 +1,7 @@
 """GPU: what the Ignite engine and our handlers cost on a fast device, and the fast recipe against airbench94's own
-code, in one invocation on one device; prints tables and writes JSON with --json PATH. Not yet run on a GPU (no
-figure of it is claimed anywhere); ``--device=cpu --quick`` (about 2 minutes on 2 cores) checks the tool itself.
-Run by scripts/gpu_check.sh; a full run takes about 10 minutes on one H100-class GPU, most of it airbench94's
-warm-up and the two recipes trained to the end.
+code, in one invocation on one device; prints tables and writes JSON with --json PATH. Last run: one H200
+(docs/measurements/gpu_h200.json, docs/gpu-report.md), about 3 minutes; ``--device=cpu --quick`` (about 2 minutes
+on 2 cores) checks the tool itself. Run by scripts/gpu_check.sh.
 
     python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--quick] [--skip_peer] [--json=PATH]
 

@@ -1,5 +1,5 @@
 """GPU report: gpu_report.md and gpu_report.json from what scripts/gpu_check.sh left in its folder (not a
-measurement itself; no GPU report exists yet: no GPU has run the checks). Takes a second.
+measurement itself; the first one, from an H200, is docs/gpu-report.md). Takes a second.
 
     python -m benchmarks.gpu_report --out=DIR
 
