@@ -40,7 +40,8 @@ class ResizeSchedule:
         return self.size(0)
 
     def describe(self, epochs: int) -> str:
-        """e.g. "16 px in epoch 1, 20 in 2-3, 24 in 4, 28 in 5, 32 from epoch 6 (full size)"."""
+        """e.g. "16 px in epochs 1-2, 20 px in epoch 3, 24 px in epochs 4-5, 28 px in epoch 6, 32 px in epochs 7-8
+        (full size 32 px)"."""
         runs: list[tuple[int, int, int]] = []  # (size, first epoch, last epoch), 1-based
         for epoch, side in enumerate(self.sizes(epochs), start=1):
             if runs and runs[-1][0] == side:
