@@ -87,19 +87,14 @@ def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | st
         return f"failed: {str(failure).strip().splitlines()[-1]}"
 
 
-def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
-    """Training seconds when the curve first reached target (None: never)."""
-    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
-
-
 def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
     lines = [f"{'recipe':<32}{'accuracy':>10}{'train s':>10}{'to peer acc s':>15}{'to our acc s':>14}"]
     entries = {"ours: configs/fast.yaml": ours}
     if isinstance(peer, dict):
         entries["peer: airbench94 (train94)"] = peer
     for name, entry in entries.items():
-        to_peer = time_to(entry["curve"], peer["accuracy"]) if isinstance(peer, dict) else None
-        to_ours = time_to(entry["curve"], ours["accuracy"])
+        to_peer = runner.time_to(entry["curve"], peer["accuracy"]) if isinstance(peer, dict) else None
+        to_ours = runner.time_to(entry["curve"], ours["accuracy"])
         lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
                      f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}")
     if isinstance(peer, str):

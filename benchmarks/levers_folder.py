@@ -33,10 +33,6 @@ def linked_subset(folder: Path, target: Path, per_split: dict[str, int]) -> None
                 (destination / image.name).symlink_to(image.resolve())
 
 
-def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
-    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True)
@@ -62,7 +58,7 @@ def main() -> None:
             print(f"{name}: {run.accuracy:.4f} in {run.summary.training_time:.0f} s", flush=True)
     target = min(run["accuracy"] for run in runs.values())
     for name, run in runs.items():
-        run["seconds_to_target"] = time_to(run["curve"], target)
+        run["seconds_to_target"] = runner.time_to(run["curve"], target)
         print(f"{name:<8} final {100 * run['accuracy']:.2f}%, {run['training_seconds']:.0f} s of training, "
               f"{run['seconds_to_target']:.0f} s to {100 * target:.2f}%")
     if args.json_path:

@@ -54,6 +54,11 @@ class OurRun:
                 if row["split"] == split and row["epoch"] in seconds]
 
 
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Training seconds when a curve (``OurRun.curve``) first reached ``target`` (None: never)."""
+    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+
+
 def train_ours(output: Path, config_file: str | Path | None = None, device: str = "cpu", **overrides: Any) -> OurRun:
     """Train ``config_file`` (a YAML file, or the defaults) with ``overrides`` into output/<run_name, default
     "bench"> in a fresh process; a failed run ends the benchmark with the tail of its log."""

@@ -40,7 +40,7 @@ ROUND_TO = 8
 def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[], None]:
     """One training step of the config's run on ``batch_size`` random images, as a callable."""
     torch.manual_seed(0)
-    layout = batches.memory_format(layouts.settle(config, device, models.NUM_CLASSES).channels_last)
+    layout = batches.memory_format(config.channels_last)  # settled once by find_batch_size
     model = models.build_model(config.model, config.model_kwargs).to(device, memory_format=layout)
     numeric = dataclasses.replace(config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
@@ -126,6 +126,7 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     """Measure, choose and explain (per process sizes; the suggestion is global: times the planned world size)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = layouts.settle(config, device, models.NUM_CLASSES)  # channels_last=auto: once, not per batch tried
     world = planned_world_size(config) or 1
     own = max(1, config.batch_size // world)
     if device.type == "cuda":
