@@ -196,6 +196,26 @@ def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
     assert refused.stderr.strip() == "error: top_k=3 is more than the model's 2 classes (cat, dog)"
 
 
+def test_crops_cut_by_the_loaders_workers_train_exactly_as_crops_cut_in_the_training_process(image_folder, tmp_path):
+    """On a CPU with workers, the workers cut the random-resized crops from numbered batches (the log says so):
+    the same weights as without workers, also when resumed mid-epoch (iteration 10 of 18, inside epoch 2)."""
+    common = [*FOLDER_RUN, f"--data_path={image_folder}", f"--output_path={tmp_path}", "--image_size=28",
+              "--crop_fraction=0.875", "--random_resized_crop=0.35", "--checkpoint_every=10"]
+    runs = {"here": ["--num_workers=0"], "workers": ["--num_workers=2"]}
+    for name, flags in runs.items():
+        done = run_in_process("run", *[arg for arg in common if arg != "--num_workers=0"], *flags, f"--run_name={name}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = (tmp_path / name / "run.log").read_text()
+        assert ("cut by the 2 DataLoader workers" in said) == (name == "workers")
+    middle = tmp_path / "workers" / "training_checkpoint_10.pt"
+    resumed = run_in_process("run", *[arg for arg in common if arg != "--num_workers=0"], "--num_workers=2",
+                             "--run_name=resumed", f"--resume_from={middle}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ends = [torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True)["model"]
+            for name in ("here", "workers", "resumed")]
+    assert all(torch.equal(ends[0][key], end[key]) for end in ends[1:] for key in ends[0])
+
+
 @pytest.mark.slow
 def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2_3(image_folder, tmp_path):
     """With random-resized crops from images stored at 32 and evaluation on their central 28 pixels."""

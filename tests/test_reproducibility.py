@@ -67,7 +67,7 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
                                 train_eval_size=100, seed=5)
     seen = set()
     for epoch in range(3):
-        made.train.sampler.set_epoch(epoch)
+        loaders.batch_sampler_of(made.train).sampler.set_epoch(epoch)
         for batch, _ in made.train:
             seen.update((batch[:, 0, 0, 0].long() + 256 * batch[:, 0, 0, 1].long()).tolist())
     held = set(split.indices.tolist())

@@ -33,9 +33,8 @@ def augment(
         return images  # nothing to draw or move
     count, size = images.shape[0], images.shape[-1]
     if padding == 0:  # a flip alone, without the gather of a crop: the same draws as below, the same images
-        torch.randint(0, 1, (2, count), generator=generator)
-        flips = torch.rand(count, generator=generator) < 0.5 if flip == "random" else torch.full((count,), flip == "all")
-        return torch.where(flips.to(images.device)[:, None, None, None], images.flip(-1), images)
+        flips = flip_draws(count, generator, flip).to(images.device)
+        return torch.where(flips[:, None, None, None], images.flip(-1), images)
     mode = "constant" if pad_mode == "zeros" else "reflect"
     padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
     offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator).to(images.device)
@@ -75,13 +74,48 @@ def random_resized_boxes(count: int, size: int, scale_min: float, generator: tor
     return torch.stack([top, left, height, width], dim=1)
 
 
-def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
-    """Each uint8 image's box (top, left, height, width) resized to size x size: torchvision's ``resized_crop``
-    (bilinear, antialiased) per image, on the batch's device; on a CPU its uint8 kernel (SIMD, no float copy)."""
+def flip_draws(count: int, generator: torch.Generator, flip: str = "random") -> torch.Tensor:
+    """Which images ``augment`` without padding mirrors (bool per image, on the CPU), from the same draws: none
+    for ``none``; else crop offsets (drawn, unused) then, for ``random``, one uniform number per image."""
+    if flip == "none":
+        return torch.zeros(count, dtype=torch.bool)
+    torch.randint(0, 1, (2, count), generator=generator)
+    return torch.rand(count, generator=generator) < 0.5 if flip == "random" else torch.full((count,), flip == "all")
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Each uint8 image's box (top, left, height, width) resized to size x size, mirrored where ``flips`` says:
+    torchvision's ``resized_crop`` (bilinear, antialiased) per image, on the batch's device (on a CPU its uint8
+    kernel: SIMD, no float copy), written straight into the batch (no stack, no second pass to flip; in a
+    DataLoader worker, into shared memory, which the batch is sent through)."""
     from torchvision.transforms.v2 import functional
 
-    return torch.stack([functional.resized_crop(image, top, left, height, width, [size, size], antialias=True)
-                        for image, (top, left, height, width) in zip(images, boxes.tolist())])
+    crops = images.new_empty((len(images), images.shape[1], size, size))
+    if torch.utils.data.get_worker_info() is not None:
+        crops.share_memory_()  # as default_collate does in a worker: sending the batch then copies nothing
+    mirrored = [False] * len(images) if flips is None else flips.tolist()
+    for index, ((top, left, height, width), mirror) in enumerate(zip(boxes.tolist(), mirrored)):
+        crop = functional.resized_crop(images[index], top, left, height, width, [size, size], antialias=True)
+        crops[index] = crop.flip(-1) if mirror else crop
+    return crops
+
+
+def batched_resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+    """``resized_crops`` in one batched kernel (torchvision.ops.roi_align, aligned: bilinear samples at the output
+    pixels' centres, as ``interpolate`` takes them; a box larger than ``size`` is averaged over ceil(box / size)
+    samples per pixel, near the antialiased filter but not it), rounded back to uint8: one launch for the batch
+    instead of several per image, which is what a GPU pays for."""
+    from torchvision.ops import roi_align
+
+    top, left, height, width = boxes.to(images.device, torch.float32).unbind(1)
+    index = torch.arange(len(images), device=images.device, dtype=torch.float32)
+    regions = torch.stack([index, left, top, left + width, top + height], dim=1)
+    crops = roi_align(images.float(), regions, (size, size), spatial_scale=1.0, sampling_ratio=0, aligned=True)
+    if flips is not None:
+        crops = torch.where(flips.to(images.device)[:, None, None, None], crops.flip(-1), crops)
+    return crops.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def eval_view(images: torch.Tensor, image_size: int, crop_fraction: float = 1.0) -> torch.Tensor:

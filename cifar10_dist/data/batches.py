@@ -5,6 +5,7 @@ epoch skips what was seen)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 import ignite.distributed as idist
@@ -12,7 +13,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import augmentation, resizing
+from cifar10_dist.data import augmentation, loaders, resizing
 from cifar10_dist.data.records import DatasetInfo
 
 logger = logging.getLogger("cifar10_dist")
@@ -38,6 +39,59 @@ def seed_default_generators(seed: int, device: torch.device) -> torch.Generator:
     return torch.default_generator.manual_seed(seed)
 
 
+@dataclass(frozen=True)
+class TrainCrops:
+    """Random-resized crops (``random_resized_crop``: the smallest area fraction ``scale``) of images stored at
+    ``stored`` px, cut at each epoch's side (``sizes``), and flips: all drawn from the iteration's generator, so
+    they depend on (seed, rank, iteration) alone. Called with a batch's epoch and iteration (by the DataLoader's
+    workers, ``crops_in_workers``), it draws and crops; the training process then only ``draws`` (the same
+    numbers, to leave its generator where the crops left it) and does no pixel work."""
+
+    seed: int
+    rank: int
+    stored: int
+    scale: float
+    flip: str  # the config's: random, none, all or alternating
+    sizes: resizing.ResizeSchedule
+
+    def flip_mode(self, epoch: int) -> str:
+        if self.flip != "alternating":
+            return self.flip
+        return "all" if epoch % 2 else "none"
+
+    def draws(self, count: int, epoch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(boxes, flips) of ``count`` images in ``epoch`` (0-based)."""
+        boxes = augmentation.random_resized_boxes(count, self.stored, self.scale, generator)
+        return boxes, augmentation.flip_draws(count, generator, self.flip_mode(epoch))
+
+    def apply(self, images: torch.Tensor, epoch: int, generator: torch.Generator) -> torch.Tensor:
+        boxes, flips = self.draws(len(images), epoch, generator)
+        return augmentation.resized_crops(images, boxes, self.sizes.size(epoch), flips)
+
+    def __call__(self, images: torch.Tensor, epoch: int, iteration: int) -> torch.Tensor:
+        """The batch of ``iteration`` (1-based) cropped and flipped, from a generator of its own (a worker's)."""
+        generator = torch.Generator().manual_seed(iteration_seed(self.seed, self.rank, iteration))
+        return self.apply(images, epoch, generator)
+
+
+def train_crops(config: Config, info: DatasetInfo) -> TrainCrops | None:
+    """The run's random-resized crops and flips, or None without ``random_resized_crop``."""
+    if not config.random_resized_crop:
+        return None
+    sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, info.image_size)
+    return TrainCrops(config.seed, idist.get_rank(), info.stored_size, config.random_resized_crop, config.flip,
+                      sizes)
+
+
+def crops_in_workers(config: Config, device: torch.device) -> bool:
+    """Whether the DataLoader's workers cut the random-resized crops: when training on a CPU with workers (they
+    run beside the training process on the other cores, which would otherwise crop while the step waits), the
+    images stay in host memory (no ``data_on_device``) and an epoch is one pass (iterations counted by the loader
+    match the trainer's). Elsewhere the training device crops (a GPU's kernels, the CPU's cores for the step)."""
+    return (device.type == "cpu" and config.num_workers > 0 and bool(config.random_resized_crop)
+            and not config.data_on_device and config.epoch_length is None)
+
+
 def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo
                          ) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
@@ -58,31 +112,36 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, info.image_size)
     if sizes.active:
         logger.info("progressive resizing: %s; evaluation at full size", sizes.describe(config.num_epochs))
+    crops = train_crops(config, info)
+    cropped_in_workers = crops is not None and crops_in_workers(config, device)
+    if cropped_in_workers:
+        logger.info("random-resized crops and flips: cut by the %d DataLoader workers (training on the CPU)",
+                    config.num_workers)
 
-    def flip_mode(iteration: int) -> str:
+    def flip_mode(epoch: int) -> str:
         if config.flip != "alternating":
             return config.flip
-        return "all" if ((iteration - 1) // iterations_per_epoch) % 2 else "none"
+        return "all" if epoch % 2 else "none"
 
-    def crop(images: torch.Tensor, generator: torch.Generator, side: int) -> torch.Tensor:
-        """A random-resized crop of each image (at this epoch's side), or the evaluation view when the images are
-        stored larger."""
-        if config.random_resized_crop:
-            boxes = augmentation.random_resized_boxes(len(images), images.shape[-1], config.random_resized_crop,
-                                                      generator)
-            return augmentation.resized_crops(images, boxes, side)
+    def crop(images: torch.Tensor, generator: torch.Generator, epoch: int) -> torch.Tensor:
+        """Random-resized crops and flips (cut here, or only drawn when the loader's workers cut them), a padded
+        crop and flip, or the evaluation view first when the images are stored larger."""
+        if crops is not None:
+            if cropped_in_workers:
+                crops.draws(len(images), epoch, generator)
+                return images
+            return crops.apply(images, epoch, generator)
         if images.shape[-1] != info.image_size:
-            return augmentation.eval_view(images, info.image_size, info.crop_fraction)
-        return images
+            images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
+        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(epoch))
 
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
-        side = sizes.size((iteration - 1) // iterations_per_epoch)
-        images = crop(images, generator, side)
-        padding = 0 if config.random_resized_crop else config.crop_padding
-        images = augmentation.augment(images, generator, padding, config.crop_pad_mode, flip_mode(iteration))
+        epoch = (iteration - 1) // iterations_per_epoch
+        side = sizes.size(epoch)
+        images = crop(images, generator, epoch)
         if image_policy is not None:
             images = augmentation.per_image(image_policy, images)
         inputs = augmentation.normalize(images, info.mean, info.std)
@@ -114,8 +173,8 @@ def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLo
 
     Skipping is exact when an epoch is one pass over the loader (epoch_length unset).
     """
-    sampler = loader.sampler
-    batch_size = loader.batch_size
+    sampler = loaders.batch_sampler_of(loader).sampler
+    batch_size = loaders.batch_size_of(loader)
 
     @trainer.on(Events.EPOCH_STARTED)
     def set_epoch(engine: Engine) -> None:

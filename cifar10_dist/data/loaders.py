@@ -1,25 +1,39 @@
 """In-memory images served in batches: whole batches sliced from one uint8 tensor (on the training device with
-``data_on_device``), a seeded sampler that can resume part-way through an epoch, exact evaluation shards at any
-world size, the held-out validation images and the fixed train subset."""
+``data_on_device``; training batches numbered with their iteration, so the workers can crop them as the training
+process would), a seeded sampler that can resume part-way through an epoch, exact evaluation shards at any world
+size, the held-out validation images and the fixed train subset."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
 from cifar10_dist.data.records import ImageSet, MappedImages
 from cifar10_dist.errors import UserError
 
 
-class BatchTensorDataset(Dataset):
-    """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work."""
+BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 images, epoch, iteration) -> images
 
-    def __init__(self, images: ImageSet) -> None:
+
+class NumberedBatch(list):
+    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts) it is."""
+
+    epoch: int
+    iteration: int
+
+
+class BatchTensorDataset(Dataset):
+    """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work; with
+    ``transform``, a numbered batch leaves transformed (in a DataLoader worker, when there are workers)."""
+
+    def __init__(self, images: ImageSet, transform: BatchTransform | None = None) -> None:
         self.images = images.images
         self.labels = images.labels
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -29,7 +43,10 @@ class BatchTensorDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(indices, device=self.images.device)
-        return self.images[index], self.labels[index]
+        images = self.images[index]
+        if self.transform is not None and isinstance(indices, NumberedBatch):
+            images = self.transform(images, indices.epoch, indices.iteration)
+        return images, self.labels[index]
 
     def __repr__(self) -> str:
         return f"BatchTensorDataset({len(self)} images)"
@@ -55,6 +72,31 @@ class ResumableSampler(DistributedSampler):
         indices = list(super().__iter__())[self.start :]
         self.start = 0
         return iter(indices)
+
+
+class NumberedBatches(BatchSampler):
+    """Full batches of a ResumableSampler's pass, each numbered with its epoch and iteration: the pass of epoch
+    e (``set_epoch``) starting at position p (``start_next_pass_at``) holds iterations e x len + p / batch + 1 on."""
+
+    def __init__(self, sampler: ResumableSampler, batch_size: int) -> None:
+        super().__init__(sampler, batch_size, drop_last=True)
+
+    def __iter__(self) -> Iterator[NumberedBatch]:
+        epoch = self.sampler.epoch
+        first = epoch * len(self) + self.sampler.start // self.batch_size + 1  # read before the pass resets start
+        for offset, indices in enumerate(super().__iter__()):
+            batch = NumberedBatch(indices)
+            batch.epoch, batch.iteration = epoch, first + offset
+            yield batch
+
+
+def batch_size_of(loader: Any) -> int:
+    """The images per batch of a loader (a DataLoader with batch_size or batch_sampler, or XLA's wrapper of one)."""
+    return batch_sampler_of(loader).batch_size
+
+
+def batch_sampler_of(loader: Any) -> BatchSampler:
+    return loader.batch_sampler if hasattr(loader, "batch_sampler") else loader._loader.batch_sampler
 
 
 class BalancedSampler(ResumableSampler):
@@ -142,11 +184,14 @@ def make_loaders(
     val: ImageSet | None = None,
     device: torch.device | None = None,
     balanced: bool = False,
+    train_transform: BatchTransform | None = None,
 ) -> Loaders:
-    """Train loader (shuffled per epoch, same order for a given seed and epoch) and exact evaluation loaders.
+    """Train loader (shuffled per epoch, same order for a given seed and epoch, batches numbered) and exact
+    evaluation loaders.
 
     ``balanced``: the training order draws every class equally often (``BalancedSampler``).
     With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
+    ``train_transform``: applied to each training batch where it is read (``batches.crops_in_workers``).
     """
     import ignite.distributed as idist
 
@@ -160,12 +205,15 @@ def make_loaders(
         train, test = to_device(train, device), to_device(test, device)
         val = to_device(val, device) if val is not None else None
         common.update(num_workers=0, persistent_workers=False, pin_memory=False)
-    train_dataset = BatchTensorDataset(train)
+    train_dataset = BatchTensorDataset(train, train_transform)
     sampler_type = BalancedSampler if balanced else ResumableSampler
     train_sampler = sampler_type(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
-    train_loader = idist.auto_dataloader(
-        train_dataset, batch_size=batch_size, sampler=train_sampler, drop_last=True, **common
-    )
+    per_process = batch_size // world_size if batch_size >= world_size else batch_size  # as auto_dataloader splits
+    with warnings.catch_warnings():  # our batch sampler is the distributed one: Ignite's caution does not apply
+        warnings.filterwarnings("ignore", message="Found batch_sampler in provided kwargs")
+        train_loader = idist.auto_dataloader(
+            train_dataset, batch_sampler=NumberedBatches(train_sampler, per_process), **common
+        )
     train_eval_loader = None
     if train_eval_size > 0:
         subset = fixed_subset(train, min(train_eval_size, len(train)), seed)

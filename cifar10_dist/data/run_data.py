@@ -16,7 +16,7 @@ import torch
 
 from cifar10_dist import sources
 from cifar10_dist.config import Config
-from cifar10_dist.data import loaders
+from cifar10_dist.data import batches, loaders
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
 from cifar10_dist.outputs import files, provenance
@@ -65,14 +65,15 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
         balanced=config.sampler == "balanced",
+        train_transform=batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device) else None,
     )
     class_counts = torch.bincount(held_out.train.labels.cpu(), minlength=len(loaded.info.classes)).tolist()
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
-    images_per_iteration = batch_loaders.train.batch_size * idist.get_world_size()
+    per_process = loaders.batch_size_of(batch_loaders.train)
+    images_per_iteration = per_process * idist.get_world_size()
     if images_per_iteration != config.batch_size:
         ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
-                           "%d per step", config.batch_size, idist.get_world_size(), batch_loaders.train.batch_size,
-                           images_per_iteration)
+                           "%d per step", config.batch_size, idist.get_world_size(), per_process, images_per_iteration)
     return DataSetup(
         train=held_out.train, info=loaded.info, loaders=batch_loaders, split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,

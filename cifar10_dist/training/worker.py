@@ -148,7 +148,7 @@ def setup_optimization(config: Config, network: Network, data_setup: run_data.Da
                                  data_setup.provenance)
     teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
     chooser = selection.from_config(config.select_fraction, config.select_until, network.forward, precision,
-                                    data_setup.total_iterations, data_setup.loaders.train.batch_size)
+                                    data_setup.total_iterations, loaders.batch_size_of(data_setup.loaders.train))
     step = TrainStep(network.forward, optimizer, distillation.distilled(loss_fn, config) if teacher else loss_fn,
                      precision, Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm, teacher,
                      chooser)
