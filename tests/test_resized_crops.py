@@ -69,6 +69,24 @@ def test_a_flip_alone_draws_and_mirrors_as_the_general_crop_and_flip_does():
     assert torch.equal(fast, torch.where(flips[:, None, None, None], images.flip(-1), images)) and flips.any()
 
 
+def test_batched_crops_are_the_per_image_crops_inside_the_box_and_flip_alike():
+    """The GPU's batched kernel (roi_align) samples where the per-image resize does: inside an enlarged box the
+    same pixels (uint8 rounding apart); at its edges it reads the image's pixels beyond the box."""
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    boxes = augmentation.random_resized_boxes(32, 32, 0.35, generator)
+    flips = torch.rand(32, generator=generator) < 0.5
+    each = augmentation.resized_crops(images, boxes, 28, flips).int()
+    batched = augmentation.batched_resized_crops(images, boxes, 28, flips)
+    assert batched.dtype == torch.uint8 and batched.shape == (32, 3, 28, 28)
+    enlarged = (boxes[:, 2] <= 28) & (boxes[:, 3] <= 28)
+    assert enlarged.sum() >= 10
+    inside = (each[enlarged] - batched.int()[enlarged])[..., 1:-1, 1:-1].abs()
+    assert inside.max() <= 3 and inside.float().mean() < 0.5
+    unflipped = augmentation.batched_resized_crops(images, boxes, 28)
+    assert torch.equal(batched[flips], unflipped[flips].flip(-1)) and torch.equal(batched[~flips], unflipped[~flips])
+
+
 def test_the_evaluation_view_is_the_central_crop_resized():
     images = torch.randint(0, 256, (2, 3, 37, 37), dtype=torch.uint8)
     assert torch.equal(augmentation.eval_view(images, 32, 0.875), images[..., 2:34, 2:34])  # stored at 32 / 0.875
