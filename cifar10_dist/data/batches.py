@@ -127,7 +127,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         logger.info("random-resized crops and flips: cut by the %d DataLoader workers (training on the CPU)",
                     config.num_workers)
     elif crops is not None and batched_crops(device):
-        logger.info("random-resized crops and flips: one batched kernel on %s (torchvision.ops.roi_align)", device)
+        logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 
     def flip_mode(epoch: int) -> str:
         if config.flip != "alternating":
