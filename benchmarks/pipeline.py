@@ -3,8 +3,9 @@ against torchvision's ImageFolder + PIL transforms, the same work per image on b
 
 The images are the JPEG archive's CIFAR-10 training images upscaled to 500x375 and saved as JPEG q90 (what a
 photo folder holds; made here, once, under --work). Both pipelines run in this one process on one thread
-(torch.set_num_threads(1), DataLoader without workers), so each figure is what one core delivers; a DataLoader
-spreads the same work over its workers.
+(torch.set_num_threads(1), DataLoader without workers; freed memory kept, as a run keeps it), so each figure is
+what one core delivers; a DataLoader spreads the same work over its workers (benchmarks/pipeline_training.py runs
+it end to end).
 
 Per image, torchvision: decode the JPEG, RandomResizedCrop(224, scale 0.08-1) from the whole photo (PIL,
 bilinear), RandomHorizontalFlip, ToTensor, Normalize. Ours: the folder's cache holds each photo decoded once,
@@ -34,6 +35,7 @@ import torch
 
 from benchmarks import records
 from benchmarks.transfer import extract
+from cifar10_dist.system import cpu
 
 SIZE, STORED, BATCH = 224, 256, 64
 SCALE = 0.08  # torchvision's RandomResizedCrop default
@@ -115,7 +117,8 @@ def our_epoch(folder: Path, stage: str) -> Callable[[], int]:
         for images, _ in train:
             if stage != "reads":
                 boxes = augmentation.random_resized_boxes(len(images), STORED, SCALE, generator)
-                images = augmentation.augment(augmentation.resized_crops(images, boxes, SIZE), generator, 0)
+                flips = augmentation.flip_draws(len(images), generator)
+                images = augmentation.resized_crops(images, boxes, SIZE, flips)
             if stage == "normalised":
                 images = augmentation.normalize(images, loaded.info.mean, loaded.info.std)
             count += len(images)
@@ -147,6 +150,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default="benchmark_pipeline.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    cpu.keep_freed_memory()  # as a training process does (keep_freed_memory): fresh batches fault no pages in
     print(f"{records.machine('cpu')}, torch {torch.__version__}; one thread", flush=True)
     work = Path(args.work)
     folder = photo_folder(extract(Path(args.archive), work), work / f"photos-{args.images}", args.images)

@@ -11,6 +11,9 @@ train --dataset=folder --image_size=224 --crop_fraction=0.875 --random_resized_c
 --batch_size=64`` with the same model in a fresh process; its cache (each photo decoded once, stored at 256 px)
 is built first by ``prepare-data`` in its own timed process, so the epochs read the cache and skip the decode
 that torchvision's side does every epoch: the build is reported beside the ratio and spread over 2 and 10 epochs.
+Two thread settings, each on both sides: torch's default intra-op threads in the training process (one per core),
+and one thread there (OMP_NUM_THREADS=1 for ours, torch.set_num_threads(1) for theirs), which leaves the cores to
+the workers when the step is this light: idle intra-op threads spin and take the workers' cores.
 
     python -m benchmarks.pipeline_training --work=DIR [--archive=../shared/data/cifar10-jpg.tar.xz]
         [--images=6000] [--epochs=2] [--json=PATH]
@@ -19,6 +22,7 @@ that torchvision's side does every epoch: the build is reported beside the ratio
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +37,8 @@ from benchmarks.pipeline import photo_folder
 from benchmarks.transfer import extract
 
 SIZE, STORED, BATCH, WORKERS, SCALE = 224, 256, 64, 2, 0.08
+DEFAULT_THREADS = torch.get_num_threads()
+SETTINGS = {"default_threads": None, "one_thread": 1}  # the training process's intra-op threads, both sides
 TEST_PER_CLASS = 20
 
 TINY_MODEL = '''"""A near-zero model: what is left of a training step is the input pipeline."""
@@ -57,10 +63,12 @@ def test_split(images: Path, target: Path) -> None:
                     image.convert("RGB").resize((500, 375), Image.BICUBIC).save(folder / source.name, quality=90)
 
 
-def torchvision_epochs(folder: Path, model_file: Path, epochs: int) -> list[float]:
-    """Images per second of each epoch of the plain loop over torchvision's pipeline."""
+def torchvision_epochs(folder: Path, model_file: Path, epochs: int, threads: int | None) -> list[float]:
+    """Images per second of each epoch of the plain loop over torchvision's pipeline (``threads``: the loop's
+    intra-op threads; None: torch's default)."""
     from torchvision import datasets, transforms
 
+    torch.set_num_threads(threads or DEFAULT_THREADS)
     namespace: dict[str, Any] = {}
     exec(model_file.read_text(), namespace)
     torch.manual_seed(0)
@@ -99,11 +107,20 @@ def build_cache(folder: Path) -> float:
     return time.perf_counter() - started
 
 
-def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path) -> list[float]:
-    """Images per second of each training epoch of our run (metrics.jsonl), evaluation excluded."""
-    run = runner.train_ours(work / "ours", dataset="folder", data_path=str(folder), image_size=SIZE,
-                            crop_fraction=0.875, random_resized_crop=SCALE, num_workers=WORKERS, batch_size=BATCH,
-                            num_epochs=epochs, model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
+def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, threads: int | None) -> list[float]:
+    """Images per second of each training epoch of our run (metrics.jsonl), evaluation excluded; ``threads``:
+    OMP_NUM_THREADS for its training process (None: the default)."""
+    before = os.environ.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        run = runner.train_ours(work / "ours", dataset="folder", data_path=str(folder), image_size=SIZE,
+                                crop_fraction=0.875, random_resized_crop=SCALE, num_workers=WORKERS, batch_size=BATCH,
+                                num_epochs=epochs, model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if before is not None:
+            os.environ["OMP_NUM_THREADS"] = before
     return [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
 
 
@@ -128,25 +145,28 @@ def main() -> None:
     model_file = work / "tiny_model.py"
     model_file.write_text(TINY_MODEL)
     images = sum(1 for _ in (folder / "train").rglob("*.jpg"))
-    theirs = torchvision_epochs(folder, model_file, args.epochs)
-    print("torchvision: " + ", ".join(f"{speed:.0f}" for speed in theirs) + " images/s per epoch", flush=True)
     build = build_cache(folder)
     print(f"our cache of {images} photos at {STORED} px (prepare-data): {build:.1f} s", flush=True)
-    ours = our_epochs(folder, model_file, args.epochs, work)
-    print("ours:        " + ", ".join(f"{speed:.0f}" for speed in ours) + " images/s per epoch", flush=True)
-    per_epoch = [mine / their for mine, their in zip(ours, theirs)]
-    mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
-    ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
-              **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n)
-                 for n in (args.epochs, 10)}}
-    print(f"ours vs torchvision per epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the cache build spread "
-          f"over {args.epochs} epochs {ratios[f'build_over_{args.epochs}_epochs']:.2f}x, over 10 "
-          f"{ratios['build_over_10_epochs']:.2f}x")
+    results: dict[str, Any] = {}
+    for setting, threads in SETTINGS.items():
+        theirs = torchvision_epochs(folder, model_file, args.epochs, threads)
+        ours = our_epochs(folder, model_file, args.epochs, work, threads)
+        per_epoch = [mine / their for mine, their in zip(ours, theirs)]
+        mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
+        ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
+                  **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n)
+                     for n in (args.epochs, 10)}}
+        results[setting] = {"threads": threads or DEFAULT_THREADS, "torchvision_images_per_second": theirs,
+                            "ours_images_per_second": ours, "ratios": ratios}
+        print(f"{setting} ({threads or DEFAULT_THREADS} thread(s) for the step): torchvision "
+              f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
+              f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {args.epochs} epochs "
+              f"{ratios[f'build_over_{args.epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
+              flush=True)
     records.write(Path(args.json_path), {
         "torch": str(torch.__version__), "images": images, "size": SIZE, "stored": STORED, "scale": SCALE,
         "batch": BATCH, "workers": WORKERS, "epochs": args.epochs, "model": "global average pool + linear (3 -> 10)",
-        "torchvision_images_per_second": theirs, "ours_images_per_second": ours,
-        "cache_build_seconds": build, "ratios": ratios})
+        "cache_build_seconds": build, "settings": results})
     print(f"wrote {args.json_path}")
 
 

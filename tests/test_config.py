@@ -6,9 +6,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cifar10_dist.config import Config, describe_options, load_config
+from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, run_in_process
 
@@ -18,7 +20,12 @@ def test_defaults_are_the_ignite_tutorials():
     assert (config.seed, config.data_path, config.output_path, config.model) == (543, "cifar10", "output-cifar10/", "resnet18")
     assert (config.batch_size, config.momentum, config.nesterov, config.weight_decay) == (512, 0.9, True, 1e-4)
     assert (config.learning_rate, config.num_epochs, config.num_warmup_epochs, config.validate_every) == (0.4, 5, 1, 3)
-    assert (config.checkpoint_every, config.num_workers, config.log_every_iters) == (200, 2, 15)
+    assert (config.checkpoint_every, config.log_every_iters) == (200, 15)
+    # the tutorial's 2 DataLoader workers where it trains (a GPU); none on a CPU, where reading in the training
+    # process is faster (the batches are the same either way)
+    assert config.num_workers == "auto"
+    assert (loaders.workers_for("auto", torch.device("cuda")), loaders.workers_for("auto", torch.device("cpu"))) == (2, 0)
+    assert loaders.workers_for(3, torch.device("cpu")) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
     assert (config.with_amp, config.backend, config.resume_from, config.epoch_length) == (False, None, None, None)
 
 

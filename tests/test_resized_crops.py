@@ -58,6 +58,13 @@ def test_a_crop_is_the_boxes_pixels_resized():
     shrunk = augmentation.resized_crops(images, box, 7)  # torchvision's antialiased resize of each box
     for image, crop, (top, left, height, width) in zip(images, shrunk, box.tolist()):
         assert torch.equal(crop, F.resize(image[:, top:top + height, left:left + width], [7, 7], antialias=True))
+    photos = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
+    boxes = augmentation.random_resized_boxes(6, 64, 0.08, torch.Generator().manual_seed(2))  # enlarged and shrunk
+    flips = torch.tensor([True, False] * 3)
+    cut = augmentation.resized_crops(photos, boxes, 56, flips)
+    for photo, crop, (top, left, height, width), flip in zip(photos, cut, boxes.tolist(), flips.tolist()):
+        theirs = F.resized_crop(photo, top, left, height, width, [56, 56], antialias=True)
+        assert torch.equal(crop, theirs.flip(-1) if flip else theirs)
 
 
 def test_a_flip_alone_draws_and_mirrors_as_the_general_crop_and_flip_does():

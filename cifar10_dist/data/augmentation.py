@@ -86,9 +86,10 @@ def flip_draws(count: int, generator: torch.Generator, flip: str = "random") -> 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
                   ) -> torch.Tensor:
     """Each uint8 image's box (top, left, height, width) resized to size x size, mirrored where ``flips`` says:
-    torchvision's ``resized_crop`` (bilinear, antialiased) per image, on the batch's device (on a CPU its uint8
-    kernel: SIMD, no float copy), written straight into the batch (no stack, no second pass to flip; in a
-    DataLoader worker, into shared memory, which the batch is sent through)."""
+    torchvision's ``resized_crop`` (bilinear, antialiased) per image, on the batch's device (on a CPU the uint8
+    kernel it calls, ``interpolate``, called directly: SIMD, no float copy, the same numbers), written straight
+    into the batch (no stack, no second pass to flip; in a DataLoader worker, into shared memory, which the batch
+    is sent through)."""
     from torchvision.transforms.v2 import functional
 
     crops = images.new_empty((len(images), images.shape[1], size, size))
@@ -96,7 +97,11 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: t
         crops.share_memory_()  # as default_collate does in a worker: sending the batch then copies nothing
     mirrored = [False] * len(images) if flips is None else flips.tolist()
     for index, ((top, left, height, width), mirror) in enumerate(zip(boxes.tolist(), mirrored)):
-        crop = functional.resized_crop(images[index], top, left, height, width, [size, size], antialias=True)
+        if images.device.type == "cpu":
+            box = images[index:index + 1, :, top:top + height, left:left + width]
+            crop = torch.nn.functional.interpolate(box, size=(size, size), mode="bilinear", antialias=True)[0]
+        else:
+            crop = functional.resized_crop(images[index], top, left, height, width, [size, size], antialias=True)
         crops[index] = crop.flip(-1) if mirror else crop
     return crops
 

@@ -97,7 +97,8 @@ def crops_in_workers(config: Config, device: torch.device) -> bool:
     run beside the training process on the other cores, which would otherwise crop while the step waits), the
     images stay in host memory (no ``data_on_device``) and an epoch is one pass (iterations counted by the loader
     match the trainer's). Elsewhere the training device crops (a GPU's kernels, the CPU's cores for the step)."""
-    return (device.type == "cpu" and config.num_workers > 0 and bool(config.random_resized_crop)
+    return (device.type == "cpu" and loaders.workers_for(config.num_workers, device) > 0
+            and bool(config.random_resized_crop)
             and not config.data_on_device and config.epoch_length is None)
 
 
@@ -125,7 +126,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     cropped_in_workers = crops is not None and crops_in_workers(config, device)
     if cropped_in_workers:
         logger.info("random-resized crops and flips: cut by the %d DataLoader workers (training on the CPU)",
-                    config.num_workers)
+                    loaders.workers_for(config.num_workers, device))
     elif crops is not None and batched_crops(device):
         logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 

@@ -173,6 +173,19 @@ def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
     return images.subset(order)
 
 
+AUTO_WORKERS = 2  # num_workers=auto where the batches feed an accelerator
+
+
+def workers_for(setting: int | str, device: torch.device) -> int:
+    """``num_workers``: a number as given; auto: none when training on a CPU, where the batches' reads (from memory
+    or the memory-mapped cache) and crops cost less in the training process than passing each batch between
+    processes through shared memory (benchmarks/pipeline_training.py), else AUTO_WORKERS, whose reads overlap the
+    accelerator's step."""
+    if setting != "auto":
+        return int(setting)
+    return 0 if device.type == "cpu" else AUTO_WORKERS
+
+
 def make_loaders(
     train: ImageSet,
     test: ImageSet,

@@ -61,8 +61,12 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     else:
         held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
     train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
+    workers = loaders.workers_for(config.num_workers, device)
+    if config.num_workers == "auto" and not config.data_on_device:
+        ranks.on_rank_zero(logger.info, "num_workers=auto: %d (%s)", workers, "training on the CPU: batches are "
+                           "read in the training process" if workers == 0 else "worker processes read the batches")
     batch_loaders = loaders.make_loaders(
-        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=config.num_workers,
+        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
         balanced=config.sampler == "balanced",
         train_transform=batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device) else None,
