@@ -1,19 +1,19 @@
 """The input pipeline end to end, as a user meets it: a near-zero model (global average pool + linear) trained
-for 2 epochs on photos at 224 px with random-resized crops (scale 0.08-1) and flips, 2 DataLoader workers on each
-side, on this machine's CPU; images per second of each training epoch (evaluation excluded), both sides in this
+for 2 epochs on photos at 224 px with random-resized crops (scale 0.08-1) and flips, on this machine's CPU; images per second of each training epoch (evaluation excluded), both sides in this
 one invocation.
 
 The photos: --images of the JPEG archive's CIFAR-10 training images upscaled to 500x375, JPEG q90 (made once under
 --work; 20 test images per class beside them). torchvision's side: ``ImageFolder`` + PIL transforms
 (``RandomResizedCrop(224, scale=(0.08, 1))``, ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``), a DataLoader of
 batch 64 with 2 persistent workers, a plain loop (forward, cross-entropy, backward, SGD step). Ours: ``cifar10-dist
-train --dataset=folder --image_size=224 --crop_fraction=0.875 --random_resized_crop=0.08 --num_workers=2
---batch_size=64`` with the same model in a fresh process; its cache (each photo decoded once, stored at 256 px)
+train --dataset=folder --image_size=224 --crop_fraction=0.875 --random_resized_crop=0.08 --batch_size=64`` with the
+same model in a fresh process, with its default num_workers (auto: none on a CPU, the crops cut in the training
+process) and with 2 workers (which then cut the crops); its cache (each photo decoded once, stored at 256 px)
 is built first by ``prepare-data`` in its own timed process, so the epochs read the cache and skip the decode
 that torchvision's side does every epoch: the build is reported beside the ratio and spread over 2 and 10 epochs.
-Two thread settings, each on both sides: torch's default intra-op threads in the training process (one per core),
-and one thread there (OMP_NUM_THREADS=1 for ours, torch.set_num_threads(1) for theirs), which leaves the cores to
-the workers when the step is this light: idle intra-op threads spin and take the workers' cores.
+With 2 workers, two thread settings, each on both sides: torch's default intra-op threads in the training process
+(one per core), and one thread there (OMP_NUM_THREADS=1 for ours, torch.set_num_threads(1) for theirs), which
+leaves the cores to the workers when the step is this light: idle intra-op threads spin and take their cores.
 
     python -m benchmarks.pipeline_training --work=DIR [--archive=../shared/data/cifar10-jpg.tar.xz]
         [--images=6000] [--epochs=2] [--json=PATH]
@@ -38,7 +38,9 @@ from benchmarks.transfer import extract
 
 SIZE, STORED, BATCH, WORKERS, SCALE = 224, 256, 64, 2, 0.08
 DEFAULT_THREADS = torch.get_num_threads()
-SETTINGS = {"default_threads": None, "one_thread": 1}  # the training process's intra-op threads, both sides
+# name: (our num_workers, the training process's intra-op threads on both sides: None for torch's default);
+# torchvision's side always has WORKERS workers
+SETTINGS = {"defaults": ("auto", None), "two_workers": (WORKERS, None), "two_workers_one_thread": (WORKERS, 1)}
 TEST_PER_CLASS = 20
 
 TINY_MODEL = '''"""A near-zero model: what is left of a training step is the input pipeline."""
@@ -107,7 +109,8 @@ def build_cache(folder: Path) -> float:
     return time.perf_counter() - started
 
 
-def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, threads: int | None) -> list[float]:
+def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, workers: int | str, threads: int | None
+               ) -> list[float]:
     """Images per second of each training epoch of our run (metrics.jsonl), evaluation excluded; ``threads``:
     OMP_NUM_THREADS for its training process (None: the default)."""
     before = os.environ.pop("OMP_NUM_THREADS", None)
@@ -115,7 +118,7 @@ def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         run = runner.train_ours(work / "ours", dataset="folder", data_path=str(folder), image_size=SIZE,
-                                crop_fraction=0.875, random_resized_crop=SCALE, num_workers=WORKERS, batch_size=BATCH,
+                                crop_fraction=0.875, random_resized_crop=SCALE, num_workers=workers, batch_size=BATCH,
                                 num_epochs=epochs, model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
     finally:
         os.environ.pop("OMP_NUM_THREADS", None)
@@ -148,17 +151,19 @@ def main() -> None:
     build = build_cache(folder)
     print(f"our cache of {images} photos at {STORED} px (prepare-data): {build:.1f} s", flush=True)
     results: dict[str, Any] = {}
-    for setting, threads in SETTINGS.items():
+    for setting, (workers, threads) in SETTINGS.items():
         theirs = torchvision_epochs(folder, model_file, args.epochs, threads)
-        ours = our_epochs(folder, model_file, args.epochs, work, threads)
+        ours = our_epochs(folder, model_file, args.epochs, work, workers, threads)
         per_epoch = [mine / their for mine, their in zip(ours, theirs)]
         mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
         ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
                   **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n)
                      for n in (args.epochs, 10)}}
-        results[setting] = {"threads": threads or DEFAULT_THREADS, "torchvision_images_per_second": theirs,
+        results[setting] = {"our_num_workers": workers, "their_num_workers": WORKERS,
+                            "threads": threads or DEFAULT_THREADS, "torchvision_images_per_second": theirs,
                             "ours_images_per_second": ours, "ratios": ratios}
-        print(f"{setting} ({threads or DEFAULT_THREADS} thread(s) for the step): torchvision "
+        print(f"{setting} (our num_workers={workers}, theirs {WORKERS}; {threads or DEFAULT_THREADS} thread(s) for "
+              f"the step): torchvision "
               f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
               f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {args.epochs} epochs "
               f"{ratios[f'build_over_{args.epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
