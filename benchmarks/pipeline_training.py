@@ -1,6 +1,6 @@
 """The input pipeline end to end, as a user meets it: a near-zero model (global average pool + linear) trained
-for 2 epochs on photos at 224 px with random-resized crops (scale 0.08-1) and flips, on this machine's CPU; images per second of each training epoch (evaluation excluded), both sides in this
-one invocation.
+for 2 epochs on photos at 224 px with random-resized crops (scale 0.08-1) and flips, on this machine's CPU; images
+per second of each training epoch (evaluation excluded), both sides in this one invocation.
 
 The photos: --images of the JPEG archive's CIFAR-10 training images upscaled to 500x375, JPEG q90 (made once under
 --work; 20 test images per class beside them). torchvision's side: ``ImageFolder`` + PIL transforms
