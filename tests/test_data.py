@@ -184,3 +184,20 @@ def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the
     with pytest.raises(UserError, match=r"could not be extracted \(refusing to extract '../escaped.txt'"):
         cifar.ensure_cifar10(hostile, download=False)
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_outgrows_memory(tmp_path, monkeypatch):
+    """num_workers=auto: 0 on a CPU for images in memory or a cache the page cache can hold, 2 for a larger cache
+    (the reads then come from disk and overlap the step) and on an accelerator; a number is kept as given."""
+    from cifar10_dist.data.records import MappedImages
+
+    np.save(tmp_path / "images.npy", np.zeros((10, 3, 8, 8), dtype=np.uint8))
+    cache = MappedImages(tmp_path / "images.npy", np.arange(10))
+    size = (tmp_path / "images.npy").stat().st_size
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(loaders, "free_bytes", lambda device: 10 * size)
+    assert [loaders.workers_for("auto", cpu, images) for images in (None, torch.zeros(2), cache)] == [0, 0, 0]
+    monkeypatch.setattr(loaders, "free_bytes", lambda device: size)  # the file over 80% of what is available
+    assert loaders.workers_for("auto", cpu, cache) == 2 and loaders.workers_for("auto", cpu, torch.zeros(2)) == 0
+    assert loaders.workers_for("auto", cuda, None) == 2 and loaders.workers_for(5, cpu, cache) == 5
+    assert loaders.workers_for(0, cuda, None) == 0

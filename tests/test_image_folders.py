@@ -206,7 +206,7 @@ def test_crops_cut_by_the_loaders_workers_train_exactly_as_crops_cut_in_the_trai
         done = run_in_process("run", *[arg for arg in common if arg != "--num_workers=0"], *flags, f"--run_name={name}")
         assert done.returncode == 0, done.stderr[-3000:]
         said = (tmp_path / name / "run.log").read_text()
-        assert ("cut by the 2 DataLoader workers" in said) == (name == "workers")
+        assert ("crops and flips: cut by the DataLoader workers" in said) == (name == "workers")
     middle = tmp_path / "workers" / "training_checkpoint_10.pt"
     resumed = run_in_process("run", *[arg for arg in common if arg != "--num_workers=0"], "--num_workers=2",
                              "--run_name=resumed", f"--resume_from={middle}")

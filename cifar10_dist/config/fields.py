@@ -100,8 +100,9 @@ class Config:
                                  bounds=Bounds(10, reads="at least 10 (it is too small)"),
                                  tunable=False, inherited_by_evaluate=True)
     num_workers: Union[int, str] = option("auto", "DataLoader worker processes per node (split over local processes); "
-                                          "auto: 0 when training on a CPU (reading in the training process is "
-                                          "faster there), else 2", also=("auto",), bounds=AT_LEAST_0, per_worker=True)
+                                          "auto: 0 when training on a CPU from images that fit in memory (reading "
+                                          "in the training process is faster there), else 2", also=("auto",),
+                                          bounds=AT_LEAST_0, per_worker=True)
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics",
                                   bounds=Bounds(0, reads="0 (off) or more"))
     val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "

@@ -92,18 +92,17 @@ def train_crops(config: Config, info: DatasetInfo) -> TrainCrops | None:
                       sizes)
 
 
-def crops_in_workers(config: Config, device: torch.device) -> bool:
-    """Whether the DataLoader's workers cut the random-resized crops: when training on a CPU with workers (they
+def crops_in_workers(config: Config, device: torch.device, workers: int) -> bool:
+    """Whether the loader's ``workers`` cut the random-resized crops: when training on a CPU with workers (they
     run beside the training process on the other cores, which would otherwise crop while the step waits), the
     images stay in host memory (no ``data_on_device``) and an epoch is one pass (iterations counted by the loader
     match the trainer's). Elsewhere the training device crops (a GPU's kernels, the CPU's cores for the step)."""
-    return (device.type == "cpu" and loaders.workers_for(config.num_workers, device) > 0
-            and bool(config.random_resized_crop)
-            and not config.data_on_device and config.epoch_length is None)
+    return (device.type == "cpu" and workers > 0 and bool(config.random_resized_crop) and not config.data_on_device
+            and config.epoch_length is None)
 
 
-def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo
-                         ) -> PrepareBatch:
+def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo,
+                         cropped_in_loader: bool = False) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation (the
@@ -123,10 +122,9 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     if sizes.active:
         logger.info("progressive resizing: %s; evaluation at full size", sizes.describe(config.num_epochs))
     crops = train_crops(config, info)
-    cropped_in_workers = crops is not None and crops_in_workers(config, device)
+    cropped_in_workers = crops is not None and cropped_in_loader
     if cropped_in_workers:
-        logger.info("random-resized crops and flips: cut by the %d DataLoader workers (training on the CPU)",
-                    loaders.workers_for(config.num_workers, device))
+        logger.info("random-resized crops and flips: cut by the DataLoader workers (training on the CPU)")
     elif crops is not None and batched_crops(device):
         logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 

@@ -173,17 +173,26 @@ def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
     return images.subset(order)
 
 
-AUTO_WORKERS = 2  # num_workers=auto where the batches feed an accelerator
+AUTO_WORKERS = 2  # num_workers=auto where reads overlap the step: an accelerator's, or a CPU's from disk
 
 
-def workers_for(setting: int | str, device: torch.device) -> int:
-    """``num_workers``: a number as given; auto: none when training on a CPU, where the batches' reads (from memory
-    or the memory-mapped cache) and crops cost less in the training process than passing each batch between
-    processes through shared memory (benchmarks/pipeline_training.py), else AUTO_WORKERS, whose reads overlap the
-    accelerator's step."""
+def workers_for(setting: int | str, device: torch.device, images: Any = None) -> int:
+    """``num_workers``: a number as given; auto: none when training on a CPU from images held in memory (a tensor,
+    or a memory-mapped cache the page cache can hold: at most DEVICE_SHARE of the memory available), where the
+    reads and crops cost less in the training process than passing each batch between processes through shared
+    memory (benchmarks/pipeline_training.py); else AUTO_WORKERS, whose reads overlap the step."""
     if setting != "auto":
         return int(setting)
-    return 0 if device.type == "cpu" else AUTO_WORKERS
+    return 0 if device.type == "cpu" and held_in_memory(images) else AUTO_WORKERS
+
+
+def held_in_memory(images: Any) -> bool:
+    """Whether reading ``images`` (None: not known, taken as held) costs no disk: a memory-mapped cache counts
+    when its file fits DEVICE_SHARE of the memory available to processes."""
+    if not isinstance(images, MappedImages):
+        return True
+    available = free_bytes(torch.device("cpu"))
+    return available is None or images.path.stat().st_size <= DEVICE_SHARE * available
 
 
 def make_loaders(

@@ -41,6 +41,7 @@ class DataSetup:
     iterations_per_epoch: int
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
+    cropped_in_loader: bool = False  # the train loader's workers cut the random-resized crops (batches.TrainCrops)
     class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
 
 
@@ -61,15 +62,16 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     else:
         held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
     train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    workers = loaders.workers_for(config.num_workers, device)
+    workers = loaders.workers_for(config.num_workers, device, train_images.images)
     if config.num_workers == "auto" and not config.data_on_device:
-        ranks.on_rank_zero(logger.info, "num_workers=auto: %d (%s)", workers, "training on the CPU: batches are "
-                           "read in the training process" if workers == 0 else "worker processes read the batches")
+        ranks.on_rank_zero(logger.info, "num_workers=auto: %d (%s)", workers, "training on the CPU from memory: "
+                           "batches are read in the training process" if workers == 0 else "reads overlap the step")
+    crops = batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device, workers) else None
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
         balanced=config.sampler == "balanced",
-        train_transform=batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device) else None,
+        train_transform=crops,
     )
     class_counts = torch.bincount(held_out.train.labels.cpu(), minlength=len(loaded.info.classes)).tolist()
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
@@ -83,7 +85,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration, class_counts=class_counts,
+        images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
     )
 
 

@@ -40,7 +40,7 @@ class EvaluationWorker:
             loaded = run_data.load_datasets(config)
             batch_loaders = loaders.make_loaders(
                 loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
-                num_workers=loaders.workers_for(config.num_workers, device),
+                num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
                 train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
             )
             precision = process_setup.setup_precision(config, device)

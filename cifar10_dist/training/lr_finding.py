@@ -133,7 +133,7 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     step = TrainStep(forward, optimizer, loss_fn, precision, Accumulation(config.accumulation_steps, model),
                      config.clip_grad_norm)
     trainer = create_trainer(step, batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch,
-                                                                data_setup.info))
+                                                                data_setup.info, data_setup.cropped_in_loader))
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
     learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
                                             optimizer, data_setup.loaders.train, ratios, settings)

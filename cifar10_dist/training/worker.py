@@ -186,7 +186,7 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
-        device, config, data_setup.iterations_per_epoch, data_setup.info))
+        device, config, data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader))
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     if config.freeze_epochs:
         BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch
