@@ -39,6 +39,14 @@ def seed_default_generators(seed: int, device: torch.device) -> torch.Generator:
     return torch.default_generator.manual_seed(seed)
 
 
+def epoch_flip(flip: str, epoch: int) -> str:
+    """The flip of ``epoch`` (0-based): the config's, or for alternating (a pre-flipped training set) none in even
+    epochs and all in odd ones."""
+    if flip != "alternating":
+        return flip
+    return "all" if epoch % 2 else "none"
+
+
 @dataclass(frozen=True)
 class TrainCrops:
     """Random-resized crops (``random_resized_crop``: the smallest area fraction ``scale``) of images stored at
@@ -54,15 +62,10 @@ class TrainCrops:
     flip: str  # the config's: random, none, all or alternating
     sizes: resizing.ResizeSchedule
 
-    def flip_mode(self, epoch: int) -> str:
-        if self.flip != "alternating":
-            return self.flip
-        return "all" if epoch % 2 else "none"
-
     def draws(self, count: int, epoch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(boxes, flips) of ``count`` images in ``epoch`` (0-based)."""
         boxes = augmentation.random_resized_boxes(count, self.stored, self.scale, generator)
-        return boxes, augmentation.flip_draws(count, generator, self.flip_mode(epoch))
+        return boxes, augmentation.flip_draws(count, generator, epoch_flip(self.flip, epoch))
 
     def apply(self, images: torch.Tensor, epoch: int, generator: torch.Generator) -> torch.Tensor:
         """Cut on the images' device: per image on a CPU, in one batched kernel on a GPU (``batched_crops``)."""
@@ -112,6 +115,8 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     records a stack trace for their lazy start at each call (1.3 ms per iteration, issue 29). With alternating
     flip the training set is pre-flipped (``loaders.pre_flip``) and whole batches are mirrored in every second epoch.
     With progressive resizing (``resize_start``) each epoch's images are resized to its side (``data.resizing``).
+    ``cropped_in_loader``: the loader's workers cut the random-resized crops (``TrainCrops``); here they are only
+    drawn, to leave the generator where they left it.
     """
     rank = idist.get_rank()
     layout = memory_format(config.channels_last)
@@ -128,11 +133,6 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
     elif crops is not None and batched_crops(device):
         logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 
-    def flip_mode(epoch: int) -> str:
-        if config.flip != "alternating":
-            return config.flip
-        return "all" if epoch % 2 else "none"
-
     def crop(images: torch.Tensor, generator: torch.Generator, epoch: int) -> torch.Tensor:
         """Random-resized crops and flips (cut here, or only drawn when the loader's workers cut them), a padded
         crop and flip, or the evaluation view first when the images are stored larger."""
@@ -143,7 +143,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
             return crops.apply(images, epoch, generator)
         if images.shape[-1] != info.image_size:
             images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
-        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, flip_mode(epoch))
+        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, epoch_flip(config.flip, epoch))
 
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
