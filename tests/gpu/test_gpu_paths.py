@@ -196,6 +196,18 @@ def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(reco
     assert not fits(int(result.batch_size / batch_sizes.GPU_MARGIN) * 2 + 64)
 
 
+def resumed_alike(data: Path, output: Path, flags: list[str]):
+    """A run ("whole") and the run resumed from its first checkpoint ("resumed") end with the same training
+    state; the whole run's process result."""
+    whole = run(data, output, "whole", *flags)
+    steps = re.findall(r"training_checkpoint_(\d+)\.pt", " ".join(p.name for p in (output / "whole").iterdir()))
+    middle = min(int(step) for step in steps)
+    run(data, output, "resumed", *flags, f"--resume_from={output / 'whole' / f'training_checkpoint_{middle}.pt'}")
+    final = newest_checkpoint(output / "whole").name
+    assert_same_training_state(output / "whole" / final, output / "resumed" / final)
+    return whole
+
+
 def checkpoint_inside(data: Path) -> str:
     """A checkpoint inside the first epoch: of real CIFAR-10's 195 iterations, or of the rehearsal's 7."""
     return f"--checkpoint_every={150 if is_real(data) else 5}"
@@ -206,14 +218,8 @@ def test_progressive_resizing_and_data_selection_train_on_the_gpu_and_resume_exa
     still selecting and at a reduced size, ends with the uninterrupted run's weights; evaluation at full size."""
     levers = ["--resize_start=0.5", "--resize_until=0.75", "--select_fraction=0.5",
               "--data_on_device=True", "--with_amp=auto", "--deterministic=True", checkpoint_inside(check_data)]
-    whole = run(check_data, tmp_path, "whole", *levers)
+    whole = resumed_alike(check_data, tmp_path, levers)
     assert "progressive resizing: 16 px in epoch 1, 24 px in epoch 2 (full size 32 px)" in whole.stderr
-    steps = re.findall(r"training_checkpoint_(\d+)\.pt", " ".join(p.name for p in (tmp_path / "whole").iterdir()))
-    middle = min(int(step) for step in steps)
-    run(check_data, tmp_path, "resumed", *levers,
-        f"--resume_from={tmp_path / 'whole' / f'training_checkpoint_{middle}.pt'}")
-    final = newest_checkpoint(tmp_path / "whole").name
-    assert_same_training_state(tmp_path / "whole" / final, tmp_path / "resumed" / final)
     record("test accuracy, 2 epochs with resizing and selection", final_test(tmp_path / "whole")["accuracy"])
 
 
@@ -222,12 +228,6 @@ def test_random_resized_crops_are_cut_batched_on_the_gpu_and_resume_exactly(chec
     uninterrupted run's weights."""
     crops = ["--random_resized_crop=0.35", "--data_on_device=True", "--deterministic=True",
              checkpoint_inside(check_data)]
-    whole = run(check_data, tmp_path, "whole", *crops)
+    whole = resumed_alike(check_data, tmp_path, crops)
     assert ("random-resized crops and flips: one batched kernel on the GPU" in whole.stderr) == ON_CUDA
-    steps = re.findall(r"training_checkpoint_(\d+)\.pt", " ".join(p.name for p in (tmp_path / "whole").iterdir()))
-    middle = min(int(step) for step in steps)
-    run(check_data, tmp_path, "resumed", *crops,
-        f"--resume_from={tmp_path / 'whole' / f'training_checkpoint_{middle}.pt'}")
-    final = newest_checkpoint(tmp_path / "whole").name
-    assert_same_training_state(tmp_path / "whole" / final, tmp_path / "resumed" / final)
     record("test accuracy, 2 epochs with batched random-resized crops", final_test(tmp_path / "whole")["accuracy"])
