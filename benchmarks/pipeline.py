@@ -141,11 +141,17 @@ def amortised_ratio(ours: float, build_core_seconds: float, images: int, epochs:
     return (1 / theirs) / seconds_per_image
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def photo_arguments(description: str, images: int) -> argparse.ArgumentParser:
+    """The options of a benchmark on the photo folder: --work, --archive, --images (default ``images``)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work", required=True, help="a folder for the extracted archive and the photo folder")
     parser.add_argument("--archive", default=str(records.REPO.parent / "shared" / "data" / "cifar10-jpg.tar.xz"))
-    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--images", type=int, default=images)
+    return parser
+
+
+def main() -> None:
+    parser = photo_arguments(__doc__.splitlines()[0], 2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", dest="json_path", default="benchmark_pipeline.json")
     args = parser.parse_args()

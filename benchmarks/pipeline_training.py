@@ -21,7 +21,6 @@ leaves the cores to the workers when the step is this light: idle intra-op threa
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks import records, runner
-from benchmarks.pipeline import photo_folder
+from benchmarks.pipeline import photo_arguments, photo_folder
 from benchmarks.transfer import extract
 
 SIZE, STORED, BATCH, WORKERS, SCALE = 224, 256, 64, 2, 0.08
@@ -133,10 +132,7 @@ def amortised(ours: float, theirs: float, build_seconds: float, images: int, epo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", required=True, help="a folder for the extracted archive and the photo folder")
-    parser.add_argument("--archive", default=str(records.REPO.parent / "shared" / "data" / "cifar10-jpg.tar.xz"))
-    parser.add_argument("--images", type=int, default=6000)
+    parser = photo_arguments(__doc__.splitlines()[0], 6000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--json", dest="json_path", default="benchmark_pipeline_training.json")
     args = parser.parse_args()
