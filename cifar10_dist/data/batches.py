@@ -104,6 +104,14 @@ def crops_in_workers(config: Config, device: torch.device, workers: int) -> bool
             and config.epoch_length is None)
 
 
+def say_where_crops_are_cut(crops: TrainCrops | None, in_workers: bool, device: torch.device) -> None:
+    """Log who cuts the random-resized crops when it is not the training process's per-image loop."""
+    if crops is not None and in_workers:
+        logger.info("random-resized crops and flips: cut by the DataLoader workers (training on the CPU)")
+    elif crops is not None and batched_crops(device):
+        logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
+
+
 def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo,
                          cropped_in_loader: bool = False) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
@@ -128,10 +136,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         logger.info("progressive resizing: %s; evaluation at full size", sizes.describe(config.num_epochs))
     crops = train_crops(config, info)
     cropped_in_workers = crops is not None and cropped_in_loader
-    if cropped_in_workers:
-        logger.info("random-resized crops and flips: cut by the DataLoader workers (training on the CPU)")
-    elif crops is not None and batched_crops(device):
-        logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
+    say_where_crops_are_cut(crops, cropped_in_workers, device)
 
     def crop(images: torch.Tensor, generator: torch.Generator, epoch: int) -> torch.Tensor:
         """Random-resized crops and flips (cut here, or only drawn when the loader's workers cut them), a padded
@@ -143,7 +148,8 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
             return crops.apply(images, epoch, generator)
         if images.shape[-1] != info.image_size:
             images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
-        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode, epoch_flip(config.flip, epoch))
+        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode,
+                                    epoch_flip(config.flip, epoch))
 
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
