@@ -21,7 +21,6 @@ leaves the cores to the workers when the step is this light: idle intra-op threa
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -112,17 +111,10 @@ def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, workers:
                ) -> list[float]:
     """Images per second of each training epoch of our run (metrics.jsonl), evaluation excluded; ``threads``:
     OMP_NUM_THREADS for its training process (None: the default)."""
-    before = os.environ.pop("OMP_NUM_THREADS", None)
-    if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        run = runner.train_ours(work / "ours", dataset="folder", data_path=str(folder), image_size=SIZE,
-                                crop_fraction=0.875, random_resized_crop=SCALE, num_workers=workers, batch_size=BATCH,
-                                num_epochs=epochs, model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
-    finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
-        if before is not None:
-            os.environ["OMP_NUM_THREADS"] = before
+    run = runner.train_ours(work / "ours", environment={"OMP_NUM_THREADS": None if threads is None else str(threads)},
+                            dataset="folder", data_path=str(folder), image_size=SIZE, crop_fraction=0.875,
+                            random_resized_crop=SCALE, num_workers=workers, batch_size=BATCH, num_epochs=epochs,
+                            model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
     return [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
 
 

@@ -59,13 +59,20 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
 
 
-def train_ours(output: Path, config_file: str | Path | None = None, device: str = "cpu", **overrides: Any) -> OurRun:
+def train_ours(output: Path, config_file: str | Path | None = None, device: str = "cpu",
+               environment: dict[str, str | None] | None = None, **overrides: Any) -> OurRun:
     """Train ``config_file`` (a YAML file, or the defaults) with ``overrides`` into output/<run_name, default
-    "bench"> in a fresh process; a failed run ends the benchmark with the tail of its log."""
+    "bench"> in a fresh process (``environment``: variables set for it, None: removed); a failed run ends the
+    benchmark with the tail of its log."""
     overrides = {"run_name": "bench", **overrides, "output_path": str(output)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    for name, value in (environment or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     with tempfile.TemporaryDirectory() as folder:
         answer = Path(folder) / "answer.json"
         request = {"config": None if config_file is None else str(config_file), "overrides": overrides,

@@ -95,9 +95,10 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: t
     crops = images.new_empty((len(images), images.shape[1], size, size))
     if torch.utils.data.get_worker_info() is not None:
         crops.share_memory_()  # as default_collate does in a worker: sending the batch then copies nothing
+    on_cpu = images.device.type == "cpu"
     mirrored = [False] * len(images) if flips is None else flips.tolist()
     for index, ((top, left, height, width), mirror) in enumerate(zip(boxes.tolist(), mirrored)):
-        if images.device.type == "cpu":
+        if on_cpu:
             box = images[index:index + 1, :, top:top + height, left:left + width]
             crop = torch.nn.functional.interpolate(box, size=(size, size), mode="bilinear", antialias=True)[0]
         else:
