@@ -64,9 +64,11 @@ def open_storage(url: str, heartbeat: int | None = None) -> Any:
 
 
 def _lost_creation_race(error: Exception) -> bool:
-    """True for the errors of two workers creating the same tables or rows at once."""
+    """True for the errors of two workers creating the same tables, types or rows at once: a unique-key violation,
+    or "already exists" (SQLite and MySQL say it as an OperationalError, PostgreSQL as a ProgrammingError)."""
     name = type(error).__name__
-    return name == "IntegrityError" or (name == "OperationalError" and "already exists" in str(error))
+    return name == "IntegrityError" or (name in ("OperationalError", "ProgrammingError")
+                                        and "already exists" in str(error))
 
 
 def without_password(url: str) -> str:
@@ -75,7 +77,6 @@ def without_password(url: str) -> str:
         user = rest.split("@", 1)[0].split(":", 1)[0]
         return f"{scheme}://{user}:***@{rest.split('@', 1)[1]}"
     return url
-
 
 
 def make_pruner(spec: PrunerSpec) -> Any:
