@@ -10,10 +10,11 @@ Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
     --per_step   [--batch_size=1024 --steps=5 --rounds=4]: only seconds per bare training step of the peer's network
                  and ours on the CPU, interleaved in rounds (do the networks themselves differ in speed?)
 
-Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7 (the same cut to 7
-epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
+Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7, muon6, muon5 (the
+same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
 (data selection); variants of lean: lean_lookahead (Lookahead), lean_ls009 (label smoothing 0.09, the record's),
-lean_select10 (selection in all of 10 epochs). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+lean_select10 (selection in all of 10 epochs), lean_record (the Muon lr, momentum and label smoothing of hiverge's
+record). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
 epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
 start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
 the same invocation (this machine's speed drifts up to 2x between hours).
@@ -38,6 +39,9 @@ CONFIGS = records.REPO / "configs"
 OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast": ("fast.yaml", {}), "muon": ("fast_muon.yaml", {}),
     "muon7": ("fast_muon.yaml", {"num_epochs": 7, "validate_every": 7}),
+    # the same cut further: lean's time budget reached by fewer epochs alone, nothing resized or selected
+    "muon6": ("fast_muon.yaml", {"num_epochs": 6, "validate_every": 6}),
+    "muon5": ("fast_muon.yaml", {"num_epochs": 5, "validate_every": 5}),
     # each lever of configs/fast_lean.yaml alone on fast_muon.yaml (the ablation in docs/recipes.md), then together
     "resize": ("fast_muon.yaml", {"resize_start": 0.5, "resize_until": 0.75}),
     "select": ("fast_muon.yaml", {"select_fraction": 0.5, "select_until": 0.5}),
@@ -46,6 +50,8 @@ OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "lean_lookahead": ("fast_lean.yaml", {"lookahead": True}),
     "lean_ls009": ("fast_lean.yaml", {"label_smoothing": 0.09}),
     "lean_select10": ("fast_lean.yaml", {"select_until": 1.0, "num_epochs": 10, "validate_every": 10}),
+    # hiverge's cifar10_speedrun.py values that map onto our options: Muon lr 0.2 and momentum 0.65, smoothing 0.1
+    "lean_record": ("fast_lean.yaml", {"muon_lr": 0.2, "muon_momentum": 0.65, "label_smoothing": 0.1}),
 }
 ENTRIES = ("peer", *OURS)
 QUICK_OURS = {"num_epochs": 2, "epoch_length": 2, "tta": 0, "num_warmup_epochs": 0}
