@@ -126,16 +126,18 @@ def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
     runs = [r for r in runs if r.get("quick", False) == quick]
     by_recipe = {name: [r for r in runs if r["recipe"] == name] for name in ENTRIES}
     by_seed = {name: list({r["seed"]: r["accuracy"] for r in chosen}.values()) for name, chosen in by_recipe.items()}
-    lines = [f"{'recipe':<8}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}  reaches"]
+    width = max(8, *(len(name) + 1 for name, chosen in by_recipe.items() if chosen))
+    lines = [f"{'recipe':<{width}}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}"
+             "  reaches"]
     peer_mean = _mean(by_seed["peer"])
     for name, chosen in by_recipe.items():
         if not chosen:
             continue
         accuracies = by_seed[name]  # a seed run again (the same accuracy: runs are deterministic) counts once
-        std = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
+        std = f"{100 * statistics.stdev(accuracies):.2f}%" if len(accuracies) > 1 else "-"  # one seed: no spread
         outside = _mean([sum(r["outside"].values()) for r in chosen])
         reaches = "-" if peer_mean is None or name == "peer" else ("peer" if _mean(accuracies) >= peer_mean else "no")
-        lines.append(f"{name:<8}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{100 * std:>7.2f}%"
+        lines.append(f"{name:<{width}}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{std:>8}"
                      f"{_mean([r['training_seconds'] for r in chosen]) / 60:>11.1f}{outside:>11.0f}  {reaches}")
     lines.extend(same_invocation_ratios(runs))
     return "\n".join(lines)

@@ -115,14 +115,17 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     run("muon", "D", 0.9080, 1500.0)  # seed 0 again: its accuracy counts once, its time again
     run("muon", "C", 0.1, 1.0, quick=True)
     run("muon7", "A", 0.9050, 1350.0)
+    run("lean_record", "E", 0.8980, 240.0)  # a name wider than the column: the columns widen with it
     runs = json.loads(path.read_text())["runs"]
-    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon", "muon", "muon7"]
+    assert [r["recipe"] for r in runs] == ["peer", "muon", "fast", "fast", "muon", "muon", "muon7", "lean_record"]
     lines = recipes.table(runs).splitlines()
-    assert lines[1].split() == ["peer", "1", "1", "90.69%", "nan%", "45.0", "15", "-"]
+    assert lines[1].split() == ["peer", "1", "1", "90.69%", "-", "45.0", "15", "-"]
     assert lines[2].split() == ["fast", "2", "2", "90.60%", "0.01%", "17.5", "15", "no"]
-    assert lines[3].split() == ["muon", "2", "1", "90.80%", "nan%", "27.5", "15", "peer"]
-    assert lines[4].split() == ["muon7", "1", "1", "90.50%", "nan%", "22.5", "15", "no"]
-    assert lines[5:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/muon 0.75, muon7/peer 0.50"]  # none across A and B
+    assert lines[3].split() == ["muon", "2", "1", "90.80%", "-", "27.5", "15", "peer"]
+    assert lines[4].split() == ["muon7", "1", "1", "90.50%", "-", "22.5", "15", "no"]
+    assert lines[5].split() == ["lean_record", "1", "1", "89.80%", "-", "4.0", "15", "no"]
+    assert lines[0].index("runs") + 3 == lines[1].index("1") == lines[5].index(" 1") + 1  # the columns line up
+    assert lines[6:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/muon 0.75, muon7/peer 0.50"]  # none across A and B
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 
