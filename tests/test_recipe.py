@@ -119,6 +119,57 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
         lr_scale=4.0, train_until=50)
 
 
+def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn.Module, list[bool], list[bool]]:
+    """A small airbench network trained ``iterations`` steps with fast_muon.yaml's optimizer and schedules (the
+    whitening bias trains for 3 iterations), with or without ``WhiteningBiasFreeze``. Returns the network, its
+    ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient."""
+    from cifar10_dist.training.freezing import WhiteningBiasFreeze
+
+    config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), num_epochs=iterations,
+                                 whitening_bias_epochs=3.0, whitening_bias_decay=decay)
+    torch.manual_seed(0)
+    model = models.AirbenchNet(widths=(8, 16, 16))
+    images, labels = torch.randn(iterations, 16, 3, 32, 32), torch.randint(0, 10, (iterations, 16))
+    optimizer, group_schedules = optimizers.build_optimizer(model, config, iterations)
+    scheduler = schedules.create_lr_scheduler(optimizer, config.learning_rate, 0, iterations, start=1.0,
+                                            group_schedules=group_schedules)
+    frozen, input_needed_grad = [], []
+    model.layers[1].register_forward_pre_hook(lambda _, inputs: input_needed_grad.append(inputs[0].requires_grad))
+
+    def step(engine: Engine, index: int) -> None:
+        if index == 2:
+            optimizer.load_state_dict(optimizer.state_dict())  # as a resume does: new param group dicts
+        frozen.append(model.whitening_bias_frozen)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(images[index]), labels[index]).backward()
+        optimizer.step()
+
+    trainer = Engine(step)
+    trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
+    if freeze:
+        WhiteningBiasFreeze.attach_if_airbench(trainer, model, optimizer, optimizers.whitening_bias_until(
+            config, iterations))
+    trainer.run(range(iterations), max_epochs=1)
+    return model, frozen, input_needed_grad
+
+
+@pytest.mark.parametrize("decay", [False, True], ids=["frozen", "decayed-to-zero"])
+def test_once_the_whitening_bias_is_frozen_its_gradient_is_skipped_and_every_weight_moves_as_before(decay):
+    """airbench's own code detaches the bias after its epochs: the backward pass then stops at the first conv
+    group's filters. The frozen steps start where the bias's lr is 0 (after iteration 3 if it was trained at a
+    flat scale, or at iteration 4 when it decays to 0 at 3: the scheduler counts from 0), and the weights end bit
+    for bit as when the gradient is still computed and the lr of 0 leaves the bias where it is."""
+    plain, never, needed_without = _train_airbench(freeze=False, decay=decay)
+    skipping, frozen, needed_with = _train_airbench(freeze=True, decay=decay)
+    first_frozen = 4 if decay else 5
+    assert frozen == [False] * (first_frozen - 1) + [True] * (11 - first_frozen) and not any(never)
+    assert needed_with == [not f for f in frozen] and all(needed_without)
+    for (name, mine), theirs in zip(skipping.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(mine, theirs), name
+    with torch.no_grad():
+        assert torch.equal(skipping(torch.ones(2, 3, 32, 32)), plain(torch.ones(2, 3, 32, 32)))
+
+
 def test_a_single_group_keeps_the_plain_schedule():
     model = models.build_model("simple_cnn")
     config = load_config()

@@ -260,7 +260,14 @@ class AirbenchNet(nn.Module):
     """The network of Keller Jordan's airbench94 (arXiv 2404.00498): a frozen 2x2 whitening convolution
     (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
     64/256/256 channels, a global max-pool (airbench's 3x3 max-pool at 32 px; smaller images too, for progressive
-    resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image."""
+    resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image.
+
+    ``whitening_bias_frozen`` (set by ``training.freezing.WhiteningBiasFreeze`` once the bias's lr is 0 for good):
+    the backward pass stops at the first conv group's filters, as airbench's own code does (the whitening output
+    no longer needs a gradient: that saves the first group's input gradient and the GELU before it); the bias
+    still joins the graph with a zero gradient, so DDP sees every parameter used."""
+
+    whitening_bias_frozen = False
 
     def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
                  num_classes: int = NUM_CLASSES) -> None:
@@ -280,7 +287,11 @@ class AirbenchNet(nn.Module):
         self.head = nn.Linear(widths[2], num_classes, bias=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.layers(self.whiten(images))) / 9
+        if not (self.whitening_bias_frozen and torch.is_grad_enabled()):
+            return self.head(self.layers(self.whiten(images))) / 9
+        bias = self.whiten.bias
+        whitened = nn.functional.conv2d(images, self.whiten.weight, bias.detach())
+        return self.head(self.layers(whitened)) / 9 + 0 * bias.sum()  # exactly the same logits
 
     @torch.no_grad()
     def init_whitening(self, images: torch.Tensor, eps: float = 5e-4) -> None:

@@ -44,7 +44,7 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
     whitening_scale = config.whitening_bias_lr_scale
-    whitening_until = round(total_iterations * config.whitening_bias_epochs / config.num_epochs)
+    whitening_until = whitening_bias_until(config, total_iterations)
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in leave_out]
     if scale == 1.0 and not frozen_later:
         return [ParamGroup(trained, lr, decay)]
@@ -56,6 +56,11 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
                    schedules.GroupSchedule(whitening_scale, whitening_until, config.whitening_bias_decay)),
     ]
     return [group for group in groups if group.params]
+
+
+def whitening_bias_until(config: Config, total_iterations: int) -> int:
+    """The last iteration the airbench whitening bias trains (its ``whitening_bias_epochs``)."""
+    return round(total_iterations * config.whitening_bias_epochs / config.num_epochs)
 
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)

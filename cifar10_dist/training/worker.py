@@ -34,7 +34,7 @@ from cifar10_dist.training import (checkpointing, distillation, layouts, loss, l
                                    process_setup, profiling, run_end, schedules, selection, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
-from cifar10_dist.training.freezing import BackboneFreeze
+from cifar10_dist.training.freezing import BackboneFreeze, WhiteningBiasFreeze
 from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
@@ -188,6 +188,8 @@ def setup_engines(config: Config, device: torch.device, network: Network, optimi
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
         device, config, data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader))
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
+    WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,
+                                           optimizers.whitening_bias_until(config, data_setup.total_iterations))
     if config.freeze_epochs:
         BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch
                        ).attach(trainer)
