@@ -7,8 +7,8 @@ Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
     python -m benchmarks.recipes --data_path=DIR [--only=peer,muon,lean] [--seeds=3] [--first_seed=0]
         [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
     --quick      every entry for a few steps (checks the tool); --table only prints the table of the JSON
-    --per_step   [--batch_size=1024 --steps=5 --rounds=4]: only seconds per bare training step of the peer's network
-                 and ours on the CPU, interleaved in rounds (do the networks themselves differ in speed?)
+    --per_step   [--batch_size=1024 --steps=5 --rounds=4 --per_step_json=FILE]: only seconds per bare training step of
+                 the peer's network and ours (also with the whitening bias frozen) on the CPU, interleaved in rounds
 
 Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7, muon6, muon5 (the
 same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "lean_record": ("fast_lean.yaml", {"muon_lr": 0.2, "muon_momentum": 0.65, "label_smoothing": 0.1}),
 }
 ENTRIES = ("peer", *OURS)
+PER_STEP_PEER = "peer: airbench make_net94"
 QUICK_OURS = {"num_epochs": 2, "epoch_length": 2, "tta": 0, "num_warmup_epochs": 0}
 
 
@@ -85,10 +87,11 @@ def _bare_step(net: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     return step
 
 
-def per_step_table(batch_size: int, steps: int, rounds: int) -> str:
-    """Seconds per bare training step of airbench94's network (the package's make_net94) and of ours, on the
-    CPU: the same batch, Nesterov SGD and label-smoothed loss, both under with_bf16_forward and in channels_last,
-    interleaved in rounds. Adapts torch in this process to the peer (adapt_to_cpu): run it on its own."""
+def per_step_seconds(batch_size: int, steps: int, rounds: int) -> dict[str, Any]:
+    """Seconds per bare training step of airbench94's network (the package's make_net94) and of ours, also in
+    its phase after the whitening bias froze (``whitening_bias_frozen``: no gradient for it), on the CPU: the same
+    batch, Nesterov SGD and label-smoothed loss, all under with_bf16_forward and in channels_last, interleaved in
+    rounds. Adapts torch in this process to the peer (adapt_to_cpu): run it on its own."""
     from airbench import lib_airbench94
 
     from cifar10_dist import models
@@ -97,8 +100,11 @@ def per_step_table(batch_size: int, steps: int, rounds: int) -> str:
     torch.manual_seed(0)
     inputs = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     targets = torch.randint(0, 10, (batch_size,))
-    nets = {"peer: airbench make_net94": lib_airbench94.make_net94(),
-            "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last)}
+    frozen = models.AirbenchNet().to(memory_format=torch.channels_last)
+    frozen.whitening_bias_frozen = True
+    nets = {PER_STEP_PEER: lib_airbench94.make_net94(),
+            "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last),
+            "ours, whitening bias frozen": frozen}
     steppers = {name: _bare_step(peer.with_bf16_forward(net), inputs, targets) for name, net in nets.items()}
     seconds: dict[str, list[float]] = {name: [] for name in nets}
     for step in steppers.values():
@@ -109,13 +115,20 @@ def per_step_table(batch_size: int, steps: int, rounds: int) -> str:
             for _ in range(steps):
                 step()
             seconds[name].append((time.perf_counter() - started) / steps)
-    reference = statistics.median(seconds["peer: airbench make_net94"])
-    lines = [f"batch {batch_size}, {steps} steps x {rounds} interleaved rounds, {records.machine('cpu')}, "
-             f"torch {torch.__version__}", f"{'network':<28}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}"]
-    for name, values in seconds.items():
-        median = statistics.median(values)
-        lines.append(f"{name:<28}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}  {batch_size / median:>7.0f}"
-                     f"{median / reference:>9.3f}")
+    return {"batch_size": batch_size, "steps": steps, "rounds": rounds, "torch": torch.__version__,
+            "rows": [{"network": name, "seconds": values, "median": statistics.median(values)}
+                     for name, values in seconds.items()]}
+
+
+def per_step_table(measured: dict[str, Any], machine: str) -> str:
+    reference = next(row["median"] for row in measured["rows"] if row["network"] == PER_STEP_PEER)
+    lines = [f"batch {measured['batch_size']}, {measured['steps']} steps x {measured['rounds']} interleaved rounds, "
+             f"{machine}, torch {measured['torch']}",
+             f"{'network':<30}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}"]
+    for row in measured["rows"]:
+        values, median = row["seconds"], row["median"]
+        lines.append(f"{row['network']:<30}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}"
+                     f"{measured['batch_size'] / median:>7.0f}{median / reference:>9.3f}")
     return "\n".join(lines)
 
 
@@ -194,10 +207,17 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=1024, help="with --per_step")
     parser.add_argument("--steps", type=int, default=5, help="with --per_step: steps per round")
     parser.add_argument("--rounds", type=int, default=4, help="with --per_step")
+    parser.add_argument("--per_step_json", default=None, help="with --per_step: the measurement is written here")
     args = parser.parse_args()
     path = Path(args.json_path)
     if args.per_step:
-        print(per_step_table(args.batch_size, args.steps, args.rounds))
+        measured = per_step_seconds(args.batch_size, args.steps, args.rounds)
+        print(per_step_table(measured, records.machine("cpu")))
+        if args.per_step_json:
+            Path(args.per_step_json).write_text(json.dumps(
+                {"command": "python -m benchmarks.recipes " + " ".join(sys.argv[1:]), "commit": records.commit(),
+                 "machine": records.machine("cpu"), "hardware": records.hardware_record(), **measured}, indent=1)
+                + "\n")
     elif args.table:
         print(table(json.loads(path.read_text())["runs"]))
     else:

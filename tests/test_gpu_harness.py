@@ -129,6 +129,24 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 
+def test_the_per_step_benchmark_times_the_peers_network_ours_and_ours_with_the_whitening_bias_frozen(tmp_path):
+    """``--per_step`` in its own process (it adapts torch to the peer's code): three networks, each round's
+    seconds and their median in the JSON with the command, commit and machine; the table names all three."""
+    out = tmp_path / "per_step.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.recipes", "--per_step", "--batch_size=4", "--steps=1",
+                             "--rounds=2", f"--per_step_json={out}"], cwd=REPO, env=cli_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    assert measured["command"].endswith(f"--rounds=2 --per_step_json={out}") and measured["commit"]
+    assert [row["network"] for row in measured["rows"]] == [
+        "peer: airbench make_net94", "ours: models.AirbenchNet", "ours, whitening bias frozen"]
+    assert all(len(row["seconds"]) == 2 and row["median"] > 0 for row in measured["rows"])
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("batch 4, 1 steps x 2 interleaved rounds, ") and len(lines) == 5
+    assert lines[2].split()[-1] == "1.000" and lines[4].startswith("ours, whitening bias frozen")
+
+
 @pytest.mark.slow
 def test_the_peers_own_code_runs_on_the_cpu_through_the_recipe_benchmark(tmp_path):
     """airbench94's train94 from the installed package, adapted to the CPU in its own process, on our on-disk
