@@ -1,8 +1,9 @@
 """Recipes trained to the end: airbench94's own code (``peer``) next to our recipes on the same data and machine;
 prints a table and appends every run to a JSON file. Last runs: Zen 5 EPYC, 2 cores, seeds 0-2
 (docs/measurements/recipes_cpu_zen5.json): peer 90.64% +- 0.18, Muon 90.54% +- 0.13 (0.86x the peer's training
-time), lean 90.02% +- 0.02 (0.52x); a run of the peer takes about 9 minutes there, one of lean about 4.5. Earlier,
-Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
+time), lean 90.02% +- 0.02 (0.52x); since the whitening bias's gradient is skipped after its epochs, seed 0: Muon
+0.83x, lean 0.50x (whitening_frozen_zen5.json). A run of the peer takes about 9 minutes there, one of lean about 4.5.
+Earlier, Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
 
     python -m benchmarks.recipes --data_path=DIR [--only=peer,muon,lean] [--seeds=3] [--first_seed=0]
         [--json=benchmark_recipes.json] [--device=cpu|cuda] [--quick] [--table]
