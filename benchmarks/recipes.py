@@ -15,7 +15,7 @@ Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_mu
 same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
 (data selection); variants of lean: lean_lookahead (Lookahead), lean_ls009 (label smoothing 0.09, the record's),
 lean_select10 (selection in all of 10 epochs), lean_record (the Muon lr, momentum and label smoothing of hiverge's
-record). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+record), lean_silu (its SiLU), lean_jitter (its brightness and contrast jitter). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
 epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
 start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
 the same invocation (this machine's speed drifts up to 2x between hours).
@@ -54,6 +54,9 @@ OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "lean_select10": ("fast_lean.yaml", {"select_until": 1.0, "num_epochs": 10, "validate_every": 10}),
     # hiverge's cifar10_speedrun.py values that map onto our options: Muon lr 0.2 and momentum 0.65, smoothing 0.1
     "lean_record": ("fast_lean.yaml", {"muon_lr": 0.2, "muon_momentum": 0.65, "label_smoothing": 0.1}),
+    # the record's network and augmentation changes: SiLU for GELU, brightness and contrast jitter of 0.15
+    "lean_silu": ("fast_lean.yaml", {"model_kwargs": {"activation": "silu"}}),
+    "lean_jitter": ("fast_lean.yaml", {"color_jitter": 0.15}),
 }
 ENTRIES = ("peer", *OURS)
 PER_STEP_PEER = "peer: airbench make_net94"

@@ -6,6 +6,7 @@ all of them in one run of 2 gloo processes, resumed bit-exactly and evaluated al
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -39,6 +40,25 @@ def test_cutmix_pastes_a_box_whose_area_is_the_weight_of_the_pasted_label():
     pasted = (mixed[0] != images[0]).float().mean().item()  # the box comes from image 5 (the roll)
     assert 0 < pasted < 1 and soft[0, 5].item() == pytest.approx(pasted, abs=1e-6)
     assert soft[0, 0].item() == pytest.approx(1 - pasted, abs=1e-6) and torch.allclose(soft.sum(1), torch.ones(6))
+
+
+def test_brightness_and_contrast_are_drawn_per_image_within_the_amount_from_the_generator():
+    """Each image becomes (x + b) * c with its own b in -0.15..0.15 and c in 0.85..1.15; the same generator state
+    gives the same images (the basis of exact resume), and 0 leaves the batch as it is."""
+    from cifar10_dist.data import augmentation
+
+    images = torch.randn(64, 3, 4, 4)
+    jittered = augmentation.brightness_contrast(images.clone(), 0.15, torch.Generator().manual_seed(3))
+    again = augmentation.brightness_contrast(images.clone(), 0.15, torch.Generator().manual_seed(3))
+    assert torch.equal(jittered, again)
+    # two pixels of an image give its c (the difference scales by c) and then its b
+    scale = (jittered[:, 0, 0, 0] - jittered[:, 0, 0, 1]) / (images[:, 0, 0, 0] - images[:, 0, 0, 1])
+    shift = jittered[:, 0, 0, 0] / scale - images[:, 0, 0, 0]
+    assert torch.allclose(jittered, (images + shift.view(-1, 1, 1, 1)) * scale.view(-1, 1, 1, 1), atol=1e-5)
+    assert scale.min() >= 0.85 - 1e-5 and scale.max() <= 1.15 + 1e-5 and scale.std() > 0.05
+    assert shift.abs().max() <= 0.15 + 1e-4 and shift.std() > 0.05
+    same = images.clone()
+    assert augmentation.brightness_contrast(same, 0.0, torch.Generator()) is same and torch.equal(same, images)
 
 
 def test_adamw_with_norm_and_bias_decay_off_leaves_them_undecayed():
@@ -132,17 +152,19 @@ def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradien
     ({"auto_augment_magnitude": 5}, "auto_augment_magnitude=5 is for randaugment or trivialaugment"),
     ({"mixup_alpha": -0.2}, "mixup_alpha=-0.2 must be 0 (off) or more"),
     ({"random_erasing": 1.5}, "random_erasing=1.5 must be a probability in 0..1"),
+    ({"color_jitter": 1.5}, "color_jitter=1.5 must be in [0, 1)"),
     ({"clip_grad_norm": 0}, "clip_grad_norm=0.0 must be greater than 0"),
     ({"sync_bn": True, "backend": "gloo"}, "sync_bn=True with backend=gloo: torch's SyncBatchNorm computes on GPUs"),
 ])
 def test_bad_recipe_options_are_one_line_naming_the_value(overrides, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=re.escape(message)):
         load_config(None, **overrides)
 
 
 MODERN = ["--optimizer=adamw", "--learning_rate=0.003", "--weight_decay=0.05", "--norm_weight_decay=0",
           "--lr_schedule=cosine", "--auto_augment=trivialaugment", "--random_erasing=0.25", "--mixup_alpha=0.2",
-          "--cutmix_alpha=1.0", "--clip_grad_norm=1.0", "--label_smoothing=0.1", "--log_every_iters=2"]
+          "--cutmix_alpha=1.0", "--clip_grad_norm=1.0", "--label_smoothing=0.1", "--log_every_iters=2",
+          "--color_jitter=0.15"]
 
 
 @pytest.mark.slow

@@ -144,6 +144,8 @@ class Config:
     random_erasing: float = option(0.0, "probability of erasing a random rectangle of each training image "
                                    "(torchvision's RandomErasing), 0..1",
                                    bounds=Bounds(0, 1, reads="a probability in 0..1"))
+    color_jitter: float = option(0.0, "each training image's brightness shifted and contrast scaled by amounts drawn "
+                                 "in +-this on the normalised batch (hiverge's CIFAR record: 0.15)", bounds=FRACTION)
     mixup_alpha: float = option(0.0, "MixUp's Beta(alpha, alpha) for training batches (0: off; with cutmix_alpha, "
                                 "one of the two per batch)", bounds=Bounds(0, reads="0 (off) or more"))
     cutmix_alpha: float = option(0.0, "CutMix's Beta(alpha, alpha) for training batches (0: off)",

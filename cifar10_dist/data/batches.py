@@ -161,6 +161,7 @@ def train_batch_preparer(device: torch.device, config: Config, iterations_per_ep
         if image_policy is not None:
             images = augmentation.per_image(image_policy, images)
         inputs = augmentation.normalize(images, info.mean, info.std)
+        inputs = augmentation.brightness_contrast(inputs, config.color_jitter, generator)
         inputs = resizing.resize(inputs, side)  # progressive resizing (random-resized crops are cut at side)
         if erasing is not None:
             inputs = augmentation.per_image(erasing, inputs)

@@ -244,15 +244,18 @@ class _IdentityInitConv(nn.Conv2d):
         nn.init.dirac_(self.weight.data[:channels_in])
 
 
-def _conv_group(channels_in: int, channels_out: int) -> nn.Sequential:
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "silu": nn.SiLU}  # airbench94's; hiverge's record's
+
+
+def _conv_group(channels_in: int, channels_out: int, activation: type[nn.Module] = nn.GELU) -> nn.Sequential:
     return nn.Sequential(
         _IdentityInitConv(channels_in, channels_out),
         nn.MaxPool2d(2),
         _FastNorm(channels_out),
-        nn.GELU(),
+        activation(),
         _IdentityInitConv(channels_out, channels_out),
         _FastNorm(channels_out),
-        nn.GELU(),
+        activation(),
     )
 
 
@@ -260,7 +263,8 @@ class AirbenchNet(nn.Module):
     """The network of Keller Jordan's airbench94 (arXiv 2404.00498): a frozen 2x2 whitening convolution
     (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
     64/256/256 channels, a global max-pool (airbench's 3x3 max-pool at 32 px; smaller images too, for progressive
-    resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image.
+    resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image. ``activation``: GELU (as
+    airbench94) or SiLU (as hiverge's cifar10_speedrun.py).
 
     ``whitening_bias_frozen`` (set by ``training.freezing.WhiteningBiasFreeze`` once the bias's lr is 0 for good):
     the backward pass stops at the first conv group's filters, as airbench's own code does (the whitening output
@@ -270,17 +274,20 @@ class AirbenchNet(nn.Module):
     whitening_bias_frozen = False
 
     def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
-                 num_classes: int = NUM_CLASSES) -> None:
+                 num_classes: int = NUM_CLASSES, activation: str = "gelu") -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise UserError(f"model=airbench activation={activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        act = ACTIVATIONS[activation]
         whitened = 2 * 3 * whitening_kernel**2
         self.whiten = nn.Conv2d(3, whitened, kernel_size=whitening_kernel, padding=0, bias=True)
         self.whiten.weight.requires_grad = False
         nn.init.zeros_(self.whiten.bias)
         self.layers = nn.Sequential(
-            nn.GELU(),
-            _conv_group(whitened, widths[0]),
-            _conv_group(widths[0], widths[1]),
-            _conv_group(widths[1], widths[2]),
+            act(),
+            _conv_group(whitened, widths[0], act),
+            _conv_group(widths[0], widths[1], act),
+            _conv_group(widths[1], widths[2], act),
             nn.AdaptiveMaxPool2d(1),  # airbench's MaxPool2d(3) on the 3x3 map of 32-px images; any size >= 16 px
             nn.Flatten(),
         )
