@@ -51,6 +51,17 @@ def test_whitening_makes_training_patches_uncorrelated_with_unit_variance():
     assert not model.whiten.weight.requires_grad
 
 
+def test_airbench_takes_silu_for_gelu_and_refuses_other_activations_before_launch():
+    from cifar10_dist.errors import UserError
+
+    silu = models.build_model("airbench", {"activation": "silu"})
+    kinds = {type(m).__name__ for m in silu.modules() if isinstance(m, (nn.GELU, nn.SiLU))}
+    assert kinds == {"SiLU"} and sum(isinstance(m, nn.SiLU) for m in silu.modules()) == 7
+    models.check_model("airbench", {"activation": "silu"})
+    with pytest.raises(UserError, match=r"^model=airbench activation='relu' is not one of gelu, silu$"):
+        models.check_model("airbench", {"activation": "relu"})
+
+
 def test_airbench_convolutions_start_as_identity_and_norm_scales_are_frozen():
     model = models.build_model("airbench")
     first = model.layers[1][0]  # first conv of the first group: 24 -> 64 channels
