@@ -5,7 +5,7 @@ progressive resizing and data selection, validated every epoch; the training sec
 lower of the two final accuracies (time to a fixed accuracy), one run each, one after the other.
 
     python -m benchmarks.levers_folder --folder=DIR [--per_class=500] [--test_per_class=200] [--image_size=64]
-        [--epochs=10] [--json=PATH]
+        [--epochs=10] [--seed=S] [--json=PATH]
 
 --folder holds train/<class>/*.jpg and test/<class>/*.jpg (tar xJf ../shared/data/cifar10-jpg.tar.xz).
 """
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--test_per_class", type=int, default=200)
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (default: the config's, 543)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     runs: dict[str, Any] = {}
@@ -49,7 +50,8 @@ def main() -> None:
         common = {"dataset": "folder", "data_path": str(data), "cache_dir": str(Path(work) / "cache"),
                   "image_size": args.image_size, "random_resized_crop": 0.35, "batch_size": 500,
                   "learning_rate": 1.656 * 500 / 2000, "num_epochs": args.epochs, "validate_every": 1, "tta": 0,
-                  "whitening_bias_epochs": 0.3 * args.epochs, "train_eval_size": 0}
+                  "whitening_bias_epochs": 0.3 * args.epochs, "train_eval_size": 0,
+                  **({} if args.seed is None else {"seed": args.seed})}
         for name, levers in LEVERS.items():
             run = runner.train_ours(Path(work) / name, records.REPO / "configs" / "fast_muon.yaml", "cpu",
                                     **common, **levers)
@@ -64,7 +66,7 @@ def main() -> None:
     if args.json_path:
         records.write(args.json_path, {"hardware": records.hardware_record("cpu"), "target": target, "runs": runs,
                                        "per_class": args.per_class, "test_per_class": args.test_per_class,
-                                       "image_size": args.image_size, "epochs": args.epochs})
+                                       "image_size": args.image_size, "epochs": args.epochs, "seed": args.seed})
 
 
 if __name__ == "__main__":
