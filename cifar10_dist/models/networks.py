@@ -268,7 +268,7 @@ class AirbenchNet(nn.Module):
 
     ``whitening_bias_frozen`` (set by ``training.freezing.WhiteningBiasFreeze`` once the bias's lr is 0 for good):
     the backward pass stops at the first conv group's filters, as airbench's own code does (the whitening output
-    no longer needs a gradient: that saves the first group's input gradient and the GELU before it); the bias
+    no longer needs a gradient: that saves the first group's input gradient and the activation before it); the bias
     still joins the graph with a zero gradient, so DDP sees every parameter used."""
 
     whitening_bias_frozen = False

@@ -6,7 +6,7 @@ the frozen part is exact.
   exactly), and its BatchNorm layers are kept in eval mode, so their running statistics do not move either.
 - ``WhiteningBiasFreeze``: the airbench whitening bias after its ``whitening_bias_epochs``, when its learning rate
   is 0 for good: its gradient is no longer computed (``AirbenchNet.whitening_bias_frozen``), which spares the
-  backward pass the first conv group's input gradient and the GELU before it; every weight moves as before."""
+  backward pass the first conv group's input gradient and the activation before it; every weight moves as before."""
 
 from __future__ import annotations
 
