@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -218,10 +217,7 @@ def main() -> None:
         measured = per_step_seconds(args.batch_size, args.steps, args.rounds)
         print(per_step_table(measured, records.machine("cpu")))
         if args.per_step_json:
-            Path(args.per_step_json).write_text(json.dumps(
-                {"command": "python -m benchmarks.recipes " + " ".join(sys.argv[1:]), "commit": records.commit(),
-                 "machine": records.machine("cpu"), "hardware": records.hardware_record(), **measured}, indent=1)
-                + "\n")
+            records.write(args.per_step_json, measured)
     elif args.table:
         print(table(json.loads(path.read_text())["runs"]))
     else:
