@@ -201,8 +201,9 @@ class Config:
     adam_beta1: float = option(0.9, "adamw: beta1")
     adam_beta2: float = option(0.999, "adamw: beta2")
     adam_eps: float = option(1e-8, "adamw: eps", bounds=ABOVE_0)
-    clip_grad_norm: Optional[float] = option(None, "clip the gradient's total norm to this (after unscaling under "
-                                             "fp16; the accumulated gradient); the pre-clip norm is logged",
+    clip_grad_norm: Optional[float] = option(1.0, "clip the gradient's total norm to this (after unscaling under "
+                                             "fp16; the accumulated gradient; the default keeps the tutorial recipe's "
+                                             "start from a loss spike); the pre-clip norm is logged",
                                              bounds=Bounds(0, low_open=True, note=" (or None: off)"))
     sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm over all processes (nccl: torch's "
                            "SyncBatchNorm computes on GPUs only)")
