@@ -212,6 +212,7 @@ class DoctorReport:
     probes: list[ProbeResult] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    layout_numerics: Optional[str] = None  # on a CPU: channels-last's fp32 error against the contiguous layout's
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

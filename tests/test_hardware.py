@@ -20,8 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cifar10_dist import api
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
-from cifar10_dist.system import doctor, hardware
-from cifar10_dist.system.precision import choose_precision
+from cifar10_dist.system import doctor, hardware, layout_numerics
+from cifar10_dist.system.precision import automatic_precision, choose_precision
 from tests.conftest import TINY, run_in_process
 from tests.test_recipe import FAST_TINY
 
@@ -106,6 +106,8 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
     assert report["probes"][0]["relative_to_fp32"] == 1.0
     assert report["advice"][0].startswith("with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + "
                                           "channels_last ")
+    assert re.fullmatch(r"fp32 error against float64 \S+ channels-last, \S+ contiguous \(\d+\.\dx, 6 layers\): "
+                        r"within fp32 noise", report["layout_numerics"])
     text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
     assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
     assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
@@ -158,6 +160,21 @@ def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(mon
     report = api.doctor("simple_cnn", batch_size=64, budget_seconds=1.2)
     assert report.probe_batch_size == 16 and report.probes[0].steps >= 3
     assert "probe: training steps of simple_cnn, batch 16, on cpu, about 1.2 s per setting" in doctor.render(report)
+
+
+def test_channels_last_beyond_fp32_noise_is_advised_against_however_fast_it_is():
+    fp32 = doctor.Timing(8, 0.05, (0.021, 0.020, 0.019, 0.020, 0.022))
+    faster = doctor.result_of("fp32 + channels_last", doctor.Timing(8, 0.05, (0.010, 0.011, 0.010, 0.012)), fp32)
+    probes = [doctor.result_of("fp32", fp32, fp32), faster]
+    auto = automatic_precision(torch.device("cpu"))
+    noisy = layout_numerics.LayoutNumerics(contiguous_error=1e-6, channels_last_error=4e-3, layers=6)
+    advice = doctor.advise(probes, auto, torch.device("cpu"), noisy)
+    assert "keep channels_last=False on this CPU: it changes this model's fp32 numbers beyond noise " \
+           "(channels_last=auto leaves it off here)" in advice
+    assert not any(line.startswith("use channels_last=True") for line in advice)
+    exact = layout_numerics.LayoutNumerics(contiguous_error=1e-6, channels_last_error=2e-6, layers=6)
+    assert "use channels_last=True for this model in fp32 (1.90x, beyond the spread)" in doctor.advise(
+        probes, auto, torch.device("cpu"), exact)
 
 
 @pytest.mark.parametrize(("steps", "verdict", "advice"), [

@@ -1,6 +1,7 @@
 """The machine report behind ``doctor``: what this machine is and what will be fast on it: versions, the CPU and
 its bf16, GPUs, backends, and a measured probe (a few training steps of a model in each precision and memory
-format), with what ``with_amp=auto`` picks here and why.
+format), with what ``with_amp=auto`` picks here and why, and on a CPU whether channels-last keeps the model's fp32
+numbers within noise (``layout_numerics``).
 
 The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of
 each setting, within about ``budget_seconds`` per setting (building the model included; a step is only started
@@ -26,7 +27,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.results import DoctorReport, ProbeResult
-from cifar10_dist.system import hardware
+from cifar10_dist.system import hardware, layout_numerics
 from cifar10_dist.system.precision import Precision, automatic_precision, make_grad_scaler
 
 MIN_STEPS = 3  # timed steps after the warm-up that a setting needs to be compared (and advised on)
@@ -40,11 +41,13 @@ def examine(model: str = "airbench", batch_size: int = 32, budget_seconds: float
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     probe_batch_size, probes = probe(model, batch_size, device, budget_seconds)
     auto = automatic_precision(device)
+    numerics = layout_numerics.check(lambda: models.build_model(model)) if device.type == "cpu" else None
     return DoctorReport(
         versions=versions(), cpu=hardware.describe(torch.device("cpu"))["cpu"],
         gpus=[asdict(gpu) for gpu in hardware.gpus()], nccl=hardware.nccl_version(), backends=hardware.backends(),
         device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=probe_batch_size,
-        probe_budget_seconds=budget_seconds, probes=probes, advice=advise(probes, auto, device), seconds=time.perf_counter() - started,
+        probe_budget_seconds=budget_seconds, probes=probes, advice=advise(probes, auto, device, numerics),
+        seconds=time.perf_counter() - started, layout_numerics=numerics and numerics.describe(),
     )
 
 
@@ -187,9 +190,11 @@ def timed(action: Any, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def advise(probes: list[ProbeResult], auto: Precision, device: torch.device) -> list[str]:
+def advise(probes: list[ProbeResult], auto: Precision, device: torch.device,
+           numerics: layout_numerics.LayoutNumerics | None = None) -> list[str]:
     """What to set here, read from the probe: a setting is advised for or against only when its difference from
-    fp32 is beyond the spread of both; otherwise the advice says it could not be measured."""
+    fp32 is beyond the spread of both; otherwise the advice says it could not be measured. Channels-last whose
+    numbers are beyond fp32 noise on this CPU (``numerics``) is advised against whatever its speed."""
     by_name = {result.setting: result for result in probes}
     advice = [f"with_amp=auto picks {auto.name} here; against fp32 in this probe: " + ", ".join(
         f"{result.setting} {result.relative_to_fp32:.2f}x" if result.relative_to_fp32 is not None
@@ -200,7 +205,10 @@ def advise(probes: list[ProbeResult], auto: Precision, device: torch.device) -> 
                     if low.verdict == "slower" else "bf16 autocast is emulated, many times slower than fp32")
         advice.append(f"this CPU has no native bf16: {measured}; keep with_amp=auto or False")
     layout = by_name.get("fp32 + channels_last")
-    if layout is not None:
+    if numerics is not None and not numerics.within_noise:
+        advice.append("keep channels_last=False on this CPU: it changes this model's fp32 numbers beyond noise "
+                      "(channels_last=auto leaves it off here)")
+    elif layout is not None:
         advice.append(channels_last_advice(layout))
     threads = torch.get_num_threads()
     advice.append(f"torch uses {threads} CPU threads in one process; with --nproc_per_node=N each process gets "
@@ -247,6 +255,8 @@ def render(report: DoctorReport) -> str:
             continue
         lines.append(f"  {result.setting:<34}{result.images_per_second:>9.1f} img/s  {result.relative_to_fp32:>5.2f}x"
                      f"  +-{result.spread:.0%}  ({result.steps} steps; {result.verdict})")
+    if report.layout_numerics:
+        lines.append(f"channels-last numerics of {report.probe_model}: {report.layout_numerics}")
     lines += [f"advice: {line}" for line in report.advice]
     lines.append(f"({report.seconds:.1f} s in all)")
     return "\n".join(lines)
