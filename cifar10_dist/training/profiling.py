@@ -1,5 +1,6 @@
 """``profile=N``: where a run's time goes. ``torch.profiler`` records N training iterations after WARMUP of this
-launch (CPU activity, and CUDA's where there is a GPU) into a trace that Perfetto, chrome://tracing and
+launch (a launch of WARMUP iterations or fewer: all of them, with no warm-up; a shortened window is said in a
+warning) (CPU activity, and CUDA's where there is a GPU) into a trace that Perfetto, chrome://tracing and
 TensorBoard's profiler plugin open (RUN/profile/rank<R>.pt.trace.json); the top operators by self time go to
 the log and RUN/profile/top_operators.txt. Ignite's ``HandlersTimeProfiler`` times the whole run: data loading,
 the training step and each handler (the evaluations are the Validation handler's time), as shares of the total
@@ -11,9 +12,11 @@ time and the device's work lands wherever something waits for it; the trace show
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ignite.distributed as idist
 import torch
@@ -38,6 +41,8 @@ class RunProfiler:
         self.handlers = HandlersTimeProfiler()
         self.profiler: torch.profiler.profile | None = None
         self.seen = 0  # iterations of this launch
+        self.launch_iterations = 0  # how many this launch runs
+        self.warmup = WARMUP
         self.traced = 0
         self.trace: Path | None = None
         self.table = ""
@@ -45,17 +50,36 @@ class RunProfiler:
     def attach(self, trainer: Engine) -> None:
         """Times every handler the trainer has when it starts (attach it last), traces the window."""
         self.handlers.attach(trainer)
+        trainer.add_event_handler(Events.STARTED, self._plan)
         trainer.add_event_handler(Events.ITERATION_STARTED, self._maybe_start)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, self._maybe_stop)
 
+    def _plan(self, engine: Engine) -> None:
+        """A launch too short for the warm-up and the window shortens the warm-up (to none at the least), so that
+        as many of the asked iterations as it has are traced, and says so."""
+        self.launch_iterations = max(engine.state.max_epochs * (engine.state.epoch_length or 0)
+                                     - engine.state.iteration, 0)
+        self.warmup = WARMUP if self.launch_iterations > WARMUP else 0
+        if self.launch_iterations < WARMUP + self.iterations:
+            ranks.on_rank_zero(logger.warning, "profile: this launch has %d training iterations, fewer than %d of "
+                               "warm-up and the %d asked: %s", self.launch_iterations, WARMUP, self.iterations,
+                               self.shortened())
+
+    def shortened(self) -> str:
+        """What a launch too short for the warm-up and the window traces."""
+        if not self.launch_iterations:
+            return "nothing is traced"
+        if not self.warmup:
+            return (f"tracing all {self.launch_iterations} with no warm-up (first-call costs, allocations and "
+                    f"autotuning, show in the trace)")
+        return f"tracing the last {self.launch_iterations - WARMUP} after {WARMUP} of warm-up"
+
     def _maybe_start(self, _: Engine) -> None:
         self.seen += 1
-        if self.seen == WARMUP + 1 and self.profiler is None:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profiler = torch.profiler.profile(activities=activities)
-            self.profiler.__enter__()
+        if self.seen == self.warmup + 1 and self.profiler is None:
+            self.profiler = torch.profiler.profile(activities=activities())
+            with quiet_kineto_without_gpu():
+                self.profiler.__enter__()
 
     def _maybe_stop(self, _: Engine) -> None:
         if self.profiler is not None and self.trace is None:
@@ -72,7 +96,7 @@ class RunProfiler:
         sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         self.table = self.profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS)
         ranks.on_rank_zero(files.write_file, self.folder / "top_operators.txt",
-                           f"{self.traced} training iterations after {WARMUP} of warm-up, sorted by {sort_by}\n"
+                           f"{self.traced} training iterations after {self.warmup} of warm-up, sorted by {sort_by}\n"
                            f"{self.table}\n")
         ranks.on_rank_zero(logger.info, "profile: top operators by self time over %d iterations (%s)\n%s",
                            self.traced, self.trace.parent, self.table)
@@ -89,9 +113,32 @@ class RunProfiler:
         ranks.on_rank_zero(logger.info, "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s%s",
                            total, ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shown.items()),
                            rest if len(shown) < len(shares) else "")
-        return {"iterations_traced": self.traced, "warmup_iterations": WARMUP,
+        return {"iterations_traced": self.traced, "warmup_iterations": self.warmup,
                 "trace": str(self.trace) if self.trace else None, "seconds": {k: round(v, 4) for k, v in shares.items()},
                 "shares": {name: round(seconds / total, 4) for name, seconds in shares.items()}}
+
+
+def activities() -> list[torch.profiler.ProfilerActivity]:
+    """CPU activity, and CUDA's only where there is a GPU."""
+    found = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        found.append(torch.profiler.ProfilerActivity.CUDA)
+    return found
+
+
+@contextlib.contextmanager
+def quiet_kineto_without_gpu() -> Iterator[None]:
+    """Without a GPU, a CUDA build's profiler library (kineto) logs "ERROR: gpuGetDeviceCount failed" when it
+    writes the trace: its log level, read once as the profiler starts, is set to errors-off for that start only
+    (a level the user set is kept, and the environment is left as it was)."""
+    if torch.cuda.is_available() or "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "5"
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 LABELS = {"Dataflow": "data loading", "Processing": "training step",
