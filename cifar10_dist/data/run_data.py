@@ -89,6 +89,15 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     )
 
 
+def training_images(config: Config) -> int:
+    """How many images the run trains on (its training split after holding out val), read from the data as it is
+    on disk now: nothing is downloaded (a missing CIFAR copy is a UserError)."""
+    loaded = load_datasets(dataclasses.replace(config, download=False))
+    if loaded.val is not None:  # a val/ folder replaces val_split
+        return len(loaded.train)
+    return len(loaders.hold_out(loaded.train, config.val_split, config.val_seed).train)
+
+
 def _rounded(values: tuple[float, ...]) -> str:
     return "(" + ", ".join(f"{value:.4f}" for value in values) + ")"
 

@@ -23,7 +23,8 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.config.rules import planned_world_size
-from cifar10_dist.data import batches
+from cifar10_dist.data import batches, run_data
+from cifar10_dist.errors import UserError
 from cifar10_dist.results import BatchSizeResult, BatchSpeed
 from cifar10_dist.system import doctor
 from cifar10_dist.system.precision import choose_precision
@@ -122,6 +123,44 @@ def scaled_learning_rate(config: Config, batch_size: int) -> tuple[float | None,
     return float(config.learning_rate) * ratio, "linear (SGD: Goyal et al. 2017; configs/fast.yaml's note)"
 
 
+def per_process_limit(config: Config, world: int) -> tuple[int | None, str]:
+    """(the largest batch a process can take: its share of the training split, what the finder says of it); no
+    limit where the data is not on disk yet (it is not downloaded to count it)."""
+    try:
+        images = run_data.training_images(config)
+    except UserError as missing:
+        return None, f"sizes not capped by the training split: {missing}"
+    limit = max(1, images // world)
+    if limit >= max(CPU_CANDIDATES):
+        return limit, ""
+    return limit, f"sizes capped at the {images} training images ({limit} per process)"
+
+
+def capped(sizes: list[int], limit: int | None) -> list[int]:
+    """The sizes a process can take: none above ``limit``, and ``limit`` itself where every size is above it."""
+    if limit is None:
+        return sizes
+    return [size for size in sizes if size <= limit] or [limit]
+
+
+def cpu_choice(rows: list[BatchSpeed], own: int) -> tuple[int, str]:
+    """The per-process batch to suggest from the timed sizes, and why: the config's own unless another is faster
+    beyond both spreads (or the config's own is not among them: larger than the training split)."""
+    best = next(row for row in rows if row.verdict == "fastest")
+    mine = next((row for row in rows if row.batch_size == own), None)
+    if mine is None:
+        return best.batch_size, (f"the config's {own} per process is more than the training split holds; "
+                                 f"{best.batch_size} trains fastest of the sizes that fit "
+                                 f"({best.images_per_second:.0f} img/s)")
+    if mine is best:
+        return own, f"the config's own batch ({own} per process) is the fastest"
+    if mine.verdict != "slower":
+        return own, (f"no difference measurable between the config's {own} and the fastest ({best.batch_size}, "
+                     f"{best.images_per_second:.0f} img/s): keep it")
+    return best.batch_size, (f"{best.batch_size} per process trains fastest here ({best.images_per_second:.0f} img/s "
+                             f"against {mine.images_per_second:.0f} at the config's {own}, beyond both spreads)")
+
+
 def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_seconds: float) -> BatchSizeResult:
     """Measure, choose and explain (per process sizes; the suggestion is global: times the planned world size)."""
     started = time.perf_counter()
@@ -129,27 +168,22 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     config = layouts.settle(config, device, models.NUM_CLASSES)  # channels_last=auto: once, not per batch tried
     world = planned_world_size(config) or 1
     own = max(1, config.batch_size // world)
+    limit, limit_note = per_process_limit(config, world)
     if device.type == "cuda":
-        largest = largest_fitting(fits_on_gpu(config, device), candidates[0] if candidates else 32)
+        largest = largest_fitting(fits_on_gpu(config, device), candidates[0] if candidates else 32,
+                                  min(GPU_LIMIT, limit or GPU_LIMIT))
         chosen = max(ROUND_TO, int(largest * GPU_MARGIN) // ROUND_TO * ROUND_TO) if largest else 0
+        chosen = min(chosen, limit) if limit else chosen
         rows = compared([timing(config, chosen, device, budget_seconds)]) if chosen else []
         reason = (f"the largest batch that fit was {largest} per process; {GPU_MARGIN:.0%} of it, rounded down to a "
                   f"multiple of {ROUND_TO}, leaves room for evaluation and fragmentation") if chosen else \
             "not even the smallest batch fit on this GPU"
     else:
-        sizes = sorted(set(candidates or CPU_CANDIDATES) | {own})
+        sizes = capped(sorted(set(candidates or CPU_CANDIDATES) | {own}), limit)
         rows = compared([timing(config, size, device, budget_seconds) for size in sizes])
-        best = next(row for row in rows if row.verdict == "fastest")
-        mine = next(row for row in rows if row.batch_size == own)
-        if mine is best or mine.verdict != "slower":
-            chosen, reason = own, (f"the config's own batch ({own} per process) is the fastest" if mine is best else
-                                   f"no difference measurable between the config's {own} and the fastest "
-                                   f"({best.batch_size}, {best.images_per_second:.0f} img/s): keep it")
-        else:
-            chosen, reason = best.batch_size, (f"{best.batch_size} per process trains fastest here "
-                                               f"({best.images_per_second:.0f} img/s against "
-                                               f"{mine.images_per_second:.0f} at the config's {own}, beyond both "
-                                               "spreads)")
+        chosen, reason = cpu_choice(rows, own)
+    if limit_note:
+        reason = f"{reason}; {limit_note}"
     learning_rate, rule = scaled_learning_rate(config, chosen * world)
     return BatchSizeResult(device=device.type, model=config.model, image_size=config.image_size, world_size=world,
                            config_batch_size=config.batch_size, speeds=rows, batch_size=chosen * world,
