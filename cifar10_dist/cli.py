@@ -20,7 +20,7 @@ import fire
 from cifar10_dist import api, cli_help
 from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
-from cifar10_dist.results import RunResult, SeedsResult
+from cifar10_dist.results import RunResult, SeedsResult, SplitMetrics
 from cifar10_dist.serve import formats
 
 DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model has fewer
@@ -79,17 +79,26 @@ def batch_size(config: str | None = None, batch_sizes: Any = None, budget_second
 
 
 def print_run_result(result: RunResult) -> None:
-    for name, metrics in (("val", result.val), ("test", result.test), ("train subset", result.train)):
+    splits = (("val", result.val), ("test", result.test), ("train subset", result.train))
+    calibrated = any(metrics is not None and metrics.temperature is not None for _, metrics in splits)
+    for name, metrics in splits:
         if metrics is not None:
             chosen = f", {metrics.model}" if metrics.model else ""
             top5 = f", top-5 {metrics.top5_accuracy:.4f}" if metrics.top5_accuracy is not None else ""
             print(f"final {name}: accuracy {metrics.accuracy:.4f}{top5}, loss {metrics.loss:.4f} "
-                  f"({metrics.num_samples} images{chosen})")
+                  f"({metrics.num_samples} images{chosen}{calibration_note(metrics) if calibrated else ''})")
     if result.stopped_early is not None:
         print(f"stopped early at epoch {result.stopped_early} (early_stopping_patience)")
     if result.pruned_at is not None:
         print(f"pruned at epoch {result.pruned_at} (tuning trial)")
     print(f"run folder: {result.run_dir}")
+
+
+def calibration_note(metrics: SplitMetrics) -> str:
+    """In a calibrated run, which numbers are the model's own and which its temperature-scaled probabilities'."""
+    if metrics.temperature is None:
+        return "; uncalibrated: the model's own probabilities"
+    return f"; calibrated: logits / T {metrics.temperature:.4f}"
 
 
 def print_seed_summary(result: SeedsResult) -> None:

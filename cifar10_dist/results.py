@@ -23,6 +23,7 @@ class SplitMetrics:
     balanced_accuracy: Optional[float] = None  # the mean of per-class recalls
     macro_f1: Optional[float] = None  # the mean of per-class F1
     ece: Optional[float] = None  # expected calibration error, 15 equal-width bins of the top-1 probability
+    temperature: Optional[float] = None  # calibrate=temperature: the T its logits were divided by (None: raw)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> SplitMetrics | None:

@@ -98,6 +98,10 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     run_dir = tmp_path / "tempered"
     found = json.loads((run_dir / "summary.json").read_text())["calibration"]
     assert found["temperature"] > 0 and found["images"] == 120
+    lines = {line.split(":")[0]: line for line in result.stdout.splitlines() if line.startswith("final ")}
+    assert lines["final val"].endswith("; uncalibrated: the model's own probabilities)")
+    assert lines["final test"].endswith(f"; calibrated: logits / T {found['temperature']:.4f})")
+    assert lines["final train subset"].endswith("; uncalibrated: the model's own probabilities)")
     assert found["val_nll_after"] <= found["val_nll_before"] + 1e-9
     [best] = sorted(run_dir.glob("best_model_*.pt"))
     stored = checkpoint_files.load_checkpoint(best)
@@ -133,3 +137,38 @@ def test_a_folder_without_a_validation_split_is_refused_before_training():
         scaled_test_model("temperature", "test", torch.nn.Identity())
     assert isinstance(scaled_test_model("temperature", "val", torch.nn.Identity()), TemperatureScaled)
     assert scaled_test_model(None, "test", torch.nn.Identity()) is None
+
+
+def test_the_temperature_is_stored_only_with_the_weights_it_was_fitted_to(tmp_path):
+    """Two best-model files (epochs 1 and 2) and the newest training checkpoint: T fitted on the epoch-1 model goes
+    into its file only (the checkpoint holds later weights); fitted on the epoch-2 model, into its file and the
+    checkpoint that holds the same weights (its EMA's where it has one); with no best-model file, the checkpoint."""
+    from cifar10_dist.outputs import checkpoint_files
+    from cifar10_dist.training import temperature
+
+    def weights(value: float) -> dict[str, torch.Tensor]:
+        return {"layer.weight": torch.full((2, 2), value), "layer.bias": torch.zeros(2)}
+
+    def write(name: str, content: dict) -> None:
+        torch.save(content, tmp_path / name)
+
+    def stored() -> dict[str, float | None]:
+        return {path.name: checkpoint_files.load_checkpoint(path).get("temperature")
+                for path in sorted(tmp_path.glob("*.pt"))}
+
+    training = {"trainer": {}, "optimizer": {}, "lr_scheduler": {}}
+    first, second = "best_model_1_val_accuracy=0.5000.pt", "best_model_2_val_accuracy=0.6000.pt"
+    write(first, {"model": weights(1.0)})
+    write(second, {"model": weights(2.0)})
+    write("training_checkpoint_20.pt", {**training, "model": weights(2.0)})
+    assert temperature.store_temperature(tmp_path, 1.5, first) == [first]
+    assert stored() == {first: 1.5, second: None, "training_checkpoint_20.pt": None}
+    assert temperature.store_temperature(tmp_path, 1.7, second) == [second, "training_checkpoint_20.pt"]
+    assert stored() == {first: 1.5, second: 1.7, "training_checkpoint_20.pt": 1.7}
+    write("training_checkpoint_20.pt", {**training, "model": weights(3.0), "ema_model": weights(2.0)})
+    assert temperature.store_temperature(tmp_path, 1.9, second) == [second, "training_checkpoint_20.pt"]
+    for path in (tmp_path / first, tmp_path / second):
+        path.unlink()
+    write("training_checkpoint_20.pt", {**training, "model": weights(3.0)})
+    assert temperature.store_temperature(tmp_path, 2.1, "final") == ["training_checkpoint_20.pt"]
+    assert stored() == {"training_checkpoint_20.pt": 2.1}

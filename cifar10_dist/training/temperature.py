@@ -1,8 +1,9 @@
 """Temperature scaling (``calibrate=temperature``, Guo et al. 2017): after training, one temperature T > 0 is
 fitted to the model chosen on the validation split, on that split's logits, by minimising their NLL (LBFGS on
 log T); softmax(logits / T) are then its probabilities. The predicted classes do not change, only how sure the
-model says it is. T is written into the best-model files and the newest training checkpoint (key
-``temperature``), which evaluate, predict and export read (``TemperatureScaled``)."""
+model says it is. T is written beside the weights it was fitted to only (key ``temperature``): the chosen
+best-model file, and the newest training checkpoint when it holds those weights; evaluate, predict and export read
+it (``TemperatureScaled``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from torch import nn
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.system import ranks
+from cifar10_dist.training import checkpointing
 from cifar10_dist.training.evaluators import CalibrationBins, expected_calibration_error
 
 logger = logging.getLogger("cifar10_dist")
@@ -95,10 +97,10 @@ class LogitsKept:
         return rows[:, :-1], rows[:, -1].long()
 
 
-def calibrate(evaluator: Engine, loader: Any, run_dir: Path) -> dict[str, Any]:
-    """Fit T on the logits ``evaluator`` gives on ``loader`` (the validation split, the chosen model), write it
-    into the run's best-model files and newest training checkpoint (rank 0), and return what was found: T and the
-    split's NLL and ECE before and after (the same on every rank)."""
+def calibrate(evaluator: Engine, loader: Any, run_dir: Path, chosen: str) -> dict[str, Any]:
+    """Fit T on the logits ``evaluator`` gives on ``loader`` (the validation split, the chosen model: the
+    best-model file named ``chosen``, or "final"), write it beside those weights only (rank 0), and return what was
+    found: T and the split's NLL and ECE before and after (the same on every rank)."""
     kept = LogitsKept(evaluator)
     evaluator.run(loader)
     logits, targets = kept.gathered()
@@ -110,20 +112,35 @@ def calibrate(evaluator: Engine, loader: Any, run_dir: Path) -> dict[str, Any]:
         bins.update((scaled, targets))
         found[f"val_nll_{when}"] = float(nn.functional.cross_entropy(scaled, targets))
         found[f"val_ece_{when}"] = expected_calibration_error(bins.compute())
-    ranks.on_rank_zero(store_temperature, run_dir, temperature)
+    stored = ranks.on_rank_zero(store_temperature, run_dir, temperature, chosen)
     ranks.on_rank_zero(logger.info, "calibrate=temperature: T %.4f fitted on %d val images: NLL %.4f -> %.4f, ECE "
-                       "%.4f -> %.4f; stored in the best-model files and the newest checkpoint", temperature,
+                       "%.4f -> %.4f; stored with the model it was fitted to: %s", temperature,
                        found["images"], found["val_nll_before"], found["val_nll_after"], found["val_ece_before"],
-                       found["val_ece_after"])
+                       found["val_ece_after"], ", ".join(stored or []) or "no file holds it")
     return found
 
 
-def store_temperature(run_dir: Path, temperature: float) -> None:
-    """Rank 0: T added to every best-model file and the newest training checkpoint of the run, each rewritten
-    whole (a temporary file, then a rename)."""
-    paths = [*run_dir.glob("best_model_*.pt")]
+def store_temperature(run_dir: Path, temperature: float, chosen: str) -> list[str]:
+    """Rank 0: T added to the files that hold the weights it was fitted to, each rewritten whole (a temporary
+    file, then a rename): the chosen best-model file, and the newest training checkpoint where the weights it is
+    read with (its EMA's, where it has one) are those; with no best-model file ("final"), the newest checkpoint.
+    Other best-model files, of other epochs' models, are left alone. Returns the names of the files written."""
+    best = run_dir / chosen if chosen != "final" else None
     newest = checkpoint_files.newest_valid_checkpoint(run_dir)
-    for path in paths + ([newest] if newest is not None else []):
+    fitted = checkpointing.model_weights(checkpoint_files.load_checkpoint(best)) if best is not None else None
+    written = []
+    for path in [best, newest]:
+        if path is None or path.name in written:
+            continue
         checkpoint = checkpoint_files.load_checkpoint(path)
+        if fitted is not None and path != best and not same_weights(checkpoint.get("ema_model") or
+                                                                    checkpointing.model_weights(checkpoint), fitted):
+            continue  # the newest checkpoint holds a later model than the one chosen on val
         checkpoint[KEY] = temperature
         files.write_file(path, lambda target, content=checkpoint: torch.save(content, target))
+        written.append(path.name)
+    return written
+
+
+def same_weights(one: Any, other: Any) -> bool:
+    return one.keys() == other.keys() and all(torch.equal(one[key], other[key]) for key in one)

@@ -391,8 +391,9 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
     logger.info("test set, used once: %s", "the final model (no best model saved)" if name == "final" else name)
     if validation.engine_set.calibration is not None:  # T fitted on val, the test evaluated with it
         evaluator, scaled = validation.engine_set.calibration
-        validation.calibration = temperature.calibrate(evaluator, validation.loaders.val, run_dir)
+        validation.calibration = temperature.calibrate(evaluator, validation.loaders.val, run_dir, name)
         scaled.temperature.fill_(validation.calibration["temperature"])
     epoch = validation.latest["epoch"] if validation.latest else 0
     metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
-    return {**metrics, "model": name}
+    calibrated = {"temperature": validation.calibration["temperature"]} if validation.calibration else {}
+    return {**metrics, "model": name, **calibrated}
