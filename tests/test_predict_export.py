@@ -335,3 +335,18 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
         missing = [name for name, record in FORMATS.items() if name.lower() not in text.lower()]
         assert not missing, f"{place} does not list {missing}"
     assert all(f"`{record.suffix}`" in "\n".join(table) for record in FORMATS.values())
+
+
+def test_evaluate_given_an_export_refuses_in_one_line_naming_what_reads_it(trained, tmp_path):
+    from cifar10_dist import api
+
+    onnx_file = Path(api.export(trained, "onnx", tmp_path / "model.onnx").path)
+    result = run_in_process("evaluate", f"--checkpoint={onnx_file}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: evaluate reads training checkpoints and best-model files (.pt), and '{onnx_file}' is an export (onnx): "
+        f"classify images with it: cifar10-dist predict --checkpoint={onnx_file} IMAGES; for test-set metrics "
+        "evaluate the checkpoint it was exported from (its model.onnx.json names it)")
+    assert json.loads((tmp_path / "model.onnx.json").read_text())["checkpoint"] == str(trained)
+    program = run_in_process("evaluate", f"--checkpoint={tmp_path / 'model.pt2'}")
+    assert program.returncode == 2 and "is an export (pt2): for test-set metrics evaluate the checkpoint" in program.stderr

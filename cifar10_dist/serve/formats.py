@@ -32,3 +32,8 @@ FORMATS: dict[str, ExportFormat] = {record.name: record for record in (
                  "a traced module (deprecated by torch: use pt2)"),
 )}
 NAMES = "|".join(FORMATS)  # safetensors|pt2|onnx|torchscript
+
+
+def exported_format(path: str) -> ExportFormat | None:
+    """The export format a file is by its suffix (None: not one of ours, e.g. a checkpoint's .pt)."""
+    return next((record for record in FORMATS.values() if str(path).endswith(record.suffix)), None)
