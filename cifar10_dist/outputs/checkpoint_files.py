@@ -76,18 +76,31 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:
-        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error)}") from error
+        raise UserError(f"checkpoint '{path}' cannot be loaded: {_load_failure(error, path)}") from error
     if not isinstance(checkpoint, dict):
         raise UserError(f"checkpoint '{path}' holds a {type(checkpoint).__name__}, expected a dict")
     return checkpoint
 
 
-def _load_failure(error: BaseException) -> str:
-    """A one-line reason for a failed torch.load: a refused global (code on unpickling) or a damaged file."""
+def starts_like_a_checkpoint(path: Path) -> bool:
+    """Whether the file begins as torch.save's zip archive (or an old pickle) does, whole or truncated."""
+    with open(path, "rb") as opened:
+        head = opened.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _load_failure(error: BaseException, path: Path) -> str:
+    """A one-line reason for a failed torch.load: a refused global (code on unpickling), a file that is not a
+    checkpoint at all (torch.save writes a zip archive), or a damaged one; torch's own words only where they say
+    something (a bare number, as a KeyError of the first byte gives, says nothing)."""
     text = str(error)
     refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
     if refused:
         return f"it asks to import {refused.group(1)}, refused (only tensors and plain data are loaded)"
+    if not starts_like_a_checkpoint(path):
+        return ("it is not a PyTorch checkpoint: torch.save writes a zip archive and this file is not one (give a "
+                "training_checkpoint_*.pt or best_model_*.pt of a run)")
     if "weights_only" in text and "WeightsUnpickler error:" in text:
         return "refused by the safe loader: " + text.split("WeightsUnpickler error:")[1].strip().splitlines()[0][:200]
-    return f"the file is truncated or not a PyTorch checkpoint ({first_line(error, 200)})"
+    words = first_line(error, 200)
+    return "the file is truncated or damaged" + (f" ({words})" if re.search(r"[A-Za-z]{3}", words) else "")

@@ -58,7 +58,18 @@ def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, 
                      f"--resume_from={broken}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(
-        f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or not a PyTorch checkpoint")
+        f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or damaged")
+
+
+def test_a_file_that_is_no_checkpoint_is_refused_saying_so_without_a_bare_number(small_dataset, tmp_path):
+    text = tmp_path / "notes.pt"
+    text.write_text("hello world\n")  # torch.load raises KeyError(104): the first byte, nothing a user can read
+    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
+                     f"--teacher={text}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint '{text}' cannot be loaded: it is not a PyTorch checkpoint: torch.save writes a zip "
+        "archive and this file is not one (give a training_checkpoint_*.pt or best_model_*.pt of a run)")
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, capsys):
