@@ -82,6 +82,34 @@ def test_a_loss_that_never_falls_is_one_line_naming_the_range(tmp_path):
     assert result.returncode == 2
     assert "the loss did not fall between learning_rate 1e-09 and" in result.stderr
     assert "start lower (--start_lr)" in result.stderr
+    assert not list(tmp_path.iterdir())  # no empty lr_find-* folder left behind
+
+
+NAN_MODEL = """
+from torch import nn
+
+
+class NotANumber(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 10)
+
+    def forward(self, images):
+        return self.head(images.mean(dim=(2, 3))) * float("nan")
+"""
+
+
+def test_a_loss_that_is_nan_from_the_first_iteration_is_not_blamed_on_the_learning_rate(tmp_path):
+    (tmp_path / "broken.py").write_text(NAN_MODEL)
+    output = tmp_path / "out"
+    result = run_in_process("lr-find", *SYNTHETIC, f"--model={tmp_path / 'broken.py'}:NotANumber", "--model_kwargs={}",
+                            "--num_iter=8", f"--output_path={output}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: lr-find: the loss was nan at the first iteration, at learning_rate 1e-06, before any learning rate "
+        "could matter: the model or the data gives no finite loss (check the model's output on a batch, the data's "
+        "values, with_amp), and no learning rate will fix that")
+    assert not output.exists() or not list(output.iterdir())
 
 
 @pytest.mark.parametrize("flags, message", [

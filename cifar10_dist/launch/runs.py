@@ -142,6 +142,12 @@ def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None)
     preflight.check_before_launch(config)
     if folder is None:
         folder = Path(config.output_path) / f"lr_find-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    made = not Path(folder).exists()
     files.make_folder(Path(folder))
-    reported = spawn.run(lr_finding.LrFindWorker(settings, str(folder)), config)
+    try:
+        reported = spawn.run(lr_finding.LrFindWorker(settings, str(folder)), config)
+    except BaseException:
+        if made and Path(folder).is_dir() and not any(Path(folder).iterdir()):
+            Path(folder).rmdir()  # a sweep that found nothing leaves no empty folder behind
+        raise
     return LrFindResult(**reported) if reported else None

@@ -138,6 +138,11 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
                                             optimizer, data_setup.loaders.train, ratios, settings)
     candidates = suggestions(learning_rates, losses)
+    if losses and not math.isfinite(losses[0]):
+        raise UserError(f"lr-find: the loss was {losses[0]} at the first iteration, at learning_rate "
+                        f"{settings.start_lr:g}, before any learning rate could matter: the model or the data gives "
+                        "no finite loss (check the model's output on a batch, the data's values, with_amp), and no "
+                        "learning rate will fix that")
     if settings.rule not in candidates:
         raise UserError(f"lr-find: the loss did not fall between learning_rate {settings.start_lr:g} and "
                         f"{learning_rates[-1] if learning_rates else settings.end_lr:.3g} ({stopped} after "
