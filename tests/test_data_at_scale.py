@@ -230,3 +230,30 @@ def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():
                                   "of it may hold data): leave data_on_device off (a folder's cache is read on "
                                   "demand) or use fewer or smaller images")
     assert loaders.free_bytes(torch.device("cpu")) > 2**30  # this machine's MemAvailable, read for real
+
+
+def test_a_process_that_waited_for_another_ones_build_says_reused_not_built(tmp_path):
+    """prepare-data twice at once: the second waits for the machine's lock while the first builds, then reads
+    the finished cache; its card must say "reused", not "built now". Here the test holds the lock and puts a
+    finished cache in place while a thread's load waits for it."""
+    import shutil
+    import threading
+    import time
+
+    from cifar10_dist.data import cache_builds, folder_scan, folder_source
+
+    root = noise_folder(tmp_path / "data", 10, 2)
+    found = folder_scan.scan(root)
+    key = folder_scan.fingerprint(found, 32)
+    target = folder_scan.cache_dir(root, 32, key)
+    elsewhere = cache_builds.build_cache(found, 32, tmp_path / "elsewhere" / target.name, key, workers=1)
+    loaded = {}
+    with cache_builds._machine_lock(target):
+        waiting = threading.Thread(target=lambda: loaded.update(load=folder_source.load_folder(root, 32)))
+        waiting.start()
+        time.sleep(1.0)  # the thread scans 24 files and finds no cache long before this: it waits for the lock
+        assert waiting.is_alive()
+        shutil.copytree(tmp_path / "elsewhere" / target.name, target)  # what the other process finished
+    waiting.join(timeout=60)
+    assert loaded["load"].how == "reused" and loaded["load"].meta.build_seconds == elsewhere.build_seconds
+    assert "built now" not in folder_source.card(loaded["load"], root)

@@ -57,12 +57,13 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
     shared = cache_dir(root, image_size, key)
     try:
         if under is not None and shared != folder and intact_meta(shared) is not None:
-            return folder, copy_cache(shared, folder), found, "copied"
-        meta = build_cache(found, image_size, folder, key, workers)
+            meta, how = copy_or_reuse(shared, folder)
+            return folder, meta, found, how
+        meta, how = build_or_reuse(found, image_size, folder, key, workers)
     except OSError as error:
         raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
                         "writable or give cache_dir=<a writable folder>") from error
-    return folder, meta, found, "built"
+    return folder, meta, found, how
 
 
 def intact_meta(folder: Path) -> CacheMeta | None:
@@ -99,10 +100,17 @@ def build_cache(found: FolderScan, image_size: int, target: Path, key: str, work
     """Decode every file once into target/images.npy (uint8 N x 3 x S x S, a preallocated memory map written in
     place: the decoded set is never held twice), labels, content hashes and meta.json; resumed where a build cut
     short left off; renamed into place when complete."""
+    return build_or_reuse(found, image_size, target, key, workers)[0]
+
+
+def build_or_reuse(found: FolderScan, image_size: int, target: Path, key: str, workers: int | None = None
+                   ) -> tuple[CacheMeta, str]:
+    """``build_cache``, and "built", or "reused" when another process of this machine built it while this one
+    waited for the lock (its card must not say it was built now)."""
     with _machine_lock(target):
         meta = read_meta(target)
         if meta is not None:  # another process of this machine built it while this one waited
-            return meta
+            return meta, "reused"
         building = target.with_name(f".{target.name}.building-{socket.gethostname()}")
         _remove_leftovers(target, building)
         started = time.perf_counter()
@@ -118,7 +126,7 @@ def build_cache(found: FolderScan, image_size: int, target: Path, key: str, work
             if read_meta(target) is None:
                 raise
             shutil.rmtree(building, ignore_errors=True)
-    return meta
+    return meta, "built"
 
 
 def _remove_leftovers(target: Path, building: Path) -> None:
@@ -209,13 +217,14 @@ def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int
     return mean.tolist(), np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12)).tolist()
 
 
-def copy_cache(source: Path, target: Path) -> CacheMeta:
+def copy_or_reuse(source: Path, target: Path) -> tuple[CacheMeta, str]:
     """A finished cache copied to ``target`` (a node's local disk): into a temporary folder, renamed when
-    complete, so a copy cut short is never used (the next run copies again)."""
+    complete, so a copy cut short is never used (the next run copies again); "copied", or "reused" when another
+    process of this node copied it while this one waited."""
     with _machine_lock(target):
         meta = read_meta(target)
         if meta is not None:  # another process of this node copied it while this one waited
-            return meta
+            return meta, "reused"
         copying = target.with_name(f".{target.name}.copying-{socket.gethostname()}")
         shutil.rmtree(copying, ignore_errors=True)
         try:
@@ -228,4 +237,4 @@ def copy_cache(source: Path, target: Path) -> CacheMeta:
     meta = read_meta(target)
     if meta is None:
         raise UserError(f"the image cache copied from {source} to {target} cannot be read: remove {target}")
-    return meta
+    return meta, "copied"
