@@ -267,13 +267,20 @@ def test_a_damaged_cache_that_cannot_be_removed_is_one_line_naming_it(tmp_path, 
     cache = Path(api.prepare_data(root, "folder", image_size=24).folder)
     (cache / "labels.npy").write_bytes((cache / "labels.npy").read_bytes()[:-8])
 
-    def read_only(self, target):
-        raise OSError(errno.EROFS, "Read-only file system")
+    rename = Path.rename
 
-    monkeypatch.setattr(Path, "rename", read_only)
+    def read_only_data_folder(self, target):  # the data folder (and its cache) is read-only, the rest is not
+        if str(self).startswith(str(root)):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", read_only_data_folder)
     with pytest.raises(UserError) as refused:
         api.prepare_data(root, "folder", image_size=24)
     assert str(refused.value) == (
         f"image cache {cache} is damaged (labels.npy is {(cache / 'labels.npy').stat().st_size:,} bytes, its header "
         f"says {(cache / 'labels.npy').stat().st_size + 8:,}) and cannot be removed here (Read-only file system): "
         "remove it (it is built again from the images) or give cache_dir=<a writable folder>")
+    followed = api.prepare_data(root, "folder", image_size=24, cache_dir=tmp_path / "writable")  # the advice works
+    assert Path(followed.folder).parent == tmp_path / "writable" and "built now" in followed.card
+    assert (cache / "labels.npy").is_file()  # the damaged cache beside the data is left as it was

@@ -56,7 +56,7 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
         return folder, meta, found, "reused"
     shared = cache_dir(root, image_size, key)
     try:
-        if under is not None and shared != folder and intact_meta(shared) is not None:
+        if under is not None and shared != folder and whole_meta(shared) is not None:
             meta, how = copy_or_reuse(shared, folder)
             return folder, meta, found, how
         meta, how = build_or_reuse(found, image_size, folder, key, workers)
@@ -64,6 +64,19 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
         raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
                         "writable or give cache_dir=<a writable folder>") from error
     return folder, meta, found, how
+
+
+def whole_meta(folder: Path) -> CacheMeta | None:
+    """A finished cache's meta when its files are whole, else None, touching nothing: the cache beside the data,
+    looked at to copy it into cache_dir (a damaged one there is left alone with one warning, and cache_dir gets
+    its own build: the data folder may be read-only)."""
+    meta = read_meta(folder)
+    damaged = damage(folder, meta) if meta is not None else None
+    if damaged is not None:
+        logger.warning("image cache %s beside the data is damaged (%s): not copied; building one in cache_dir",
+                       folder, damaged)
+        return None
+    return meta
 
 
 def intact_meta(folder: Path) -> CacheMeta | None:
