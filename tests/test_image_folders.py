@@ -284,3 +284,30 @@ def test_a_damaged_cache_that_cannot_be_removed_is_one_line_naming_it(tmp_path, 
     followed = api.prepare_data(root, "folder", image_size=24, cache_dir=tmp_path / "writable")  # the advice works
     assert Path(followed.folder).parent == tmp_path / "writable" and "built now" in followed.card
     assert (cache / "labels.npy").is_file()  # the damaged cache beside the data is left as it was
+
+
+def test_a_resume_after_a_class_folder_was_removed_names_it_and_writes_nothing(tmp_path):
+    import shutil
+
+    root = write_image_folder(tmp_path / "data", train=10, test=3)
+    command = ["run", *FOLDER_RUN, "--num_epochs=1", "--num_warmup_epochs=0", f"--data_path={root}",
+               f"--output_path={tmp_path / 'out'}",
+               "--run_name=three", "--checkpoint_every=1"]
+    first = run_in_process(*command)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = tmp_path / "out" / "three"
+    def files() -> dict[str, bytes]:  # the run folder's own files (not the hidden lock of whoever claims it)
+        return {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file() and path.name[0] != "."}
+
+    before = files()
+    shutil.rmtree(root / "train" / "dog")
+    shutil.rmtree(root / "test" / "dog")
+    for flags in ([], ["--resume_on_changed_data=True"]):
+        refused = run_in_process(*command, "--resume_from=auto", *flags)
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"error: checkpoint '{run_dir / 'training_checkpoint_2.pt'}' was trained on 3 classes and the data now "
+            "has 2 (removed: dog): its model cannot continue on other classes, even with resume_on_changed_data; "
+            "restore the class folders, or start afresh (another --run_name, or --overwrite; "
+            "--pretrained=<checkpoint> starts from its weights with a new head)")
+        assert files() == before  # nothing rewritten, nothing added (provenance, config, TensorBoard events)

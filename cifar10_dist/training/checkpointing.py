@@ -306,6 +306,8 @@ def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -
     against this run's) unless ``resume_on_changed_data``: then one warning, and ``record`` (this run's provenance)
     keeps what changed."""
     path = resume_path(config, run_dir)
+    if path is not None:
+        refuse_other_classes(path, record)
     change = ranks.from_rank_zero(data_change, path, record) if path is not None else None
     if change is None:
         return path
@@ -320,6 +322,22 @@ def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -
                        "run (recorded in provenance.json: resumed_on_changed_data)", difference)
     record["resumed_on_changed_data"] = change
     return path
+
+
+def refuse_other_classes(path: str, record: Mapping[str, Any]) -> None:
+    """One line, before anything of the run folder is written, when the checkpoint's classes are not this run's
+    (a class folder added or removed): its model's head cannot take them, whatever resume_on_changed_data says."""
+    now = (record.get("dataset", {}).get("info") or {}).get("classes")
+    then = ranks.from_rank_zero(lambda: checkpoint_info(load_checkpoint(path, mmap=True)).classes)
+    if now is None or then is None or list(then) == list(now):
+        return
+    removed, added = [name for name in then if name not in now], [name for name in now if name not in then]
+    changes = "; ".join(part for part in (f"removed: {', '.join(removed)}" if removed else "",
+                                          f"added: {', '.join(added)}" if added else "") if part)
+    raise UserError(f"checkpoint '{path}' was trained on {len(then)} classes and the data now has {len(now)} "
+                    f"({changes or 'the same names in another order'}): its model cannot continue on other classes, "
+                    "even with resume_on_changed_data; restore the class folders, or start afresh (another "
+                    "--run_name, or --overwrite; --pretrained=<checkpoint> starts from its weights with a new head)")
 
 
 def data_change(path: str, record: Mapping[str, Any]) -> dict[str, Any] | None:
