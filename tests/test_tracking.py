@@ -338,3 +338,18 @@ def test_the_environment_line_names_the_backend_also_with_one_process(tmp_path, 
     finally:
         idist.finalize()  # the group and idist's view of it (a bare destroy_process_group leaves idist native)
     assert "distributed: backend gloo, world size 1, 1 processes per node, 1 nodes" in caplog.text
+
+
+def test_the_config_line_of_the_log_names_only_what_differs_from_the_defaults(caplog):
+    import torch
+
+    from cifar10_dist.config import Config
+    from cifar10_dist.outputs import tracking
+
+    config = Config(model="airbench", batch_size=1024).to_dict()
+    assert tracking.changed_keys(config) == {"model": "airbench", "batch_size": 1024}
+    with caplog.at_level("INFO", logger="cifar10_dist"):
+        tracking.log_environment(config, torch.device("cpu"))
+    assert ("config (what differs from the defaults; every key is in the run folder's config.yaml): model=airbench, "
+            "batch_size=1024") in caplog.text
+    assert tracking.changed_keys(Config().to_dict()) == {}

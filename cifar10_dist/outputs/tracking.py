@@ -28,6 +28,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
+from cifar10_dist.config import Config
 from cifar10_dist.outputs import files
 from cifar10_dist.system.ranks import on_rank_zero
 
@@ -83,7 +84,7 @@ def package_logging() -> Iterator[None]:
 
 def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
     """Versions, device (with its index on a GPU), distributed setting (whenever a backend is up, also with one
-    process) and the resolved config."""
+    process) and the keys of the resolved config that differ from the defaults."""
     logger.info(
         "python %s, torch %s, pytorch-ignite %s, device %s, %d CPU threads per process",
         platform.python_version(), torch.__version__, ignite.__version__, indexed(device), torch.get_num_threads(),
@@ -93,7 +94,14 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
             "distributed: backend %s, world size %d, %d processes per node, %d nodes",
             idist.backend(), idist.get_world_size(), idist.get_nproc_per_node(), idist.get_nnodes(),
         )
-    logger.info("config: %s", ", ".join(f"{key}={value}" for key, value in config.items()))
+    logger.info("config (what differs from the defaults; every key is in the run folder's config.yaml): %s",
+                ", ".join(f"{key}={value}" for key, value in changed_keys(config).items()) or "the defaults")
+
+
+def changed_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys whose values are not the built-in defaults (an unknown key counts as changed)."""
+    defaults = Config().to_dict()
+    return {key: value for key, value in config.items() if key not in defaults or defaults[key] != value}
 
 
 def indexed(device: torch.device) -> torch.device:
