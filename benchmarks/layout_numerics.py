@@ -1,9 +1,9 @@
 """Does channels-last change a model's fp32 numbers on this CPU beyond noise? The check ``channels_last=auto``
 runs (``system.layout_numerics``) for several models, and for ResNet-18 the whole training step's gradient over
 several random batches in each layout against float64, with the ReLUs whose sign differs from float64's. Last run:
-AMD EPYC Zen 5 (AVX512-BF16), docs/measurements/layout_numerics_zen5.json: channels-last's error 1.4-2.1x the
-contiguous layout's, every model within fp32 noise; a whole gradient is off by 0.2-1% only in batches where one
-ReLU flips, in either layout. About a minute.
+AMD EPYC Zen 5 (AVX512-BF16), docs/measurements/layout_numerics_zen5.json: channels-last's error 1.3-1.9x the
+contiguous layout's (about 1e-6 to 2e-5 relative), every model within fp32 noise; ResNet-18's whole gradient is off
+by 5e-4 to 6e-3 only in the batches where one ReLU flips (2 of 8 in each layout), else by 3e-6 to 6e-6. About 20 s.
 
     python -m benchmarks.layout_numerics [--models=resnet18,cifar_resnet18,airbench,simple_cnn] [--batches=8]
         [--json=PATH]
