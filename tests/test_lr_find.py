@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ from cifar10_dist.config import LrSweep
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import lr_finding
 from cifar10_dist.training.step import TrainStep, create_trainer
-from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process
+from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process, start_cli, stop_all
+from tests.reliability.test_faults import gone, worker_pids
 
 SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]
 
@@ -237,3 +241,30 @@ def test_a_steepest_fall_next_to_the_lowest_loss_is_warned_about():
     assert f"--rule=minimum suggests {found['minimum']:.3g}" in warning
     assert lr_finding.edge_warning(found, "minimum") is None
     assert lr_finding.edge_warning({"steepest": 0.01, "minimum": 0.0025}, "steepest") is None  # lowest at 0.025: 2.5x
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stop_signal", "to_group", "code", "line"), [
+    (signal.SIGINT, True, 130, r"lr-find interrupted at iteration \d+: nothing written; run the same command again"),
+    (signal.SIGTERM, False, 75,
+     r"error: lr-find stopped on SIGTERM at iteration \d+: nothing written; run the same command again"),
+])
+def test_a_stop_signal_ends_a_two_process_sweep_with_one_line_that_fits_it(stop_signal, to_group, code, line,
+                                                                          tmp_path):
+    """Ctrl-C to the process group (a terminal) and SIGTERM to the launcher alone (a scheduler): every process
+    ends at once, with 130 or 75 and a line about lr-find (no checkpoint to resume from), and no folder left."""
+    sweep = start_cli("lr-find", *SYNTHETIC, "--synthetic_size=2000", "--num_iter=1000", *SPAWN_2,
+                      f"--output_path={tmp_path}", fresh=True)
+    try:
+        for text in sweep.stderr:  # the sweep is under way in both processes
+            if "lr-find: iteration 20/1000" in text:
+                break
+        workers = worker_pids(sweep.pid)
+        os.killpg(sweep.pid, stop_signal) if to_group else sweep.send_signal(stop_signal)
+        _, rest = sweep.communicate(timeout=60)
+    finally:
+        stop_all(sweep)
+    assert sweep.returncode == code, rest[-2000:]
+    assert re.fullmatch(line, rest.strip().splitlines()[-1]), rest[-2000:]
+    assert "Traceback" not in rest and gone(workers)
+    assert not list(tmp_path.iterdir())

@@ -52,13 +52,6 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return (signal.SIGINT, *(signal.Signals[name] for name in preemption_signals()))
 
 
-def accept_stop_signals() -> None:
-    """In a spawned worker that stops at no checkpoint (evaluation): the stop signals its launcher kept blocked
-    while starting it take their usual effect from now on, in it and in the DataLoader workers it starts (else a
-    SIGTERM at exit would wait forever)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals())
-
-
 class StopRequest:
     """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to other processes (spawned
     workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""
@@ -176,6 +169,21 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
                 f"stopped at iteration {iteration} on {stop.signal_name or 'a signal to another process'}: "
                 "checkpoint written; run the same command with --resume_from=auto to continue"
             )
+
+
+def attach_stop_without_checkpoint(engine: Engine, stop: StopRequest, command: str) -> None:
+    """For a command that writes no checkpoint (lr-find, evaluate): after each iteration, agree on Ctrl-C and
+    preemption across processes and end every process with one line that fits it (exit 130 or 75): nothing was
+    written, run it again."""
+
+    @engine.on(Events.ITERATION_COMPLETED)
+    def check(running: Engine) -> None:
+        preempted, interrupted = agree(stop.preempted, stop.interrupted)
+        where = f"at iteration {running.state.iteration}: nothing written; run the same command again"
+        if interrupted:
+            raise Interrupted(f"{command} interrupted {where}")
+        if preempted:
+            raise Preempted(f"{command} stopped on {stop.signal_name or 'a signal to another process'} {where}")
 
 
 def agree(*flags: bool) -> list[bool]:

@@ -34,8 +34,7 @@ class EvaluationWorker:
         self.checkpoint, self.raw_weights, self.output_dir = checkpoint, raw_weights, output_dir
 
     def __call__(self, config: Config) -> dict[str, Any]:
-        stopping.accept_stop_signals()
-        with tracking.package_logging():
+        with tracking.package_logging(), stopping.StopRequest() as stop:
             device = idist.device()
             loaded = run_data.load_datasets(config)
             batch_loaders = loaders.make_loaders(
@@ -51,6 +50,7 @@ class EvaluationWorker:
                 precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
                 confusion_matrix=True,
             )
+            stopping.attach_stop_without_checkpoint(evaluator, stop, "evaluate")
             collector = MistakeCollector(evaluator, batch_loaders.test.batch_size)
             with contextlib.closing(batch_loaders):  # its workers end here, not in a garbage collection
                 metrics = evaluator.run(batch_loaders.test).metrics

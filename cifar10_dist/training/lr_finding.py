@@ -122,8 +122,10 @@ def edge_warning(candidates: dict[str, float], rule: str) -> str | None:
 
 
 def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_setup: run_data.DataSetup,
-         device: torch.device, precision: Precision, settings: LrSweep) -> LrFindResult:
-    """The sweep with this run's model, data, optimizer groups and precision; the model as before afterwards."""
+         device: torch.device, precision: Precision, settings: LrSweep,
+         stop: stopping.StopRequest | None = None) -> LrFindResult:
+    """The sweep with this run's model, data, optimizer groups and precision; the model as before afterwards.
+    With ``stop``, a Ctrl-C or preemption signal to any process ends the sweep in every process (one line)."""
     started = time.perf_counter()
     swept_config = dataclasses.replace(config, learning_rate=NOMINAL_LR,
                                        muon_lr=None if config.muon_lr is None else config.muon_lr / _numeric(config))
@@ -135,6 +137,8 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     trainer = create_trainer(step, batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch,
                                                                 data_setup.info, data_setup.cropped_in_loader))
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
+    if stop is not None:
+        stopping.attach_stop_without_checkpoint(trainer, stop, "lr-find")
     learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
                                             optimizer, data_setup.loaders.train, ratios, settings)
     candidates = suggestions(learning_rates, losses)
@@ -183,7 +187,8 @@ def record_of(result: LrFindResult) -> dict[str, Any]:
 
 
 def settle_learning_rate(config: Config, network: Any, data_setup: run_data.DataSetup, device: torch.device,
-                         precision: Precision) -> tuple[Config, LrFindResult | None]:
+                         precision: Precision, stop: stopping.StopRequest | None = None
+                         ) -> tuple[Config, LrFindResult | None]:
     """learning_rate=find: the config with the sweep's suggestion (and the sweep, for its files), or with the
     learning rate its checkpoint trained with when it resumes, recorded in the run's provenance; any other
     config as it is. ``network``: the run's (``worker.Network``: model and forward)."""
@@ -195,7 +200,7 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
         ranks.on_rank_zero(logger.info, "learning_rate=find: %.4g, as the run being resumed found it",
                            found["suggestion"])
     else:
-        result = find(config, network.model, network.forward, data_setup, device, precision, LrSweep())
+        result = find(config, network.model, network.forward, data_setup, device, precision, LrSweep(), stop)
         ranks.on_rank_zero(logger.info, "learning_rate=find: %s", describe(result))
         if result.warning:
             ranks.on_rank_zero(logger.warning, "learning_rate=find: %s", result.warning)
@@ -225,15 +230,15 @@ class LrFindWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         from cifar10_dist.training import worker  # the run's own setup functions
 
-        stopping.accept_stop_signals()
-        with tracking.package_logging():
+        with tracking.package_logging(), stopping.StopRequest() as stop:
             device = process_setup.setup_process(config)
             precision = process_setup.setup_precision(config, device)
             weights = worker.setup_pretrained(config)
             data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
             network = worker.setup_model(config, data_setup, weights)
             with contextlib.closing(data_setup.loaders):
-                result = find(config, network.model, network.forward, data_setup, device, precision, self.settings)
+                result = find(config, network.model, network.forward, data_setup, device, precision, self.settings,
+                              stop)
             placed = ranks.on_rank_zero(write_files, Path(self.folder), result)
             ranks.on_rank_zero(logger.info, "lr-find: %s", describe(result))
             return (placed or result).to_dict()

@@ -60,7 +60,7 @@ def training(config: Config) -> dict[str, Any]:
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
         network = setup_model(config, data_setup, weights)
-        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision)
+        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, stop)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         resuming = config.resume_from is not None
