@@ -130,3 +130,33 @@ def test_with_wandb_but_no_wandb_installed_is_one_line(monkeypatch, tmp_path):
     assert result.stderr == ("error: with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip "
                              "install wandb)\n")
     assert not any(tmp_path.iterdir())
+
+
+def test_an_online_server_that_does_not_answer_leaves_one_offline_run_and_a_prompt_end(tmp_path):
+    """W&B online (an API key) against a loopback port nobody listens on: one warning at the start naming the store,
+    the same run tracked offline in the run folder (one W&B run, its id in wandb.json, for wandb sync), every
+    metric in it, and the run ends without waiting out W&B's own 90 s."""
+    import socket
+    import time
+
+    from cifar10_dist.outputs import wandb_tracking
+
+    with socket.socket() as closed:  # a free port, closed again: connections to it are refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {**environment(), "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "0" * 40}
+    started = time.monotonic()
+    result = run_cli("run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}",
+                     "--run_name=w", env=env)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1 and "W&B online (project cifar10_dist): the server did not answer within 10 s" in \
+        warnings[0] and "this run is tracked offline in" in warnings[0], warnings
+    kept = json.loads((tmp_path / "w" / "wandb.json").read_text())
+    assert kept["mode"] == "offline"
+    assert [path.name.split("-")[-1] for path in (tmp_path / "w" / "wandb").glob("*run-*")] == [kept["id"]]
+    [found] = sessions(tmp_path / "w")
+    logged = [values(history.item) for history in of_kind(found, "history")]
+    assert any("training/epoch_loss" in step for step in logged) and any("test/accuracy" in step for step in logged)
+    assert seconds < wandb_tracking.INIT_TIMEOUT_SECONDS + 30  # (before: about 95 s)

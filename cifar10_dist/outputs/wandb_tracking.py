@@ -5,23 +5,29 @@ metrics the scalars ``tracking.Recorder`` writes to TensorBoard, same names, eac
 ``step`` axis: W&B's own step only grows, while epochs and iterations both count from 1); at the end the run's
 record files as an artifact and, with ``wandb_log_model``, the best model file as another. A tuning trial's run is in the
 group of its study. ``wandb_mode``: online, or offline without WANDB_API_KEY (the run kept in the run folder's
-``wandb/``, for ``wandb sync``), so that a cluster node without network still tracks.
+``wandb/``, for ``wandb sync``), so that a cluster node without network still tracks; an online start whose
+server does not answer within INIT_TIMEOUT_SECONDS goes offline the same way, with one warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.outputs.trackers import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
+logger = logging.getLogger("cifar10_dist")
+
 RUN_FILE = "wandb.json"  # in the run folder: the W&B run this run folder reports to
+INIT_TIMEOUT_SECONDS = 10  # an online start that gets no answer in this time goes offline (W&B's own default: 90)
 
 
 def require_wandb() -> Any:
@@ -53,22 +59,47 @@ class WandB:
         self.defined: set[str] = set()
 
     def _start(self) -> None:
+        """Start or continue the run folder's W&B run; online, a server that does not answer within
+        INIT_TIMEOUT_SECONDS leaves the run tracked offline in the run folder instead (one warning, the same run
+        id: ``wandb sync`` sends it later), never a second W&B run."""
+        kept = read_run_file(self.run_dir)
+        run_id = kept["id"] if kept else uuid.uuid4().hex[:12]  # W&B's ids: lower-case letters and digits
+        try:
+            self._init(run_id, self.mode)
+        except Exception as error:  # noqa: BLE001 - whatever W&B's client raises for a server it cannot reach
+            if self.mode != "online":
+                raise
+            self._go_offline(run_id, error)
+        self.run = require_wandb().run
+        self.run.define_metric("step", hidden=True)
+        files.write_json(self.run_dir / RUN_FILE, {"id": run_id, "project": self.config["wandb_project"],
+                                                   "mode": self.mode})
+
+    def _init(self, run_id: str, mode: str) -> None:
         from ignite.handlers.wandb_logger import WandBLogger
 
         wandb = require_wandb()
-        kept = read_run_file(self.run_dir)
-        run_id = kept["id"] if kept else uuid.uuid4().hex[:12]  # W&B's ids: lower-case letters and digits
         trial = self.config.get("trial")
         study = trial["study"] if isinstance(trial, Mapping) else getattr(trial, "study", None)
         config = {**self.config, "trial": None if trial is None else str(study), "provenance": self.provenance}
         WandBLogger(project=self.config["wandb_project"], entity=self.config["wandb_entity"], name=self.run_dir.name,
-                    id=run_id, resume="allow", dir=str(self.run_dir), mode=self.mode, group=study,
+                    id=run_id, resume="allow", dir=str(self.run_dir), mode=mode, group=study,
                     job_type="trial" if study else "run", config=config,
-                    settings=wandb.Settings(console="off", silent=True))
-        self.run = wandb.run
-        self.run.define_metric("step", hidden=True)
-        files.write_json(self.run_dir / RUN_FILE, {"id": run_id, "project": self.config["wandb_project"],
-                                                   "mode": self.mode})
+                    settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_SECONDS))
+
+    def _go_offline(self, run_id: str, error: BaseException) -> None:
+        """After an online start that failed: W&B's service let go of the run id, the failed attempt's folder
+        removed, and the same run started offline in the run folder."""
+        wandb = require_wandb()
+        wandb.teardown()
+        for attempt in (self.run_dir / "wandb").glob(f"run-*-{run_id}"):
+            shutil.rmtree(attempt, ignore_errors=True)
+        logger.warning("%s: the server did not answer within %d s (%s): this run is tracked offline in %s instead; "
+                       "wandb sync %s/offline-run-*-%s sends it when the server answers", self.store,
+                       INIT_TIMEOUT_SECONDS, first_line(error), self.run_dir / "wandb", self.run_dir / "wandb", run_id)
+        self.mode = "offline"
+        self.store = f"W&B offline (project {self.config['wandb_project']})"
+        self._init(run_id, "offline")
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
         """A metric, kept until a flush sends it."""
