@@ -541,3 +541,22 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
     assert trials._lost_creation_race(duplicate_type)
     assert trials._lost_creation_race(duplicate_table)
     assert not trials._lost_creation_race(missing), str(missing)
+
+
+@pytest.mark.slow
+def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_its_own(small_dataset, tmp_path):
+    """with_mlflow against a loopback port nobody listens on: the study's own calls (its parent run, its best value)
+    are bounded and warned about once; the trial runs (its run's tracker warns as a run's does)."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    space = write_space(tmp_path)
+    result = run_in_process(*tune_args(small_dataset, tmp_path / "out", space, "down", "--trials=1", "--num_epochs=1",
+                                       "--num_warmup_epochs=0", "--sampler=random", "--pruner=none", "--with_mlflow",
+                                       f"--mlflow_tracking_uri=http://127.0.0.1:{port}"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count(f"MLflow: the store at http://127.0.0.1:{port} does not answer") == 1, result.stderr
+    assert "the study goes on without its own run (the trials' parent)" in result.stderr
+    assert "trials: 1 complete" in result.stdout

@@ -18,9 +18,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.outputs.trackers import record_files
 from cifar10_dist.system.ranks import is_rank_zero
@@ -251,3 +251,24 @@ def study_run(uri: str, experiment: str, study: str, params: Mapping[str, Any]) 
 def log_study_best(uri: str, run_id: str, best_value: float, trials: int) -> None:
     """The study's best val accuracy so far, a metric of its run at step = trials finished."""
     open_client(uri).log_metric(run_id, "study/best_value", best_value, step=trials)
+
+
+STUDY_WARNED: set[str] = set()  # stores this process has already warned about for a study's own calls
+
+
+def for_the_study(what: str, uri: str, action: Callable[[], Any]) -> Any | None:
+    """A tuning study's own call to its MLflow store (its parent run, its best value), as a run's tracker makes
+    them: requests bounded (``HTTP_BOUNDS``), and a store that does not answer is one warning per store, never the
+    study's end (None then); the trials go on, each tracked as a run is."""
+    earlier = bound_http_retries()
+    try:
+        return action()
+    except Exception as error:  # noqa: BLE001 - whatever MLflow's client raises for a store it cannot reach
+        if uri not in STUDY_WARNED:
+            STUDY_WARNED.add(uri)
+            logger.warning("MLflow: the store at %s does not answer (%s): the study goes on without %s; each "
+                           "trial's own run is tracked as a run's is (metrics.jsonl keeps everything)", uri,
+                           first_line(error), what)
+        return None
+    finally:
+        restore_environment(earlier)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, TrialSpec, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
-from cifar10_dist.outputs import reading
+from cifar10_dist.outputs import reading, tracking
 from cifar10_dist.results import TuneResult
 from cifar10_dist.training.trials import (
     JOURNAL_PREFIX,
@@ -239,6 +239,13 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
     if base.resume_from is not None or base.seeds != 1:
         raise UserError("tune sets resume_from and runs one seed per trial: drop resume_from and seeds")
     check_space(base, space)
+    with tracking.package_logging():  # the study's own warnings (a store that does not answer) as a run's show
+        return run_study(base, space, options, echo)
+
+
+def run_study(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
+              echo: Callable[[str], None] = print) -> TuneResult:
+    """The checked study: open it, run the trials, report."""
     study, url = open_study(options, base, space)
     study_dir = Path(study_of(study)["study_dir"])
     objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs),
@@ -252,7 +259,9 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
             from cifar10_dist.outputs import mlflow_tracking
 
             finished = sum(t.state.is_finished() for t in done_study.get_trials(deepcopy=False))
-            mlflow_tracking.log_study_best(*objective.mlflow_parent, done_study.best_value, finished)
+            uri, run_id = objective.mlflow_parent
+            mlflow_tracking.for_the_study("its best value", uri, lambda: mlflow_tracking.log_study_best(
+                uri, run_id, done_study.best_value, finished))
 
     try:
         study.optimize(objective, n_trials=options.trials, catch=(TrialFailed,), callbacks=[announce])
@@ -265,15 +274,18 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
     return report(study, echo, final_test=options.final_test)
 
 
-def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: TuneOptions) -> tuple[str, str]:
+def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: TuneOptions) -> tuple[str, str] | None:
     """with_mlflow: the study's MLflow run (found or created once), whose children the trials' runs are; its
-    parameters are the study's settings and searched keys."""
+    parameters are the study's settings and searched keys. None when the store does not answer (one warning):
+    the trials' runs are then not grouped under it."""
     from cifar10_dist.outputs import mlflow_tracking
 
     uri = mlflow_tracking.tracking_uri(base.mlflow_tracking_uri, base.output_path)
     params = {"study": options.study, "sampler": options.sampler, "pruner": options.pruner,
               "best_metric": base.best_metric, **{f"space.{name}": dim for name, dim in space.items()}}
-    return uri, mlflow_tracking.study_run(uri, base.mlflow_experiment, options.study, params)
+    run_id = mlflow_tracking.for_the_study("its own run (the trials' parent)", uri, lambda: mlflow_tracking.study_run(
+        uri, base.mlflow_experiment, options.study, params))
+    return (uri, run_id) if run_id is not None else None
 
 
 def queue_again(study: Any, number: int | None) -> None:
