@@ -165,3 +165,43 @@ def train_through_outages(server: MlflowServer, output: Path, name: str, comes_b
     result = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
     result.took = time.monotonic() - killed_at
     return result, run_dir
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path):
+    """SIGKILL as soon as the store has epoch 2's metrics (10 iterations an epoch, a checkpoint every 15): the store
+    then has steps after the newest checkpoint, which the resume trains, evaluates and logs again; the store gets
+    none of them a second time, and every step of the run once."""
+    from mlflow.tracking import MlflowClient
+
+    command = ["run", *TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0",
+               "--validate_every=1", "--num_epochs=6", "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow",
+               f"--mlflow_tracking_uri={server.uri}", f"--output_path={tmp_path}", "--run_name=k"]
+    run_dir, client = tmp_path / "k", MlflowClient(server.uri)
+    run = start_cli(*command)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "mlflow.json").is_file():
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended without an MLflow run"
+            time.sleep(0.05)
+        run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+        while 2 not in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")]:
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before the store got epoch 2"
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        stop_all(run)
+    newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))
+    logged = max(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss"))
+    assert newest < logged < 60  # the store had steps the resume trains again
+    resumed = run_cli(*command, "--resume_from=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    keys = client.get_run(run_id).data.metrics
+    assert {"test/accuracy", "training/batch_loss", "training/epoch_loss"} <= set(keys)
+    for key in keys:
+        steps = [metric.step for metric in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))
+    assert sorted(metric.step for metric in client.get_metric_history(run_id, "test/accuracy")) == [1, 2, 3, 4, 5, 6]
+    assert sorted(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss")) == \
+        list(range(1, 61))

@@ -109,6 +109,7 @@ class MLflow:
         self.client: Any = None
         self.run_id: str | None = None
         self.pending: list[Any] = []
+        self.logged: dict[str, int] = {}  # a continued run: each metric's last step the store had at the start
         self.enabled = bool(config["with_mlflow"]) and is_rank_zero()
         self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance
         self.store = tracking_uri(config["mlflow_tracking_uri"], config["output_path"]) if self.enabled else None
@@ -126,6 +127,7 @@ class MLflow:
             self.client.update_run(kept["run_id"], status="RUNNING")
             self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(config["resume_from"]))
             self.run_id = kept["run_id"]
+            self.logged = self._last_steps()
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)
             return
         experiment = experiment_id(self.client, config["mlflow_experiment"], uri)
@@ -141,6 +143,12 @@ class MLflow:
         browse = f"open {uri}" if uri.startswith(("http:", "https:")) else f"mlflow ui --backend-store-uri {uri}"
         logger.info("mlflow: run %s (%s) in experiment %s of %s; to browse: %s", run_dir.name, self.run_id,
                     config["mlflow_experiment"], uri, browse)
+
+    def _last_steps(self) -> dict[str, int]:
+        """Each metric's last step in the store's run: a resume from a checkpoint trains and logs again the
+        iterations (and an evaluation) that ran after it before the stop, which the store may already have."""
+        return {key: max(metric.step for metric in self.client.get_metric_history(self.run_id, key))
+                for key in self.client.get_run(self.run_id).data.metrics}
 
     def _still_there(self, run_id: str) -> bool:
         try:
@@ -169,6 +177,8 @@ class MLflow:
             return
         if self.run_id is None:
             self._start()
+        if self.logged:  # never a step twice: what the store has from before a resume is not sent again
+            self.pending = [metric for metric in self.pending if metric.step > self.logged.get(metric.key, -1)]
         while self.pending:
             batch = self.pending[:BATCH]
             self.client.log_batch(self.run_id, metrics=batch)
