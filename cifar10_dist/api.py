@@ -151,7 +151,23 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""
+    refuse_an_export(checkpoint)
     return runs.evaluate(checkpoint, config, raw_weights=raw_weights, output_dir=output_dir, **overrides)
+
+
+def refuse_an_export(checkpoint: str | Path) -> None:
+    """One line for a file of ``export`` given to evaluate, which reads checkpoints: what reads it instead."""
+    from cifar10_dist.serve import formats
+
+    exported = formats.exported_format(str(checkpoint))
+    if exported is None:
+        return
+    instead = (f"classify images with it: cifar10-dist predict --checkpoint={checkpoint} IMAGES; "
+               if exported.name == "onnx" else "")
+    raise UserError(f"evaluate reads training checkpoints and best-model files (.pt), and '{checkpoint}' is an "
+                    f"export ({exported.name}): {instead}for test-set metrics evaluate the checkpoint it was exported "
+                    f"from (its {Path(checkpoint).name}.json names it)")
+
 
 
 def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", targets: Sequence[float] = (),

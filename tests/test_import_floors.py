@@ -120,3 +120,54 @@ def test_nothing_in_data_knows_models():
     training worker (``setup_pretrained``), never through models."""
     for path in sorted((PACKAGE / "data").glob("*.py")):
         assert not [name for name in package_imports(path) if unit_of(name) == "models"], path.name
+
+
+def module_imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """The package's modules (dotted) that the file imports anywhere, resolved to modules: ``from
+    cifar10_dist.training import worker`` is training.worker; a package's ``__init__`` is not counted (it only
+    names what its modules hold)."""
+    modules = {dotted(source, package) for source in sources(package) if source.name != "__init__.py"}
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cifar10_dist":
+            base = ".".join(node.module.split(".")[1:])
+            found.update(f"{base}.{alias.name}".strip(".") if f"{base}.{alias.name}".strip(".") in modules else base
+                         for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(".".join(alias.name.split(".")[1:]) for alias in node.names
+                         if alias.name.startswith("cifar10_dist."))
+    return {name for name in found if name in modules} - {dotted(path, package)}
+
+
+def import_circles(package: Path = PACKAGE) -> list[list[str]]:
+    """Every circle of imports between modules (imports inside functions included), each as the modules on it."""
+    graph = {dotted(path, package): module_imports(path, package) for path in sources(package)
+             if path.name != "__init__.py"}
+    circles, done = [], set()
+
+    def walk(module: str, path: list[str]) -> None:
+        for imported in sorted(graph.get(module, ())):
+            if imported in path:
+                circle = path[path.index(imported):]
+                if sorted(circle) not in [sorted(found) for found in circles]:
+                    circles.append(circle)
+            elif imported not in done:
+                walk(imported, [*path, imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [module])
+    return circles
+
+
+def test_no_two_modules_import_each_other_even_inside_functions():
+    assert import_circles() == []
+
+
+def test_the_circle_check_finds_one_through_an_import_inside_a_function(tmp_path):
+    (tmp_path / "room").mkdir()
+    (tmp_path / "room" / "__init__.py").write_text("")
+    (tmp_path / "room" / "one.py").write_text("from cifar10_dist.room import two\n")
+    (tmp_path / "room" / "two.py").write_text("def f():\n    from cifar10_dist.room import one\n    return one\n")
+    assert import_circles(tmp_path) == [["room.one", "room.two"]]

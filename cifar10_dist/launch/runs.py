@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, load_config
-from cifar10_dist.errors import UserError
 from cifar10_dist.launch import start_method
 from cifar10_dist.results import EvaluationResult, LrFindResult, RunResult, SeedsResult
 
@@ -84,7 +83,6 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
     from cifar10_dist.outputs import checkpoint_files
     from cifar10_dist.training import checkpointing
 
-    refuse_an_export(checkpoint)
     recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
     inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
     if overrides.get("model", recorded.get("model")) != recorded.get("model"):
@@ -92,20 +90,6 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
     if isinstance(config, Config):
         return resolve(config, **{**inherited, **overrides})
     return load_config(config, **{**inherited, **overrides})
-
-
-def refuse_an_export(checkpoint: str | Path) -> None:
-    """One line for a file of ``export`` given to evaluate, which reads checkpoints: what reads it instead."""
-    from cifar10_dist.serve import formats
-
-    exported = formats.exported_format(str(checkpoint))
-    if exported is None:
-        return
-    instead = (f"classify images with it: cifar10-dist predict --checkpoint={checkpoint} IMAGES; "
-               if exported.name == "onnx" else "")
-    raise UserError(f"evaluate reads training checkpoints and best-model files (.pt), and '{checkpoint}' is an "
-                    f"export ({exported.name}): {instead}for test-set metrics evaluate the checkpoint it was exported "
-                    f"from (its {Path(checkpoint).name}.json names it)")
 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,

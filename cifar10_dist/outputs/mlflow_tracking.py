@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
-from cifar10_dist.outputs.trackers import record_files
+from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
 RUN_FILE = "mlflow.json"  # in the run folder: the store and the MLflow run this run folder reports to

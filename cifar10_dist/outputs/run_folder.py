@@ -1,5 +1,5 @@
 """The run folder: named, created and locked by rank 0 for the life of the run (one run per folder), what an
-existing folder holds, and the files written when a run starts."""
+existing folder holds, the files written when a run starts, and its record files that trackers receive at the end."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ from cifar10_dist.outputs.files import write_json, write_yaml
 from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
+
+
+RECORD_FILES = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")  # a tracker's, at the end
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    """The run's record files that a tracker receives at the end (those present), the mistakes pictures too."""
+    names = (*RECORD_FILES, *sorted(path.name for path in run_dir.glob("mistakes*.png")))
+    return [run_dir / name for name in names if (run_dir / name).is_file()]
 
 
 def default_run_name(model: str, backend: str | None, world_size: int) -> str:

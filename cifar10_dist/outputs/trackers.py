@@ -16,15 +16,6 @@ from typing import Any, Callable, Mapping, Protocol
 
 from cifar10_dist.outputs.tracker_guard import Guarded
 
-RECORD_FILES = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")  # sent at the end
-
-
-def record_files(run_dir: Path) -> list[Path]:
-    """The run's record files that a tracker receives at the end (those present), the mistakes pictures too."""
-    names = (*RECORD_FILES, *sorted(path.name for path in run_dir.glob("mistakes*.png")))
-    return [run_dir / name for name in names if (run_dir / name).is_file()]
-
-
 class Tracker(Protocol):
     """What a tracker is given and does. It is built on every rank with the resolved config, the run folder and the
     run's provenance, and does its work on rank 0 (``enabled`` there when its ``with_*`` key is on), except its

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
-from cifar10_dist.outputs.trackers import record_files
+from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
 logger = logging.getLogger("cifar10_dist")

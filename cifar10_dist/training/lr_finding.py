@@ -33,7 +33,7 @@ from cifar10_dist.outputs import checkpoint_files, files, plots, tracking
 from cifar10_dist.results import LrFindResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, loss, optimizers, process_setup
+from cifar10_dist.training import checkpointing, loss, model_setup, optimizers, process_setup
 from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
@@ -191,7 +191,7 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
                          ) -> tuple[Config, LrFindResult | None]:
     """learning_rate=find: the config with the sweep's suggestion (and the sweep, for its files), or with the
     learning rate its checkpoint trained with when it resumes, recorded in the run's provenance; any other
-    config as it is. ``network``: the run's (``worker.Network``: model and forward)."""
+    config as it is. ``network``: the run's (``model_setup.Network``: model and forward)."""
     if config.learning_rate != "find":
         return config, None
     result = None
@@ -228,14 +228,12 @@ class LrFindWorker:
         self.settings, self.folder = settings, folder
 
     def __call__(self, config: Config) -> dict[str, Any]:
-        from cifar10_dist.training import worker  # the run's own setup functions
-
         with tracking.package_logging(), stopping.StopRequest() as stop:
             device = process_setup.setup_process(config)
             precision = process_setup.setup_precision(config, device)
-            weights = worker.setup_pretrained(config)
+            weights = model_setup.setup_pretrained(config)
             data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-            network = worker.setup_model(config, data_setup, weights)
+            network = model_setup.setup_model(config, data_setup, weights)
             with contextlib.closing(data_setup.loaders):
                 result = find(config, network.model, network.forward, data_setup, device, precision, self.settings,
                               stop)

@@ -23,14 +23,13 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import Config, milestone_epochs
-from cifar10_dist.data import augmentation, batches, loaders, run_data
-from cifar10_dist.models import pretrained
+from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (checkpointing, distillation, layouts, loss, lr_finding, optimizers,
+from cifar10_dist.training import (checkpointing, distillation, layouts, loss, lr_finding, model_setup, optimizers,
                                    process_setup, profiling, run_end, schedules, selection, temperature, trials)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
@@ -40,7 +39,6 @@ from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
 logger = logging.getLogger("cifar10_dist")
 
 TOP5_FROM = 5  # top-5 accuracy is reported when there are more classes than this
-WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
 
 
 # ---------------------------------------------------------------- the training process
@@ -54,12 +52,12 @@ def training(config: Config) -> dict[str, Any]:
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
-        weights = setup_pretrained(config)
+        weights = model_setup.setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
-        network = setup_model(config, data_setup, weights)
+        network = model_setup.setup_model(config, data_setup, weights)
         config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, stop)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
@@ -94,45 +92,13 @@ def training(config: Config) -> dict[str, Any]:
 
 
 @dataclass
-class Network:
-    model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
-    forward: nn.Module  # what the engines call: the model, compiled when compile=True
-
-
-def setup_pretrained(config: Config) -> pretrained.Weights | None:
-    """The weights the model starts from (``pretrained``), resolved once in each process (fetched before the
-    workers started); None without them."""
-    return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
-
-
-def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None) -> Network:
-    """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
-    whitening layer, in the configured memory format, wrapped for the backend (DDP, ...), and compiled for the
-    engines if asked."""
-    info = data_setup.info
-    model = models.build_model(config.model, config.model_kwargs, len(info.classes))
-    if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
-        pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
-    elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
-        first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
-                                       info.crop_fraction)
-        model.init_whitening(augmentation.normalize(first, info.mean,
-                                                    info.std))
-    logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
-    if config.sync_bn and idist.get_world_size() > 1:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
-    return Network(model, torch.compile(model) if config.compile else model)
-
-
-@dataclass
 class Optimization:
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any  # PiecewiseLinear or ParamGroupScheduler
     step: TrainStep  # forward, backward, accumulation, clipping and the optimizer step (its GradScaler under fp16)
 
 
-def setup_optimization(config: Config, network: Network, data_setup: run_data.DataSetup, device: torch.device,
+def setup_optimization(config: Config, network: model_setup.Network, data_setup: run_data.DataSetup, device: torch.device,
                        precision: Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
@@ -182,7 +148,7 @@ class EngineSet:
         return self.early_stopping is not None and self.early_stopping.counter >= self.early_stopping.patience
 
 
-def setup_engines(config: Config, device: torch.device, network: Network, optimization: Optimization,
+def setup_engines(config: Config, device: torch.device, network: model_setup.Network, optimization: Optimization,
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
@@ -248,7 +214,7 @@ def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyS
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
-def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: Network,
+def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_setup.Network,
                       optimization: Optimization, engine_set: EngineSet, data_setup: run_data.DataSetup,
                       stop_request: stopping.StopRequest) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
@@ -343,7 +309,7 @@ class Validation:
         return metrics
 
 
-def run_to_the_end(config: Config, run_dir: Path, network: Network, engine_set: EngineSet, validation: Validation,
+def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet, validation: Validation,
                    data_setup: run_data.DataSetup) -> RunResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
     """

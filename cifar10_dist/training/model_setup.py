@@ -1,0 +1,54 @@
+"""The model a training process trains, set up once and shared by ``worker`` (a run) and ``lr_finding`` (the
+learning-rate sweep): its pretrained start, its data-dependent initialisation, its memory format, its wrapping for
+the backend and its compiled forward."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import ignite.distributed as idist
+import torch
+from torch import nn
+
+from cifar10_dist import models
+from cifar10_dist.config import Config
+from cifar10_dist.data import augmentation, batches, run_data
+from cifar10_dist.models import pretrained
+from cifar10_dist.training import checkpointing
+
+logger = logging.getLogger("cifar10_dist")
+
+WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
+
+
+@dataclass
+class Network:
+    model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
+    forward: nn.Module  # what the engines call: the model, compiled when compile=True
+
+
+def setup_pretrained(config: Config) -> pretrained.Weights | None:
+    """The weights the model starts from (``pretrained``), resolved once in each process (fetched before the
+    workers started); None without them."""
+    return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
+
+
+def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None) -> Network:
+    """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
+    whitening layer, in the configured memory format, wrapped for the backend (DDP, ...), and compiled for the
+    engines if asked."""
+    info = data_setup.info
+    model = models.build_model(config.model, config.model_kwargs, len(info.classes))
+    if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
+        pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
+    elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
+        first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
+                                       info.crop_fraction)
+        model.init_whitening(augmentation.normalize(first, info.mean,
+                                                    info.std))
+    logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
+    if config.sync_bn and idist.get_world_size() > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+    return Network(model, torch.compile(model) if config.compile else model)
