@@ -171,3 +171,19 @@ def test_the_circle_check_finds_one_through_an_import_inside_a_function(tmp_path
     (tmp_path / "room" / "one.py").write_text("from cifar10_dist.room import two\n")
     (tmp_path / "room" / "two.py").write_text("def f():\n    from cifar10_dist.room import one\n    return one\n")
     assert import_circles(tmp_path) == [["room.one", "room.two"]]
+
+
+def test_no_isinstance_on_a_concrete_model_class_outside_models():
+    """What a recipe needs of a model is asked through ``models.traits`` (protocols); no code outside ``models``
+    tests for one of its concrete networks."""
+    concrete = {node.name for path in (PACKAGE / "models").glob("*.py") if path.name != "traits.py"
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+    found = []
+    for path in sources():
+        if dotted(path, PACKAGE).startswith("models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                named = {getattr(part, "attr", getattr(part, "id", None)) for part in ast.walk(node.args[1])}
+                found += [f"{dotted(path, PACKAGE)}:{node.lineno} {name}" for name in sorted(named & concrete)]
+    assert concrete >= {"AirbenchNet"} and found == []

@@ -1,5 +1,6 @@
 """Models: the networks by name (``networks``: torchvision's, CIFAR ResNets, airbench, simple_cnn, your own
-factories) and a pretrained start for them (``pretrained``: torchvision's weights from the standard cache, or a
+factories), the traits a recipe asks a model for (``traits``: protocols, never a concrete class) and a
+pretrained start for them (``pretrained``: torchvision's weights from the standard cache, or a
 file of our own or of plain tensors, with a new head for the run's classes). Imports ``config`` and ``errors``
 only; nothing here knows about data or launching."""
 
@@ -18,7 +19,8 @@ from cifar10_dist.models.networks import (
                                           torchvision_models,
                                           unwrap,
 )
+from cifar10_dist.models.traits import WhitenedFromData, whitening_bias
 
 __all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "AirbenchNet", "available_models", "build_model", "check_model",
            "check_model_name", "cifar_resnet", "count_parameters", "import_factory", "simple_cnn",
-           "torchvision_models", "unwrap"]
+           "torchvision_models", "unwrap", "WhitenedFromData", "whitening_bias"]

@@ -5,7 +5,7 @@ the frozen part is exact.
   alone. The backbone's learning rate is 0 then (``schedules.GroupSchedule.train_from``, so its weights do not move,
   exactly), and its BatchNorm layers are kept in eval mode, so their running statistics do not move either.
 - ``WhiteningBiasFreeze``: the airbench whitening bias after its ``whitening_bias_epochs``, when its learning rate
-  is 0 for good: its gradient is no longer computed (``AirbenchNet.whitening_bias_frozen``), which spares the
+  is 0 for good: its gradient is no longer computed (``whitening_bias_frozen``), which spares the
   backward pass the first conv group's input gradient and the activation before it; every weight moves as before."""
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ class BackboneFreeze:
 
 
 class WhiteningBiasFreeze:
-    """Sets ``whitening_bias_frozen`` on an ``AirbenchNet`` at each iteration: true after iteration ``until`` where
+    """Sets ``whitening_bias_frozen`` on a model whitened from data (``models.WhitenedFromData``) at each iteration: true after iteration ``until`` where
     the bias's param group has lr 0 (its schedule keeps it 0 from then on), read after the LR scheduler has set
     this iteration's lr."""
 
-    def __init__(self, network: models.AirbenchNet, optimizer: Any, until: int) -> None:
+    def __init__(self, network: models.WhitenedFromData, optimizer: Any, until: int) -> None:
         bias = network.whiten.bias
         self.index = next(index for index, group in enumerate(optimizer.param_groups)
                           if any(p is bias for p in group["params"]))
@@ -57,9 +57,10 @@ class WhiteningBiasFreeze:
 
     @classmethod
     def attach_if_airbench(cls, trainer: Engine, model: nn.Module, optimizer: Any, until: int) -> None:
-        """Attached (after the LR scheduler) where the model is the airbench network with a trained bias."""
+        """Attached (after the LR scheduler) where the model is whitened from data with a trained bias."""
         network = models.unwrap(model)
-        if isinstance(network, models.AirbenchNet) and network.whiten.bias.requires_grad:
+        bias = models.whitening_bias(network)
+        if bias is not None and bias.requires_grad:
             trainer.add_event_handler(Events.ITERATION_STARTED, cls(network, optimizer, until))
 
     def __call__(self, engine: Engine) -> None:

@@ -42,7 +42,7 @@ def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrai
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
     if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
         pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
-    elif isinstance(model, models.AirbenchNet):  # data-dependent initialisation, never over pretrained weights
+    elif isinstance(model, models.WhitenedFromData):  # initialised from data, never over pretrained weights
         first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
                                        info.crop_fraction)
         model.init_whitening(augmentation.normalize(first, info.mean,

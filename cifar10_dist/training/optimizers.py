@@ -41,7 +41,8 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
-    frozen_later = {id(network.whiten.bias)} if isinstance(network, models.AirbenchNet) else set()
+    bias = models.whitening_bias(network)
+    frozen_later = {id(bias)} if bias is not None else set()
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
     whitening_scale = config.whitening_bias_lr_scale
     whitening_until = whitening_bias_until(config, total_iterations)

@@ -1,0 +1,28 @@
+"""What a recipe may need to know of a model, declared by the model and asked through these protocols (as timm
+keeps a model's settings on it): code outside ``models`` never tests for a concrete network class.
+
+- ``WhitenedFromData``: a layer set from training images before training (``init_whitening``), whose bias alone
+  trains (``whiten.bias``) and may stop being trained part-way (``whitening_bias_frozen``: its gradient is then not
+  computed). The airbench network is one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class WhitenedFromData(Protocol):
+    whiten: nn.Conv2d
+    whitening_bias_frozen: bool
+
+    def init_whitening(self, images: torch.Tensor) -> None:
+        """Set the whitening filters from (normalised) training images."""
+
+
+def whitening_bias(model: nn.Module) -> nn.Parameter | None:
+    """The trained bias of a model whitened from data, or None for any other model."""
+    return model.whiten.bias if isinstance(model, WhitenedFromData) else None
