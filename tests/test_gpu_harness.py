@@ -170,10 +170,15 @@ from torchvision import datasets
 config = {"data_path": "cifar10", "output_path": "out", "num_epochs": 5, "validate_every": 3}
 
 
+def create_supervised_trainer():
+    """The tutorial's trainer: its output is {"batch loss": ...} (here 2.0, 3.0, 2.5 in each epoch)."""
+    return Engine(lambda engine, batch: {"batch loss": (2.0, 3.0, 2.5)[batch]})
+
+
 def run():
     """The tutorial's shape: reads CIFAR10 with download=False, logs through Ignite's engine and its log_metrics."""
     train = datasets.CIFAR10(root=config["data_path"], train=True, download=False)
-    trainer = Engine(lambda engine, batch: None)
+    trainer = create_supervised_trainer()
     trainer.logger = logger = setup_logger(name="CIFAR10-Training")
 
     def run_validation(engine):
@@ -182,7 +187,7 @@ def run():
 
     trainer.add_event_handler(Events.EPOCH_COMPLETED(every=config["validate_every"]) | Events.COMPLETED,
                               run_validation)
-    trainer.run(range(2), max_epochs=config["num_epochs"])
+    trainer.run(range(3), max_epochs=config["num_epochs"])
 '''
 
 
@@ -194,10 +199,13 @@ def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksu
 
     data_path = write_dataset(tmp_path / "data", 200, 10)
     (tmp_path / "tutorial.py").write_text(STAND_IN_TUTORIAL)
-    run = bench.run_tutorial(str(tmp_path / "tutorial.py"), str(data_path), tmp_path / "out", num_epochs=5)
-    assert run["accuracy"] == 0.2  # 200 training images read
-    assert sorted(run["epoch_seconds"]) == [1, 2, 3, 4, 5] and run["training_only_epochs"] == [1, 2, 4]
-    ours = {"entry": "ours", "accuracy": 0.5, "wall_seconds": 5.0, "epoch_seconds": {1: 1.0, 2: 3.0},
-            "training_only_epochs": [1, 2]}
-    run.update(wall_seconds=10.0, epoch_seconds={1: 4, 2: 4, 3: 9, 4: 4, 5: 4})
-    assert bench.table([run, ours]).splitlines()[-1] == "ours / tutorial: wall 0.500, training-only epoch 0.500"
+    run = bench.run_tutorial(str(tmp_path / "tutorial.py"), str(data_path), tmp_path / "out", num_epochs=5, seed=7)
+    assert run["accuracy"] == 0.2 and run["seed"] == 7  # 200 training images read
+    assert sorted(run["epoch_seconds"]) == ["1", "2", "3", "4", "5"] and run["training_only_epochs"] == ["1", "2", "4"]
+    assert (run["first_loss"], run["first_epoch_max_loss"], run["first_epoch_max_loss_iteration"]) == (2.0, 3.0, 2)
+    ours = {"entry": "ours", "seed": 7, "accuracy": 0.5, "wall_seconds": 5.0, "epoch_seconds": {"1": 1.0, "2": 3.0},
+            "training_only_epochs": ["1", "2"], "first_epoch_max_loss": 2.5}
+    run.update(wall_seconds=10.0, epoch_seconds={"1": 4, "2": 4, "3": 9, "4": 4, "5": 4})
+    assert bench.table(bench.summarise([run, ours])).splitlines()[-1] == (
+        "ours / tutorial: wall 0.500, training-only epoch 0.500; mean accuracy +30.00 points; ours' lowest seed "
+        "+30.00 points from the tutorial's mean")

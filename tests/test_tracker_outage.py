@@ -167,6 +167,23 @@ def train_through_outages(server: MlflowServer, output: Path, name: str, comes_b
     return result, run_dir
 
 
+SLOW_MODEL = """
+import time
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 10)
+
+    def forward(self, images):
+        if self.training:
+            time.sleep(0.1)
+        return self.head(images.mean(dim=(2, 3)))
+"""
+
+
 @pytest.mark.slow
 def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path):
     """SIGKILL as soon as the store has epoch 2's metrics (10 iterations an epoch, a checkpoint every 15): the store
@@ -174,9 +191,11 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
     none of them a second time, and every step of the run once."""
     from mlflow.tracking import MlflowClient
 
-    command = ["run", *TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0",
-               "--validate_every=1", "--num_epochs=6", "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow",
-               f"--mlflow_tracking_uri={server.uri}", f"--output_path={tmp_path}", "--run_name=k"]
+    (tmp_path / "slow.py").write_text(SLOW_MODEL)  # 0.1 s a training step: time to see the store and kill
+    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
+               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
+               "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow", f"--mlflow_tracking_uri={server.uri}",
+               f"--output_path={tmp_path}", "--run_name=k"]
     run_dir, client = tmp_path / "k", MlflowClient(server.uri)
     run = start_cli(*command)
     try:

@@ -51,7 +51,7 @@ def jsonl(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-SCALARS = {"training/batch_loss", "training/lr", "training/epoch_loss", "training/epoch_time",
+SCALARS = {"training/batch_loss", "training/lr", "training/grad_norm", "training/epoch_loss", "training/epoch_time",
            "training/images_per_second", "test/accuracy", "test/top5_accuracy", "test/loss", "test/duration",
            "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration",
            "test/balanced_accuracy", "test/macro_f1", "train_subset/balanced_accuracy", "train_subset/macro_f1",
