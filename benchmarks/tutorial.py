@@ -14,6 +14,7 @@ entries, about 75 minutes).
                           at run time, none to its code: torchvision's CIFAR10 md5 check is skipped (this machine's
                           copy is re-encoded), and its trainer also records each first-epoch batch loss.
   ours                    ``cifar10-dist run --data_path=DATA --seed=S`` with all defaults (benchmarks.runner)
+  ours_contiguous         the defaults with channels_last=False (what the layout changes in the clipped recipe)
   ours_no_clip            the defaults before clip_grad_norm=1.0 became one: the tutorial's recipe exactly
   ours_no_clip_contiguous the same with channels_last=False (what the layout alone changes)
 Ours log the training loss every iteration (log_every_iters=1: logging only, the same training) so that the
@@ -37,7 +38,7 @@ from typing import Any
 
 from benchmarks import records, runner
 
-OURS = {"ours": {}, "ours_no_clip": {"clip_grad_norm": None},
+OURS = {"ours": {}, "ours_contiguous": {"channels_last": False}, "ours_no_clip": {"clip_grad_norm": None},
         "ours_no_clip_contiguous": {"clip_grad_norm": None, "channels_last": False}}
 
 TUTORIAL_DRIVER = """
