@@ -1,7 +1,8 @@
 """Options: what each recipe option family does to accuracy and speed in one setting: `cifar10-dist run`'s
 defaults (ResNet-18, batch 512, SGD, linear schedule, gradient clipped at 1.0) for --num_epochs epochs on real
 CIFAR-10, then the same with one family changed at a time (AdamW, cosine, step, TrivialAugment + RandomErasing,
-MixUp/CutMix, no clipping), then configs/modern.yaml. One seed, one run each; 5 epochs take about 5 minutes a run on 2 cores (40 minutes in all).
+MixUp/CutMix, no clipping), then configs/modern.yaml. One seed, one run each; 5 epochs take about 5 minutes a
+run on 2 cores (40 minutes in all).
 Last run: docs/recipes.md, "Recipe options" (CPU named there, JSON in docs/measurements/options_cpu.json).
 
     python -m benchmarks.options --data_path=DIR [--num_epochs=5] [--only=default,adamw,...] [--json=PATH]
