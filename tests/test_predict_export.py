@@ -344,9 +344,10 @@ def test_evaluate_given_an_export_refuses_in_one_line_naming_what_reads_it(train
     result = run_in_process("evaluate", f"--checkpoint={onnx_file}")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        f"error: evaluate reads training checkpoints and best-model files (.pt), and '{onnx_file}' is an export (onnx): "
-        f"classify images with it: cifar10-dist predict --checkpoint={onnx_file} IMAGES; for test-set metrics "
+        f"error: evaluate reads training checkpoints and best-model files (.pt), and '{onnx_file}' is an export "
+        f"(onnx): classify images with it: cifar10-dist predict --checkpoint={onnx_file} IMAGES; for test-set metrics "
         "evaluate the checkpoint it was exported from (its model.onnx.json names it)")
     assert json.loads((tmp_path / "model.onnx.json").read_text())["checkpoint"] == str(trained)
     program = run_in_process("evaluate", f"--checkpoint={tmp_path / 'model.pt2'}")
-    assert program.returncode == 2 and "is an export (pt2): for test-set metrics evaluate the checkpoint" in program.stderr
+    assert program.returncode == 2
+    assert "is an export (pt2): for test-set metrics evaluate the checkpoint" in program.stderr

@@ -22,7 +22,7 @@ from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
 logger = logging.getLogger("cifar10_dist")
 
 
-RECORD_FILES = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")  # a tracker's, at the end
+RECORD_FILES = ("config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png")  # for trackers
 
 
 def record_files(run_dir: Path) -> list[Path]:

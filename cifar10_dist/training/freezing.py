@@ -45,9 +45,9 @@ class BackboneFreeze:
 
 
 class WhiteningBiasFreeze:
-    """Sets ``whitening_bias_frozen`` on a model whitened from data (``models.WhitenedFromData``) at each iteration: true after iteration ``until`` where
-    the bias's param group has lr 0 (its schedule keeps it 0 from then on), read after the LR scheduler has set
-    this iteration's lr."""
+    """Sets ``whitening_bias_frozen`` on a model whitened from data (``models.WhitenedFromData``) at each
+    iteration: true after iteration ``until`` where the bias's param group has lr 0 (its schedule keeps it 0 from
+    then on), read after the LR scheduler has set this iteration's lr."""
 
     def __init__(self, network: models.WhitenedFromData, optimizer: Any, until: int) -> None:
         bias = network.whiten.bias

@@ -98,8 +98,8 @@ class Optimization:
     step: TrainStep  # forward, backward, accumulation, clipping and the optimizer step (its GradScaler under fp16)
 
 
-def setup_optimization(config: Config, network: model_setup.Network, data_setup: run_data.DataSetup, device: torch.device,
-                       precision: Precision) -> Optimization:
+def setup_optimization(config: Config, network: model_setup.Network, data_setup: run_data.DataSetup,
+                       device: torch.device, precision: Precision) -> Optimization:
     optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
     optimizer = idist.auto_optim(optimizer)
     per_epoch = data_setup.iterations_per_epoch
@@ -309,8 +309,8 @@ class Validation:
         return metrics
 
 
-def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet, validation: Validation,
-                   data_setup: run_data.DataSetup) -> RunResult:
+def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet,
+                   validation: Validation, data_setup: run_data.DataSetup) -> RunResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
     """
     trainer = engine_set.trainer
