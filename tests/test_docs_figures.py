@@ -42,7 +42,7 @@ def test_every_marker_is_a_whole_marker():
 
 
 def test_the_pages_that_quote_the_input_pipeline_and_the_doctor_mark_their_figures():
-    assert {"README.md", "your-data.md", "recipes.md"} <= {page for page, *_ in quoted_figures()}
+    assert {"measured.md", "your-data.md", "recipes.md"} <= {page for page, *_ in quoted_figures()}
 
 
 @pytest.mark.parametrize("page, number, name, pointer, scale", quoted_figures())

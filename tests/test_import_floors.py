@@ -1,6 +1,6 @@
 """The package's floors: the subpackages (``cifar10_dist.data``, ``cifar10_dist.training``, ...) and the top-level
 modules each sit on a floor, and every module imports only from floors below its own (imports inside functions
-count), so no package reaches up and there is no import circle between them. README's "Development" section
+count), so no package reaches up and there is no import circle between them. docs/development.md
 draws the same floors."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def sources(package: Path = PACKAGE) -> list[Path]:
 
 def test_every_unit_has_a_floor():
     units = {unit_of(dotted(path, PACKAGE)) for path in sources()}
-    assert units == set(FLOOR), "place new packages and top-level modules on a floor (and in README's layout)"
+    assert units == set(FLOOR), "place new packages and top-level modules on a floor (and in docs/development.md's layout)"
 
 
 def test_every_import_goes_down_a_floor_so_no_package_reaches_up():

@@ -141,11 +141,11 @@ def test_a_bad_model_is_one_line_before_any_process_starts(tmp_path, monkeypatch
     assert not (tmp_path / "out").exists()  # refused before anything was created
 
 
-def test_the_readme_example_module_is_the_shipped_file_and_passes_the_checks():
+def test_the_documented_example_module_is_the_shipped_file_and_passes_the_checks():
     from cifar10_dist import models
     from tests.conftest import REPO
 
     module = (REPO / "examples" / "my_model.py").read_text()
-    assert f"```python\n{module}```" in (REPO / "README.md").read_text()
+    assert f"```python\n{module}```" in (REPO / "docs" / "models-in-and-out.md").read_text()
     models.check_model(f"{REPO / 'examples' / 'my_model.py'}:small_cnn", {"width": 16})
     assert models.build_model(f"{REPO / 'examples' / 'my_model.py'}:small_cnn", {"width": 16})[0][0].out_channels == 16
