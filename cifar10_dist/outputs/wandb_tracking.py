@@ -27,7 +27,7 @@ from cifar10_dist.system.ranks import is_rank_zero
 logger = logging.getLogger("cifar10_dist")
 
 RUN_FILE = "wandb.json"  # in the run folder: the W&B run this run folder reports to
-INIT_TIMEOUT_SECONDS = 10  # an online start that gets no answer in this time goes offline (W&B's own default: 90)
+INIT_TIMEOUT_SECONDS = 10  # an online start that gets no answer in this time goes offline (unless WANDB_INIT_TIMEOUT)
 
 
 def require_wandb() -> Any:
@@ -85,7 +85,7 @@ class WandB:
         WandBLogger(project=self.config["wandb_project"], entity=self.config["wandb_entity"], name=self.run_dir.name,
                     id=run_id, resume="allow", dir=str(self.run_dir), mode=mode, group=study,
                     job_type="trial" if study else "run", config=config,
-                    settings=wandb.Settings(console="off", silent=True, init_timeout=INIT_TIMEOUT_SECONDS))
+                    settings=wandb.Settings(console="off", silent=True, init_timeout=init_timeout()))
 
     def _go_offline(self, run_id: str, error: BaseException) -> None:
         """After an online start that failed: W&B's service let go of the run id, the failed attempt's folder
@@ -94,9 +94,9 @@ class WandB:
         wandb.teardown()
         for attempt in (self.run_dir / "wandb").glob(f"run-*-{run_id}"):
             shutil.rmtree(attempt, ignore_errors=True)
-        logger.warning("%s: the server did not answer within %d s (%s): this run is tracked offline in %s instead; "
+        logger.warning("%s: the server did not answer within %g s (%s): this run is tracked offline in %s instead; "
                        "wandb sync %s/offline-run-*-%s sends it when the server answers", self.store,
-                       INIT_TIMEOUT_SECONDS, first_line(error), self.run_dir / "wandb", self.run_dir / "wandb", run_id)
+                       init_timeout(), first_line(error), self.run_dir / "wandb", self.run_dir / "wandb", run_id)
         self.mode = "offline"
         self.store = f"W&B offline (project {self.config['wandb_project']})"
         self._init(run_id, "offline")
@@ -158,6 +158,15 @@ class WandB:
             self.run.mark_preempting()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
         self.run = None
+
+
+def init_timeout() -> float:
+    """Seconds an online start waits for the server: W&B's own WANDB_INIT_TIMEOUT where the user set it, else
+    INIT_TIMEOUT_SECONDS (W&B's default of 90 s would hold a run's start, and its end, for a minute and a half)."""
+    try:
+        return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_SECONDS))
+    except ValueError:
+        return float(INIT_TIMEOUT_SECONDS)
 
 
 def read_run_file(run_dir: Path) -> dict[str, str] | None:
