@@ -94,15 +94,82 @@ def go_on(run: subprocess.Popen) -> None:
     os.killpg(run.pid, signal.SIGCONT)
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A started MlflowServer, killed at the end whatever the test did (it runs in a session of its own)."""
-    started = MlflowServer(tmp_path)
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory):
+    """One MlflowServer for this file's tests (its start costs about 10 s), killed at the end whatever they did (it
+    runs in a session of its own)."""
+    shared = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        started.start()
-        yield started
+        yield shared
     finally:
-        started.kill()
+        shared.kill()
+
+
+@pytest.fixture
+def server(module_server):
+    """The file's MlflowServer, started if a test before this one stopped it (the outage test does)."""
+    if module_server.process is None:
+        module_server.start()
+    return module_server
+
+
+SLOW_MODEL = """
+import time
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 10)
+
+    def forward(self, images):
+        if self.training:
+            time.sleep(0.1)
+        return self.head(images.mean(dim=(2, 3)))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path):
+    """SIGKILL as soon as the store has epoch 2's metrics (10 iterations an epoch, a checkpoint every 15): the store
+    then has steps after the newest checkpoint, which the resume trains, evaluates and logs again; the store gets
+    none of them a second time, and every step of the run once."""
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "slow.py").write_text(SLOW_MODEL)  # 0.1 s a training step: time to see the store and kill
+    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
+               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
+               "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow", f"--mlflow_tracking_uri={server.uri}",
+               f"--output_path={tmp_path}", "--run_name=k"]
+    run_dir, client = tmp_path / "k", MlflowClient(server.uri)
+    run = start_cli(*command)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "mlflow.json").is_file():
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended without an MLflow run"
+            time.sleep(0.05)
+        run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+        while 2 not in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")]:
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before the store got epoch 2"
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        stop_all(run)
+    newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))
+    logged = max(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss"))
+    assert newest < logged < 60  # the store had steps the resume trains again
+    resumed = run_cli(*command, "--resume_from=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    keys = client.get_run(run_id).data.metrics
+    assert {"test/accuracy", "training/batch_loss", "training/epoch_loss"} <= set(keys)
+    for key in keys:
+        steps = [metric.step for metric in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))
+    assert sorted(metric.step for metric in client.get_metric_history(run_id, "test/accuracy")) == [1, 2, 3, 4, 5, 6]
+    assert sorted(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss")) == \
+        list(range(1, 61))
 
 
 @pytest.mark.slow
@@ -165,62 +232,3 @@ def train_through_outages(server: MlflowServer, output: Path, name: str, comes_b
     result = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
     result.took = time.monotonic() - killed_at
     return result, run_dir
-
-
-SLOW_MODEL = """
-import time
-from torch import nn
-
-
-class Slow(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.head = nn.Linear(3, 10)
-
-    def forward(self, images):
-        if self.training:
-            time.sleep(0.1)
-        return self.head(images.mean(dim=(2, 3)))
-"""
-
-
-@pytest.mark.slow
-def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path):
-    """SIGKILL as soon as the store has epoch 2's metrics (10 iterations an epoch, a checkpoint every 15): the store
-    then has steps after the newest checkpoint, which the resume trains, evaluates and logs again; the store gets
-    none of them a second time, and every step of the run once."""
-    from mlflow.tracking import MlflowClient
-
-    (tmp_path / "slow.py").write_text(SLOW_MODEL)  # 0.1 s a training step: time to see the store and kill
-    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
-               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
-               "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow", f"--mlflow_tracking_uri={server.uri}",
-               f"--output_path={tmp_path}", "--run_name=k"]
-    run_dir, client = tmp_path / "k", MlflowClient(server.uri)
-    run = start_cli(*command)
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "mlflow.json").is_file():
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended without an MLflow run"
-            time.sleep(0.05)
-        run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
-        while 2 not in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")]:
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended before the store got epoch 2"
-            time.sleep(0.05)
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
-    finally:
-        stop_all(run)
-    newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))
-    logged = max(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss"))
-    assert newest < logged < 60  # the store had steps the resume trains again
-    resumed = run_cli(*command, "--resume_from=auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    keys = client.get_run(run_id).data.metrics
-    assert {"test/accuracy", "training/batch_loss", "training/epoch_loss"} <= set(keys)
-    for key in keys:
-        steps = [metric.step for metric in client.get_metric_history(run_id, key)]
-        assert len(steps) == len(set(steps)), (key, sorted(steps))
-    assert sorted(metric.step for metric in client.get_metric_history(run_id, "test/accuracy")) == [1, 2, 3, 4, 5, 6]
-    assert sorted(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss")) == \
-        list(range(1, 61))
