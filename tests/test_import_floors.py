@@ -6,6 +6,7 @@ draws the same floors."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cifar10_dist"
@@ -187,3 +188,12 @@ def test_no_isinstance_on_a_concrete_model_class_outside_models():
                 named = {getattr(part, "attr", getattr(part, "id", None)) for part in ast.walk(node.args[1])}
                 found += [f"{dotted(path, PACKAGE)}:{node.lineno} {name}" for name in sorted(named & concrete)]
     assert concrete >= {"AirbenchNet"} and found == []
+
+
+def test_the_benchmarks_index_names_every_benchmark():
+    import benchmarks
+
+    folder = PACKAGE.parent / "benchmarks"
+    index = benchmarks.__doc__
+    named = set(re.findall(r"^    (\w+) ", index, re.M)) | set(re.findall(r"``(\w+)``", index))
+    assert {path.stem for path in folder.glob("*.py") if path.stem != "__init__"} <= named
