@@ -32,6 +32,7 @@ Tools and shipping
     evaluate_passes  ``evaluate`` timed in two checkouts side by side
     predict          how fast ``predict`` classifies image files
     int8             int8 ONNX against fp32 in ONNX Runtime: speed and agreement
+    int8_calibration every int8 calibration per trained model: held-out and test agreement, the choice
     doctor           ``cifar10-dist doctor``'s report, recorded
     tool_outputs     the real output of lr-find, batch-size and a profiled run, for the docs
     suite            README's two command lines timed on a fresh clone (CI's run and the demo)

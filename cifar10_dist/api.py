@@ -88,15 +88,17 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_siz
 
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
            raw_weights: bool = False, quantize: str | None = None, calibration_images: int = 300,
-           min_agreement: float = 0.98, calibration: Any = None) -> ExportResult:
+           min_agreement: float = 0.98, calibration: Any = None, calibration_method: str = "auto") -> ExportResult:
     """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
     next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
     PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
-    ``calibration_images`` training images (or the uint8 images ``calibration``), refused with nothing written when
-    its top-1 agrees with the fp32 model's on fewer than ``min_agreement`` of the test images."""
+    ``calibration_images`` training images (or the uint8 images ``calibration``) by ``calibration_method`` (auto:
+    the best on held-out training images), refused with nothing written when its top-1 agrees with the fp32
+    model's on fewer than ``min_agreement`` of the test images."""
     from cifar10_dist.serve import exporting
 
-    quantization = exporting.Quantization(quantize, calibration_images, min_agreement, calibration)
+    quantization = exporting.Quantization(quantize, calibration_images, min_agreement, calibration,
+                                          str(calibration_method))
     return exporting.export(checkpoint, format, output, raw_weights, quantization)
 
 

@@ -200,12 +200,13 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 
 def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
            raw_weights: bool = False, quantize: str | None = None, calibration_images: int = 300,
-           min_agreement: float = 0.98) -> None:
+           min_agreement: float = 0.98, calibration_method: str = "auto") -> None:
     """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check."""
     if checkpoint is None or format is None:
         raise UserError(f"export needs --checkpoint=PATH and --format={formats.NAMES}")
     result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights),
-                        None if quantize is None else str(quantize), calibration_images, float(min_agreement))
+                        None if quantize is None else str(quantize), calibration_images, float(min_agreement),
+                        calibration_method=str(calibration_method))
     runtime = formats.FORMATS[result.format].verified_by
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
@@ -213,11 +214,18 @@ def export(checkpoint: str | None = None, format: str | None = None, output: str
           f"({result.relative_difference:.1e} of their scale {result.logit_scale:.3g}; accepted: "
           f"{result.accepted_relative_difference:.0e} of it), same top-1 class on {result.same_top1} of {result.num_images}")
     if result.quantization is not None:
-        found = result.quantization
-        print(f"int8 on the {found['test_images']} test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
-              f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
-              f"{found['min_agreement']:.0%}); calibrated on {found['calibration_images']} training images")
+        print(int8_summary(result.quantization))
     print(f"wrote {result.path} ({Path(result.path).stat().st_size / 1e6:.1f} MB) and {result.sidecar}")
+
+
+def int8_summary(found: dict[str, Any]) -> str:
+    """The int8 export's check in two lines: how it was calibrated (and chosen), and the test figures."""
+    chosen = (f", chosen of {len(found['candidates'])} on {found['chosen_on']} held-out training images (agreement "
+              f"{max(row['agreement'] for row in found['candidates']):.2%})" if found["candidates"] else "")
+    return (f"int8 calibrated {found['calibration']} on {found['calibration_images']} training images{chosen}\n"
+            f"int8 on the {found['test_images']} test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
+            f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
+            f"{found['min_agreement']:.0%})")
 
 
 def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:

@@ -113,12 +113,16 @@ Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs
 {chr(10).join(f"{'':29}{f.name}: {f.help}" for f in FORMATS.values())}
   --output=None              file to write (default: next to the checkpoint, {"/".join(f.suffix for f in FORMATS.values())})
   --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
-  --quantize=None            int8 (format=onnx): ONNX Runtime's static quantization, per-channel int8 weights and
+  --quantize=None            int8 (format=onnx): ONNX Runtime's static quantization, int8 weights and
                              8-bit activations calibrated on training images; its test accuracy and top-1 agreement
                              with the fp32 model are printed, and below min_agreement nothing is written
                              (default file: CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)
   --calibration_images=300   training images that calibrate the int8 activations
-  --min_agreement=0.98       the share of test images whose int8 top-1 must equal the fp32 model's
+  --min_agreement=0.98       the share of test images whose int8 top-1 must equal the fp32 model's (a tie
+                             between classes counts as a difference)
+  --calibration_method=auto  how the int8 activation ranges are set: auto (MinMax, Percentile and Entropy,
+                             weights per channel or per tensor: the one whose top-1 agrees most often with the
+                             fp32 model's on 1000 other training images), or minmax, percentile or entropy
   --debug                    show tracebacks for errors
 """
 

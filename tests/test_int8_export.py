@@ -1,9 +1,11 @@
-"""int8 ONNX export: ONNX Runtime's static quantization checked on the test set (accuracy of both, top-1
-agreement), refused with nothing written when badly quantized, and run by predict."""
+"""int8 ONNX export: ONNX Runtime's static quantization, its calibration chosen on held-out training images, checked
+once on the test set (accuracy of both, top-1 agreement, ties as disagreement), refused with nothing written and
+advice that works when badly quantized, and run by predict."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import onnxruntime
@@ -12,6 +14,7 @@ import torch
 
 from cifar10_dist import api
 from cifar10_dist.data import cifar
+from cifar10_dist.serve import quantizing
 from tests.conftest import run_in_process
 from tests.test_predict_export import write_png_folder
 
@@ -31,6 +34,13 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     sidecar = json.loads(Path(f"{output}.json").read_text())
     found = sidecar["quantization"]
     assert found["test_images"] == 301 and found["calibration_images"] == 200
+    # chosen among the 6 calibrations on the 400 training images the calibration did not use (of small_dataset's 600)
+    assert [row["calibration"] for row in found["candidates"]] == [c.name for c in quantizing.CANDIDATES]
+    assert found["chosen_on"] == 400
+    best = max(found["candidates"], key=lambda row: row["agreement"])
+    assert found["calibration"] == best["calibration"]
+    assert (f"int8 calibrated {found['calibration']} on 200 training images, chosen of 6 on 400 held-out training "
+            f"images (agreement {best['agreement']:.2%})") in result.stdout
     # this 8-channel test model flips about 11 of its 301 low-margin test images (96%): a real one agrees more
     assert found["agreement"] >= 0.9 and abs(found["accuracy_int8"] - found["accuracy_fp32"]) < 0.03
     assert (f"int8 on the 301 test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
@@ -40,18 +50,48 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     assert session.get_outputs()[0].shape[1] == 10
 
 
-def test_a_badly_quantized_model_is_refused_and_nothing_is_written(trained, tmp_path):
+def test_a_badly_quantized_model_is_refused_and_nothing_is_written(trained, tmp_path, monkeypatch):
     output = tmp_path / "bad.int8.onnx"
     black = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)  # one black image: activation ranges of nothing
-    with pytest.raises(Exception, match=r"int8 export refused: its top-1 class agrees with the fp32 model's on"):
+    test_evaluations = []
+    compare = quantizing.compared_on_test
+    monkeypatch.setattr(quantizing, "compared_on_test", lambda *args: test_evaluations.append(1) or compare(*args))
+    with pytest.raises(Exception, match=r"int8 export refused: its top-1 class \(the best of 6 calibrations on 300 "
+                                        r"held-out training images: .*\) agrees with the fp32 model's on 0.00% .* "
+                                        r"ship the fp32 model \(--format=onnx without --quantize\)$"):
         api.export(trained, "onnx", output, quantize="int8", calibration=black)
     assert not list(tmp_path.iterdir())
+    assert test_evaluations == [1]  # the test set decides nothing but the verdict: used once, on the chosen model
+
+
+def test_a_refusal_advises_a_min_agreement_that_is_then_accepted(trained, tmp_path):
+    output = tmp_path / "model.int8.onnx"
+    with pytest.raises(Exception, match="below min_agreement=1") as refused:
+        api.export(trained, "onnx", output, quantize="int8", calibration_images=100, min_agreement=1.0,
+                   calibration_method="minmax")
+    assert not list(tmp_path.iterdir())
+    advice = re.search(r"ship the fp32 model \(--format=onnx without --quantize\), or accept this agreement with "
+                       r"--min_agreement=([0-9.]+)$", str(refused.value))
+    assert advice, str(refused.value)
+    result = api.export(trained, "onnx", output, quantize="int8", calibration_images=100,
+                        min_agreement=float(advice.group(1)), calibration_method="minmax")
+    assert Path(result.path) == output and output.is_file()
+    assert [row["calibration"] for row in result.quantization["candidates"]] == ["minmax", "minmax per-tensor"]
+
+
+def test_an_int8_tie_at_the_top_is_no_agreement():
+    reference = torch.tensor([0, 1, 2])
+    logits = torch.tensor([[3.0, 3.0, 1.0], [0.0, 2.0, 1.0], [5.0, 0.0, 5.0]])  # a tie, a clear 1, a tie
+    assert quantizing.decided_agreement(reference, logits).tolist() == [False, True, False]
 
 
 def test_quantize_is_for_onnx_and_int8_only(trained, tmp_path):
     for flags, message in ((["--format=pt2", "--quantize=int8"], "quantize=int8 is for format=onnx"),
                            (["--format=onnx", "--quantize=int4"], "quantize='int4' is not accepted: int8"),
-                           (["--format=onnx", "--quantize=int8", "--min_agreement=2"], "min_agreement=2.0 must be in (0, 1]")):
+                           (["--format=onnx", "--quantize=int8", "--min_agreement=2"], "min_agreement=2.0 must be in (0, 1]"),
+                           (["--format=onnx", "--quantize=int8", "--calibration_method=kl"],
+                            "calibration_method='kl' is not accepted: auto (choose on held-out training images) or one "
+                            "of minmax, percentile, entropy")):
         result = run_in_process("export", f"--checkpoint={trained}", *flags, f"--output={tmp_path / 'x.onnx'}")
         assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not list(tmp_path.iterdir())

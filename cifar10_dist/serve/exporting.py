@@ -59,6 +59,7 @@ class Quantization:
     calibration_images: int = quantizing.CALIBRATION_IMAGES
     min_agreement: float = quantizing.MIN_AGREEMENT
     calibration: torch.Tensor | None = None
+    calibration_method: str = "auto"
 
     def check(self, format: str) -> None:
         if self.kind is None:
@@ -72,6 +73,7 @@ class Quantization:
             raise UserError(f"calibration_images={self.calibration_images!r} must be a whole number >= 1")
         if not 0 < self.min_agreement <= 1:
             raise UserError(f"min_agreement={self.min_agreement} must be in (0, 1], e.g. 0.98")
+        quantizing.candidates_for(self.calibration_method)
 
 
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
@@ -112,17 +114,21 @@ def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[
 
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-int8-") as folder:
         work = Path(folder)
-        fp32, int8 = work / "model.onnx", work / "model.int8.onnx"
+        fp32 = work / "model.onnx"
         found = write_onnx(trained, fp32, metadata, images)
         data = quantizing.trained_data(trained.config)
-        calibration = quantization.calibration if quantization.calibration is not None else \
-            quantizing.calibration_images(data.train.images, quantization.calibration_images)
-        quantizing.quantize(fp32, int8, calibration, trained.info, work)
+        calibration, choosing = quantizing.held_out_split(data.train.images, quantization.calibration_images,
+                                                          quantizing.CHOICE_IMAGES)
+        if quantization.calibration is not None:
+            calibration = quantization.calibration
+        candidates = quantizing.candidates_for(quantization.calibration_method)
+        int8, how, table = quantizing.choose(fp32, calibration, choosing, trained.info, work, candidates)
         compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
-        quantizing.check_agreement(compared, quantization.min_agreement, path)
-        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights per output channel, uint8 "
-                               "activations calibrated with MinMax", "calibration_images": len(calibration),
+        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights, uint8 activations",
+                     "calibration": how.name, "calibration_images": len(calibration),
+                     "chosen_on": len(choosing) if table else 0, "candidates": table,
                      "min_agreement": quantization.min_agreement, **compared}
+        quantizing.check_agreement(described, quantization.min_agreement, path)
         proto = onnx.load(str(int8))
         del proto.metadata_props[:]
         for key, value in {"cifar10_dist": json.dumps({**metadata, "quantization": described}),

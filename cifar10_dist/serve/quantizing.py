@@ -1,14 +1,22 @@
 """int8 ONNX (``export --format=onnx --quantize=int8``): ONNX Runtime's static quantization of the verified fp32
-ONNX export (QDQ format, signed int8 weights per output channel, unsigned 8-bit activations whose ranges are
-calibrated on N training images, MinMax: ORT's fast U8S8 kernels on x86; signed activations ran far slower on
-the Zen 4 EPYC, benchmarks.int8 measures both), then checked on the whole test set of the data the model was trained on: the test
-accuracy of the fp32 and the int8 model and how often their top-1 classes agree. Below ``min_agreement`` (default
-MIN_AGREEMENT) the export is refused in one line and nothing is written. ``OnnxModel`` runs an exported file for
+ONNX export (QDQ format, signed int8 weights, unsigned 8-bit activations: ORT's fast U8S8 kernels on x86; signed
+activations ran far slower on the Zen 4 EPYC, benchmarks.int8 measures both).
+
+The activation ranges are calibrated on N training images. How (MinMax, Percentile or Entropy; weights per output
+channel or per tensor) is chosen, by default, among CANDIDATES on other training images, held out from the
+calibration: the one whose top-1 class agrees with the fp32 model's most often there. The test set is used once,
+on the chosen model, to report the test accuracy of both and their agreement; below ``min_agreement`` (default
+MIN_AGREEMENT) the export is refused in one line and nothing is written. An int8 model whose largest logit is tied
+between classes does not agree (nor is it correct): it has not decided. ``OnnxModel`` runs an exported file for
 ``predict``."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +30,37 @@ from cifar10_dist.errors import UserError
 
 CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
 MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal the fp32 model's on at least this share
-SEED = 0  # which training images calibrate
+CHOICE_IMAGES = 1000  # other training images, held out from the calibration, that choose how to calibrate
+SEED = 0  # which training images calibrate and choose
 BATCH = 256
+METHODS = ("minmax", "percentile", "entropy")  # ORT's calibration methods (Percentile: its 99.999th)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How the int8 model is made: ORT's calibration ``method`` for the activation ranges, and weight scales per
+    output channel or per tensor."""
+
+    method: str = "minmax"
+    per_channel: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.method + ("" if self.per_channel else " per-tensor")
+
+
+CANDIDATES = tuple(Calibration(method, per_channel) for method in METHODS for per_channel in (True, False))
+
+
+def candidates_for(method: str) -> tuple[Calibration, ...]:
+    """The calibrations an export tries: all CANDIDATES for ``auto``, else that method's two (per channel, per
+    tensor); a one-line UserError for another word."""
+    if method == "auto":
+        return CANDIDATES
+    if method not in METHODS:
+        raise UserError(f"calibration_method={method!r} is not accepted: auto (choose on held-out training images) "
+                        f"or one of {', '.join(METHODS)}")
+    return tuple(candidate for candidate in CANDIDATES if candidate.method == method)
 
 
 class OnnxModel:
@@ -80,47 +117,102 @@ def logits_of(model: Any, images: torch.Tensor, info: DatasetInfo) -> torch.Tens
     return torch.cat([model(model_inputs(images[start:start + BATCH], info)) for start in range(0, len(images), BATCH)])
 
 
-def calibration_images(train: torch.Tensor, count: int) -> torch.Tensor:
-    """``count`` training images, a fixed random choice (SEED)."""
-    chosen = torch.randperm(len(train), generator=torch.Generator().manual_seed(SEED))[:count]
-    return train[chosen.sort().values]
+def held_out_split(train: torch.Tensor, calibrating: int, choosing: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two disjoint fixed random choices (SEED) of training images: ``calibrating`` to set the int8 ranges, and up
+    to ``choosing`` of the others to choose the calibration on (fewer when the training images run out)."""
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(SEED))
+    first, rest = order[:calibrating], order[calibrating:calibrating + choosing]
+    return train[first.sort().values], train[rest.sort().values]
+
+
+def prepared(fp32: Path, work: Path) -> Path:
+    """ORT's pre-processing of the fp32 graph (shape inference, folding), as its docs advise before quantizing."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    path = work / f"{fp32.stem}.prepared.onnx"
+    if not path.exists():
+        quant_pre_process(str(fp32), str(path), skip_symbolic_shape=True)
+    return path
 
 
 def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInfo, work: Path,
-             signed_activations: bool = False) -> None:
-    """Static int8 quantization of ``fp32`` into ``int8`` (ORT's pre-processing first, as its docs advise);
-    ``signed_activations``: int8 activations instead of uint8 (S8S8: what benchmarks.int8 compares)."""
+             signed_activations: bool = False, how: Calibration = Calibration()) -> None:
+    """Static int8 quantization of ``fp32`` into ``int8``, its activation ranges calibrated on ``calibration``
+    (uint8 images) ``how``; ``signed_activations``: int8 activations instead of uint8 (S8S8: what
+    benchmarks.int8 compares)."""
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    # batches of one size: ORT's histogram calibrators (Percentile, Entropy) stack them
+    size = max(divisor for divisor in range(1, 33) if len(calibration) % divisor == 0)
 
     class Batches(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{"images": model_inputs(calibration[start:start + 32], info).numpy()}
-                                 for start in range(0, len(calibration), 32)])
+            self.batches = iter([{"images": model_inputs(calibration[start:start + size], info).numpy()}
+                                 for start in range(0, len(calibration), size)])
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.batches, None)
 
-    prepared = work / "prepared.onnx"
-    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
-    quantize_static(str(prepared), str(int8), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax)
+    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+               "entropy": CalibrationMethod.Entropy}
+    with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print their progress
+        quantize_static(str(prepared(fp32, work)), str(int8), Batches(), quant_format=QuantFormat.QDQ,
+                        per_channel=how.per_channel, weight_type=QuantType.QInt8,
+                        activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
+                        calibrate_method=methods[how.method])
+
+
+def decided_agreement(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per image, whether ``logits`` put the class ``reference`` (class indices) strictly above every other
+    class: a tie at the top is no agreement."""
+    chosen = logits.gather(1, reference[:, None]).squeeze(1)
+    others = logits.scatter(1, reference[:, None], float("-inf")).amax(1)
+    return chosen > others
+
+
+def choose(fp32: Path, calibration: torch.Tensor, choosing: torch.Tensor, info: DatasetInfo, work: Path,
+           candidates: tuple[Calibration, ...]) -> tuple[Path, Calibration, list[dict[str, Any]]]:
+    """Quantize with each candidate calibration and keep the one whose top-1 agrees with the fp32 model's on the
+    most ``choosing`` images (the first of equals: CANDIDATES' order); its file, itself and every candidate's
+    agreement. One candidate is taken without a choice."""
+    if len(candidates) == 1 or not len(choosing):
+        path = work / "model.int8.onnx"
+        quantize(fp32, path, calibration, info, work, how=candidates[0])
+        return path, candidates[0], []
+    reference = logits_of(OnnxModel(fp32), choosing, info).argmax(1)
+    table, paths = [], []
+    for index, candidate in enumerate(candidates):
+        paths.append(work / f"candidate{index}.int8.onnx")
+        quantize(fp32, paths[-1], calibration, info, work, how=candidate)
+        agreed = decided_agreement(reference, logits_of(OnnxModel(paths[-1]), choosing, info))
+        table.append({"calibration": candidate.name, "agreement": float(agreed.float().mean())})
+    best = max(range(len(table)), key=lambda index: table[index]["agreement"])
+    return paths[best], candidates[best], table
 
 
 def compared_on_test(fp32: Path, int8: Path, test: Any, info: DatasetInfo) -> dict[str, Any]:
-    """Test accuracy of both files and their top-1 agreement, over every test image."""
+    """Test accuracy of both files and their top-1 agreement, over every test image (ties: neither)."""
     labels = test.labels.cpu()
-    full, low = (logits_of(OnnxModel(path), test.images.cpu(), info).argmax(1) for path in (fp32, int8))
-    return {"test_images": len(labels), "accuracy_fp32": float((full == labels).float().mean()),
-            "accuracy_int8": float((low == labels).float().mean()),
-            "agreement": float((full == low).float().mean())}
+    full, low = (logits_of(OnnxModel(path), test.images.cpu(), info) for path in (fp32, int8))
+    return {"test_images": len(labels), "accuracy_fp32": float(decided_agreement(labels, full).float().mean()),
+            "accuracy_int8": float(decided_agreement(labels, low).float().mean()),
+            "agreement": float(decided_agreement(full.argmax(1), low).float().mean())}
+
+
+def accepted_floor(agreement: float) -> float:
+    """The largest min_agreement of three decimals that ``agreement`` meets."""
+    return math.floor(agreement * 1000) / 1000
 
 
 def check_agreement(found: dict[str, Any], min_agreement: float, path: Path) -> None:
-    if found["agreement"] < min_agreement:
-        raise UserError(f"int8 export refused: its top-1 class agrees with the fp32 model's on {found['agreement']:.2%} "
-                        f"of the {found['test_images']} test images, below min_agreement={min_agreement:g} (test "
-                        f"accuracy fp32 {found['accuracy_fp32']:.4f}, int8 {found['accuracy_int8']:.4f}); nothing "
-                        f"written to {path}: calibrate on more images (--calibration_images) or ship the fp32 model")
+    if found["agreement"] >= min_agreement:
+        return
+    tried = len(found["candidates"]) or 1
+    choice = f"the best of {tried} calibrations on {found['chosen_on']} held-out training images: " if tried > 1 else ""
+    floor = accepted_floor(found["agreement"])
+    accept = f", or accept this agreement with --min_agreement={floor:g}" if floor > 0 else ""
+    raise UserError(f"int8 export refused: its top-1 class ({choice}{found['calibration']}) agrees with the fp32 "
+                    f"model's on {found['agreement']:.2%} of the {found['test_images']} test images, below "
+                    f"min_agreement={min_agreement:g} (test accuracy fp32 {found['accuracy_fp32']:.4f}, int8 "
+                    f"{found['accuracy_int8']:.4f}); nothing written to {path}: ship the fp32 model (--format=onnx "
+                    f"without --quantize){accept}")
