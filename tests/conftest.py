@@ -219,6 +219,24 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     return subprocess.CompletedProcess(["cifar10-dist", "run"], code, stdout, stderr), folder / "output"
 
 
+# a user model file whose training step takes 0.1 s: time to watch a run and stop it at a chosen point
+SLOW_MODEL = """
+import time
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 10)
+
+    def forward(self, images):
+        if self.training:
+            time.sleep(0.1)
+        return self.head(images.mean(dim=(2, 3)))
+"""
+
+
 def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None,
               fresh: bool = False):
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:

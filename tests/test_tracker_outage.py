@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs.tracker_guard import RETRY_SECONDS
-from tests.conftest import TINY, run_cli, start_cli, stop_all
+from tests.conftest import SLOW_MODEL, TINY, run_cli, start_cli, stop_all
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
                                 reason="mlflow server needs the full mlflow package (the dev extra installs it)")
@@ -111,23 +111,6 @@ def server(module_server):
     if module_server.process is None:
         module_server.start()
     return module_server
-
-
-SLOW_MODEL = """
-import time
-from torch import nn
-
-
-class Slow(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.head = nn.Linear(3, 10)
-
-    def forward(self, images):
-        if self.training:
-            time.sleep(0.1)
-        return self.head(images.mean(dim=(2, 3)))
-"""
 
 
 @pytest.mark.slow

@@ -1,52 +1,30 @@
 """Weights & Biases tracking, offline (no WANDB_API_KEY here), read back from the run's own .wandb files: the
 config with the provenance, the metrics TensorBoard gets at the same steps, the summary, the run's files and the
 best model as artifacts, one W&B run continued by a resume, tuning trials grouped under their study, and one line
-when W&B is missing. The files are W&B's transaction log (LevelDB's log format of W&B's protobuf records), read
-here with W&B's own record definitions."""
+when W&B is missing, and a resume after a SIGKILL that sends no step twice. The files are W&B's transaction log
+(LevelDB's log format of W&B's protobuf records), read with outputs.wandb_history."""
 
 from __future__ import annotations
 
 import json
-import struct
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, cli_env, run_cli, run_in_process
+from cifar10_dist.outputs import wandb_history
+from tests.conftest import SLOW_MODEL, TINY, cli_env, run_cli, run_in_process, start_cli, stop_all
 
 wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
        "--checkpoint_every=10", "--with_wandb"]
-BLOCK = 32768  # LevelDB log blocks; a record's pieces: FULL (1), or FIRST (2), MIDDLE (3), LAST (4)
-
-
-def records(path: Path) -> list:
-    """Every record of a .wandb file (W&B's header ':W&B', magic and version: 7 bytes, then the log)."""
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    found, position, pieces = [], 7, b""
-    while position + 7 <= len(data):
-        left = BLOCK - position % BLOCK
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7]) if left >= 7 else (0, 0, 0)
-        if left < 7 or (length, kind) == (0, 0):  # the rest of a block is padding
-            position += left
-            continue
-        pieces += data[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pieces)
-            found.append(record)
-            pieces = b""
-    return found
-
-
 def sessions(run_dir: Path) -> list[list]:
     """The records of each W&B session of the run folder (one per launch), oldest first."""
-    return [records(path) for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
+    return [wandb_history.records(path) for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
 
 
 def of_kind(found: list, kind: str) -> list:
@@ -55,6 +33,11 @@ def of_kind(found: list, kind: str) -> list:
 
 def values(items) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def rows(found: list) -> list[dict]:
+    """The metric rows (run.log calls) of one session's records."""
+    return [values(history.item) for history in of_kind(found, "history")]
 
 
 def environment() -> dict[str, str]:
@@ -107,6 +90,52 @@ def test_a_run_and_its_resume_are_one_wandb_run_with_config_metrics_summary_and_
     assert {"config.yaml", "provenance.json", "summary.json", "metrics.json", "curves.png", "mistakes.png"} <= files
     best = max(run_dir.glob("best_model_*.pt"), key=lambda path: float(path.stem.rsplit("=", 1)[1]))
     assert [entry.path for entry in artifacts["model"].manifest.contents] == [best.name]
+
+
+def newest_checkpoint(run_dir: Path) -> int:
+    return max([int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt")], default=0)
+
+
+def recorded_batch_loss(run_dir: Path) -> int:
+    """The last training/batch_loss step in the run folder's W&B transaction logs (0 before there is one)."""
+    if not (run_dir / "wandb.json").is_file():
+        return 0
+    run_id = json.loads((run_dir / "wandb.json").read_text())["id"]
+    return wandb_history.last_steps(run_dir, run_id).get("training/batch_loss", 0)
+
+
+def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_twice(tmp_path):
+    """SIGKILL once W&B's transaction log holds iterations after the newest checkpoint (10 iterations an epoch, a
+    checkpoint every 15): the resume trains and logs them again, and W&B gets none of them a second time, and
+    every step of the run once (the two sessions' .wandb files read back)."""
+    (tmp_path / "slow.py").write_text(SLOW_MODEL)
+    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
+               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
+               "--checkpoint_every=15", "--log_every_iters=1", "--with_wandb", f"--output_path={tmp_path}",
+               "--run_name=k"]
+    run_dir = tmp_path / "k"
+    run = start_cli(*command, env=environment())
+    try:
+        deadline = time.monotonic() + 120
+        while recorded_batch_loss(run_dir) <= newest_checkpoint(run_dir):
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before W&B recorded more"
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    finally:
+        stop_all(run)
+    assert newest_checkpoint(run_dir) < recorded_batch_loss(run_dir) < 60  # W&B had steps the resume trains again
+    resumed = run_cli(*command, "--resume_from=auto", env=environment())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps: dict[str, list[int]] = {}
+    for session in sessions(run_dir):
+        for row in rows(session):
+            for key in row.keys() - wandb_history.OWN_KEYS:
+                steps.setdefault(key, []).append(row["step"])
+    assert {"test/accuracy", "training/batch_loss", "training/epoch_loss"} <= steps.keys()
+    for key, logged in steps.items():
+        assert len(logged) == len(set(logged)), (key, sorted(logged))
+    assert max(steps["training/batch_loss"]) == 60 and max(steps["test/accuracy"]) == 6
 
 
 def test_tuning_trials_are_wandb_runs_grouped_under_their_study(small_dataset, tmp_path):

@@ -6,7 +6,9 @@ metrics the scalars ``tracking.Recorder`` writes to TensorBoard, same names, eac
 record files as an artifact and, with ``wandb_log_model``, the best model file as another. A tuning trial's run is in the
 group of its study. ``wandb_mode``: online, or offline without WANDB_API_KEY (the run kept in the run folder's
 ``wandb/``, for ``wandb sync``), so that a cluster node without network still tracks; an online start whose
-server does not answer within INIT_TIMEOUT_SECONDS goes offline the same way, with one warning.
+server does not answer within INIT_TIMEOUT_SECONDS goes offline the same way, with one warning. A resume from a
+checkpoint trains and logs again what ran after it: the steps that W&B's sessions of the run folder recorded
+(``wandb_history``) are not sent a second time.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError, first_line
-from cifar10_dist.outputs import checkpoint_files, files
+from cifar10_dist.outputs import checkpoint_files, files, wandb_history
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
@@ -57,6 +59,7 @@ class WandB:
         self.run: Any = None
         self.pending: list[tuple[str, float, int]] = []
         self.defined: set[str] = set()
+        self.sent_before: dict[str, int] = {}  # each metric's last step that earlier launches' W&B recorded
 
     def _start(self) -> None:
         """Start or continue the run folder's W&B run; online, a server that does not answer within
@@ -64,6 +67,7 @@ class WandB:
         id: ``wandb sync`` sends it later), never a second W&B run."""
         kept = read_run_file(self.run_dir)
         run_id = kept["id"] if kept else uuid.uuid4().hex[:12]  # W&B's ids: lower-case letters and digits
+        self.sent_before = wandb_history.last_steps(self.run_dir, run_id) if kept else {}
         try:
             self._init(run_id, self.mode)
         except Exception as error:  # noqa: BLE001 - whatever W&B's client raises for a server it cannot reach
@@ -108,11 +112,13 @@ class WandB:
 
     def flush(self) -> None:
         """Start (or continue) the W&B run if that has not happened yet, then log the kept metrics, those of one
-        step together; each leaves ``pending`` once logged."""
+        step together, but none at a step W&B recorded before (a resume's second pass over the iterations after its
+        checkpoint); each leaves ``pending`` once logged."""
         if not self.enabled:
             return
         if self.run is None:
             self._start()
+        self.pending = [item for item in self.pending if item[2] > self.sent_before.get(item[0], -1)]
         while self.pending:
             step = self.pending[0][2]
             batch = []
