@@ -90,7 +90,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     from cifar10_dist import api
     from cifar10_dist.data import augmentation, cifar
     from cifar10_dist.outputs import checkpoint_files
-    from cifar10_dist.training import checkpointing
+    from cifar10_dist.models import restoring
 
     result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
                             "--run_name=tempered", "--val_split=0.2", "--calibrate=temperature")
@@ -113,9 +113,9 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}", "--json")
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(final["loss"], abs=1e-4)
     # predict and ONNX: the raw model's logits divided by T
-    raw = checkpointing.restore_model(stored, best).eval()
+    info = cifar.checkpoint_info(stored)
+    raw = restoring.restore_model(stored, best, len(info.classes)).eval()
     test_images = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1].images[:16]
-    info = checkpointing.checkpoint_info(stored)
     inputs = augmentation.normalize(augmentation.eval_view(test_images, info.image_size, info.crop_fraction),
                                     info.mean, info.std)
     with torch.no_grad():
@@ -130,7 +130,8 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
 
 def test_a_folder_without_a_validation_split_is_refused_before_training():
     from cifar10_dist.errors import UserError
-    from cifar10_dist.training.temperature import TemperatureScaled, scaled_test_model
+    from cifar10_dist.models.viewing import TemperatureScaled
+    from cifar10_dist.training.temperature import scaled_test_model
 
     with pytest.raises(UserError, match="calibrate=temperature fits the temperature on a validation split, never on "
                                         "the test set, and this run has none"):

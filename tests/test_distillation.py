@@ -132,7 +132,7 @@ def test_a_missing_teacher_file_is_one_line(tmp_path):
 def test_a_calibrated_teacher_teaches_with_its_calibrated_logits(teacher_file, tmp_path):
     from cifar10_dist.config import load_config
     from cifar10_dist.training.distillation import build_teacher
-    from cifar10_dist.training.temperature import TemperatureScaled
+    from cifar10_dist.models.viewing import TemperatureScaled
 
     checkpoint = checkpoint_files.load_checkpoint(teacher_file)
     checkpoint["temperature"] = 2.0

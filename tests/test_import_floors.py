@@ -22,7 +22,7 @@ FLOORS = [
     ("outputs",),
     ("system",),
     ("models",),
-    ("results",),
+    ("results", "checkpoint_layout"),
     ("config",),
     ("sources",),
     ("errors",),

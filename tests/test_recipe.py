@@ -18,7 +18,7 @@ from cifar10_dist.data.records import ImageSet
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training import optimizers, schedules
 from cifar10_dist.training.averaging import Lookahead
-from cifar10_dist.training.evaluators import tta_logits
+from cifar10_dist.models.viewing import tta_logits
 from tests.conftest import REPO, TINY, assert_same_training_state, cli_env, run_cli, run_in_process
 
 

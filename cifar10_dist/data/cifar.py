@@ -18,6 +18,7 @@ import ignite.distributed as idist
 import numpy as np
 import torch
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config
 from cifar10_dist.data.records import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.data.synthetic import make_synthetic
@@ -98,6 +99,16 @@ def num_classes(dataset: str, label_mode: str = "fine") -> int:
 def cifar_info(dataset: str, label_mode: str = "fine") -> DatasetInfo:
     """CIFAR-10/100 and synthetic data: their class names and CIFAR-10's channel statistics, 32x32."""
     return DatasetInfo(class_names(dataset, label_mode))
+
+
+def checkpoint_info(checkpoint: Mapping[str, Any]) -> DatasetInfo:
+    """The classes, normalisation and image size a checkpoint's model was trained with (recorded in its
+    provenance; CIFAR's for files from before they were recorded)."""
+    recorded = checkpoint_layout.recorded_data_info(checkpoint)
+    if recorded:
+        return DatasetInfo.from_dict(recorded)
+    config = checkpoint_layout.recorded_config(checkpoint)
+    return cifar_info(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
 
 
 # ---------------------------------------------------------------- reading and writing the on-disk format

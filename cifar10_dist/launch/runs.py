@@ -80,10 +80,10 @@ def _train_seeds(config: Config) -> SeedsResult | None:
 def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None = None, **overrides: Any) -> Config:
     """The config a checkpoint is evaluated with: its recorded model and data keys, unless given (another model
     given does not take the recorded model's model_kwargs: they belong to that model)."""
+    from cifar10_dist import checkpoint_layout
     from cifar10_dist.outputs import checkpoint_files
-    from cifar10_dist.training import checkpointing
 
-    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(checkpoint))
+    recorded = checkpoint_layout.recorded_config(checkpoint_files.load_checkpoint(checkpoint))
     inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
     if overrides.get("model", recorded.get("model")) != recorded.get("model"):
         inherited.pop("model_kwargs", None)

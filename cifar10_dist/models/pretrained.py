@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import TIMM_PREFIX
 from cifar10_dist.errors import UserError
 
@@ -271,13 +272,11 @@ def _read(weights: Weights) -> Mapping[str, torch.Tensor]:
     except Exception as error:
         raise UserError(f"pretrained {weights.name} cannot be read: {type(error).__name__}: "
                         f"{str(error).splitlines()[0][:200]}") from error
-    if isinstance(loaded, Mapping) and "ema_model" in loaded:
-        return loaded["ema_model"]  # a training checkpoint of a run with ema_decay: the weights it evaluates
-    tensors = loaded.get("model", loaded) if isinstance(loaded, Mapping) else None
-    if not isinstance(tensors, Mapping) or not all(isinstance(value, torch.Tensor) for value in tensors.values()):
+    try:  # a training checkpoint of a run with ema_decay: the EMA's, the weights it evaluates
+        return checkpoint_layout.model_weights(loaded if isinstance(loaded, Mapping) else {}, prefer_ema=True)
+    except UserError:
         raise UserError(f"pretrained {weights.name} holds no model weights (expected a state dict, or a "
-                        "checkpoint with a 'model' entry)")
-    return tensors
+                        "checkpoint with a 'model' entry)") from None
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's, torch.compile's
@@ -309,9 +308,7 @@ def _recorded(path: Path) -> tuple[tuple[str, ...] | None, tuple[float, ...] | N
             loaded = torch.load(path, map_location="cpu", weights_only=True)
         except Exception:
             return None, None, None  # read again (and refused in one line) when the weights are loaded
-        meta = loaded.get("meta") if isinstance(loaded, Mapping) else None
-        if isinstance(meta, Mapping):
-            info = meta.get("provenance", {}).get("dataset", {}).get("info")
+        info = checkpoint_layout.recorded_data_info(loaded) if isinstance(loaded, Mapping) else None
     if not info:
         return None, None, None
     return tuple(info["classes"]), tuple(info["mean"]), tuple(info["std"])

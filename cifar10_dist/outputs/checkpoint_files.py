@@ -2,9 +2,11 @@
 (``torch.load(weights_only=True)``, one line for a missing or damaged file). Writing them is
 ``training.checkpointing``'s.
 
-- ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
-- ``best_model_<epoch>_(test|val)_<best_metric>=<value>.pt``: keys model, meta (best_metric: accuracy,
-  balanced_accuracy or macro_f1).
+- ``training_checkpoint_<iteration>.pt``
+- ``best_model_<epoch>_(test|val)_<best_metric>=<value>.pt`` (best_metric: accuracy, balanced_accuracy or
+  macro_f1)
+
+What they hold is ``checkpoint_layout``'s.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from typing import Any
 
 import torch
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.errors import UserError, first_line
 
 logger = logging.getLogger(__name__)
-
-TRAINING_KEYS = ("trainer", "model", "optimizer", "lr_scheduler")
-
 
 TRAINING_PATTERN = re.compile(r"^training_checkpoint_(\d+)\.pt$")
 
@@ -59,7 +59,7 @@ def newest_valid_checkpoint(run_dir: Path) -> Path | None:
         except UserError as error:
             logger.warning("skipping %s: %s", path.name, error)
             continue
-        missing = [key for key in TRAINING_KEYS if key not in checkpoint]
+        missing = checkpoint_layout.missing_training_keys(checkpoint)
         if missing:
             logger.warning("skipping %s: missing %s", path.name, ", ".join(missing))
             continue

@@ -14,13 +14,13 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
-from cifar10_dist.training import checkpointing, temperature
-from cifar10_dist.training.evaluators import tta_logits
-from cifar10_dist.training.temperature import TemperatureScaled
+from cifar10_dist.models.restoring import restore_model
+from cifar10_dist.models.viewing import TemperatureScaled, tta_logits
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +68,12 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
         return TrainedModel(quantizing.OnnxModel(checkpoint), Path(checkpoint), {"tta": 0, "model": metadata["model"]},
                             info.classes, torch.device("cpu"), metadata.get("provenance") or {}, info)
     loaded = checkpoint_files.load_checkpoint(checkpoint)
-    model = checkpointing.restore_model(loaded, checkpoint, raw_weights=raw_weights)
+    info = cifar.checkpoint_info(loaded)
+    model = restore_model(loaded, checkpoint, len(info.classes), raw_weights=raw_weights)
     chosen = torch.device(device) if device is not None else default_device()
-    config = checkpointing.checkpoint_config(loaded)
-    info = checkpointing.checkpoint_info(loaded)
-    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config, info.classes, chosen,
-                        checkpointing.checkpoint_provenance(loaded), info, loaded.get(temperature.KEY))
+    return TrainedModel(model.eval().to(chosen), Path(checkpoint), checkpoint_layout.recorded_config(loaded),
+                        info.classes, chosen, checkpoint_layout.recorded_provenance(loaded), info,
+                        checkpoint_layout.temperature(loaded))
 
 
 @torch.no_grad()

@@ -11,15 +11,17 @@ import ignite.distributed as idist
 import torch
 from torch import nn
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config
-from cifar10_dist.data import batches, loaders, run_data
+from cifar10_dist.data import batches, cifar, loaders, run_data
 from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
+from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance, tracking
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, layouts, process_setup, temperature
+from cifar10_dist.training import layouts, process_setup, temperature
 from cifar10_dist.training.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 
 logger = logging.getLogger("cifar10_dist")
@@ -76,16 +78,16 @@ class EvaluationWorker:
         (classes, normalisation); warns (rank 0) when the checkpoint was made with another package version or
         other data, and refuses data with other classes."""
         checkpoint = checkpoint_files.load_checkpoint(self.checkpoint)
-        info = checkpointing.checkpoint_info(checkpoint)
+        info = cifar.checkpoint_info(checkpoint)
         if info.classes != loaded.info.classes:
             raise UserError(f"checkpoint '{self.checkpoint}' was trained on the classes {', '.join(info.classes[:6])}"
                             f"{'...' if len(info.classes) > 6 else ''}, this data has "
                             f"{', '.join(loaded.info.classes[:6])}{'...' if len(loaded.info.classes) > 6 else ''}: "
                             "evaluate it on data with its classes")
-        model = checkpointing.restore_model(checkpoint, self.checkpoint, config.model, config.model_kwargs,
-                                            self.raw_weights)
+        model = restoring.restore_model(checkpoint, self.checkpoint, len(info.classes), config.model,
+                                        config.model_kwargs, self.raw_weights)
         present = run_data.describe_run(config, loaded, device, precision)
-        for difference in provenance.differences(checkpointing.checkpoint_provenance(checkpoint), present):
+        for difference in provenance.differences(checkpoint_layout.recorded_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
         model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))

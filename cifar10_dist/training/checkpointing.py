@@ -1,9 +1,6 @@
 """Checkpoints: periodic training state, best models by validation accuracy, resume, and safe run_data.
 
-Files (in the run folder):
-- ``training_checkpoint_<iteration>.pt``: keys trainer, model, optimizer, lr_scheduler, [scaler,] meta.
-- ``best_model_<epoch>_<split>_<best_metric>=<value>.pt``: keys model, meta.
-``meta`` records the config, library versions and world size. Files are written to a temporary name and
+What the files hold is ``checkpoint_layout``'s. Files are written to a temporary name and
 renamed (Ignite's DiskSaver with atomic=True), an old file is removed only after its successor is complete
 (``KeepUntilSaved``), and files are always loaded with ``torch.load(weights_only=True)``.
 """
@@ -12,23 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import ignite
 import ignite.distributed as idist
-import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
-from cifar10_dist import models
+from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config
 from cifar10_dist.data import cifar, run_data
-from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.models import restoring
 from cifar10_dist.outputs import files, tracking
 from cifar10_dist.outputs.checkpoint_files import (
     BEST_PATTERN,
@@ -42,28 +36,6 @@ from cifar10_dist.system import ranks
 logger = logging.getLogger(__name__)
 
 TRAINING_PREFIX = "training"
-
-
-class RunMetadata:
-    """What produced a checkpoint: config, provenance, library versions, world size (stored under ``meta``)."""
-
-    def __init__(self, config: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
-        self.state: dict[str, Any] = {
-            "config": dict(config or {}),
-            "provenance": dict(provenance or {}),
-            "world_size": idist.get_world_size(),
-            "versions": {
-                "python": platform.python_version(),
-                "torch": str(torch.__version__),
-                "pytorch-ignite": ignite.__version__,
-            },
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.state = dict(state)
 
 
 class KeepUntilSaved(BaseSaveHandler):
@@ -156,25 +128,25 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
     (another model, optimizer or number of param groups) is one line naming what it records against what this
     run builds."""
     checkpoint = load_checkpoint(path)
-    required = [key for key in to_load if key != "meta"]
-    missing = [key for key in required if key not in checkpoint]
+    missing = checkpoint_layout.missing_training_keys(checkpoint, to_load)
     if missing:
         raise UserError(
             f"checkpoint '{path}' is not a training checkpoint: missing {', '.join(missing)} "
             f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
         )
-    check_model_name(checkpoint, (config or {}).get("model"), path)
-    check_fits(models.unwrap(to_load["model"]).state_dict(), model_weights(checkpoint), path)
-    check_optimizer_fits(to_load["optimizer"].state_dict(), checkpoint["optimizer"], path)
-    loadable = {key: obj for key, obj in to_load.items() if key in checkpoint}
+    restoring.check_recorded_model(checkpoint, (config or {}).get("model"), path)
+    restoring.check_fits(models.unwrap(to_load[checkpoint_layout.MODEL]).state_dict(),
+                         checkpoint_layout.model_weights(checkpoint), path)
+    check_optimizer_fits(to_load[checkpoint_layout.OPTIMIZER].state_dict(),
+                         checkpoint[checkpoint_layout.OPTIMIZER], path)
     try:
-        Checkpoint.load_objects(to_load=loadable, checkpoint=checkpoint)
+        Checkpoint.load_objects(to_load=checkpoint_layout.restorable(to_load, checkpoint), checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
         raise UserError(f"checkpoint '{path}' does not match this run: {first_line(error)}") from error
-    iteration = checkpoint["trainer"].get("iteration", 0)
+    iteration = checkpoint_layout.iteration(checkpoint)
     logger.info("Resumed from %s at iteration %d", path, iteration)
-    meta = checkpoint.get("meta") if isinstance(checkpoint.get("meta"), Mapping) else {}
-    return Resumed(str(path), iteration, meta.get("world_size"), checkpoint_config(checkpoint).get("batch_size"))
+    return Resumed(str(path), iteration, checkpoint_layout.recorded_world_size(checkpoint),
+                   checkpoint_layout.recorded_config(checkpoint).get("batch_size"))
 
 
 def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Mapping[str, Any]
@@ -183,101 +155,12 @@ def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config:
     return resume(to_load, path, config) if path is not None else None
 
 
-def check_model_name(checkpoint: Mapping[str, Any], model: str | None, path: str | Path) -> None:
-    """The model the checkpoint was made by (recorded in its meta) against the model this run builds."""
-    recorded = checkpoint_config(checkpoint).get("model")
-    if model is not None and recorded is not None and recorded != model:
-        raise UserError(f"checkpoint '{path}' was made by model={recorded}, and this run builds model={model}: "
-                        f"use --model={recorded}, or a checkpoint of {model}")
-
-
-def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str | None:
-    """How a state dict differs from the one a model expects, in a few words (None when it fits)."""
-    missing = [key for key in expected if key not in found]
-    unexpected = [key for key in found if key not in expected]
-    shapes = [key for key in expected if key in found and tuple(expected[key].shape) != tuple(found[key].shape)]
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} tensor(s) of the model missing (e.g. {missing[0]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} tensor(s) the model does not have (e.g. {unexpected[0]})")
-    if shapes:
-        key = shapes[0]
-        parts.append(f"{len(shapes)} of another shape (e.g. {key}: {tuple(found[key].shape)} in the checkpoint, "
-                     f"{tuple(expected[key].shape)} in the model)")
-    return "; ".join(parts) or None
-
-
-def check_fits(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], path: str | Path) -> None:
-    mismatch = state_mismatch(expected, found)
-    if mismatch:
-        raise UserError(f"checkpoint '{path}' does not fit the model this run builds: {mismatch}")
-
-
 def check_optimizer_fits(expected: Mapping[str, Any], found: Mapping[str, Any], path: str | Path) -> None:
     """Param groups and their sizes (as ``bias_lr_scale`` and the model decide them) must be the same."""
     sizes = [[len(group["params"]) for group in state.get("param_groups", [])] for state in (found, expected)]
     if sizes[0] != sizes[1]:
         raise UserError(f"checkpoint '{path}' holds an optimizer with param groups of {sizes[0]} tensors, and this run "
                         f"builds {sizes[1]}: resume with the settings it was made with (its run folder's config.yaml)")
-
-
-def model_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
-    """The model's state dict from a training checkpoint, a best-model file, or a bare state dict."""
-    weights = checkpoint.get("model", checkpoint)
-    if not isinstance(weights, Mapping) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise UserError("checkpoint holds no model weights (expected a 'model' entry or a state dict)")
-    return weights
-
-
-def checkpoint_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """The config recorded in a checkpoint's meta (empty when the file has none)."""
-    meta = checkpoint.get("meta")
-    return dict(meta.get("config", {})) if isinstance(meta, Mapping) else {}
-
-
-def checkpoint_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """The provenance recorded in a checkpoint's meta (empty for older files or bare state dicts)."""
-    meta = checkpoint.get("meta")
-    return dict(meta.get("provenance", {})) if isinstance(meta, Mapping) else {}
-
-
-def checkpoint_info(checkpoint: Mapping[str, Any]) -> DatasetInfo:
-    """The classes, normalisation and image size a checkpoint's model was trained with (recorded in its
-    provenance; CIFAR's for files from before they were recorded)."""
-    recorded = checkpoint_provenance(checkpoint).get("dataset", {}).get("info")
-    if recorded:
-        return DatasetInfo.from_dict(recorded)
-    config = checkpoint_config(checkpoint)
-    return cifar.cifar_info(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
-
-
-def restore_model(checkpoint: Mapping[str, Any], path: str | Path, model: str | None = None,
-                  model_kwargs: Mapping[str, Any] | None = None, raw_weights: bool = False) -> torch.nn.Module:
-    """A fresh model with the checkpoint's weights: the model (and its factory's keyword arguments) the checkpoint
-    records, unless ``model`` is given (then it must be the recorded one). A training checkpoint of a run with
-    ``ema_decay`` gives its EMA weights unless ``raw_weights`` (best-model files of such a run hold the EMA's)."""
-    recorded = checkpoint_config(checkpoint)
-    check_model_name(checkpoint, model, path)
-    name = model or recorded.get("model")
-    if name is None:
-        raise UserError(f"checkpoint '{path}' does not record its model: give --model")
-    kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
-    classes = len(checkpoint_info(checkpoint).classes)
-    built = models.build_model(name, dict(kwargs) if kwargs else None, classes)
-    weights = checkpoint["ema_model"] if "ema_model" in checkpoint and not raw_weights else model_weights(checkpoint)
-    load_model_weights(built, weights, str(path))
-    if "ema_model" in checkpoint:
-        logger.info("%s: the %s weights", path, "trained (raw)" if raw_weights else "EMA")
-    return built
-
-
-def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], source: str) -> None:
-    check_fits(model.state_dict(), weights, source)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as error:
-        raise UserError(f"checkpoint '{source}' does not fit the model: {first_line(error)}") from error
 
 
 def resuming_from_a_checkpoint(config: Config) -> bool:
@@ -328,7 +211,7 @@ def refuse_other_classes(path: str, record: Mapping[str, Any]) -> None:
     """One line, before anything of the run folder is written, when the checkpoint's classes are not this run's
     (a class folder added or removed): its model's head cannot take them, whatever resume_on_changed_data says."""
     now = (record.get("dataset", {}).get("info") or {}).get("classes")
-    then = ranks.from_rank_zero(lambda: checkpoint_info(load_checkpoint(path, mmap=True)).classes)
+    then = ranks.from_rank_zero(lambda: cifar.checkpoint_info(load_checkpoint(path, mmap=True)).classes)
     if now is None or then is None or list(then) == list(now):
         return
     removed, added = [name for name in then if name not in now], [name for name in now if name not in then]
@@ -343,7 +226,7 @@ def refuse_other_classes(path: str, record: Mapping[str, Any]) -> None:
 def data_change(path: str, record: Mapping[str, Any]) -> dict[str, Any] | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
-    recorded = checkpoint_provenance(load_checkpoint(path, mmap=True)).get("dataset", {})  # its meta alone
+    recorded = checkpoint_layout.recorded_provenance(load_checkpoint(path, mmap=True)).get("dataset", {})  # meta only
     present = record.get("dataset", {})
     then, now = recorded.get("sha256"), present.get("sha256")
     if then is None or now is None or then == now:

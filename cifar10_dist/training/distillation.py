@@ -19,14 +19,15 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config
+from cifar10_dist.data import cifar
 from cifar10_dist.errors import UserError
-from cifar10_dist.models import pretrained
+from cifar10_dist.models import pretrained, restoring
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import checkpointing, temperature
+from cifar10_dist.training import temperature
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -91,13 +92,13 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
     path = Path(config.teacher).expanduser()
     if config.teacher_pretrained is None:
         checkpoint = checkpoint_files.load_checkpoint(path)
-        info = checkpointing.checkpoint_info(checkpoint)
+        info = cifar.checkpoint_info(checkpoint)
         if tuple(info.classes) != tuple(classes):
             raise _other_classes(f"'{config.teacher}'", info.classes, classes)
-        model = temperature.with_temperature(checkpointing.restore_model(checkpoint, path), checkpoint)
+        model = temperature.with_temperature(restoring.restore_model(checkpoint, path, len(info.classes)), checkpoint)
         own = (info.mean, info.std)
         described = pretrained.Weights("file", str(path.resolve()), str(path.resolve()))
-        record = {"kind": "checkpoint", "model": checkpointing.checkpoint_config(checkpoint).get("model"),
+        record = {"kind": "checkpoint", "model": checkpoint_layout.recorded_config(checkpoint).get("model"),
                   **{key: value for key, value in ranks.from_rank_zero(described.describe).items() if key != "kind"}}
     else:
         weights = pretrained.resolve(config.teacher, config.teacher_pretrained)

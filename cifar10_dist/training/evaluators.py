@@ -14,6 +14,7 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
+from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.outputs.mistake_grid import SHOWN
 from cifar10_dist.results import Mistake
 from cifar10_dist.system.precision import Precision
@@ -97,21 +98,6 @@ def macro_f1(matrix: torch.Tensor) -> float:
     """The mean F1 over the classes present or predicted here (sklearn's f1_score, average='macro')."""
     seen = (matrix.sum(dim=0) + matrix.sum(dim=1)) > 0
     return float(per_class_f1(matrix.double())[seen].mean())
-
-
-def tta_logits(model: nn.Module, inputs: torch.Tensor, tta: int = 0) -> torch.Tensor:
-    """Logits, averaged over test-time views: 0 the image only, 1 also its mirror, 2 also both of them shifted by
-    one pixel up-left and down-right (reflect padding), weighted as in airbench (half unshifted, half shifted)."""
-    if tta == 0:
-        return model(inputs)
-    mirrored = 0.5 * model(inputs) + 0.5 * model(inputs.flip(-1))
-    if tta == 1:
-        return mirrored
-    size = inputs.shape[-1]
-    padded = nn.functional.pad(inputs, (1, 1, 1, 1), mode="reflect")
-    shifted = [padded[..., :size, :size], padded[..., 2:, 2:]]
-    shifted_logits = [0.5 * model(view) + 0.5 * model(view.flip(-1)) for view in shifted]
-    return 0.5 * mirrored + 0.25 * (shifted_logits[0] + shifted_logits[1])
 
 
 def create_evaluator(

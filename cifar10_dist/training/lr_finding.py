@@ -26,6 +26,7 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import FastaiLRFinder
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import SUGGESTION_RULES, Config, LrSweep
 from cifar10_dist.data import batches, run_data
 from cifar10_dist.errors import UserError
@@ -213,7 +214,7 @@ def _recorded_learning_rate(config: Config) -> dict[str, Any]:
     path = config.resume_from
     if path == "auto":
         path = checkpoint_files.newest_valid_checkpoint(Path(config.output_path) / str(config.run_name))
-    recorded = checkpointing.checkpoint_config(checkpoint_files.load_checkpoint(path, mmap=True))
+    recorded = checkpoint_layout.recorded_config(checkpoint_files.load_checkpoint(path, mmap=True))
     found = recorded.get("lr_found")
     if not isinstance(found, dict) or "suggestion" not in found:
         found = {"suggestion": recorded.get("learning_rate"), "rule": "given", "note": "the checkpoint's own"}

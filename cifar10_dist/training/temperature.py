@@ -2,8 +2,8 @@
 fitted to the model chosen on the validation split, on that split's logits, by minimising their NLL (LBFGS on
 log T); softmax(logits / T) are then its probabilities. The predicted classes do not change, only how sure the
 model says it is. T is written beside the weights it was fitted to only (key ``temperature``): the chosen
-best-model file, and the newest training checkpoint when it holds those weights; evaluate, predict and export read
-it (``TemperatureScaled``)."""
+best-model file, and the newest training checkpoint when it holds those weights (``checkpoint_layout``); evaluate,
+predict and export read it (``models.viewing.TemperatureScaled``)."""
 
 from __future__ import annotations
 
@@ -16,29 +16,14 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.errors import UserError
+from cifar10_dist.models.viewing import TemperatureScaled
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.system import ranks
-from cifar10_dist.training import checkpointing
 from cifar10_dist.training.evaluators import CalibrationBins, expected_calibration_error
 
 logger = logging.getLogger("cifar10_dist")
-
-KEY = "temperature"  # in best-model files and training checkpoints
-
-
-class TemperatureScaled(nn.Module):
-    """``model``'s logits divided by ``temperature`` (what evaluate, predict and export run when a checkpoint
-    carries one)."""
-
-    def __init__(self, model: nn.Module, temperature: float) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("temperature", torch.tensor(float(temperature)))
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(inputs) / self.temperature
-
 
 def scaled_test_model(calibrate: str | None, split: str, forward: nn.Module) -> TemperatureScaled | None:
     """With ``calibrate``, the model the test evaluation runs (T = 1 until it is fitted); refused in one line
@@ -53,8 +38,8 @@ def scaled_test_model(calibrate: str | None, split: str, forward: nn.Module) -> 
 
 def with_temperature(model: nn.Module, checkpoint: dict[str, Any]) -> nn.Module:
     """The model as its checkpoint says it should be read: scaled by its temperature when it has one."""
-    temperature = checkpoint.get(KEY)
-    return TemperatureScaled(model, float(temperature)) if temperature is not None else model
+    temperature = checkpoint_layout.temperature(checkpoint)
+    return TemperatureScaled(model, temperature) if temperature is not None else model
 
 
 def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -127,16 +112,16 @@ def store_temperature(run_dir: Path, temperature: float, chosen: str) -> list[st
     Other best-model files, of other epochs' models, are left alone. Returns the names of the files written."""
     best = run_dir / chosen if chosen != "final" else None
     newest = checkpoint_files.newest_valid_checkpoint(run_dir)
-    fitted = checkpointing.model_weights(checkpoint_files.load_checkpoint(best)) if best is not None else None
+    fitted = checkpoint_layout.model_weights(checkpoint_files.load_checkpoint(best)) if best is not None else None
     written = []
     for path in [best, newest]:
         if path is None or path.name in written:
             continue
         checkpoint = checkpoint_files.load_checkpoint(path)
-        if fitted is not None and path != best and not same_weights(checkpoint.get("ema_model") or
-                                                                    checkpointing.model_weights(checkpoint), fitted):
+        read_with = checkpoint_layout.model_weights(checkpoint, prefer_ema=True)
+        if fitted is not None and path != best and not same_weights(read_with, fitted):
             continue  # the newest checkpoint holds a later model than the one chosen on val
-        checkpoint[KEY] = temperature
+        checkpoint = checkpoint_layout.with_temperature(checkpoint, temperature)
         files.write_file(path, lambda target, content=checkpoint: torch.save(content, target))
         written.append(path.name)
     return written

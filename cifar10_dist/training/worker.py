@@ -21,9 +21,10 @@ from ignite.engine import Engine, Events
 from ignite.handlers import EarlyStopping
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import batches, loaders, run_data
+from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
@@ -220,27 +221,20 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
     the objects a checkpoint holds (for resuming)."""
-    meta = checkpointing.RunMetadata(config.to_dict(), data_setup.provenance)
-    to_save = {"trainer": engine_set.trainer, "model": network.model, "optimizer": optimization.optimizer,
-               "lr_scheduler": optimization.lr_scheduler}
-    if optimization.step.scaler is not None:
-        to_save["scaler"] = optimization.step.scaler
-    if engine_set.lookahead is not None:
-        to_save["lookahead"] = engine_set.lookahead
-    if engine_set.early_stopping is not None:
-        to_save["early_stopping"] = engine_set.early_stopping
-    if engine_set.ema is not None:
-        to_save["ema_model"], to_save["ema_warmup"] = engine_set.ema.model, engine_set.ema
+    meta = checkpoint_layout.RunMetadata(config.to_dict(), data_setup.provenance, idist.get_world_size())
+    to_save = checkpoint_layout.training_contents(
+        engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
+        optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema)
     best_model = engine_set.ema.model if engine_set.ema is not None else network.model
     save_training_checkpoint = stopping.finite_weights_only(
-        checkpointing.create_training_checkpoint({**to_save, "meta": meta}, run_dir, saver), network.model
-    )
+        checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver),
+        network.model)
     stopping.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
                               step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
     checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer,
-                                                {"model": best_model, "meta": meta}, run_dir, data_setup.split, saver,
-                                                config.best_metric)
+                                                checkpoint_layout.best_model_contents(best_model, meta), run_dir,
+                                                data_setup.split, saver, config.best_metric)
     return to_save
 
 
@@ -346,8 +340,8 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
         best = checkpoint_files.best_model_file(run_dir)
         if best is None:
             return "final"
-        checkpointing.load_model_weights(network, checkpointing.model_weights(checkpoint_files.load_checkpoint(best)),
-                                         str(best))
+        weights = checkpoint_layout.model_weights(checkpoint_files.load_checkpoint(best))
+        restoring.load_model_weights(network, weights, str(best))
         return best.name
 
     name = ranks.from_rank_zero(load_best)

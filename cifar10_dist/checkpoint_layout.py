@@ -1,0 +1,145 @@
+"""What a checkpoint file holds, key by key: the one place its layout is written and read. Training writes through
+``training_contents`` and ``best_model_contents``, calibration through ``with_temperature``; resume, evaluate,
+predict, export, lr-find, a teacher and a pretrained start read through the functions below. A new entry is added
+here (its key, where it is written, how it is read) and old files, which lack it, read as before.
+
+- ``training_checkpoint_<iteration>.pt``: TRAINING_KEYS (the trainer's state: epoch and iteration, hence the
+  sampler's position; the model; the optimizer; the LR schedule), and where the run has them SCALER (fp16's
+  GradScaler), LOOKAHEAD, EARLY_STOPPING, EMA_MODEL with EMA_WARMUP; META; TEMPERATURE once calibrated.
+- ``best_model_<epoch>_<split>_<metric>=<value>.pt``: MODEL (the EMA's weights in a run with ema_decay), META,
+  TEMPERATURE once calibrated.
+- META: the resolved config, the provenance (data checksum and classes, teacher, ...), the world size and the
+  library versions (``RunMetadata``).
+- A bare state dict (a user's file) reads as MODEL.
+
+Plain data and torch: no package below this one but ``errors``.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any, Mapping
+
+import torch
+
+from cifar10_dist.errors import UserError
+
+TRAINER = "trainer"
+MODEL = "model"
+OPTIMIZER = "optimizer"
+LR_SCHEDULER = "lr_scheduler"
+SCALER = "scaler"
+LOOKAHEAD = "lookahead"
+EARLY_STOPPING = "early_stopping"
+EMA_MODEL = "ema_model"
+EMA_WARMUP = "ema_warmup"
+META = "meta"
+TEMPERATURE = "temperature"
+
+TRAINING_KEYS = (TRAINER, MODEL, OPTIMIZER, LR_SCHEDULER)  # every training checkpoint has these
+
+
+class RunMetadata:
+    """What produced a checkpoint: config, provenance, library versions, world size (stored under META)."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
+                 world_size: int = 1) -> None:
+        import ignite
+
+        self.state: dict[str, Any] = {
+            "config": dict(config or {}),
+            "provenance": dict(provenance or {}),
+            "world_size": world_size,
+            "versions": {"python": platform.python_version(), "torch": str(torch.__version__),
+                         "pytorch-ignite": ignite.__version__},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.state = dict(state)
+
+
+def training_contents(trainer: Any, model: Any, optimizer: Any, lr_scheduler: Any, scaler: Any = None,
+                      lookahead: Any = None, early_stopping: Any = None, ema: Any = None) -> dict[str, Any]:
+    """The objects a training checkpoint saves and a resume restores (Ignite's ``to_save``), META aside;
+    ``ema``: Ignite's EMAHandler, whose model and warm-up state are both kept."""
+    contents = {TRAINER: trainer, MODEL: model, OPTIMIZER: optimizer, LR_SCHEDULER: lr_scheduler}
+    optional = {SCALER: scaler, LOOKAHEAD: lookahead, EARLY_STOPPING: early_stopping}
+    contents.update({key: value for key, value in optional.items() if value is not None})
+    if ema is not None:
+        contents[EMA_MODEL], contents[EMA_WARMUP] = ema.model, ema
+    return contents
+
+
+def with_meta(contents: Mapping[str, Any], meta: RunMetadata) -> dict[str, Any]:
+    return {**contents, META: meta}
+
+
+def best_model_contents(model: Any, meta: RunMetadata) -> dict[str, Any]:
+    """What a best-model file saves: the model it was chosen with (the EMA's in a run with ema_decay), META."""
+    return {MODEL: model, META: meta}
+
+
+def restorable(contents: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """Those of ``contents`` that ``checkpoint`` has (an older file may lack an optional entry)."""
+    return {key: value for key, value in contents.items() if key in checkpoint}
+
+
+def missing_training_keys(checkpoint: Mapping[str, Any], required: Any = TRAINING_KEYS) -> list[str]:
+    return [key for key in required if key != META and key not in checkpoint]
+
+
+def has_ema(checkpoint: Mapping[str, Any]) -> bool:
+    return EMA_MODEL in checkpoint
+
+
+def model_weights(checkpoint: Mapping[str, Any], prefer_ema: bool = False) -> Mapping[str, torch.Tensor]:
+    """The model's state dict from a training checkpoint, a best-model file, or a bare state dict; with
+    ``prefer_ema``, a training checkpoint's EMA weights where it has them (the weights its run evaluates)."""
+    weights = checkpoint[EMA_MODEL] if prefer_ema and EMA_MODEL in checkpoint else checkpoint.get(MODEL, checkpoint)
+    if not isinstance(weights, Mapping) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise UserError("checkpoint holds no model weights (expected a 'model' entry or a state dict)")
+    return weights
+
+
+def meta(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = checkpoint.get(META) if isinstance(checkpoint, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def recorded_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The config recorded in a checkpoint's META (empty when the file has none)."""
+    return dict(meta(checkpoint).get("config", {}))
+
+
+def recorded_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance recorded in a checkpoint's META (empty for older files or bare state dicts)."""
+    return dict(meta(checkpoint).get("provenance", {}))
+
+
+def recorded_data_info(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The classes, normalisation and sizes of the data the model was trained on, as recorded (None in files from
+    before they were)."""
+    return recorded_provenance(checkpoint).get("dataset", {}).get("info") or None
+
+
+def recorded_world_size(checkpoint: Mapping[str, Any]) -> int | None:
+    return meta(checkpoint).get("world_size")
+
+
+def iteration(checkpoint: Mapping[str, Any]) -> int:
+    """The iteration a training checkpoint was written at."""
+    return int(checkpoint[TRAINER].get("iteration", 0))
+
+
+def temperature(checkpoint: Mapping[str, Any]) -> float | None:
+    """The temperature calibration fitted to this file's model (None when it has none)."""
+    found = checkpoint.get(TEMPERATURE)
+    return None if found is None else float(found)
+
+
+def with_temperature(checkpoint: Mapping[str, Any], value: float) -> dict[str, Any]:
+    """The checkpoint with a fitted temperature, to be written back whole."""
+    return {**checkpoint, TEMPERATURE: float(value)}
