@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, commands
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
@@ -21,19 +21,18 @@ __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate
            "tune", "doctor", "report", "prepare_data"]
 
 
-def lr_find(config: Config | str | Path | None = None, start_lr: float = 1e-6, end_lr: float = 1.0,
-            num_iter: int = 100, diverge_threshold: float = 5.0, rule: str = "steepest",
-            output_dir: str | Path | None = None, **overrides: Any) -> LrFindResult | None:
+def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = None,
+            **options: Any) -> LrFindResult | None:
     """Sweep learning_rate from ``start_lr`` to ``end_lr`` (log scale, ``num_iter`` iterations at most, stopped
     when the smoothed loss passes ``diverge_threshold`` times its lowest) with the run this config describes (its
     model, pretrained start, data, optimizer groups at their ratios, precision, processes), and suggest the
     peak learning_rate by ``rule`` (steepest or minimum); the model and optimizer are left as they were.
-    Writes lr_find.json and lr_find.png to ``output_dir`` (default: a new output_path/lr_find-<time>). None in
-    the processes of a torchrun/srun launch other than rank 0."""
-    settings = LrSweep(start_lr=float(start_lr), end_lr=float(end_lr), num_iter=num_iter,
-                       diverge_threshold=float(diverge_threshold), rule=str(rule))
+    ``options``: the sweep's (``LrSweep``'s fields, their defaults there), the rest config keys. Writes
+    lr_find.json and lr_find.png to ``output_dir`` (default: a new output_path/lr_find-<time>). None in the
+    processes of a torchrun/srun launch other than rank 0."""
+    settings = commands.from_flags(LrSweep, options)
     settings.check()  # before torch is imported
-    resolved = resolve(config, **overrides)
+    resolved = resolve(config, **commands.others(options, commands.flags_of(LrSweep)))
     if resolved.learning_rate == "find":
         raise UserError("lr-find sweeps learning_rate itself: leave learning_rate=find out (a number sets the ratio "
                         "muon_lr keeps to it)")
@@ -86,20 +85,20 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_siz
     return inference.classify_files(trained, [str(path) for path in paths], batch_size, tta)
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
-           raw_weights: bool = False, quantize: str | None = None, calibration_images: int = 300,
-           min_agreement: float = 0.98, calibration: Any = None, calibration_method: str = "auto") -> ExportResult:
+def export(checkpoint: str | Path, format: str, output: str | Path | None = None, raw_weights: bool = False,
+           calibration: Any = None, **quantization: Any) -> ExportResult:
     """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
     next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
     PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
     ``calibration_images`` training images (or the uint8 images ``calibration``) by ``calibration_method`` (auto:
     the best on held-out training images), refused with nothing written when its top-1 agrees with the fp32
-    model's on fewer than ``min_agreement`` of the test images."""
+    model's on fewer than ``min_agreement`` of the test images (``quantization``: serve.exporting.Quantization's
+    flags, their defaults there)."""
     from cifar10_dist.serve import exporting
 
-    quantization = exporting.Quantization(quantize, calibration_images, min_agreement, calibration,
-                                          str(calibration_method))
-    return exporting.export(checkpoint, format, output, raw_weights, quantization)
+    commands.refuse_unknown("export", quantization, commands.flags_of(exporting.Quantization))
+    settings = commands.from_flags(exporting.Quantization, quantization, calibration=calibration)
+    return exporting.export(checkpoint, format, output, raw_weights, settings)
 
 
 def tune(config: Config | str | Path | None = None, space: str | Path | None = None, study: str | None = None,

@@ -18,7 +18,7 @@ from typing import Any
 import fire
 
 from cifar10_dist import api, cli_help
-from cifar10_dist.config import describe_options
+from cifar10_dist.config import commands, describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult, SplitMetrics
 from cifar10_dist.serve import formats
@@ -35,13 +35,12 @@ def run(config: str | None = None, **overrides: Any) -> None:
     # None: a non-zero rank under torchrun; rank 0 reports
 
 
-def lr_find(config: str | None = None, start_lr: float = 1e-6, end_lr: float = 1.0, num_iter: int = 100,
-            diverge_threshold: float = 5.0, rule: str = "steepest", output_dir: str | None = None,
-            **overrides: Any) -> None:
-    """Sweep the learning rate with the run a config describes; print the suggestion and where the plot is."""
+def lr_find(config: str | None = None, **flags: Any) -> None:
+    """Sweep the learning rate with the run a config describes (its flags: config.lr_sweep's); print the
+    suggestion and where the plot is."""
     from cifar10_dist.config import SUGGESTION_RULES
 
-    result = api.lr_find(config, start_lr, end_lr, num_iter, diverge_threshold, rule, output_dir, **overrides)
+    result = api.lr_find(config, **flags)
     if result is None:
         return  # a non-zero rank under torchrun
     others = ", ".join(f"{name} {value:.3g}" for name, value in result.candidates.items() if name != result.rule)
@@ -198,15 +197,15 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
         raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
 
 
-def export(checkpoint: str | None = None, format: str | None = None, output: str | None = None,
-           raw_weights: bool = False, quantize: str | None = None, calibration_images: int = 300,
-           min_agreement: float = 0.98, calibration_method: str = "auto") -> None:
-    """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check."""
-    if checkpoint is None or format is None:
+def export(**flags: Any) -> None:
+    """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check
+    (its flags: serve.exporting's)."""
+    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+
+    values = commands.resolve("export", flags, EXPORT_FLAGS, commands.flags_of(Quantization))
+    if values["checkpoint"] is None or values["format"] is None:
         raise UserError(f"export needs --checkpoint=PATH and --format={formats.NAMES}")
-    result = api.export(str(checkpoint), str(format), None if output is None else str(output), bool(raw_weights),
-                        None if quantize is None else str(quantize), calibration_images, float(min_agreement),
-                        calibration_method=str(calibration_method))
+    result = api.export(str(values.pop("checkpoint")), str(values.pop("format")), **values)
     runtime = formats.FORMATS[result.format].verified_by
     if result.tensors_equal is not None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")

@@ -2,6 +2,9 @@
 filled with every config key, its default and meaning, from ``config.describe_options``; the export formats come
 from ``serve.formats``)."""
 
+from cifar10_dist.config.commands import flags_of, help_block
+from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
+from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT, NAMES
 
 RUN_HELP = """\
@@ -15,7 +18,9 @@ Values come from the defaults below, then the YAML file, then the command line.
 {options}
 """
 
-LR_FIND_HELP = """\
+LR_FIND_FLAGS = help_block(flags_of(LrSweep), [OUTPUT_DIR])
+
+LR_FIND_HELP = f"""\
 Usage: cifar10-dist lr-find [--config=FILE.yaml] [--start_lr=1e-6] [--end_lr=1] [--num_iter=100] [--KEY=VALUE ...]
 
 Sweep the learning rate before training (Ignite's FastaiLRFinder): the run these flags describe (model,
@@ -27,16 +32,10 @@ each other param group keeps its ratio to it: bias_lr_scale, backbone_lr_scale, 
 writes lr_find.png (loss against learning rate, the suggestion marked) and lr_find.json. `run
 --learning_rate=find` runs this sweep (the defaults below) first and trains with its suggestion.
 
-  --start_lr=1e-06           the sweep's lowest learning_rate
-  --end_lr=1.0               its highest
-  --num_iter=100             iterations at most (5..1000)
-  --diverge_threshold=5.0    stop when the smoothed loss passes this many times its lowest
-  --rule=steepest            steepest: where the smoothed loss falls fastest before its minimum (Ignite's
-                             lr_suggestion); minimum: a tenth of where it is lowest
-  --output_dir=None          where lr_find.png and .json go (default: a new output_path/lr_find-<time>)
+{LR_FIND_FLAGS}
   --config=None              YAML file with any of run's keys
   --debug                    show tracebacks for errors
-{options}
+{{options}}
 """
 
 BATCH_SIZE_HELP = """\
@@ -108,21 +107,7 @@ compared with the PyTorch model before it appears: logits within 1e-3 of their s
 logit) and the same top-1 class, or no file.
 Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs)}; the others need torch alone
 
-  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt
-  --format=FORMAT            one of:
-{chr(10).join(f"{'':29}{f.name}: {f.help}" for f in FORMATS.values())}
-  --output=None              file to write (default: next to the checkpoint, {"/".join(f.suffix for f in FORMATS.values())})
-  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
-  --quantize=None            int8 (format=onnx): ONNX Runtime's static quantization, int8 weights and
-                             8-bit activations calibrated on training images; its test accuracy and top-1 agreement
-                             with the fp32 model are printed, and below min_agreement nothing is written
-                             (default file: CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)
-  --calibration_images=300   training images that calibrate the int8 activations
-  --min_agreement=0.98       the share of test images whose int8 top-1 must equal the fp32 model's (a tie
-                             between classes counts as a difference)
-  --calibration_method=auto  how the int8 activation ranges are set: auto (MinMax, Percentile and Entropy,
-                             weights per channel or per tensor: the one whose top-1 agrees most often with the
-                             fp32 model's on 1000 other training images), or minmax, percentile or entropy
+{help_block(EXPORT_FLAGS, flags_of(Quantization))}
   --debug                    show tracebacks for errors
 """
 
@@ -198,12 +183,14 @@ slow machine needs a smaller batch. Attach --json's output to bug reports.
 """
 
 REPORT_HELP = """\
-Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--debug]
+Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--targets=0.9,0.93] [--debug]
 
 Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
 each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
 
   --output=report.png        where the comparison plot goes
+  --targets=None             accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach each
+                             one, with the mean and std over the runs
   --debug                    show tracebacks for errors
 """
 

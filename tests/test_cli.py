@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
+import re
 
 import pytest
 
@@ -124,3 +126,61 @@ def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path)
     killed = subprocess.run([stand_in, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], env=env,
                             timeout=60)
     assert killed.returncode == -signal.SIGTERM
+
+
+FLAG_LINE = re.compile(r"^  --(\w+)(?:=(\S+))?(?:\s|$)")
+API_OF = {"lr-find": "lr_find", "batch-size": "batch_size", "evaluate": "evaluate", "predict": "predict_files",
+          "export": "export", "tune": "tune", "prepare-data": "prepare_data", "report": "report", "doctor": "doctor"}
+
+
+def page_flags(command: str) -> dict[str, str | None]:
+    """A help page's own flags (before its list of config keys): name -> the default it shows (None: a switch)."""
+    from cifar10_dist import cli_help
+
+    page = cli_help.PAGES[command].split("{options}")[0].replace("{{options}}", "")
+    return {match.group(1): match.group(2) for line in page.splitlines() if (match := FLAG_LINE.match(line))}
+
+
+def shown(value) -> str | None:
+    return None if value is False else str(value)
+
+
+@pytest.mark.parametrize("command", sorted(API_OF))
+def test_a_commands_flags_and_defaults_are_the_same_in_its_help_page_cli_and_api(command):
+    """What the help page says a flag defaults to is what the CLI and the API do: each command's own flags are
+    declared once (config.commands: lr-find's in config.lr_sweep, export's in serve.exporting) or, where still
+    written by hand in a signature, checked here against the page."""
+    from cifar10_dist import api, cli
+    from cifar10_dist.config import commands
+    from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
+    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+
+    declared = {"lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
+                "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization))}.get(command, ())
+    on_page = page_flags(command)
+    for one in declared:
+        assert on_page.get(one.name, "absent") == (one.shown if one.shown is not None else shown(one.default)), one
+    cli_parameters = inspect.signature(cli.COMMANDS[command]).parameters
+    api_parameters = inspect.signature(getattr(api, API_OF[command])).parameters
+    by_name = {one.name: one for one in declared}
+    for name, parameter in [*cli_parameters.items(), *api_parameters.items()]:
+        if parameter.default is inspect.Parameter.empty or name == "config":
+            continue
+        if name in cli_parameters:
+            assert name in on_page, f"{command}: --{name} is not on its help page"
+        if name not in on_page:
+            continue  # the API's own (images to calibrate on, a printer)
+        if name in by_name:
+            assert parameter.default == by_name[name].default, (command, name)
+        elif parameter.default is not None and on_page[name] not in ("FILE", "DIR", "PATH", "N", "NAME"):
+            assert agree(on_page[name], parameter.default), (command, name, on_page[name], parameter.default)
+
+
+def agree(on_page: str | None, default) -> bool:
+    if on_page == "None" and not default and not isinstance(default, (bool, int, float)):
+        return True  # an empty sequence: none
+    if isinstance(default, bool) or on_page is None:
+        return on_page == shown(default)
+    if isinstance(default, (int, float)):
+        return float(on_page) == default
+    return on_page == str(default)

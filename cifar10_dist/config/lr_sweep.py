@@ -1,10 +1,12 @@
 """lr-find's sweep as plain data (``LrSweep``): its range, length, stop and how the suggestion is chosen,
-checked before torch is imported."""
+checked before torch is imported. Its fields are lr-find's flags (``config.commands``): the CLI, the API and the
+help page read them here, with ``OUTPUT_DIR``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cifar10_dist.config.commands import Flag, flag
 from cifar10_dist.errors import UserError
 
 SUGGESTION_RULES = {
@@ -12,6 +14,7 @@ SUGGESTION_RULES = {
     "minimum": "a tenth of where the smoothed loss is lowest",
 }
 MAX_ITERATIONS = 1000
+OUTPUT_DIR = Flag("output_dir", None, "where lr_find.png and .json go (default: a new output_path/lr_find-<time>)")
 
 
 @dataclass(frozen=True)
@@ -19,14 +22,18 @@ class LrSweep:
     """learning_rate from ``start_lr`` to ``end_lr`` on a log scale over ``num_iter`` iterations at most, stopped
     when the smoothed loss passes ``diverge_threshold`` times its lowest; ``rule`` chooses the suggestion."""
 
-    start_lr: float = 1e-6
-    end_lr: float = 1.0
-    num_iter: int = 100
-    diverge_threshold: float = 5.0
+    start_lr: float = flag(1e-6, "the sweep's lowest learning_rate")
+    end_lr: float = flag(1.0, "its highest")
+    num_iter: int = flag(100, f"iterations at most (5..{MAX_ITERATIONS})")
+    diverge_threshold: float = flag(5.0, "stop when the smoothed loss passes this many times its lowest")
+    rule: str = flag("steepest", "; ".join(f"{name}: {meaning}" for name, meaning in SUGGESTION_RULES.items()))
     smoothing: float = 0.05  # each point: 0.05 of this iteration's loss, 0.95 of the previous point (Ignite's)
-    rule: str = "steepest"
 
     def check(self) -> None:
+        for name in ("start_lr", "end_lr", "diverge_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserError(f"{name}={value!r} must be a number, e.g. --{name}={getattr(LrSweep, name)}")
         if not 0 < self.start_lr < self.end_lr:
             raise UserError(f"start_lr={self.start_lr} and end_lr={self.end_lr}: the sweep needs 0 < start_lr < end_lr, "
                             "e.g. --start_lr=1e-6 --end_lr=1")

@@ -27,6 +27,7 @@ from cifar10_dist import models, sources
 from cifar10_dist.data import augmentation
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.data.synthetic import make_synthetic
+from cifar10_dist.config.commands import Flag, flag
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
@@ -50,16 +51,33 @@ def require(format: str) -> None:
                             ) from error
 
 
+EXPORT_FLAGS = (  # export's flags (config.commands), with those of Quantization
+    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE"),
+    Flag("format", None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown="FORMAT"),
+    Flag("output", None, "file to write (default: next to the checkpoint, "
+                         f"{'/'.join(f.suffix for f in FORMATS.values())})"),
+    Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"),
+)
+
+
 @dataclass(frozen=True)
 class Quantization:
-    """``quantize=int8`` and its settings (serve.quantizing); ``calibration``: uint8 images to calibrate on
-    instead of a choice of training images (a test's way to quantize badly on purpose)."""
+    """``quantize=int8`` and its settings (serve.quantizing), export's flags; ``calibration``: uint8 images to
+    calibrate on instead of a choice of training images (a test's way to quantize badly on purpose)."""
 
-    kind: str | None = None
-    calibration_images: int = quantizing.CALIBRATION_IMAGES
-    min_agreement: float = quantizing.MIN_AGREEMENT
+    kind: str | None = flag(None, "int8 (format=onnx): ONNX Runtime's static quantization, int8 weights and 8-bit "
+                            "activations calibrated on training images; its test accuracy and top-1 agreement with "
+                            "the fp32 model are printed, and below min_agreement nothing is written (default file: "
+                            "CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)", name="quantize")
+    calibration_images: int = flag(quantizing.CALIBRATION_IMAGES, "training images that calibrate the int8 "
+                                   "activations")
+    min_agreement: float = flag(quantizing.MIN_AGREEMENT, "the share of test images whose int8 top-1 must equal "
+                                "the fp32 model's (a tie between classes counts as a difference)")
+    calibration_method: str = flag("auto", "how the int8 activation ranges are set: auto (MinMax, Percentile and "
+                                   "Entropy, weights per channel or per tensor: the one whose top-1 agrees most "
+                                   f"often with the fp32 model's on {quantizing.CHOICE_IMAGES} other training "
+                                   f"images), or {', '.join(quantizing.METHODS[:-1])} or {quantizing.METHODS[-1]}")
     calibration: torch.Tensor | None = None
-    calibration_method: str = "auto"
 
     def check(self, format: str) -> None:
         if self.kind is None:

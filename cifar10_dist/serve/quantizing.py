@@ -30,6 +30,7 @@ from cifar10_dist.errors import UserError
 
 CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
 MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal the fp32 model's on at least this share
+WORTH_ACCEPTING = 0.9  # a refusal offers --min_agreement=<what was measured> only from this agreement up
 CHOICE_IMAGES = 1000  # other training images, held out from the calibration, that choose how to calibrate
 SEED = 0  # which training images calibrate and choose
 BATCH = 256
@@ -210,7 +211,7 @@ def check_agreement(found: dict[str, Any], min_agreement: float, path: Path) -> 
     tried = len(found["candidates"]) or 1
     choice = f"the best of {tried} calibrations on {found['chosen_on']} held-out training images: " if tried > 1 else ""
     floor = accepted_floor(found["agreement"])
-    accept = f", or accept this agreement with --min_agreement={floor:g}" if floor > 0 else ""
+    accept = f", or accept this agreement with --min_agreement={floor:g}" if floor >= WORTH_ACCEPTING else ""
     raise UserError(f"int8 export refused: its top-1 class ({choice}{found['calibration']}) agrees with the fp32 "
                     f"model's on {found['agreement']:.2%} of the {found['test_images']} test images, below "
                     f"min_agreement={min_agreement:g} (test accuracy fp32 {found['accuracy_fp32']:.4f}, int8 "

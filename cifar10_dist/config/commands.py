@@ -1,0 +1,100 @@
+"""A command's own flags (those that are not config keys), declared once where the command's job is: as fields of
+a dataclass with ``flag(...)`` (its default and help), or as ``Flag`` records. The CLI and the API take their
+defaults from the declaration and the help pages print it (``help_block``); tests/test_cli.py compares all
+three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from cifar10_dist.errors import UserError
+
+HELP_COLUMN = 29  # where a flag's help starts on a help page
+PAGE_WIDTH = 117
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its name, default and one-paragraph help; ``shown``: the default as the page writes it (FILE)."""
+
+    name: str
+    default: Any
+    help: str
+    shown: str | None = None
+
+    def line(self) -> str:
+        """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped."""
+        head = f"  --{self.name}" if self.default is False and self.shown is None else \
+            f"  --{self.name}={self.shown if self.shown is not None else self.default}"
+        lines = [line for paragraph in self.help.split("\n")
+                 for line in textwrap.wrap(paragraph, PAGE_WIDTH - HELP_COLUMN) or [""]]
+        first = head.ljust(HELP_COLUMN) + lines[0] if len(head) < HELP_COLUMN else head + "   " + lines[0]
+        return "\n".join([first, *(" " * HELP_COLUMN + line for line in lines[1:])])
+
+
+def flag(default: Any, help: str, shown: str | None = None, name: str | None = None) -> Any:
+    """A dataclass field that is also a command's flag (``name``: the flag's, where it differs from the field's)."""
+    return dataclasses.field(default=default, metadata={"help": help, "shown": shown, "flag": name})
+
+
+def flags_of(record: type) -> tuple[Flag, ...]:
+    """The flags a dataclass declares (its fields made with ``flag``), in field order."""
+    return tuple(Flag(field.metadata["flag"] or field.name, field.default, field.metadata["help"],
+                      field.metadata["shown"])
+                 for field in dataclasses.fields(record) if "help" in field.metadata)
+
+
+def field_names(record: type) -> dict[str, str]:
+    """Flag name -> field name of a dataclass's flags."""
+    return {field.metadata["flag"] or field.name: field.name
+            for field in dataclasses.fields(record) if "help" in field.metadata}
+
+
+def from_flags(record: type, given: Mapping[str, Any], **fixed: Any) -> Any:
+    """``record`` built from those of ``given`` that are its flags (the rest are left for others)."""
+    names, declared = field_names(record), {one.name: one.default for one in flags_of(record)}
+    return record(**{names[key]: typed(declared[key], value) for key, value in given.items() if key in names},
+                  **fixed)
+
+
+def typed(default: Any, value: Any) -> Any:
+    """A whole number given where the default is a float, made a float (what the command line gives for 1)."""
+    numeric = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
+    return float(value) if numeric else value
+
+
+def others(given: Mapping[str, Any], *declared: Iterable[Flag]) -> dict[str, Any]:
+    """Those of ``given`` that none of ``declared`` names: the config keys."""
+    names = {one.name for flags in declared for one in flags}
+    return {key: value for key, value in given.items() if key not in names}
+
+
+def defaults(*declared: Iterable[Flag]) -> dict[str, Any]:
+    return {one.name: one.default for flags in declared for one in flags}
+
+
+def resolve(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> dict[str, Any]:
+    """Every declared flag's value: given (a whole number where the default is a float made a float), else its
+    default; a flag not declared is refused in one line."""
+    declared = tuple(tuple(flags) for flags in declared)
+    refuse_unknown(command, given, *declared)
+    values = defaults(*declared)
+    values.update({key: typed(values[key], value) for key, value in given.items()})
+    return values
+
+
+def help_block(*declared: Iterable[Flag]) -> str:
+    """The flag lines of a help page, in the order declared."""
+    return "\n".join(one.line() for flags in declared for one in flags)
+
+
+def refuse_unknown(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> None:
+    """One line for a flag a command without config keys does not take."""
+    names = [one.name for flags in declared for one in flags]
+    unknown = [key for key in given if key not in names]
+    if unknown:
+        raise UserError(f"{command} does not take --{unknown[0]}: its flags are "
+                        f"{', '.join('--' + name for name in names)} (cifar10-dist {command} --help)")
