@@ -219,8 +219,10 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     return subprocess.CompletedProcess(["cifar10-dist", "run"], code, stdout, stderr), folder / "output"
 
 
-# a user model file whose training step takes 0.1 s: time to watch a run and stop it at a chosen point
+# a user model file whose training step takes 0.1 s (SLOW_STEP_SECONDS where set): time to watch a run and stop it
+# at a chosen point
 SLOW_MODEL = """
+import os
 import time
 from torch import nn
 
@@ -232,7 +234,7 @@ class Slow(nn.Module):
 
     def forward(self, images):
         if self.training:
-            time.sleep(0.1)
+            time.sleep(float(os.environ.get("SLOW_STEP_SECONDS", "0.1")))
         return self.head(images.mean(dim=(2, 3)))
 """
 
