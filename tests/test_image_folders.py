@@ -103,6 +103,22 @@ def test_a_layout_that_cannot_train_is_refused_in_one_line(tmp_path, arrange, me
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_folder_decoded_by_a_pool_of_processes_caches_what_one_process_decodes(tmp_path, monkeypatch):
+    """Small folders are decoded in the building process (a spawned pool takes seconds to start); where the first
+    images say a pool saves time, the rest go to one: the same pixels, hashes and unreadable files either way."""
+    from cifar10_dist.data import cache_builds
+
+    root = write_image_folder(tmp_path / "data", train=12, test=4)
+    (root / "train" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    here = api.prepare_data(root, "folder", image_size=24, skip_bad_images=True, cache_dir=tmp_path / "here")
+    monkeypatch.setattr(cache_builds, "PROBE_IMAGES", 4)
+    monkeypatch.setattr(cache_builds, "POOL_START_SECONDS", 0.0)  # any saving is worth a pool
+    pooled = api.prepare_data(root, "folder", image_size=24, skip_bad_images=True, cache_dir=tmp_path / "pool")
+    for name in ("images.npy", "hashes.npy"):
+        assert (Path(pooled.folder) / name).read_bytes() == (Path(here.folder) / name).read_bytes(), name
+    assert "unreadable files: 1" in here.card and "unreadable files: 1" in pooled.card
+
+
 def test_unreadable_images_are_named_and_refused_unless_skipped(tmp_path):
     root = write_image_folder(tmp_path / "data", train=4, test=2)
     (root / "train" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
