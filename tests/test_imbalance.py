@@ -133,7 +133,7 @@ def test_best_metric_chooses_the_best_model_file_and_the_summary_by_itself(tmp_p
                  for epoch, (accuracy, f1) in enumerate(values, start=1)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         result = RunResult(run_dir=str(run_dir), epochs=3, iterations=3, val=SplitMetrics(0.75, 1.0, 10))
-        best = summary_file.summarize(run_dir, result, {}, 1.0, metric).best
+        best = summary_file.summarize(run_dir, result, None, 1.0, metric).best
         assert (best.epoch, best.metric, best.value) == ((1, "accuracy", 0.80) if metric == "accuracy"
                                                          else (2, "macro_f1", 0.65))
     assert chosen == {"accuracy": "best_model_1_val_accuracy=0.8000.pt", "macro_f1": "best_model_2_val_macro_f1=0.6500.pt"}

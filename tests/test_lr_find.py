@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 from PIL import Image
 from torch import nn
@@ -193,7 +194,8 @@ def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_reco
     summary = json.loads((run_dir / "summary.json").read_text())
     suggestion = summary["learning_rate_found"]["suggestion"]
     assert summary["learning_rate_found"]["rule"] == "steepest"
-    assert json.loads((run_dir / "provenance.json").read_text())["learning_rate_found"]["suggestion"] == suggestion
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["lr_found"]["suggestion"] == suggestion
+    assert "learning_rate_found" not in json.loads((run_dir / "provenance.json").read_text())  # not provenance
     assert (run_dir / "lr_find.png").is_file() and (run_dir / "lr_find.json").is_file()
     given = run_in_process("run", *SYNTHETIC, f"--learning_rate={suggestion!r}", f"--output_path={tmp_path}",
                            "--run_name=given")

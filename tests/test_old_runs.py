@@ -49,3 +49,19 @@ def test_an_old_run_folder_is_reported(old_run, tmp_path):
     result = run_in_process("report", str(old_run), f"--output={tmp_path / 'report.png'}")
     assert result.returncode == 0, result.stderr
     assert "before-packages" in result.stdout and (tmp_path / "report.png").is_file()
+
+
+def test_the_run_record_reads_an_old_provenance_back_whole_and_refuses_a_field_it_does_not_have():
+    """provenance.json is one typed record: an old file (and one with keys that are no longer provenance, such as
+    learning_rate_found) reads back and writes out as it was; a writer's misspelt field fails at once."""
+    from cifar10_dist.outputs.provenance import RunRecord
+
+    old = json.loads((FIXTURES / "run_before_packages" / "provenance.json").read_text())
+    record = RunRecord.from_dict(old)
+    assert record.to_dict() == old and record.dataset.sha256 == old["dataset"]["sha256"]
+    with_found = {**old, "learning_rate_found": {"suggestion": 0.1}, "memory_format": "channels_last: faster"}
+    again = RunRecord.from_dict(with_found)
+    assert again.memory_format == "channels_last: faster" and again.extra == {"learning_rate_found": {"suggestion": 0.1}}
+    assert again.to_dict() == with_found
+    with pytest.raises(AttributeError):
+        record.memory_fromat = "a misspelt fact"

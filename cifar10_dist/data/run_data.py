@@ -37,7 +37,7 @@ class DataSetup:
     loaders: loaders.Loaders
     split: str  # where the best model is chosen: "val" (held-out images) or "test"
     held_out_indices: list[int] | None
-    provenance: dict[str, Any]
+    provenance: provenance.RunRecord  # what produced the run: its modules note their choices in it
     iterations_per_epoch: int
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
@@ -112,15 +112,15 @@ def load_datasets(config: Config) -> LoadedData:
 
 
 def describe_run(config: Config, loaded: LoadedData, device: torch.device, precision: Precision
-                 ) -> dict[str, Any]:
+                 ) -> provenance.RunRecord:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
     checksum = ranks.on_rank_zero(data_sha256, loaded)
     record = provenance.collect(config.dataset, checksum, device, precision.name)
     images = {"train": len(loaded.train), **({"val": len(loaded.val)} if loaded.val is not None else {}),
               "test": len(loaded.test)}
-    record["dataset"].update(info=loaded.info.to_dict(), images=images,
-                             **({"checks": loaded.checks} if loaded.checks else {}))
+    record.dataset.info, record.dataset.images = loaded.info.to_dict(), images
+    record.dataset.checks = loaded.checks or None
     logger.info("provenance: %s", provenance.describe(record))
     return record
 

@@ -1,7 +1,10 @@
-"""What produced a run: package version and git commit, library versions, backend, devices, dataset checksum.
+"""What produced a run: package version and git commit, library versions, backend, devices, dataset checksum, and
+the choices made on the way (memory format, class weights, pretrained start, teacher, a resume on changed data).
 
-Recorded in every run folder (provenance.json) and in every checkpoint (under ``meta``); ``evaluate`` compares
-a checkpoint's record with the present package and data and warns when they differ.
+One typed record (``RunRecord``): a field per fact, written by the module that owns the fact (a misspelt field is
+an AttributeError: the record has slots), serialised by ``to_dict`` to provenance.json and under a checkpoint's
+``meta``, and read back by ``from_dict`` (older files: what they hold of it). ``evaluate`` compares a checkpoint's
+record with the present package and data and warns when they differ.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import hashlib
 import importlib.metadata
 import platform
 import subprocess
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,33 +26,89 @@ from cifar10_dist.system import hardware
 PACKAGE = "cifar10-dist"
 
 
-def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> dict[str, Any]:
+@dataclass(slots=True)
+class DataRecord:
+    """The data a run trained on."""
+
+    name: str  # the dataset source (cifar10, folder, ...)
+    sha256: str | None  # dataset_sha256 of its train and test images and labels (None off rank 0 before gathering)
+    info: dict[str, Any] | None = None  # classes, normalisation, sizes (DatasetInfo.to_dict)
+    images: dict[str, int] | None = None  # images per split
+    checks: dict[str, Any] | None = None  # a folder's check findings (duplicates, unreadable files, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _set_items(self)
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """provenance.json: what produced a run, one field per fact."""
+
+    package: dict[str, Any]  # name, version, git_commit, git_dirty
+    versions: dict[str, str]  # python, torch, torchvision, pytorch-ignite
+    backend: str | None  # the distributed backend (None: one process)
+    world_size: int
+    devices: dict[str, int]  # processes per kind of device
+    precision: str  # what training computes in: fp32, bf16, fp16
+    hardware: dict[str, Any]  # this process's CPU and GPUs (system.hardware.describe)
+    dataset: DataRecord
+    memory_format: str | None = None  # channels_last=auto's choice and why (training.layouts)
+    class_weights: list[float] | None = None  # class_weights=auto's weights (training.loss)
+    pretrained: dict[str, Any] | None = None  # the pretrained start: kind, name, url or path, sha256
+    teacher: dict[str, Any] | None = None  # distillation's teacher (training.distillation)
+    resumed_on_changed_data: dict[str, Any] | None = None  # resume_on_changed_data: what changed
+    extra: dict[str, Any] = field(default_factory=dict)  # an older file's keys that are no fields now
+
+    def to_dict(self) -> dict[str, Any]:
+        """provenance.json's content: every fact that is set, the dataset as its own object."""
+        found = {key: value for key, value in _set_items(self).items() if key != "extra"}
+        return {**self.extra, **found, "dataset": self.dataset.to_dict()}
+
+    @classmethod
+    def from_dict(cls, recorded: Mapping[str, Any]) -> RunRecord:
+        """A record read back (provenance.json, a checkpoint's meta); keys it no longer has go to ``extra``."""
+        names = {one.name for one in fields(cls)} - {"extra", "dataset"}
+        data_names = {one.name for one in fields(DataRecord)}
+        dataset = dict(recorded.get("dataset") or {})
+        return cls(**{key: recorded.get(key) for key in names},
+                   dataset=DataRecord(**{key: dataset.get(key) for key in data_names if key in dataset or
+                                         key in ("name", "sha256")}),
+                   extra={key: value for key, value in recorded.items() if key not in names | {"dataset"}})
+
+
+def _set_items(record: Any) -> dict[str, Any]:
+    """A record's fields, those with a default only where set (older files lack them)."""
+    return {one.name: getattr(record, one.name) for one in fields(record)
+            if getattr(record, one.name) is not None or one.default is MISSING and one.default_factory is MISSING}
+
+
+def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> RunRecord:
     """The record for this run; every process must call it (device names are gathered from all ranks).
     ``precision`` is what training computes in (fp32, bf16, fp16), ``hardware`` this process's CPU and GPUs."""
-    return {
-        "package": {"name": PACKAGE, "version": package_version(), **git_state()},
-        "versions": {
+    return RunRecord(
+        package={"name": PACKAGE, "version": package_version(), **git_state()},
+        versions={
             "python": platform.python_version(),
             "torch": str(torch.__version__),
             "torchvision": _installed_version("torchvision"),  # without importing it (a second at every start)
             "pytorch-ignite": ignite.__version__,
         },
-        "backend": idist.backend(),
-        "world_size": idist.get_world_size(),
-        "devices": device_names(device),
-        "precision": precision,
-        "hardware": hardware.describe(device),
-        "dataset": {"name": dataset, "sha256": dataset_sha256},
-    }
+        backend=idist.backend(),
+        world_size=idist.get_world_size(),
+        devices=device_names(device),
+        precision=precision,
+        hardware=hardware.describe(device),
+        dataset=DataRecord(dataset, dataset_sha256),
+    )
 
 
-def describe(record: Mapping[str, Any]) -> str:
+def describe(record: RunRecord) -> str:
     """One log line: package version, git state and data checksum."""
-    package = record["package"]
+    package = record.package
     git = "no git"
     if package["git_commit"]:
         git = f"git {package['git_commit'][:10]}" + (" (dirty)" if package["git_dirty"] else "")
-    return f"{package['name']} {package['version']}, {git}, data sha256 {record['dataset']['sha256']}"
+    return f"{package['name']} {package['version']}, {git}, data sha256 {record.dataset.sha256}"
 
 
 def package_version() -> str:
@@ -102,13 +162,13 @@ def dataset_sha256(*tensors: Any) -> str:
     return digest.hexdigest()
 
 
-def differences(recorded: Mapping[str, Any], present: Mapping[str, Any]) -> list[str]:
+def differences(recorded: Mapping[str, Any], present: RunRecord) -> list[str]:
     """What differs between a checkpoint's record and the present run: package version, dataset checksum."""
     found = []
-    then, now = recorded.get("package", {}).get("version"), present["package"]["version"]
+    then, now = recorded.get("package", {}).get("version"), present.package["version"]
     if then is not None and then != now:
         found.append(f"it was made with {PACKAGE} {then}, this is {now}")
-    then, now = recorded.get("dataset", {}).get("sha256"), present["dataset"]["sha256"]
+    then, now = recorded.get("dataset", {}).get("sha256"), present.dataset.sha256
     if then is not None and now is not None and then != now:
         found.append(f"it was made with other data (sha256 {then[:12]}..., this data {now[:12]}...)")
     return found

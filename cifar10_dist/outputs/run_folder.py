@@ -17,6 +17,7 @@ import ignite.distributed as idist
 from cifar10_dist.errors import OutputNotWritable, UserError, resume_hint
 from cifar10_dist.outputs import checkpoint_files, reading
 from cifar10_dist.outputs.files import write_json, write_yaml
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
@@ -140,13 +141,13 @@ def describe_existing_run(folder: Path) -> str | None:
     return ", ".join(parts)
 
 
-def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: Mapping[str, Any],
+def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: RunRecord,
                     held_out_indices: list[int] | None) -> None:
     """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
 
     def write() -> None:
         write_yaml(run_dir / "config.yaml", config)
-        write_json(run_dir / "provenance.json", provenance)
+        write_json(run_dir / "provenance.json", provenance.to_dict())
         if held_out_indices is not None:
             write_json(run_dir / "held_out_indices.json", held_out_indices)
 

@@ -7,14 +7,16 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cifar10_dist.outputs.provenance import DataRecord, RunRecord
 from cifar10_dist.outputs.reading import epochs_and_evaluations, read_events, selection_split
 from cifar10_dist.results import BestResult, RunResult, RunSummary
 
 
-def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], seconds: float,
+def summarize(run_dir: Path, result: RunResult, record: RunRecord | None, seconds: float,
               best_metric: str = "accuracy") -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
-    precision, hardware, versions, checkpoint paths."""
+    precision, hardware, versions (from the run's ``record``, where given), checkpoint paths."""
+    record = record or RunRecord({}, {}, None, 0, {}, "", {}, DataRecord("", None))
     events = read_events(run_dir)
     epochs, evaluations = epochs_and_evaluations(events)
     selection, _, best = selection_split(evaluations, best_metric)
@@ -26,16 +28,14 @@ def summarize(run_dir: Path, result: RunResult, record: Mapping[str, Any], secon
         final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
         epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
         total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),
-        world_size=record.get("world_size"),
+        world_size=record.world_size or None,
         world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
                                                          "same_images")} for event in resumes],
-        backend=record.get("backend"), devices=record.get("devices") or {}, precision=record.get("precision"),
-        hardware=record.get("hardware") or {}, data_checks=record.get("dataset", {}).get("checks") or {},
-        versions={**record.get("versions", {}), "cifar10-dist": record.get("package", {}).get("version")},
+        backend=record.backend, devices=record.devices, precision=record.precision or None,
+        hardware=record.hardware, data_checks=record.dataset.checks or {},
+        versions={**record.versions, "cifar10-dist": record.package.get("version")},
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
-        learning_rate_found=record.get("learning_rate_found"), profile=record.get("profile") or {},
-        calibration=record.get("calibration"),
     )
 
 

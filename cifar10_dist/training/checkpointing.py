@@ -31,6 +31,7 @@ from cifar10_dist.outputs.checkpoint_files import (
     load_checkpoint,
     newest_valid_checkpoint,
 )
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def resume_path(config: Config, run_dir: Path) -> str | None:
     return ranks.from_rank_zero(newest)
 
 
-def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -> str | None:
+def checked_resume_path(config: Config, run_dir: Path, record: RunRecord) -> str | None:
     """``resume_path``, refused in one line when its checkpoint was made with other data (the checksum it records
     against this run's) unless ``resume_on_changed_data``: then one warning, and ``record`` (this run's provenance)
     keeps what changed."""
@@ -203,14 +204,14 @@ def checked_resume_path(config: Config, run_dir: Path, record: dict[str, Any]) -
                         "--overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in provenance)")
     ranks.on_rank_zero(logger.warning, "%s: going on as asked (resume_on_changed_data); this is no longer the same "
                        "run (recorded in provenance.json: resumed_on_changed_data)", difference)
-    record["resumed_on_changed_data"] = change
+    record.resumed_on_changed_data = change
     return path
 
 
-def refuse_other_classes(path: str, record: Mapping[str, Any]) -> None:
+def refuse_other_classes(path: str, record: RunRecord) -> None:
     """One line, before anything of the run folder is written, when the checkpoint's classes are not this run's
     (a class folder added or removed): its model's head cannot take them, whatever resume_on_changed_data says."""
-    now = (record.get("dataset", {}).get("info") or {}).get("classes")
+    now = (record.dataset.info or {}).get("classes")
     then = ranks.from_rank_zero(lambda: cifar.checkpoint_info(load_checkpoint(path, mmap=True)).classes)
     if now is None or then is None or list(then) == list(now):
         return
@@ -223,16 +224,15 @@ def refuse_other_classes(path: str, record: Mapping[str, Any]) -> None:
                     "--run_name, or --overwrite; --pretrained=<checkpoint> starts from its weights with a new head)")
 
 
-def data_change(path: str, record: Mapping[str, Any]) -> dict[str, Any] | None:
+def data_change(path: str, record: RunRecord) -> dict[str, Any] | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
     recorded = checkpoint_layout.recorded_provenance(load_checkpoint(path, mmap=True)).get("dataset", {})  # meta only
-    present = record.get("dataset", {})
-    then, now = recorded.get("sha256"), present.get("sha256")
+    then, now = recorded.get("sha256"), record.dataset.sha256
     if then is None or now is None or then == now:
         return None
     return {"checkpoint": str(path), "sha256_then": then, "sha256_now": now,
-            "images_then": recorded.get("images"), "images_now": present.get("images")}
+            "images_then": recorded.get("images"), "images_now": record.dataset.images}
 
 
 def _counts(images: Mapping[str, int] | None) -> str:

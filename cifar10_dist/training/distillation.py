@@ -25,6 +25,7 @@ from cifar10_dist.data import cifar
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained, restoring
 from cifar10_dist.outputs import checkpoint_files
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import temperature
@@ -123,7 +124,7 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
 
 
 def setup_teacher(config: Config, info: Any, device: torch.device, precision: Precision,
-                  record: dict[str, Any]) -> Teacher | None:
+                  record: RunRecord) -> Teacher | None:
     """The run's teacher (``build_teacher`` for the data's classes and normalisation, in the run's memory format),
     recorded in the run's provenance (``record``) as ``teacher``."""
     from cifar10_dist.data import batches
@@ -131,7 +132,7 @@ def setup_teacher(config: Config, info: Any, device: torch.device, precision: Pr
     teacher = build_teacher(config, tuple(info.classes), (info.mean, info.std), device, precision,
                             batches.memory_format(config.channels_last))
     if teacher is not None:
-        record["teacher"] = teacher.record
+        record.teacher = teacher.record
     return teacher
 
 

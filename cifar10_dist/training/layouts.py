@@ -21,6 +21,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import Config
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import layout_numerics
 
 logger = logging.getLogger("cifar10_dist")
@@ -63,7 +64,7 @@ def choose(setting: bool | str, device: torch.device, build: Callable[[], nn.Mod
     return True, f"channels_last=auto: on ({faster}; {numerics.describe()})"
 
 
-def settle(config: Config, device: torch.device, classes: int, record: dict | None = None) -> Config:
+def settle(config: Config, device: torch.device, classes: int, record: RunRecord | None = None) -> Config:
     """The config with channels_last settled to True or False for its model with ``classes`` outputs; the reason
     is logged and, given a provenance ``record``, kept in it as ``memory_format``."""
     chosen, why = choose(config.channels_last, device,
@@ -71,5 +72,5 @@ def settle(config: Config, device: torch.device, classes: int, record: dict | No
     if config.channels_last == "auto":
         logger.info("memory format: %s", why)
     if record is not None:
-        record["memory_format"] = why
+        record.memory_format = why
     return dataclasses.replace(config, channels_last=chosen)

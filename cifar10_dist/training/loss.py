@@ -5,24 +5,25 @@ data setup exposes). The weights are logged and recorded in the run's provenance
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from cifar10_dist.config import Config, class_weights
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 
 logger = logging.getLogger("cifar10_dist")
 
 
 def training_loss(config: Config, class_counts: Sequence[int], classes: Sequence[str], device: torch.device,
-                  record: dict[str, Any]) -> nn.Module:
+                  record: RunRecord) -> nn.Module:
     """Cross-entropy for training; ``record`` (the run's provenance) gets the class weights when there are any."""
     parsed = class_weights(config.class_weights)
     weights = parsed.for_counts(class_counts, classes) if parsed is not None else None
     if weights is not None:
-        record["class_weights"] = weights
+        record.class_weights = weights
         ranks.on_rank_zero(logger.info, "class weights in the training loss: %s",
                            ", ".join(f"{name} {weight:.3g}" for name, weight in zip(classes, weights)))
     weight = torch.tensor(weights) if weights is not None else None

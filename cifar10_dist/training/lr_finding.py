@@ -191,7 +191,7 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
                          precision: Precision, stop: stopping.StopRequest | None = None
                          ) -> tuple[Config, LrFindResult | None]:
     """learning_rate=find: the config with the sweep's suggestion (and the sweep, for its files), or with the
-    learning rate its checkpoint trained with when it resumes, recorded in the run's provenance; any other
+    learning rate its checkpoint trained with when it resumes (config's lr_found: summary.json shows it); any other
     config as it is. ``network``: the run's (``model_setup.Network``: model and forward)."""
     if config.learning_rate != "find":
         return config, None
@@ -206,7 +206,6 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
         if result.warning:
             ranks.on_rank_zero(logger.warning, "learning_rate=find: %s", result.warning)
         found = record_of(result)
-    data_setup.provenance["learning_rate_found"] = found
     return dataclasses.replace(config, learning_rate=found["suggestion"], lr_found=found), result
 
 

@@ -14,6 +14,7 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import run_data
 from cifar10_dist.outputs import evaluation_files, files, mistake_grid, plots, tracking
 from cifar10_dist.outputs import summary as summary_file
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import Mistake, RunResult
 from cifar10_dist.system import ranks
@@ -22,9 +23,18 @@ from cifar10_dist.training.evaluators import MistakeCollector, expected_calibrat
 logger = logging.getLogger("cifar10_dist")
 
 
-def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: MistakeCollector,
-                   data_setup: run_data.DataSetup, opened: OpenTrackers, recorder: tracking.Recorder,
-                   seconds: float) -> None:
+@dataclasses.dataclass
+class RunFindings:
+    """What a run finds that is not provenance: summary.json's own fields (the learning rate lr-find found is the
+    config's lr_found)."""
+
+    profile: dict[str, Any] | None = None  # profile=N: the profiler's report
+    calibration: dict[str, Any] | None = None  # calibrate=temperature: the fitted temperature and its split
+
+
+def report_run_end(config: Config, run_dir: Path, result: RunResult, findings: RunFindings,
+                   mistakes: MistakeCollector, data_setup: run_data.DataSetup, opened: OpenTrackers,
+                   recorder: tracking.Recorder, seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
     run's files for the trackers."""
     memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
@@ -36,8 +46,8 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult, mistakes: M
         bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's
         if bins is not None:
             ranks.on_rank_zero(write_reliability, run_dir, bins, recorder, result)
-    ranks.on_rank_zero(write_run_end, run_dir, result, config, data_setup.provenance, opened.summary_fields(),
-                       recorder, seconds, memory)
+    ranks.on_rank_zero(write_run_end, run_dir, result, findings, config, data_setup.provenance,
+                       opened.summary_fields(), recorder, seconds, memory)
     opened.send_artifacts(run_dir)
 
 
@@ -58,13 +68,14 @@ def write_reliability(run_dir: Path, bins: Any, recorder: tracking.Recorder, res
     recorder.write_image("test/calibration", pixels, result.iterations)
 
 
-def write_run_end(run_dir: Path, result: RunResult, config: Config, record: dict[str, Any],
+def write_run_end(run_dir: Path, result: RunResult, findings: RunFindings, config: Config, record: RunRecord,
                   tracker_fields: dict[str, Any], recorder: tracking.Recorder, seconds: float,
                   memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = dataclasses.replace(summary_file.summarize(run_dir, result, record, seconds, config.best_metric),
-                                  **tracker_fields, trial=config.trial,
+                                  learning_rate_found=config.lr_found, profile=findings.profile or {},
+                                  calibration=findings.calibration, **tracker_fields, trial=config.trial,
                                   private_memory_mib=memory,
                                   pruned_at_epoch=result.pruned_at if config.trial is not None else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())

@@ -30,8 +30,22 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (checkpointing, distillation, layouts, loss, lr_finding, model_setup, optimizers,
-                                   process_setup, profiling, run_end, schedules, selection, temperature, trials)
+from cifar10_dist.training import (
+    checkpointing,
+    distillation,
+    layouts,
+    loss,
+    lr_finding,
+    model_setup,
+    optimizers,
+    process_setup,
+    profiling,
+    run_end,
+    schedules,
+    selection,
+    temperature,
+    trials,
+)
 from cifar10_dist.training.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
 from cifar10_dist.training.freezing import BackboneFreeze, WhiteningBiasFreeze
@@ -57,7 +71,7 @@ def training(config: Config) -> dict[str, Any]:
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
-            data_setup.provenance["pretrained"] = ranks.from_rank_zero(weights.describe)
+            data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
         network = model_setup.setup_model(config, data_setup, weights)
         config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, stop)
         optimization = setup_optimization(config, network, data_setup, device, precision)
@@ -67,7 +81,7 @@ def training(config: Config) -> dict[str, Any]:
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                            resuming=resuming, overwrite=config.overwrite) as run_dir:
             resume_from = checkpointing.checked_resume_path(config, run_dir, data_setup.provenance)
-            with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance) as opened:
+            with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance.to_dict()) as opened:
                 run_log.write_to(run_dir)
                 if sweep is not None:
                     ranks.on_rank_zero(lr_finding.write_files, run_dir, sweep)
@@ -82,8 +96,10 @@ def training(config: Config) -> dict[str, Any]:
                     resumed = checkpointing.resume_if_asked(to_save, resume_from, config.to_dict())
                     checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                     logger.info("run folder: %s", run_dir)
-                    result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup)
-                    run_end.report_run_end(config, run_dir, result, engine_set.mistakes, data_setup, opened, recorder,
+                    findings = run_end.RunFindings()
+                    result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, findings)
+                    run_end.report_run_end(config, run_dir, result, findings, engine_set.mistakes, data_setup, opened,
+                                           recorder,
                                            time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
@@ -221,7 +237,7 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
     the objects a checkpoint holds (for resuming)."""
-    meta = checkpoint_layout.RunMetadata(config.to_dict(), data_setup.provenance, idist.get_world_size())
+    meta = checkpoint_layout.RunMetadata(config.to_dict(), data_setup.provenance.to_dict(), idist.get_world_size())
     to_save = checkpoint_layout.training_contents(
         engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
         optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema)
@@ -304,9 +320,10 @@ class Validation:
 
 
 def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet,
-                   validation: Validation, data_setup: run_data.DataSetup) -> RunResult:
-    """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run.
-    """
+                   validation: Validation, data_setup: run_data.DataSetup, findings: run_end.RunFindings
+                   ) -> RunResult:
+    """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run;
+    the profile and the calibration go to ``findings``."""
     trainer = engine_set.trainer
     if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
         logger.info("the checkpoint is from the end of training%s: evaluating only",
@@ -316,11 +333,11 @@ def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, 
         profiler = profiling.attach(config.profile, run_dir, trainer)
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
         if profiler is not None:
-            data_setup.provenance["profile"] = profiler.report()  # summary.json reads it
+            findings.profile = profiler.report()
     stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
     if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
-        data_setup.provenance["calibration"] = validation.calibration  # summary.json reads it
+        findings.calibration = validation.calibration
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
