@@ -122,6 +122,7 @@ def test_a_loss_that_is_nan_from_the_first_iteration_is_not_blamed_on_the_learni
     (["--num_iter=2000"], "num_iter=2000 must be a whole number in 5..1000"),
     (["--rule=valley"], "rule='valley' is unknown: choose steepest or minimum"),
     (["--diverge_threshold=1"], "diverge_threshold=1.0 must be greater than 1"),
+    (["--smoothing=1"], "smoothing=1.0 must be in (0, 1), e.g. 0.05"),
 ])
 def test_bad_sweep_settings_are_refused_in_one_line(flags, message, tmp_path):
     result = run_in_process("lr-find", *SYNTHETIC, *flags, f"--output_path={tmp_path}")
@@ -156,6 +157,20 @@ def test_param_groups_are_swept_at_their_ratios_and_muon_lr_keeps_its_own(tmp_pa
     # head 1; backbone 0.1; backbone norm biases 4 x 0.1; head has no norm; the filters (Muon) 0.05 / 0.2 x 0.1
     assert ratios == [0.025, 0.1, 0.4, 1.0], result.group_ratios
     assert result.muon_lr == pytest.approx(result.suggestion * 0.05 / 0.2)
+
+
+def test_smoothing_sets_how_much_of_each_loss_the_smoothed_curve_takes(tmp_path):
+    """Each point of the smoothed loss takes ``smoothing`` of its iteration's loss and the rest from the point
+    before: the raw losses read back from a sweep at 0.5 give the default sweep's (0.05) points, the same seed's."""
+    common = dict(num_iter=10, rule="minimum", dataset="synthetic", synthetic_size=320, model="simple_cnn",
+                  model_kwargs={"width": 8},
+                  batch_size=32, num_workers=0, output_path=str(tmp_path))
+    half = api.lr_find(None, smoothing=0.5, output_dir=tmp_path / "half", **common).losses
+    default = api.lr_find(None, output_dir=tmp_path / "default", **common).losses
+    raw = [half[0]] + [(half[step] - 0.5 * half[step - 1]) / 0.5 for step in range(1, len(half))]
+    assert default[0] == pytest.approx(raw[0]) and len(default) == len(half) == 10
+    for step in range(1, len(default)):
+        assert default[step] == pytest.approx(0.05 * raw[step] + 0.95 * default[step - 1], rel=1e-4)
 
 
 class RankRecordingWorker(lr_finding.LrFindWorker):

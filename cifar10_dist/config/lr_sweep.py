@@ -27,7 +27,8 @@ class LrSweep:
     num_iter: int = flag(100, f"iterations at most (5..{MAX_ITERATIONS})")
     diverge_threshold: float = flag(5.0, "stop when the smoothed loss passes this many times its lowest")
     rule: str = flag("steepest", "; ".join(f"{name}: {meaning}" for name, meaning in SUGGESTION_RULES.items()))
-    smoothing: float = 0.05  # each point: 0.05 of this iteration's loss, 0.95 of the previous point (Ignite's)
+    smoothing: float = flag(0.05, "how much of each iteration's loss the smoothed loss takes (the rest from the point "
+                                  "before: Ignite's smooth_f); higher follows a noisy loss more closely")
 
     def check(self) -> None:
         for name in ("start_lr", "end_lr", "diverge_threshold"):
@@ -43,5 +44,9 @@ class LrSweep:
         if not self.diverge_threshold > 1:
             raise UserError(f"diverge_threshold={self.diverge_threshold} must be greater than 1 (the sweep stops when "
                             "the smoothed loss passes this many times its lowest)")
+        if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, (int, float)) or \
+                not 0 < self.smoothing < 1:
+            raise UserError(f"smoothing={self.smoothing!r} must be in (0, 1), e.g. 0.05 (the share of each "
+                            "iteration's loss in the smoothed loss)")
         if self.rule not in SUGGESTION_RULES:
             raise UserError(f"rule='{self.rule}' is unknown: choose {' or '.join(SUGGESTION_RULES)}")
