@@ -7,7 +7,7 @@ here (its key, where it is written, how it is read) and old files, which lack it
   sampler's position; the model; the optimizer; the LR schedule), and where the run has them SCALER (fp16's
   GradScaler), LOOKAHEAD, EARLY_STOPPING, EMA_MODEL with EMA_WARMUP; META; TEMPERATURE once calibrated.
 - ``best_model_<epoch>_<split>_<metric>=<value>.pt``: MODEL (the EMA's weights in a run with ema_decay), META,
-  TEMPERATURE once calibrated.
+  PROGRESS (the epoch and iteration of the model it holds; not in older files), TEMPERATURE once calibrated.
 - META: the resolved config, the provenance (data checksum and classes, teacher, ...), the world size and the
   library versions (``RunMetadata``).
 - A bare state dict (a user's file) reads as MODEL.
@@ -35,6 +35,7 @@ EMA_MODEL = "ema_model"
 EMA_WARMUP = "ema_warmup"
 META = "meta"
 TEMPERATURE = "temperature"
+PROGRESS = "progress"
 
 TRAINING_KEYS = (TRAINER, MODEL, OPTIMIZER, LR_SCHEDULER)  # every training checkpoint has these
 
@@ -77,9 +78,24 @@ def with_meta(contents: Mapping[str, Any], meta: RunMetadata) -> dict[str, Any]:
     return {**contents, META: meta}
 
 
-def best_model_contents(model: Any, meta: RunMetadata) -> dict[str, Any]:
-    """What a best-model file saves: the model it was chosen with (the EMA's in a run with ema_decay), META."""
-    return {MODEL: model, META: meta}
+class Progress:
+    """Where training was when a file was written: the trainer's epoch and iteration (saved, never restored: a
+    resume restores the trainer's own state)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": int(self.trainer.state.epoch), "iteration": int(self.trainer.state.iteration)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""
+
+
+def best_model_contents(model: Any, meta: RunMetadata, trainer: Any) -> dict[str, Any]:
+    """What a best-model file saves: the model it was chosen with (the EMA's in a run with ema_decay), META, and
+    the ``trainer``'s PROGRESS at that moment."""
+    return {MODEL: model, META: meta, PROGRESS: Progress(trainer)}
 
 
 def restorable(contents: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,6 +148,12 @@ def recorded_world_size(checkpoint: Mapping[str, Any]) -> int | None:
 def iteration(checkpoint: Mapping[str, Any]) -> int:
     """The iteration a training checkpoint was written at."""
     return int(checkpoint[TRAINER].get("iteration", 0))
+
+
+def progress(checkpoint: Mapping[str, Any]) -> dict[str, int] | None:
+    """The epoch and iteration of a best-model file's model (None in files from before it was recorded)."""
+    found = checkpoint.get(PROGRESS)
+    return dict(found) if isinstance(found, Mapping) else None
 
 
 def temperature(checkpoint: Mapping[str, Any]) -> float | None:

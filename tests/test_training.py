@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.data import cifar
 from tests.conftest import TINY, cli_env, run_cli, run_in_process
 
@@ -63,6 +64,9 @@ def test_run_folder_holds_config_checkpoints_best_models_and_tensorboard(trained
     assert checkpoint["meta"]["world_size"] == 1 and checkpoint["meta"]["config"]["model"] == "simple_cnn"
     best = sorted(p.name for p in run_dir.glob("best_model_*.pt"))
     assert len(best) == 2 and best[0].startswith("best_model_2_test_accuracy=")
+    # each best-model file says where training was when its model was chosen (epochs 2 and 3: 18 iterations each)
+    assert [checkpoint_layout.progress(torch.load(run_dir / name, weights_only=True)) for name in best] == [
+        {"epoch": 2, "iteration": 36}, {"epoch": 3, "iteration": 54}]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["iterations"] == 54 and metrics["test"]["num_samples"] == 301
 

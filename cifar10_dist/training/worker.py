@@ -248,9 +248,9 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     stopping.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
                               step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
-    checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer,
-                                                checkpoint_layout.best_model_contents(best_model, meta), run_dir,
-                                                data_setup.split, saver, config.best_metric)
+    best_contents = checkpoint_layout.best_model_contents(best_model, meta, engine_set.trainer)
+    checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer, best_contents,
+                                                run_dir, data_setup.split, saver, config.best_metric)
     return to_save
 
 
