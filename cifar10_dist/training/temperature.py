@@ -112,19 +112,29 @@ def store_temperature(run_dir: Path, temperature: float, chosen: str) -> list[st
     Other best-model files, of other epochs' models, are left alone. Returns the names of the files written."""
     best = run_dir / chosen if chosen != "final" else None
     newest = checkpoint_files.newest_valid_checkpoint(run_dir)
-    fitted = checkpoint_layout.model_weights(checkpoint_files.load_checkpoint(best)) if best is not None else None
+    fitted = checkpoint_files.load_checkpoint(best) if best is not None else None
     written = []
     for path in [best, newest]:
         if path is None or path.name in written:
             continue
         checkpoint = checkpoint_files.load_checkpoint(path)
-        read_with = checkpoint_layout.model_weights(checkpoint, prefer_ema=True)
-        if fitted is not None and path != best and not same_weights(read_with, fitted):
+        if fitted is not None and path != best and not holds_the_same_model(checkpoint, fitted):
             continue  # the newest checkpoint holds a later model than the one chosen on val
         checkpoint = checkpoint_layout.with_temperature(checkpoint, temperature)
         files.write_file(path, lambda target, content=checkpoint: torch.save(content, target))
         written.append(path.name)
     return written
+
+
+def holds_the_same_model(checkpoint: dict[str, Any], best: dict[str, Any]) -> bool:
+    """Whether a training checkpoint holds the model of a best-model file: written at the iteration the best
+    model's PROGRESS records (weights change only at iterations), or, for files from before it was recorded,
+    the same tensors as the best model's (the EMA's, where the checkpoint has one)."""
+    chosen_at = checkpoint_layout.progress(best)
+    if chosen_at is not None:
+        return checkpoint_layout.iteration(checkpoint) == chosen_at["iteration"]
+    return same_weights(checkpoint_layout.model_weights(checkpoint, prefer_ema=True),
+                        checkpoint_layout.model_weights(best))
 
 
 def same_weights(one: Any, other: Any) -> bool:
