@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -156,11 +157,23 @@ def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInf
 
     methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
                "entropy": CalibrationMethod.Entropy}
-    with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print their progress
+    # the histogram calibrators print their progress; per-channel quantization warns on the root logger for every
+    # 1-d weight (a BatchNorm's, "Axis 1 is out-of-range"), which it then quantizes per tensor as it should
+    with contextlib.redirect_stdout(io.StringIO()), quiet_root_warnings():
         quantize_static(str(prepared(fp32, work)), str(int8), Batches(), quant_format=QuantFormat.QDQ,
                         per_channel=how.per_channel, weight_type=QuantType.QInt8,
                         activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
                         calibrate_method=methods[how.method])
+
+
+@contextlib.contextmanager
+def quiet_root_warnings() -> Iterator[None]:
+    """ONNX Runtime's quantization tools log to the root logger: its warnings held back meanwhile."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def decided_agreement(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
