@@ -149,3 +149,24 @@ def test_the_documented_example_module_is_the_shipped_file_and_passes_the_checks
     assert f"```python\n{module}```" in (REPO / "docs" / "models-in-and-out.md").read_text()
     models.check_model(f"{REPO / 'examples' / 'my_model.py'}:small_cnn", {"width": 16})
     assert models.build_model(f"{REPO / 'examples' / 'my_model.py'}:small_cnn", {"width": 16})[0][0].out_channels == 16
+
+
+def test_a_network_registered_by_the_decorator_is_a_built_in_name(monkeypatch):
+    """The built-in networks are a registry filled by ``@register_model`` (timm's way), not an if-chain: a name
+    registered so is checked, listed and built like airbench."""
+    from torch import nn
+
+    from cifar10_dist.models import networks
+
+    monkeypatch.setattr(networks, "REGISTRY", dict(networks.REGISTRY))
+    assert list(networks.REGISTRY)[:5] == ["simple_cnn", "airbench", "cifar_resnet18", "cifar_resnet34",
+                                           "cifar_resnet50"]
+
+    @networks.register_model("tiny_linear")
+    def tiny(num_classes: int = 10, width: int = 4) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, width), nn.Linear(width, num_classes))
+
+    networks.check_model_name("tiny_linear")
+    assert "tiny_linear" in networks.available_models()
+    built = networks.build_model("tiny_linear", {"width": 6}, num_classes=3)
+    assert built[1].out_features == 6 and built[2].out_features == 3

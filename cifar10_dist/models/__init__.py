@@ -8,6 +8,7 @@ ours (``restoring``) and how a trained model is read (``viewing``: test-time vie
 from cifar10_dist.models.networks import (
                                           CIFAR_RESNETS,
                                           NUM_CLASSES,
+                                          REGISTRY,
                                           AirbenchNet,
                                           available_models,
                                           build_model,
@@ -16,12 +17,13 @@ from cifar10_dist.models.networks import (
                                           cifar_resnet,
                                           count_parameters,
                                           import_factory,
+                                          register_model,
                                           simple_cnn,
                                           torchvision_models,
                                           unwrap,
 )
 from cifar10_dist.models.traits import WhitenedFromData, whitening_bias
 
-__all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "AirbenchNet", "available_models", "build_model", "check_model",
+__all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "REGISTRY", "register_model", "AirbenchNet", "available_models", "build_model", "check_model",
            "check_model_name", "cifar_resnet", "count_parameters", "import_factory", "simple_cnn",
            "torchvision_models", "unwrap", "WhitenedFromData", "whitening_bias"]

@@ -8,6 +8,7 @@ A user model is imported by its reference in every process that needs it (never 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -25,6 +26,19 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.sources import NUM_CLASSES
 
 CIFAR_RESNETS = {"cifar_resnet18": "resnet18", "cifar_resnet34": "resnet34", "cifar_resnet50": "resnet50"}
+REGISTRY: dict[str, Callable[..., nn.Module]] = {}  # this package's networks by name (``register_model``)
+
+
+def register_model(name: str | None = None) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """A decorator that makes a network factory (a function or class taking ``num_classes``) a built-in model
+    under ``name`` (default: its own), as timm's ``@register_model`` does. What a recipe needs to know of the
+    model it builds, the model says itself (``models.traits``)."""
+
+    def add(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        REGISTRY[name or factory.__name__] = factory
+        return factory
+
+    return add
 
 
 def torchvision_models() -> list[str]:
@@ -34,7 +48,7 @@ def torchvision_models() -> list[str]:
 
 
 def available_models() -> list[str]:
-    return ["simple_cnn", "airbench", *CIFAR_RESNETS, *torchvision_models()]
+    return [*REGISTRY, *torchvision_models()]
 
 
 def check_model_name(name: str) -> None:
@@ -42,7 +56,7 @@ def check_model_name(name: str) -> None:
     if is_model_reference(name):
         import_factory(name)
         return
-    if name in ("simple_cnn", "airbench", *CIFAR_RESNETS):
+    if name in REGISTRY:
         return  # no need to import torchvision to know these
     if name.startswith(TIMM_PREFIX):
         check_timm_name(name)
@@ -92,12 +106,8 @@ def check_timm_name(name: str) -> None:
 def _builtin_builder(name: str) -> Callable[..., nn.Module]:
     if name.startswith(TIMM_PREFIX):
         return lambda **kwargs: require_timm().create_model(name[len(TIMM_PREFIX):], pretrained=False, **kwargs)
-    if name == "simple_cnn":
-        return simple_cnn
-    if name == "airbench":
-        return AirbenchNet
-    if name in CIFAR_RESNETS:
-        return lambda **kwargs: cifar_resnet(CIFAR_RESNETS[name], **kwargs)
+    if name in REGISTRY:
+        return REGISTRY[name]
     import torchvision
 
     return lambda **kwargs: torchvision.models.get_model(name, weights=None, **kwargs)
@@ -207,6 +217,7 @@ def cifar_resnet(torchvision_name: str, num_classes: int = NUM_CLASSES, **kwargs
     return model
 
 
+@register_model()
 def simple_cnn(width: int = 32, num_classes: int = NUM_CLASSES) -> nn.Module:
     """Three conv-BN-ReLU-pool stages and a linear head: about 0.1M parameters, for tests and demos."""
 
@@ -259,6 +270,7 @@ def _conv_group(channels_in: int, channels_out: int, activation: type[nn.Module]
     )
 
 
+@register_model("airbench")
 class AirbenchNet(nn.Module):
     """The network of Keller Jordan's airbench94 (arXiv 2404.00498): a frozen 2x2 whitening convolution
     (initialised from training patches by ``init_whitening``; only its bias trains), three conv groups of
@@ -312,6 +324,10 @@ class AirbenchNet(nn.Module):
         filters = (eigenvectors.T / torch.sqrt(eigenvalues.clamp(min=0) + eps)[:, None]).flip(0)
         filters = filters.reshape(-1, 3, kernel, kernel).to(self.whiten.weight.dtype)
         self.whiten.weight.copy_(torch.cat([filters, -filters]))
+
+
+for _name, _torchvision_name in CIFAR_RESNETS.items():
+    register_model(_name)(functools.partial(cifar_resnet, _torchvision_name))
 
 
 def count_parameters(model: nn.Module) -> int:
