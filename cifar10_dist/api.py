@@ -54,7 +54,7 @@ def batch_size(config: Config | str | Path | None = None, batch_sizes: Sequence[
         raise UserError(f"budget_seconds={budget_seconds} must be greater than 0")
     resolved = resolve(config, **overrides)
     from cifar10_dist import models
-    from cifar10_dist.training.batch_sizes import find_batch_size
+    from cifar10_dist.training.before_training.batch_sizes import find_batch_size
 
     models.check_model(resolved.model, resolved.model_kwargs, models.NUM_CLASSES, resolved.image_size)
     return find_batch_size(resolved, sizes, float(budget_seconds))

@@ -11,7 +11,7 @@ import pytest
 
 from cifar10_dist import api
 from cifar10_dist.system.doctor import Timing
-from cifar10_dist.training import batch_sizes
+from cifar10_dist.training.before_training import batch_sizes
 from tests.conftest import run_in_process
 
 TINY_MODEL = {"model": "simple_cnn", "model_kwargs": {"width": 8}}

@@ -18,7 +18,7 @@ from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.results import RunResult, SplitMetrics
-from cifar10_dist.training import checkpointing
+from cifar10_dist.training.loop import checkpointing
 from tests.conftest import run_in_process
 
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1

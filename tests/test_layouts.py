@@ -1,4 +1,4 @@
-"""channels_last=auto (training/layouts.py): settled by the model and the device, logged, saved in the run's config
+"""channels_last=auto (training/setup/layouts.py): settled by the model and the device, logged, saved in the run's config
 and provenance, without changing the run's random draws."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.system import layout_numerics
-from cifar10_dist.training import layouts
+from cifar10_dist.training.setup import layouts
 from tests.conftest import TINY, TINY_WIDTH, run_in_process
 
 

@@ -1,4 +1,4 @@
-"""Faster by doing less work: progressive resizing (data/resizing.py) and data selection (training/selection.py).
+"""Faster by doing less work: progressive resizing (data/resizing.py) and data selection (training/loop/selection.py).
 Sizes and selections are checked exactly, the airbench net at every size it is asked to take, refusals in one
 line, and both levers together resume bit for bit with 2 gloo processes and evaluate alike at world sizes 1 and 2."""
 
@@ -15,8 +15,8 @@ from cifar10_dist.config import load_config
 from cifar10_dist.data import batches, resizing
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.selection import HardestSelection
-from cifar10_dist.training.step import TrainStep
+from cifar10_dist.training.loop.selection import HardestSelection
+from cifar10_dist.training.loop.step import TrainStep
 from tests.conftest import TINY, run_in_process
 
 CLASSES = tuple("abcdefghij")

@@ -19,8 +19,8 @@ from torch import nn
 from cifar10_dist import api
 from cifar10_dist.config import LrSweep
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import lr_finding
-from cifar10_dist.training.step import TrainStep, create_trainer
+from cifar10_dist.training.before_training import lr_finding
+from cifar10_dist.training.loop.step import TrainStep, create_trainer
 from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process, start_cli, stop_all
 from tests.reliability.test_faults import gone, worker_pids
 

@@ -18,7 +18,7 @@ from tests.conftest import run_in_process
 def test_the_most_confident_mistakes_are_the_wrong_ones_in_order_of_confidence_across_batches():
     from ignite.engine import Engine
 
-    from cifar10_dist.training.evaluators import MistakeCollector
+    from cifar10_dist.training.loop.evaluators import MistakeCollector
 
     probabilities = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.95, 0.05], [0.5, 0.5]])
     labels = torch.tensor([0, 0, 1, 1, 1, 0])  # wrong: 1 (0.8), 2 (0.6), 4 (0.95); 5 is a tie, taken as right

@@ -15,8 +15,8 @@ from cifar10_dist import models
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import preflight
-from cifar10_dist.training import optimizers
-from cifar10_dist.training import schedules as lr_schedules
+from cifar10_dist.training.setup import optimizers
+from cifar10_dist.training.setup import schedules as lr_schedules
 from tests.conftest import REPO, assert_same_training_state, run_in_process
 from tests.test_recipe import SMALL, lrs_during
 

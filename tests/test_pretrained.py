@@ -206,7 +206,7 @@ def test_a_run_resumed_inside_its_frozen_epochs_ends_bit_exactly_as_the_uninterr
 
 def test_the_backbone_learns_at_its_scale_and_not_at_all_while_frozen():
     from cifar10_dist.config import load_config
-    from cifar10_dist.training import optimizers, schedules
+    from cifar10_dist.training.setup import optimizers, schedules
 
     config = load_config(model="simple_cnn", learning_rate=0.2, num_warmup_epochs=0, num_epochs=4, freeze_epochs=1,
                          backbone_lr_scale=0.1)

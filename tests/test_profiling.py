@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from cifar10_dist.training import profiling
+from cifar10_dist.training.before_training import profiling
 from tests.conftest import TINY, assert_same_nested, run_in_process
 
 SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]

@@ -16,8 +16,8 @@ from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, cifar, loaders
 from cifar10_dist.data.records import ImageSet
 from cifar10_dist.system.precision import choose_precision
-from cifar10_dist.training import optimizers, schedules
-from cifar10_dist.training.averaging import Lookahead
+from cifar10_dist.training.setup import optimizers, schedules
+from cifar10_dist.training.loop.averaging import Lookahead
 from cifar10_dist.models.viewing import tta_logits
 from tests.conftest import REPO, TINY, assert_same_training_state, cli_env, run_cli, run_in_process
 
@@ -134,7 +134,7 @@ def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn
     """A small airbench network trained ``iterations`` steps with fast_muon.yaml's optimizer and schedules (the
     whitening bias trains for 3 iterations), with or without ``WhiteningBiasFreeze``. Returns the network, its
     ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient."""
-    from cifar10_dist.training.freezing import WhiteningBiasFreeze
+    from cifar10_dist.training.loop.freezing import WhiteningBiasFreeze
 
     config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), num_epochs=iterations,
                                  whitening_bias_epochs=3.0, whitening_bias_decay=decay)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 from tests.conftest import SPAWN_2, TINY, assert_same_training_state, run_in_process
 
 # A model without BatchNorm: a batch of 128 and two accumulated batches of 64 compute the same gradient.

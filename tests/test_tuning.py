@@ -438,7 +438,7 @@ def _open_study_at_the_barrier(barrier, folder: str, urls: list[str], worker: in
     and run one (instant) trial in it. Returns each round's outcome: "ok" or the one-line error. ``without``: "lock"
     (the lock file is a no-op) or "retry" (one attempt only), to check the other mechanism alone."""
     from cifar10_dist.outputs import files
-    from cifar10_dist.training import trials
+    from cifar10_dist.training.loop import trials
     from cifar10_dist.tuning import search_space, studies
 
     if without == "lock":
@@ -521,7 +521,7 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
     losing errors are a lost race (retried), a missing database is not (reported at once)."""
     import sqlalchemy
 
-    from cifar10_dist.training import trials
+    from cifar10_dist.training.loop import trials
 
     def error_of(url: str, *statements: str) -> Exception:
         engine = sqlalchemy.create_engine(url)

@@ -21,7 +21,7 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import trackers
 from cifar10_dist.system import stopping
-from cifar10_dist.training import optimizers
+from cifar10_dist.training.setup import optimizers
 
 
 def check_before_launch(config: Config) -> None:

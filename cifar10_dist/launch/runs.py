@@ -2,7 +2,7 @@
 ``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
 
 Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
-checks it against the world once (``preflight``) and launches the per-process function of ``training.worker`` in
+checks it against the world once (``preflight``) and launches the per-process function of ``training.loop.worker`` in
 every process (``spawn``).
 """
 
@@ -34,7 +34,7 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
     resolved = resolve(config, **overrides)
     start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.training import worker
+    from cifar10_dist.training.loop import worker
 
     preflight.check_before_launch(resolved)
     if resolved.seeds > 1:
@@ -60,7 +60,7 @@ def _train_seeds(config: Config) -> SeedsResult | None:
     from cifar10_dist.launch import spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.outputs import summary as summary_file
-    from cifar10_dist.training import worker
+    from cifar10_dist.training.loop import worker
 
     runs = []
     for seed in range(config.seed, config.seed + config.seeds):
@@ -101,7 +101,7 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
-    from cifar10_dist.training import checkpoint_evaluation
+    from cifar10_dist.training.shipping import checkpoint_evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
     start_method.start_early(resolved)
@@ -115,11 +115,11 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
 
 def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None) -> LrFindResult | None:
     """Sweep the learning rate with the config's model, data and optimizer in every process of its launch
-    (``training.lr_finding``); lr_find.json and lr_find.png go to ``folder`` (default: a new
+    (``training.before_training.lr_finding``); lr_find.json and lr_find.png go to ``folder`` (default: a new
     output_path/lr_find-<time>). None in the processes of a torchrun/srun launch other than rank 0."""
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
-    from cifar10_dist.training import lr_finding
+    from cifar10_dist.training.before_training import lr_finding
 
     settings.check()
     start_method.start_early(config)

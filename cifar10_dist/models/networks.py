@@ -278,7 +278,7 @@ class AirbenchNet(nn.Module):
     resizing), a linear head scaled by 1/9. About 2M parameters, 0.24 GFLOP per image. ``activation``: GELU (as
     airbench94) or SiLU (as hiverge's cifar10_speedrun.py).
 
-    ``whitening_bias_frozen`` (set by ``training.freezing.WhiteningBiasFreeze`` once the bias's lr is 0 for good):
+    ``whitening_bias_frozen`` (set by ``training.loop.freezing.WhiteningBiasFreeze`` once the bias's lr is 0 for good):
     the backward pass stops at the first conv group's filters, as airbench's own code does (the whitening output
     no longer needs a gradient: that saves the first group's input gradient and the activation before it); the bias
     still joins the graph with a zero gradient, so DDP sees every parameter used."""

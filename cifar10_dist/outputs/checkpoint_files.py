@@ -1,6 +1,6 @@
 """A run folder's checkpoint files: their names, listing them (newest or best first), and reading one safely
 (``torch.load(weights_only=True)``, one line for a missing or damaged file). Writing them is
-``training.checkpointing``'s.
+``training.loop.checkpointing``'s.
 
 - ``training_checkpoint_<iteration>.pt``
 - ``best_model_<epoch>_(test|val)_<best_metric>=<value>.pt`` (best_metric: accuracy, balanced_accuracy or

@@ -1,7 +1,7 @@
 """The mistakes as a picture: the test images a model got wrong with the most confidence, each with its true and
 predicted class and the probability it gave, drawn in a grid (PNG) and listed in a JSON file beside it. What
 people look at first, before any number of the confusion matrix. Gathered in passing by the test evaluation of a
-run or of ``evaluate`` (``training.evaluators.MistakeCollector``)."""
+run or of ``evaluate`` (``training.loop.evaluators.MistakeCollector``)."""
 
 from __future__ import annotations
 

@@ -52,10 +52,10 @@ class RunRecord:
     precision: str  # what training computes in: fp32, bf16, fp16
     hardware: dict[str, Any]  # this process's CPU and GPUs (system.hardware.describe)
     dataset: DataRecord
-    memory_format: str | None = None  # channels_last=auto's choice and why (training.layouts)
-    class_weights: list[float] | None = None  # class_weights=auto's weights (training.loss)
+    memory_format: str | None = None  # channels_last=auto's choice and why (training.setup.layouts)
+    class_weights: list[float] | None = None  # class_weights=auto's weights (training.setup.loss)
     pretrained: dict[str, Any] | None = None  # the pretrained start: kind, name, url or path, sha256
-    teacher: dict[str, Any] | None = None  # distillation's teacher (training.distillation)
+    teacher: dict[str, Any] | None = None  # distillation's teacher (training.shipping.distillation)
     resumed_on_changed_data: dict[str, Any] | None = None  # resume_on_changed_data: what changed
     extra: dict[str, Any] = field(default_factory=dict)  # an older file's keys that are no fields now
 

@@ -273,7 +273,7 @@ class Recorder:
         @trainer.on(Events.ITERATION_COMPLETED(every=every))
         def write_batch(engine: Engine) -> None:
             epoch_losses[:] = [torch.stack(epoch_losses).sum()]
-            output = engine.state.output  # training.step.StepOutput
+            output = engine.state.output  # training.loop.step.StepOutput
             values = {"batch_loss": float(output.loss), "lr": current_lr(optimizer)}
             if output.grad_norm is not None:  # clip_grad_norm: the last step's, pre-clip
                 values["grad_norm"] = float(output.grad_norm)

@@ -1,6 +1,10 @@
-"""What runs inside a training process: the worker that reads top-down (``worker``), its process set-up
-(``process_setup``), the model it trains (``model_setup``: shared with the lr sweep), the training loss
-(``loss``), one training step (``step``: ``TrainStep``), the evaluators (``evaluators``), the end of a run (``run_end``: summary, mistakes, curves), weight averages (``averaging``),
-optimizers and LR schedules, checkpoints written and resumed (``checkpointing``), evaluating a saved model in every
-process (``checkpoint_evaluation``), and a tuning trial's in-run reporting (``trials``). Imports ``data``, ``outputs``,
-``system`` and the floors below them."""
+"""What runs inside a training process, in four rooms by phase (each subpackage's ``__init__`` names its modules):
+
+- ``setup``: the process, the model, the memory layout, the optimizer, its schedule and the loss, built once;
+- ``loop``: the worker that reads top-down, one training step, the evaluators, weight averages, freezing, data
+  selection, checkpoints written and resumed, a trial's in-run reporting, and the run's end;
+- ``before_training``: the tools run before a run: the learning-rate sweep, the batch-size finder, the profiler;
+- ``shipping``: what makes a trained model ready to ship or check: distillation, temperature scaling, and
+  evaluating a saved model in every process.
+
+Imports ``data``, ``outputs``, ``system`` and the floors below them."""

@@ -24,7 +24,7 @@ from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec,
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.outputs import reading, tracking
 from cifar10_dist.results import TuneResult
-from cifar10_dist.training.trials import (
+from cifar10_dist.training.loop.trials import (
     JOURNAL_PREFIX,
     RETRIES,
     make_pruner,

@@ -142,7 +142,7 @@ def test_channels_last_and_compile_train_and_save_plain_checkpoints(check_data, 
 def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
     cuda_only()
     from cifar10_dist.config import load_config
-    from cifar10_dist.training import process_setup
+    from cifar10_dist.training.setup import process_setup
 
     device = torch.device("cuda", 0)
     process_setup.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
@@ -184,7 +184,7 @@ def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(reco
     bisecting back, then 90% of it; a batch that large really trains, and twice the largest does not fit."""
     cuda_only()
     from cifar10_dist import api
-    from cifar10_dist.training import batch_sizes
+    from cifar10_dist.training.before_training import batch_sizes
 
     result = api.batch_size(None, [256], budget_seconds=1.0, model="simple_cnn", image_size=128,
                             dataset="folder", data_path="unused")

@@ -12,7 +12,7 @@ from ignite.engine import Engine
 from cifar10_dist import cli
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
-from cifar10_dist.training import checkpointing
+from cifar10_dist.training.loop import checkpointing
 from tests.conftest import TINY, run_cli, run_in_process
 
 

@@ -18,7 +18,7 @@ from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import Mistake, RunResult
 from cifar10_dist.system import ranks
-from cifar10_dist.training.evaluators import MistakeCollector, expected_calibration_error, reliability
+from cifar10_dist.training.loop.evaluators import MistakeCollector, expected_calibration_error, reliability
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -28,7 +28,7 @@ from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import temperature
+from cifar10_dist.training.shipping import temperature
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -21,7 +21,7 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.models.viewing import TemperatureScaled
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.system import ranks
-from cifar10_dist.training.evaluators import CalibrationBins, expected_calibration_error
+from cifar10_dist.training.loop.evaluators import CalibrationBins, expected_calibration_error
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -17,7 +17,7 @@ from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 from cifar10_dist.models.pretrained import head_of
-from cifar10_dist.training import schedules
+from cifar10_dist.training.setup import schedules
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation, batches, run_data
 from cifar10_dist.models import pretrained
-from cifar10_dist.training import checkpointing
+from cifar10_dist.training.loop import checkpointing
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -30,26 +30,14 @@ from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training import (
-    checkpointing,
-    distillation,
-    layouts,
-    loss,
-    lr_finding,
-    model_setup,
-    optimizers,
-    process_setup,
-    profiling,
-    run_end,
-    schedules,
-    selection,
-    temperature,
-    trials,
-)
-from cifar10_dist.training.averaging import Lookahead, WeightAverage
-from cifar10_dist.training.evaluators import MistakeCollector, attach_validation, create_evaluator
-from cifar10_dist.training.freezing import BackboneFreeze, WhiteningBiasFreeze
-from cifar10_dist.training.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.before_training import lr_finding, profiling
+from cifar10_dist.training.loop import checkpointing, run_end, selection, trials
+from cifar10_dist.training.setup import layouts, loss, model_setup, optimizers, process_setup, schedules
+from cifar10_dist.training.shipping import distillation, temperature
+from cifar10_dist.training.loop.averaging import Lookahead, WeightAverage
+from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator
+from cifar10_dist.training.loop.freezing import BackboneFreeze, WhiteningBiasFreeze
+from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
 from cifar10_dist.system.precision import Precision, make_grad_scaler
-from cifar10_dist.training.selection import HardestSelection
+from cifar10_dist.training.loop.selection import HardestSelection
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class TrainStep:
                  teacher: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  selection: HardestSelection | None = None) -> None:
         self.model, self.optimizer, self.loss_fn, self.precision = model, optimizer, loss_fn, precision
-        self.selection = selection  # data selection: the hardest part of a batch (``training.selection``)
+        self.selection = selection  # data selection: the hardest part of a batch (``training.loop.selection``)
         self.teacher = teacher  # distillation: its logits on the same batch are the loss's third argument
         self.accumulation = accumulation or Accumulation(1)
         self.clip_grad_norm = clip_grad_norm

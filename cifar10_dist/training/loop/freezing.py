@@ -17,7 +17,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.models.pretrained import head_of
-from cifar10_dist.training.step import TrainStep
+from cifar10_dist.training.loop.step import TrainStep
 
 
 class BackboneFreeze:
