@@ -69,7 +69,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     crops = batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device, workers) else None
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
-        train_eval_size=config.train_eval_size, seed=config.seed, device=device if config.data_on_device else None,
+        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(config, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
     )
@@ -87,6 +87,23 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
     )
+
+
+def setup_evaluation_data(config: Config, device: torch.device) -> tuple[LoadedData, loaders.Loaders]:
+    """The images and the test loader of a saved model's evaluation (``evaluate``), by a run's own rules: the same
+    sources, worker count and data_on_device as ``setup_data``."""
+    loaded = load_datasets(config)
+    batch_loaders = loaders.make_loaders(
+        loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
+        num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
+        train_eval_size=0, seed=config.seed, device=loader_device(config, device))
+    return loaded, batch_loaders
+
+
+def loader_device(config: Config, device: torch.device) -> torch.device | None:
+    """Where batches are cut: on the training device with data_on_device (the images moved there once), else in
+    host memory (None)."""
+    return device if config.data_on_device else None
 
 
 def training_images(config: Config) -> int:

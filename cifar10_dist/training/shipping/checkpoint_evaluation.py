@@ -13,7 +13,7 @@ from torch import nn
 
 from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config
-from cifar10_dist.data import batches, cifar, loaders, run_data
+from cifar10_dist.data import batches, cifar, run_data
 from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import restoring
@@ -39,12 +39,7 @@ class EvaluationWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         with tracking.package_logging(), stopping.StopRequest() as stop:
             device = idist.device()
-            loaded = run_data.load_datasets(config)
-            batch_loaders = loaders.make_loaders(
-                loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
-                num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
-                train_eval_size=0, seed=config.seed, device=device if config.data_on_device else None,
-            )
+            loaded, batch_loaders = run_data.setup_evaluation_data(config, device)
             precision = process_setup.setup_precision(config, device)
             config = layouts.settle(config, device, len(loaded.info.classes))
             model, info = self.load_model(config, loaded, device, precision)
