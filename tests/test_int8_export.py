@@ -46,7 +46,11 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     assert (f"int8 on the 301 test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
             f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%}") in result.stdout
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
-    assert any(node.op_type == "QuantizeLinear" for node in __import__("onnx").load(str(output)).graph.node)
+    nodes = __import__("onnx").load(str(output)).graph.node
+    assert any(node.op_type == "QuantizeLinear" for node in nodes)
+    dequantized = {name for node in nodes if node.op_type == "DequantizeLinear" for name in node.output}
+    [classifier] = [node for node in nodes if node.op_type in ("Gemm", "MatMul")]
+    assert not dequantized & set(classifier.input)  # the classifier computes in fp32 on fp32 inputs
     assert session.get_outputs()[0].shape[1] == 10
 
 
