@@ -219,8 +219,9 @@ def export(**flags: Any) -> None:
 
 def int8_summary(found: dict[str, Any]) -> str:
     """The int8 export's check in two lines: how it was calibrated (and chosen), and the test figures."""
-    chosen = (f", chosen of {len(found['candidates'])} on {found['chosen_on']} held-out training images (agreement "
-              f"{max(row['agreement'] for row in found['candidates']):.2%})" if found["candidates"] else "")
+    best = max((row["agreement"] for row in found["candidates"]), default=None)
+    chosen = (f", chosen of {len(found['candidates'])} on {found['chosen_on']} {found['chosen_from']} images "
+              f"(agreement {best:.2%})" if best is not None else "")
     return (f"int8 calibrated {found['calibration']} on {found['calibration_images']} training images{chosen}\n"
             f"int8 on the {found['test_images']} test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
             f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "

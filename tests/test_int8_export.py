@@ -114,3 +114,22 @@ def test_predict_classifies_image_files_with_the_int8_file(trained, small_datase
     by_index = {int(Path(line["path"]).stem): line["top_k"][0]["index"] for line in lines}
     agree = sum(by_index[index] == int(fp32[index]) for index in range(301)) / 301
     assert agree >= 0.9
+
+
+def test_a_run_with_a_val_split_chooses_its_calibration_on_the_val_images():
+    """The images that choose the calibration are the run's validation images where it had them (never trained on):
+    exactly the ones its val_split and val_seed held out; else training images the calibration does not use."""
+    from types import SimpleNamespace
+
+    from cifar10_dist.data import loaders
+    from cifar10_dist.data.records import ImageSet
+
+    images = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 2, 2).contiguous()
+    data = SimpleNamespace(train=ImageSet(images, torch.zeros(100, dtype=torch.long)), val=None)
+    calibration, choosing, kind = quantizing.calibration_and_choice(data, {"val_split": 0.2, "val_seed": 3}, 30, 50)
+    held = loaders.hold_out(data.train, 0.2, 3)
+    assert kind == "validation" and sorted(choosing[:, 0, 0, 0].tolist()) == held.indices.tolist()
+    assert not set(calibration[:, 0, 0, 0].tolist()) & set(held.indices.tolist()) and len(calibration) == 30
+    calibration, choosing, kind = quantizing.calibration_and_choice(data, {"val_split": 0.0}, 30, 50)
+    assert kind == "held-out training" and len(choosing) == 50
+    assert not set(calibration[:, 0, 0, 0].tolist()) & set(choosing[:, 0, 0, 0].tolist())

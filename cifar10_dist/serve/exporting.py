@@ -135,8 +135,8 @@ def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[
         fp32 = work / "model.onnx"
         found = write_onnx(trained, fp32, metadata, images)
         data = quantizing.trained_data(trained.config)
-        calibration, choosing = quantizing.held_out_split(data.train.images, quantization.calibration_images,
-                                                          quantizing.CHOICE_IMAGES)
+        calibration, choosing, chosen_from = quantizing.calibration_and_choice(
+            data, trained.config, quantization.calibration_images, quantizing.CHOICE_IMAGES)
         if quantization.calibration is not None:
             calibration = quantization.calibration
         candidates = quantizing.candidates_for(quantization.calibration_method)
@@ -144,7 +144,7 @@ def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[
         compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
         described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights, uint8 activations",
                      "calibration": how.name, "calibration_images": len(calibration),
-                     "chosen_on": len(choosing) if table else 0, "candidates": table,
+                     "chosen_on": len(choosing) if table else 0, "chosen_from": chosen_from, "candidates": table,
                      "min_agreement": quantization.min_agreement, **compared}
         quantizing.check_agreement(described, quantization.min_agreement, path)
         proto = onnx.load(str(int8))

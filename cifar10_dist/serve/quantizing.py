@@ -4,11 +4,12 @@ activations ran far slower on the Zen 4 EPYC, benchmarks.int8 measures both).
 
 The classifier (the last layer with weights) stays fp32. The activation ranges are calibrated on N training
 images. How (MinMax, Percentile or Entropy; weights per output channel or per tensor) is chosen, by default,
-among CANDIDATES on other training images, held out from the calibration: the one whose top-1 class agrees with
-the fp32 model's most often there. The test set is used once, on the chosen model, to report the test accuracy of
-both and their agreement; below ``min_agreement`` (default MIN_AGREEMENT) the export is refused in one line and
-nothing is written. An int8 model whose largest logit is tied between classes does not agree (nor is it
-correct): it has not decided. ``OnnxModel`` runs an exported file for ``predict``."""
+among CANDIDATES on other training images, held out from the calibration (or on the run's validation images,
+where it had a val split): the one whose top-1 class agrees with the fp32 model's most often there. The test set
+is used once, on the chosen model, to report the test accuracy of both and their agreement; below
+``min_agreement`` (default MIN_AGREEMENT) the export is refused in one line and nothing is written. An int8 model
+whose largest logit is tied between classes does not agree (nor is it correct): it has not decided. ``OnnxModel``
+runs an exported file for ``predict``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, load_config
-from cifar10_dist.data import augmentation, run_data
+from cifar10_dist.data import augmentation, loaders, run_data
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError
 
@@ -125,6 +126,23 @@ def held_out_split(train: torch.Tensor, calibrating: int, choosing: int) -> tupl
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(SEED))
     first, rest = order[:calibrating], order[calibrating:calibrating + choosing]
     return train[first.sort().values], train[rest.sort().values]
+
+
+def calibration_and_choice(data: Any, config: dict[str, Any], calibrating: int, choosing: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """The training images that calibrate, the images that choose the calibration and what they are: the run's
+    validation images where it had them (a val/ folder, or the val_split its config records: never trained on),
+    else training images the calibration does not use."""
+    val = data.val
+    train = data.train
+    if val is None and float(config.get("val_split") or 0) > 0:
+        held = loaders.hold_out(data.train, float(config["val_split"]), int(config.get("val_seed") or 0))
+        train, val = held.train, held.val
+    if val is not None and len(val):
+        calibration = held_out_split(train.images, calibrating, 0)[0]
+        return calibration, held_out_split(val.images, choosing, 0)[0], "validation"
+    calibration, rest = held_out_split(train.images, calibrating, choosing)
+    return calibration, rest, "held-out training"
 
 
 def prepared(fp32: Path, work: Path) -> Path:
@@ -234,7 +252,8 @@ def check_agreement(found: dict[str, Any], min_agreement: float, path: Path) -> 
     if found["agreement"] >= min_agreement:
         return
     tried = len(found["candidates"]) or 1
-    choice = f"the best of {tried} calibrations on {found['chosen_on']} held-out training images: " if tried > 1 else ""
+    choice = (f"the best of {tried} calibrations on {found['chosen_on']} {found['chosen_from']} images: "
+              if tried > 1 else "")
     floor = accepted_floor(found["agreement"])
     accept = f", or accept this agreement with --min_agreement={floor:g}" if floor >= WORTH_ACCEPTING else ""
     raise UserError(f"int8 export refused: its top-1 class ({choice}{found['calibration']}) agrees with the fp32 "
