@@ -40,7 +40,8 @@ def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | 
 
 
 def batch_size(config: Config | str | Path | None = None, batch_sizes: Sequence[int] | None = None,
-               budget_seconds: float = 3.0, **overrides: Any) -> BatchSizeResult:
+               budget_seconds: float = commands.default(commands.BATCH_SIZE, "budget_seconds"),
+               **overrides: Any) -> BatchSizeResult:
     """The batch the run this config describes should take here, measured with its own training step (model,
     optimizer, precision, memory format, image size) in this process: on a GPU the largest that fits with a
     margin, on a CPU the fastest of ``batch_sizes`` (per process; the config's own always included), each timed
@@ -132,7 +133,9 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = N
     return studies.tune(resolved, searched, options, echo)
 
 
-def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:
+def doctor(model: str = commands.default(commands.DOCTOR, "model"),
+           batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
+           budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds")) -> DoctorReport:
     """What this machine is and what will be fast on it (a ``DoctorReport``): versions, CPU and its native
     bf16, GPUs, backends, a measured probe of ``model``'s training steps in each precision and memory format
     (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
@@ -171,7 +174,8 @@ def refuse_an_export(checkpoint: str | Path) -> None:
 
 
 
-def report(run_dirs: Sequence[str | Path], output: str | Path = "report.png", targets: Sequence[float] = (),
+def report(run_dirs: Sequence[str | Path], output: str | Path = commands.default(commands.REPORT, "output"),
+           targets: Sequence[float] | None = commands.default(commands.REPORT, "targets"),
            warn: Callable[[str], None] = print) -> ReportResult:
     """Compare run folders: a table, one plot overlaying their curves in ``output`` and, with ``targets``, the time
     each run took to reach those accuracies. A folder that cannot be read in full is one line through ``warn``;

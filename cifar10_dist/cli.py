@@ -54,14 +54,17 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
     print(f"plot: {Path(str(result.folder)) / 'lr_find.png'}, record: {Path(str(result.folder)) / 'lr_find.json'}")
 
 
-def batch_size(config: str | None = None, batch_sizes: Any = None, budget_seconds: float = 3.0, json: bool = False,
-               **overrides: Any) -> None:
-    """Measure which batch the run a config describes should take here; print the table and the suggestion."""
+def batch_size(config: str | None = None, **flags: Any) -> None:
+    """Measure which batch the run a config describes should take here (its flags: config.commands.BATCH_SIZE);
+    print the table and the suggestion."""
+    values = commands.resolve("batch-size", {key: value for key, value in flags.items()
+                                             if key in commands.defaults(commands.BATCH_SIZE)}, commands.BATCH_SIZE)
+    batch_sizes = values["batch_sizes"]
     sizes = batch_sizes if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None else (
         [int(size) for size in str(batch_sizes).split(",")] if str(batch_sizes).replace(",", "").isdigit()
         else [batch_sizes])
-    result = api.batch_size(config, sizes, float(budget_seconds), **overrides)
-    if json:
+    result = api.batch_size(config, sizes, values["budget_seconds"], **commands.others(flags, commands.BATCH_SIZE))
+    if values["json"]:
         print(json_module.dumps(result.to_dict(), indent=2))
         return
     print(f"{result.model} at {result.image_size} px on {result.device}, one process (sizes per process):")
@@ -228,10 +231,11 @@ def int8_summary(found: dict[str, Any]) -> str:
             f"{found['min_agreement']:.0%})")
 
 
-def report(*run_dirs: str, output: str = "report.png", targets: Any = None) -> None:
+def report(*run_dirs: str, **flags: Any) -> None:
     """Compare run folders: a table on stdout and one plot overlaying their curves; with --targets=0.9,0.93,0.94
     also the time each run took to reach those accuracies (mean and std over the runs)."""
-    result = api.report(run_dirs, str(output), _parse_targets(targets),
+    values = commands.resolve("report", flags, commands.REPORT)
+    result = api.report(run_dirs, str(values["output"]), _parse_targets(values["targets"]),
                         warn=lambda problem: print(f"error: {problem}", file=sys.stderr))
     print(result.table)
     if result.times:
@@ -294,12 +298,13 @@ def show_config(config: str | None = None, **overrides: Any) -> None:
     print(yaml.safe_dump(api.resolve(config, **overrides).to_dict(), sort_keys=False), end="")
 
 
-def doctor(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0, json: bool = False) -> None:
-    """Print what this machine is and what will be fast on it (JSON with --json)."""
+def doctor(**flags: Any) -> None:
+    """Print what this machine is and what will be fast on it (JSON with --json; its flags: config.commands.DOCTOR)."""
     from cifar10_dist.system.doctor import render
 
-    report = api.doctor(str(model), int(batch_size), float(budget_seconds))
-    print(json_module.dumps(report.to_dict(), indent=2) if json else render(report))
+    values = commands.resolve("doctor", flags, commands.DOCTOR)
+    report = api.doctor(str(values["model"]), int(values["batch_size"]), float(values["budget_seconds"]))
+    print(json_module.dumps(report.to_dict(), indent=2) if values["json"] else render(report))
 
 
 COMMANDS = {"run": run, "lr-find": lr_find, "batch-size": batch_size, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,

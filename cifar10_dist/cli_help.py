@@ -2,6 +2,7 @@
 filled with every config key, its default and meaning, from ``config.describe_options``; the export formats come
 from ``serve.formats``)."""
 
+from cifar10_dist.config import commands
 from cifar10_dist.config.commands import flags_of, help_block
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
 from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
@@ -38,7 +39,7 @@ writes lr_find.png (loss against learning rate, the suggestion marked) and lr_fi
 {{options}}
 """
 
-BATCH_SIZE_HELP = """\
+BATCH_SIZE_HELP = f"""\
 Usage: cifar10-dist batch-size [--config=FILE.yaml] [--batch_sizes=32,64,...] [--budget_seconds=3] [--json]
                                [--KEY=VALUE ...]
 
@@ -51,13 +52,10 @@ else "no difference measurable" and the config's batch is kept. Sizes are per pr
 global (times the planned world size), with learning_rate scaled to it by the optimizer's rule (linear for
 SGD, square root for AdamW).
 
-  --batch_sizes=32,64,128,256,512,1024   CPU: the sizes to time (the config's own is always added);
-                             GPU: the first is where the doubling starts
-  --budget_seconds=3         about how long each size is timed
-  --json                     print the result as one JSON object
+{help_block(commands.BATCH_SIZE)}
   --config=None              YAML file with any of run's keys
   --debug                    show tracebacks for errors
-{options}
+{{options}}
 """
 
 EVALUATE_HELP = """\
@@ -164,7 +162,7 @@ counts per split, image sizes, normalisation, duplicates across splits, unreadab
   --debug                    show tracebacks for errors
 """
 
-DOCTOR_HELP = """\
+DOCTOR_HELP = f"""\
 Usage: cifar10-dist doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json] [--debug]
 
 What this machine is and what will be fast on it: versions; CPU model, cores, threads, kernels (AVX2/AVX512)
@@ -175,22 +173,17 @@ here, and advice only where a difference is beyond the spread ("not measurable h
 takes about budget_seconds per setting (about 6 s on a CPU), at most (settings + 1) x budget_seconds when a
 slow machine needs a smaller batch. Attach --json's output to bug reports.
 
-  --model=airbench           the probe's model: a built-in name or package.module:factory / file.py:factory
-  --batch_size=32            the probe's batch
-  --budget_seconds=2         about how long each probed setting runs (a step starts only if it still fits)
-  --json                     print the report as one JSON object
+{help_block(commands.DOCTOR)}
   --debug                    show tracebacks for errors
 """
 
-REPORT_HELP = """\
+REPORT_HELP = f"""\
 Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--targets=0.9,0.93] [--debug]
 
 Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
 each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
 
-  --output=report.png        where the comparison plot goes
-  --targets=None             accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach each
-                             one, with the mean and std over the runs
+{help_block(commands.REPORT)}
   --debug                    show tracebacks for errors
 """
 

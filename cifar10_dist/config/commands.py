@@ -1,7 +1,8 @@
 """A command's own flags (those that are not config keys), declared once where the command's job is: as fields of
 a dataclass with ``flag(...)`` (its default and help), or as ``Flag`` records. The CLI and the API take their
 defaults from the declaration and the help pages print it (``help_block``); tests/test_cli.py compares all
-three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s."""
+three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s; batch-size's, report's and doctor's are
+declared below (their jobs' modules import torch, and the help pages must not)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,37 @@ class Flag:
         """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped."""
         head = f"  --{self.name}" if self.default is False and self.shown is None else \
             f"  --{self.name}={self.shown if self.shown is not None else self.default}"
-        lines = [line for paragraph in self.help.split("\n")
-                 for line in textwrap.wrap(paragraph, PAGE_WIDTH - HELP_COLUMN) or [""]]
-        first = head.ljust(HELP_COLUMN) + lines[0] if len(head) < HELP_COLUMN else head + "   " + lines[0]
-        return "\n".join([first, *(" " * HELP_COLUMN + line for line in lines[1:])])
+        first = head.ljust(HELP_COLUMN) if len(head) < HELP_COLUMN else head + "   "
+        lines = []
+        for number, paragraph in enumerate(self.help.split("\n")):
+            lines += textwrap.wrap(paragraph, PAGE_WIDTH, initial_indent="\0" * len(first) if number == 0 else
+                                   " " * HELP_COLUMN, subsequent_indent=" " * HELP_COLUMN) or [" " * HELP_COLUMN]
+        return first + lines[0].lstrip("\0") + "".join("\n" + line for line in lines[1:])
+
+
+JSON = Flag("json", False, "print the result as one JSON object")
+BATCH_SIZE = (
+    Flag("batch_sizes", None, "CPU: the sizes to time (the config's own is always added); GPU: the first is where "
+                              "the doubling starts", shown="32,64,128,256,512,1024"),
+    Flag("budget_seconds", 3.0, "about how long each size is timed"),
+    JSON,
+)
+REPORT = (
+    Flag("output", "report.png", "where the comparison plot goes"),
+    Flag("targets", None, "accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach each one, "
+                          "with the mean and std over the runs"),
+)
+DOCTOR = (
+    Flag("model", "airbench", "the probe's model: a built-in name or package.module:factory / file.py:factory"),
+    Flag("batch_size", 32, "the probe's batch"),
+    Flag("budget_seconds", 2.0, "about how long each probed setting runs (a step starts only if it still fits)"),
+    Flag("json", False, "print the report as one JSON object"),
+)
+
+
+def default(declared: Iterable[Flag], name: str) -> Any:
+    """A declared flag's default (for an API signature)."""
+    return next(one.default for one in declared if one.name == name)
 
 
 def flag(default: Any, help: str, shown: str | None = None, name: str | None = None) -> Any:
