@@ -73,8 +73,11 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int
     return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.stored_size), batch_size, tta)
 
 
-def predict_files(checkpoint: str | Path, paths: Sequence[str | Path], batch_size: int = 256, tta: int | None = None,
-                  device: str | None = None, raw_weights: bool = False) -> Any:
+def predict_files(checkpoint: str | Path, paths: Sequence[str | Path],
+                  batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+                  tta: int | None = commands.default(commands.PREDICT, "tta"),
+                  device: str | None = commands.default(commands.PREDICT, "device"),
+                  raw_weights: bool = commands.default(commands.PREDICT, "raw_weights")) -> Any:
     """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
     batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
     each file's probabilities and the files that cannot be read)."""
@@ -103,9 +106,16 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
 
 
 def tune(config: Config | str | Path | None = None, space: str | Path | None = None, study: str | None = None,
-         trials: int = 10, storage: str | None = None, sampler: str = "tpe", sampler_seed: int | None = None,
-         pruner: str = "median", pruner_startup_trials: int = 5, pruner_warmup_epochs: int = 0,
-         final_test: bool = True, heartbeat: int = 60, report_only: bool = False, echo: Any = print,
+         trials: int = commands.default(commands.TUNE, "trials"),
+         storage: str | None = commands.default(commands.TUNE, "storage"),
+         sampler: str = commands.default(commands.TUNE, "sampler"),
+         sampler_seed: int | None = commands.default(commands.TUNE, "sampler_seed"),
+         pruner: str = commands.default(commands.TUNE, "pruner"),
+         pruner_startup_trials: int = commands.default(commands.TUNE, "pruner_startup_trials"),
+         pruner_warmup_epochs: int = commands.default(commands.TUNE, "pruner_warmup_epochs"),
+         final_test: bool = commands.default(commands.TUNE, "final_test"),
+         heartbeat: int = commands.default(commands.TUNE, "heartbeat"),
+         report_only: bool = commands.default(commands.TUNE, "report_only"), echo: Any = print,
          **overrides: Any) -> TuneResult:
     """Tune the config's hyperparameters over ``space`` (a SPACE.yaml) with Optuna: ``trials`` trials in this
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
@@ -150,7 +160,8 @@ def doctor(model: str = commands.default(commands.DOCTOR, "model"),
     return examine(model, batch_size, budget_seconds)
 
 
-def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
+def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
+             raw_weights: bool = commands.default(commands.EVALUATE, "raw_weights"),
              output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
@@ -201,10 +212,16 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = commands.default
     return ReportResult(reading.format_table(comparison.rows), str(output), times, list(comparison.problems))
 
 
-def prepare_data(data_path: str | Path = "cifar10", dataset: str = "cifar10", synthetic: int | None = None,
-                 synthetic_test: int | None = None, seed: int = 0, image_size: int = 32,
-                 skip_bad_images: bool = False, drop_test_duplicates: bool = False,
-                 cache_dir: str | Path | None = None, crop_fraction: float = 1.0) -> PreparedData:
+def prepare_data(data_path: str | Path = commands.default(commands.PREPARE_DATA, "data_path"),
+                 dataset: str = commands.default(commands.PREPARE_DATA, "dataset"),
+                 synthetic: int | None = commands.default(commands.PREPARE_DATA, "synthetic"),
+                 synthetic_test: int | None = commands.default(commands.PREPARE_DATA, "synthetic_test"),
+                 seed: int = commands.default(commands.PREPARE_DATA, "seed"),
+                 image_size: int = commands.default(commands.PREPARE_DATA, "image_size"),
+                 skip_bad_images: bool = commands.default(commands.PREPARE_DATA, "skip_bad_images"),
+                 drop_test_duplicates: bool = commands.default(commands.PREPARE_DATA, "drop_test_duplicates"),
+                 cache_dir: str | Path | None = commands.default(commands.PREPARE_DATA, "cache_dir"),
+                 crop_fraction: float = commands.default(commands.PREPARE_DATA, "crop_fraction")) -> PreparedData:
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""

@@ -114,12 +114,14 @@ def print_seed_summary(result: SeedsResult) -> None:
     print(f"summary: {result.summary_file}")
 
 
-def evaluate(
-    checkpoint: str | None = None, config: str | None = None, json: bool = False, output_dir: str | None = None,
-    raw_weights: bool = False, **overrides: Any,
-) -> None:
+def evaluate(config: str | None = None, **flags: Any) -> None:
     """Evaluate a checkpoint on the test set; write its confusion matrix and its most confident mistakes (JSON and
-    PNG)."""
+    PNG). Its flags: config.commands.EVALUATE; the others are config keys."""
+    own = commands.resolve("evaluate", {key: value for key, value in flags.items()
+                                        if key in commands.defaults(commands.EVALUATE)}, commands.EVALUATE)
+    checkpoint, json, output_dir, raw_weights = (own[key] for key in ("checkpoint", "json", "output_dir",
+                                                                      "raw_weights"))
+    overrides = commands.others(flags, commands.EVALUATE)
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist.outputs import evaluation_files
@@ -149,9 +151,10 @@ def evaluate(
         print(f"calibration: ECE {metrics.ece:.4f} (15 bins), NLL {metrics.loss:.4f} (the loss)")
 
 
-def predict(*paths: str, checkpoint: str | None = None, top_k: int | None = None, json: bool = False, batch_size: int = 256,
-            tta: int | None = None, device: str | None = None, raw_weights: bool = False) -> None:
-    """Classify image files and folders; one line (or JSON object) per image."""
+def predict(*paths: str, **flags: Any) -> None:
+    """Classify image files and folders; one line (or JSON object) per image (its flags: config.commands.PREDICT)."""
+    values = commands.resolve("predict", flags, commands.PREDICT)
+    checkpoint, top_k, json, batch_size, tta, device, raw_weights = (values[one.name] for one in commands.PREDICT)
     if checkpoint is None:
         raise UserError("predict needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     if not paths:
@@ -258,15 +261,14 @@ def _parse_targets(targets: Any) -> list[float]:
     return goals
 
 
-def prepare_data(
-    data_path: str = "cifar10", synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0,
-    dataset: str = "cifar10", image_size: int = 32, skip_bad_images: bool = False,
-    drop_test_duplicates: bool = False, cache_dir: str | None = None, crop_fraction: float = 1.0,
-) -> None:
+def prepare_data(**flags: Any) -> None:
     """Download and verify CIFAR-10 (or CIFAR-100), write a synthetic dataset in the same format, or build and
-    check an image folder's cache (dataset=folder) and print its card."""
-    prepared = api.prepare_data(str(data_path), str(dataset), synthetic, synthetic_test, int(seed), int(image_size),
-                                bool(skip_bad_images), bool(drop_test_duplicates), cache_dir, float(crop_fraction))
+    check an image folder's cache (dataset=folder) and print its card (its flags: config.commands.PREPARE_DATA)."""
+    values = commands.resolve("prepare-data", flags, commands.PREPARE_DATA)
+    prepared = api.prepare_data(str(values["data_path"]), str(values["dataset"]), values["synthetic"],
+                                values["synthetic_test"], int(values["seed"]), int(values["image_size"]),
+                                bool(values["skip_bad_images"]), bool(values["drop_test_duplicates"]),
+                                values["cache_dir"], float(values["crop_fraction"]))
     if prepared.card is not None:
         print(prepared.card)
         return
@@ -279,15 +281,14 @@ def prepare_data(
           f"structure; files {official} the official release's md5 sums")
 
 
-def tune(config: str | None = None, space: str | None = None, study: str | None = None, trials: int = 10,
-         storage: str | None = None, sampler: str = "tpe", sampler_seed: int | None = None, pruner: str = "median",
-         pruner_startup_trials: int = 5, pruner_warmup_epochs: int = 0, final_test: bool = True,
-         heartbeat: int = 60, report_only: bool = False, **overrides: Any) -> None:
-    """Tune hyperparameters with Optuna (see cli_help.TUNE_HELP); prints a line per trial, the table and the best."""
-    if study is None:
+def tune(config: str | None = None, **flags: Any) -> None:
+    """Tune hyperparameters with Optuna (see cli_help.TUNE_HELP; its flags: config.commands.TUNE, the others are
+    config keys); prints a line per trial, the table and the best."""
+    own = commands.resolve("tune", {key: value for key, value in flags.items()
+                                    if key in commands.defaults(commands.TUNE)}, commands.TUNE)
+    if own["study"] is None:
         raise UserError("tune needs --study=NAME (the study's name and its folder under output_path)")
-    api.tune(config, space, str(study), trials, storage, sampler, sampler_seed, pruner, pruner_startup_trials,
-             pruner_warmup_epochs, final_test, heartbeat, report_only, **overrides)
+    api.tune(config, **{**own, "study": str(own["study"])}, **commands.others(flags, commands.TUNE))
 
 
 def show_config(config: str | None = None, **overrides: Any) -> None:

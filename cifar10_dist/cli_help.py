@@ -2,11 +2,18 @@
 filled with every config key, its default and meaning, from ``config.describe_options``; the export formats come
 from ``serve.formats``)."""
 
+from typing import Any
+
 from cifar10_dist.config import commands
 from cifar10_dist.config.commands import flags_of, help_block
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
 from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT, NAMES
+
+def flags_block(*declared: Any) -> str:
+    """A page's flag lines (``config.commands.help_block``), its braces kept through the page's ``format``."""
+    return help_block(*declared).replace("{", "{{").replace("}", "}}")
+
 
 RUN_HELP = """\
 Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
@@ -19,7 +26,7 @@ Values come from the defaults below, then the YAML file, then the command line.
 {options}
 """
 
-LR_FIND_FLAGS = help_block(flags_of(LrSweep), [OUTPUT_DIR])
+LR_FIND_FLAGS = flags_block(flags_of(LrSweep), [OUTPUT_DIR])
 
 LR_FIND_HELP = f"""\
 Usage: cifar10-dist lr-find [--config=FILE.yaml] [--start_lr=1e-6] [--end_lr=1] [--num_iter=100] [--KEY=VALUE ...]
@@ -52,13 +59,13 @@ else "no difference measurable" and the config's batch is kept. Sizes are per pr
 global (times the planned world size), with learning_rate scaled to it by the optimizer's rule (linear for
 SGD, square root for AdamW).
 
-{help_block(commands.BATCH_SIZE)}
+{flags_block(commands.BATCH_SIZE)}
   --config=None              YAML file with any of run's keys
   --debug                    show tracebacks for errors
 {{options}}
 """
 
-EVALUATE_HELP = """\
+EVALUATE_HELP = f"""\
 Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
 
 Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
@@ -67,16 +74,13 @@ The checkpoint's recorded model (and model_kwargs), dataset, data_path and synth
 given here.
 Batch and launch keys as for run.
 
-  --checkpoint=PATH          checkpoint file to evaluate (required)
-  --json                     print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line
-  --output_dir=None          folder for the confusion matrix files (default: the checkpoint's folder)
-  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
+{flags_block(commands.EVALUATE)}
   --config=None              YAML file with any of the keys below
   --debug                    show tracebacks for errors
-{options}
+{{options}}
 """
 
-PREDICT_HELP = """\
+PREDICT_HELP = f"""\
 Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=N] [--json] [--batch_size=256] [--tta=N]
 
 Classify image files with a saved model: one line per image with its top-k classes and probabilities.
@@ -84,14 +88,7 @@ PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched r
 converted to RGB; those that are not 32x32 are resized (shorter side to 32 pixels, then the centre 32x32).
 A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.
 
-  --checkpoint=FILE          training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt), or an
-                             ONNX file of export (int8 too), run by ONNX Runtime on the CPU
-  --top_k=N                  classes shown per image (default: 3, or all of a model's classes when it has fewer)
-  --json                     one JSON object per line: path and top-k classes with probabilities
-  --batch_size=256           images per forward pass
-  --tta=None                 test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)
-  --device=None              cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)
-  --raw_weights              a run with ema_decay: use the trained weights, not the EMA (training checkpoints)
+{flags_block(commands.PREDICT)}
   --debug                    show tracebacks for errors
 """
 
@@ -105,11 +102,11 @@ compared with the PyTorch model before it appears: logits within 1e-3 of their s
 logit) and the same top-1 class, or no file.
 Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs)}; the others need torch alone
 
-{help_block(EXPORT_FLAGS, flags_of(Quantization))}
+{flags_block(EXPORT_FLAGS, flags_of(Quantization))}
   --debug                    show tracebacks for errors
 """
 
-TUNE_HELP = """\
+TUNE_HELP = f"""\
 Usage: cifar10-dist tune --config=FILE.yaml --space=SPACE.yaml --study=NAME [--trials=10] [--storage=URL]
                          [--sampler=tpe|random|grid] [--pruner=median|hyperband|none] [--final_test=True]
                          [--report_only] [--KEY=VALUE ...] [--debug]
@@ -120,26 +117,13 @@ processes given the same study and storage share the work. At the end: a table o
 and plots in output_path/NAME, and the best trial's best model evaluated once on the test set.
 Needs: pip install 'cifar10-dist[tune]'
 
-  --space=FILE               YAML: key: {{type: float|int|categorical, low, high, log, step, choices}} per config key
-  --study=NAME               study name (also the folder under output_path)
-  --trials=10                trials this process runs (workers sharing a study add theirs up)
-  --storage=None             journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as
-                             postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)
-  --sampler=tpe              tpe, random, or grid (every key categorical or an int range)
-  --sampler_seed=None        seed of the sampler (give each worker its own)
-  --pruner=median            median, hyperband or none; asked after every validation (validate_every)
-  --pruner_startup_trials=5  median pruner: trials that run to the end before any is pruned
-  --pruner_warmup_epochs=0   median pruner: epochs of each trial that are never pruned
-  --final_test=True          after the last trial, the best trial's best model on the test set, once
-  --heartbeat=60             seconds between liveness beats of a running trial (database storages): a trial
-                             silent for 2 beats is failed and run again from its newest checkpoint by a worker
-  --report_only              only print the table and write best_config.yaml and the plots of the study
+{flags_block(commands.TUNE)}
   --config=None              YAML file with the keys of the base config (see run --help)
   --debug                    show tracebacks for errors
-{options}
+{{options}}
 """
 
-PREPARE_HELP = """\
+PREPARE_HELP = f"""\
 Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100|folder] [--data_path=DIR] [--synthetic=N]
                                  [--synthetic_test=M] [--seed=S] [--image_size=32] [--skip_bad_images]
                                  [--drop_test_duplicates] [--cache_dir=DIR] [--crop_fraction=1.0] [--debug]
@@ -149,16 +133,7 @@ a synthetic dataset in the same on-disk format; with --dataset=folder, decode an
 (DIR/train/<class>/..., optionally test/ and val/) into its cache, check it and print its card: classes with
 counts per split, image sizes, normalisation, duplicates across splits, unreadable files, cache size and time.
 
-  --dataset=cifar10          cifar10, cifar100 or folder
-  --data_path=cifar10        folder that gets cifar-10-batches-py (or cifar-100-python), or the image folder
-  --synthetic=None           write N synthetic training images instead of downloading CIFAR-10
-  --synthetic_test=None      synthetic test images (default: N // 5)
-  --seed=0                   seed of the synthetic images
-  --image_size=32            folder: the size images are trained at (stored at image_size / crop_fraction)
-  --crop_fraction=1.0        folder: as the runs that will read the cache give it (e.g. 0.875)
-  --skip_bad_images          folder: leave out unreadable files (else refused, naming them)
-  --drop_test_duplicates     folder: remove test/val images that are copies of training images
-  --cache_dir=None           folder: where the cache goes (default DIR/.cifar10_dist_cache)
+{flags_block(commands.PREPARE_DATA)}
   --debug                    show tracebacks for errors
 """
 
@@ -173,7 +148,7 @@ here, and advice only where a difference is beyond the spread ("not measurable h
 takes about budget_seconds per setting (about 6 s on a CPU), at most (settings + 1) x budget_seconds when a
 slow machine needs a smaller batch. Attach --json's output to bug reports.
 
-{help_block(commands.DOCTOR)}
+{flags_block(commands.DOCTOR)}
   --debug                    show tracebacks for errors
 """
 
@@ -183,7 +158,7 @@ Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--target
 Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
 each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
 
-{help_block(commands.REPORT)}
+{flags_block(commands.REPORT)}
   --debug                    show tracebacks for errors
 """
 

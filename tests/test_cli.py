@@ -148,8 +148,9 @@ def shown(value) -> str | None:
 @pytest.mark.parametrize("command", sorted(API_OF))
 def test_a_commands_flags_and_defaults_are_the_same_in_its_help_page_cli_and_api(command):
     """What the help page says a flag defaults to is what the CLI and the API do: each command's own flags are
-    declared once (config.commands: lr-find's in config.lr_sweep, export's in serve.exporting, batch-size's,
-    report's and doctor's there) or, where still written by hand in a signature, checked here against the page."""
+    declared once (config.commands: lr-find's in config.lr_sweep, export's in serve.exporting, the others' there),
+    and the CLI and the API read them there: a flag on the page is the declared one, and a signature's default is
+    the declared default."""
     from cifar10_dist import api, cli
     from cifar10_dist.config import commands
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
@@ -157,7 +158,9 @@ def test_a_commands_flags_and_defaults_are_the_same_in_its_help_page_cli_and_api
 
     declared = {"lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
                 "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization)),
-                "batch-size": commands.BATCH_SIZE, "report": commands.REPORT, "doctor": commands.DOCTOR}.get(command, ())
+                "batch-size": commands.BATCH_SIZE, "report": commands.REPORT, "doctor": commands.DOCTOR,
+                "evaluate": commands.EVALUATE, "predict": commands.PREDICT, "tune": commands.TUNE,
+                "prepare-data": commands.PREPARE_DATA}[command]
     on_page = page_flags(command)
     for one in declared:
         assert on_page.get(one.name, "absent") == (one.shown if one.shown is not None else shown(one.default)), one

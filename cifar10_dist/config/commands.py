@@ -1,8 +1,8 @@
 """A command's own flags (those that are not config keys), declared once where the command's job is: as fields of
 a dataclass with ``flag(...)`` (its default and help), or as ``Flag`` records. The CLI and the API take their
 defaults from the declaration and the help pages print it (``help_block``); tests/test_cli.py compares all
-three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s; batch-size's, report's and doctor's are
-declared below (their jobs' modules import torch, and the help pages must not)."""
+three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s; the other commands' are declared below
+(their jobs' modules import torch, and the help pages must not)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,56 @@ DOCTOR = (
     Flag("batch_size", 32, "the probe's batch"),
     Flag("budget_seconds", 2.0, "about how long each probed setting runs (a step starts only if it still fits)"),
     Flag("json", False, "print the report as one JSON object"),
+)
+
+
+RAW_WEIGHTS = Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training "
+                                         "checkpoints)")
+EVALUATE = (
+    Flag("checkpoint", None, "checkpoint file to evaluate (required)", shown="PATH"),
+    Flag("json", False, "print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line"),
+    Flag("output_dir", None, "folder for the confusion matrix files (default: the checkpoint's folder)"),
+    RAW_WEIGHTS,
+)
+PREDICT = (
+    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt), or an ONNX "
+                             "file of export (int8 too), run by ONNX Runtime on the CPU", shown="FILE"),
+    Flag("top_k", None, "classes shown per image (default: 3, or all of a model's classes when it has fewer)",
+         shown="N"),
+    Flag("json", False, "one JSON object per line: path and top-k classes with probabilities"),
+    Flag("batch_size", 256, "images per forward pass"),
+    Flag("tta", None, "test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)"),
+    Flag("device", None, "cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)"),
+    RAW_WEIGHTS,
+)
+PREPARE_DATA = (
+    Flag("dataset", "cifar10", "cifar10, cifar100 or folder"),
+    Flag("data_path", "cifar10", "folder that gets cifar-10-batches-py (or cifar-100-python), or the image folder"),
+    Flag("synthetic", None, "write N synthetic training images instead of downloading CIFAR-10"),
+    Flag("synthetic_test", None, "synthetic test images (default: N // 5)"),
+    Flag("seed", 0, "seed of the synthetic images"),
+    Flag("image_size", 32, "folder: the size images are trained at (stored at image_size / crop_fraction)"),
+    Flag("crop_fraction", 1.0, "folder: as the runs that will read the cache give it (e.g. 0.875)"),
+    Flag("skip_bad_images", False, "folder: leave out unreadable files (else refused, naming them)"),
+    Flag("drop_test_duplicates", False, "folder: remove test/val images that are copies of training images"),
+    Flag("cache_dir", None, "folder: where the cache goes (default DIR/.cifar10_dist_cache)"),
+)
+TUNE = (
+    Flag("space", None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per config key",
+         shown="FILE"),
+    Flag("study", None, "study name (also the folder under output_path)", shown="NAME"),
+    Flag("trials", 10, "trials this process runs (workers sharing a study add theirs up)"),
+    Flag("storage", None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as "
+                          "postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)"),
+    Flag("sampler", "tpe", "tpe, random, or grid (every key categorical or an int range)"),
+    Flag("sampler_seed", None, "seed of the sampler (give each worker its own)"),
+    Flag("pruner", "median", "median, hyperband or none; asked after every validation (validate_every)"),
+    Flag("pruner_startup_trials", 5, "median pruner: trials that run to the end before any is pruned"),
+    Flag("pruner_warmup_epochs", 0, "median pruner: epochs of each trial that are never pruned"),
+    Flag("final_test", True, "after the last trial, the best trial's best model on the test set, once"),
+    Flag("heartbeat", 60, "seconds between liveness beats of a running trial (database storages): a trial silent "
+                          "for 2 beats is failed and run again from its newest checkpoint by a worker"),
+    Flag("report_only", False, "only print the table and write best_config.yaml and the plots of the study"),
 )
 
 
