@@ -46,7 +46,8 @@ def test_the_airbench_net_takes_16_to_32_pixels_and_is_airbenchs_own_at_32():
 def prepared_sides(config_overrides: dict, stored: int = 32, image_size: int = 32) -> list[int]:
     config = load_config(None, num_epochs=4, batch_size=8, **config_overrides)
     info = DatasetInfo(CLASSES, image_size=image_size, stored=stored)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), config, iterations_per_epoch=2, info=info)
+    prepare = batches.train_batch_preparer(torch.device("cpu"), batches.TrainAugmentation.of(config),
+                                           iterations_per_epoch=2, info=info)
     batch = (torch.randint(0, 256, (8, 3, stored, stored), dtype=torch.uint8), torch.randint(0, 10, (8,)))
     sides = []
     for iteration in range(1, 9):
@@ -66,7 +67,8 @@ def test_each_epoch_trains_at_its_side_for_padded_and_for_random_resized_crops()
 
 def test_a_resized_batch_is_the_full_batch_made_smaller():
     config = load_config(None, num_epochs=2, crop_padding=0, flip="none", resize_start=0.5, resize_until=0.5)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), config, 1, DatasetInfo(CLASSES))
+    prepare = batches.train_batch_preparer(torch.device("cpu"), batches.TrainAugmentation.of(config), 1,
+                                           DatasetInfo(CLASSES))
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     small, _ = prepare((images, torch.zeros(4, dtype=torch.long)), 1)
     full, _ = prepare((images, torch.zeros(4, dtype=torch.long)), 2)

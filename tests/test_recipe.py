@@ -281,7 +281,8 @@ def test_flip_all_and_none_and_pre_flip():
 
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), config, 3, cifar.cifar_info("cifar10"))
+    prepare = batches.train_batch_preparer(torch.device("cpu"), batches.TrainAugmentation.of(config), 3,
+                                           cifar.cifar_info("cifar10"))
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]

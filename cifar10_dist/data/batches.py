@@ -18,6 +18,34 @@ from cifar10_dist.data.records import DatasetInfo
 
 logger = logging.getLogger("cifar10_dist")
 
+
+@dataclass(frozen=True)
+class TrainAugmentation:
+    """The config keys a training batch's way to the model reads: what augments it, where it is cut, its layout
+    (``of``: from a run's config). The functions below take this, not the whole config."""
+
+    seed: int
+    num_epochs: int
+    epoch_length: int | None
+    channels_last: bool | str
+    data_on_device: bool
+    flip: str
+    crop_padding: int
+    crop_pad_mode: str
+    random_resized_crop: float  # the smallest area fraction of a random-resized crop (0: none)
+    resize_start: float
+    resize_until: float
+    auto_augment: str | None
+    auto_augment_magnitude: int | None
+    random_erasing: float
+    color_jitter: float
+    mixup_alpha: float
+    cutmix_alpha: float
+
+    @classmethod
+    def of(cls, config: Config) -> TrainAugmentation:
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 PrepareBatch = Callable[[Batch, int], Batch]  # (batch, iteration) -> (inputs, targets) on the device
 
@@ -86,7 +114,7 @@ def batched_crops(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def train_crops(config: Config, info: DatasetInfo) -> TrainCrops | None:
+def train_crops(config: TrainAugmentation, info: DatasetInfo) -> TrainCrops | None:
     """The run's random-resized crops and flips, or None without ``random_resized_crop``."""
     if not config.random_resized_crop:
         return None
@@ -95,7 +123,7 @@ def train_crops(config: Config, info: DatasetInfo) -> TrainCrops | None:
                       sizes)
 
 
-def crops_in_workers(config: Config, device: torch.device, workers: int) -> bool:
+def crops_in_workers(config: TrainAugmentation, device: torch.device, workers: int) -> bool:
     """Whether the loader's ``workers`` cut the random-resized crops: when training on a CPU with workers (they
     run beside the training process on the other cores, which would otherwise crop while the step waits), the
     images stay in host memory (no ``data_on_device``) and an epoch is one pass (iterations counted by the loader
@@ -112,8 +140,8 @@ def say_where_crops_are_cut(crops: TrainCrops | None, in_workers: bool, device: 
         logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 
 
-def train_batch_preparer(device: torch.device, config: Config, iterations_per_epoch: int, info: DatasetInfo,
-                         cropped_in_loader: bool = False) -> PrepareBatch:
+def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterations_per_epoch: int,
+                         info: DatasetInfo, cropped_in_loader: bool = False) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation (the

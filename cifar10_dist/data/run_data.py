@@ -66,7 +66,8 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     if config.num_workers == "auto" and not config.data_on_device:
         ranks.on_rank_zero(logger.info, "num_workers=auto: %d (%s)", workers, "training on the CPU from memory: "
                            "batches are read in the training process" if workers == 0 else "reads overlap the step")
-    crops = batches.train_crops(config, loaded.info) if batches.crops_in_workers(config, device, workers) else None
+    augment = batches.TrainAugmentation.of(config)
+    crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(config, device),

@@ -136,7 +136,8 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device, {})
     step = TrainStep(forward, optimizer, loss_fn, precision, Accumulation(config.accumulation_steps, model),
                      config.clip_grad_norm)
-    trainer = create_trainer(step, batches.train_batch_preparer(device, config, data_setup.iterations_per_epoch,
+    augment = batches.TrainAugmentation.of(config)
+    trainer = create_trainer(step, batches.train_batch_preparer(device, augment, data_setup.iterations_per_epoch,
                                                                 data_setup.info, data_setup.cropped_in_loader))
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
     if stop is not None:

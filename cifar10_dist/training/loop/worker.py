@@ -157,7 +157,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     trainer = create_trainer(optimization.step, batches.train_batch_preparer(
-        device, config, data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader))
+        device, batches.TrainAugmentation.of(config), data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader))
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,
                                            optimizers.whitening_bias_until(config, data_setup.total_iterations))
