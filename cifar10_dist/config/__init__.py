@@ -1,6 +1,7 @@
 """The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts, own rules and
-roles (``fields``; a tuning trial's spec: ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys together and the typed values parsed
-from text (``rules``), and building one from defaults, a YAML file and overrides, and the options' help (``loading``). Plain data: it
+roles (``fields``; a tuning trial's spec: ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys
+together and the typed values parsed from text (``rules``), building one from defaults, a YAML file and overrides,
+and the options' help (``loading``), and every command's own flags, declared once (``commands``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
 against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
 
