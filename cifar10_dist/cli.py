@@ -57,13 +57,12 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
 def batch_size(config: str | None = None, **flags: Any) -> None:
     """Measure which batch the run a config describes should take here (its flags: config.commands.BATCH_SIZE);
     print the table and the suggestion."""
-    values = commands.resolve("batch-size", {key: value for key, value in flags.items()
-                                             if key in commands.defaults(commands.BATCH_SIZE)}, commands.BATCH_SIZE)
+    values, overrides = commands.split("batch-size", flags, commands.BATCH_SIZE)
     batch_sizes = values["batch_sizes"]
     sizes = batch_sizes if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None else (
         [int(size) for size in str(batch_sizes).split(",")] if str(batch_sizes).replace(",", "").isdigit()
         else [batch_sizes])
-    result = api.batch_size(config, sizes, values["budget_seconds"], **commands.others(flags, commands.BATCH_SIZE))
+    result = api.batch_size(config, sizes, values["budget_seconds"], **overrides)
     if values["json"]:
         print(json_module.dumps(result.to_dict(), indent=2))
         return
@@ -117,11 +116,8 @@ def print_seed_summary(result: SeedsResult) -> None:
 def evaluate(config: str | None = None, **flags: Any) -> None:
     """Evaluate a checkpoint on the test set; write its confusion matrix and its most confident mistakes (JSON and
     PNG). Its flags: config.commands.EVALUATE; the others are config keys."""
-    own = commands.resolve("evaluate", {key: value for key, value in flags.items()
-                                        if key in commands.defaults(commands.EVALUATE)}, commands.EVALUATE)
-    checkpoint, json, output_dir, raw_weights = (own[key] for key in ("checkpoint", "json", "output_dir",
-                                                                      "raw_weights"))
-    overrides = commands.others(flags, commands.EVALUATE)
+    own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
+    checkpoint, json, output_dir, raw_weights = (own[one.name] for one in commands.EVALUATE)
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist.outputs import evaluation_files
@@ -284,11 +280,10 @@ def prepare_data(**flags: Any) -> None:
 def tune(config: str | None = None, **flags: Any) -> None:
     """Tune hyperparameters with Optuna (see cli_help.TUNE_HELP; its flags: config.commands.TUNE, the others are
     config keys); prints a line per trial, the table and the best."""
-    own = commands.resolve("tune", {key: value for key, value in flags.items()
-                                    if key in commands.defaults(commands.TUNE)}, commands.TUNE)
+    own, overrides = commands.split("tune", flags, commands.TUNE)
     if own["study"] is None:
         raise UserError("tune needs --study=NAME (the study's name and its folder under output_path)")
-    api.tune(config, **{**own, "study": str(own["study"])}, **commands.others(flags, commands.TUNE))
+    api.tune(config, **{**own, "study": str(own["study"])}, **overrides)
 
 
 def show_config(config: str | None = None, **overrides: Any) -> None:

@@ -164,6 +164,13 @@ def resolve(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -
     return values
 
 
+def split(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A command that also takes config keys: its own flags resolved (``resolve``), and the rest (the keys)."""
+    names = defaults(*declared)
+    return resolve(command, {key: value for key, value in given.items() if key in names}, *declared), \
+        others(given, *declared)
+
+
 def help_block(*declared: Iterable[Flag]) -> str:
     """The flag lines of a help page, in the order declared."""
     return "\n".join(one.line() for flags in declared for one in flags)
