@@ -56,7 +56,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         ranks.on_rank_zero(logger.info, "normalisation: the pretrained weights' own, mean %s, std %s (not the "
                            "data's)", _rounded(mean), _rounded(std))
     train_set, test_set = loaded.train, loaded.test
-    record = describe_run(config, loaded, device, precision)
+    record = describe_run(config.dataset, loaded, device, precision)
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
     else:
@@ -70,7 +70,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
-        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(config, device),
+        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(config.data_on_device, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
     )
@@ -97,14 +97,14 @@ def setup_evaluation_data(config: Config, device: torch.device) -> tuple[LoadedD
     batch_loaders = loaders.make_loaders(
         loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
         num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
-        train_eval_size=0, seed=config.seed, device=loader_device(config, device))
+        train_eval_size=0, seed=config.seed, device=loader_device(config.data_on_device, device))
     return loaded, batch_loaders
 
 
-def loader_device(config: Config, device: torch.device) -> torch.device | None:
+def loader_device(data_on_device: bool, device: torch.device) -> torch.device | None:
     """Where batches are cut: on the training device with data_on_device (the images moved there once), else in
     host memory (None)."""
-    return device if config.data_on_device else None
+    return device if data_on_device else None
 
 
 def training_images(config: Config) -> int:
@@ -129,12 +129,12 @@ def load_datasets(config: Config) -> LoadedData:
     return loaded
 
 
-def describe_run(config: Config, loaded: LoadedData, device: torch.device, precision: Precision
+def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precision: Precision
                  ) -> provenance.RunRecord:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
     checksum = ranks.on_rank_zero(data_sha256, loaded)
-    record = provenance.collect(config.dataset, checksum, device, precision.name)
+    record = provenance.collect(dataset, checksum, device, precision.name)
     images = {"train": len(loaded.train), **({"val": len(loaded.val)} if loaded.val is not None else {}),
               "test": len(loaded.test)}
     record.dataset.info, record.dataset.images = loaded.info.to_dict(), images

@@ -82,7 +82,7 @@ class EvaluationWorker:
                             "evaluate it on data with its classes")
         model = restoring.restore_model(checkpoint, self.checkpoint, len(info.classes), config.model,
                                         config.model_kwargs, self.raw_weights)
-        present = run_data.describe_run(config, loaded, device, precision)
+        present = run_data.describe_run(config.dataset, loaded, device, precision)
         for difference in provenance.differences(checkpoint_layout.recorded_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
