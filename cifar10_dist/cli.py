@@ -227,7 +227,7 @@ def int8_summary(found: dict[str, Any]) -> str:
     return (f"int8 calibrated {found['calibration']} on {found['calibration_images']} training images{chosen}\n"
             f"int8 on the {found['test_images']} test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
             f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
-            f"{found['min_agreement']:.0%})")
+            f"{found['min_agreement'] * 100:g}%)")
 
 
 def report(*run_dirs: str, **flags: Any) -> None:

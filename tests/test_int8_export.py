@@ -44,7 +44,8 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     # this 8-channel test model flips about 11 of its 301 low-margin test images (96%): a real one agrees more
     assert found["agreement"] >= 0.9 and abs(found["accuracy_int8"] - found["accuracy_fp32"]) < 0.03
     assert (f"int8 on the 301 test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
-            f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%}") in result.stdout
+            f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
+            "90%)") in result.stdout
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
     nodes = __import__("onnx").load(str(output)).graph.node
     assert any(node.op_type == "QuantizeLinear" for node in nodes)
@@ -81,6 +82,9 @@ def test_a_refusal_advises_a_min_agreement_that_is_then_accepted(trained, tmp_pa
                         min_agreement=float(advice.group(1)), calibration_method="minmax")
     assert Path(result.path) == output and output.is_file()
     assert [row["calibration"] for row in result.quantization["candidates"]] == ["minmax", "minmax per-tensor"]
+    from cifar10_dist import cli
+
+    assert f"(accepted from {float(advice.group(1)) * 100:g}%)" in cli.int8_summary(result.quantization)
 
 
 def test_an_int8_tie_at_the_top_is_no_agreement():
