@@ -7,6 +7,7 @@ three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s; the 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -181,5 +182,7 @@ def refuse_unknown(command: str, given: Mapping[str, Any], *declared: Iterable[F
     names = [one.name for flags in declared for one in flags]
     unknown = [key for key in given if key not in names]
     if unknown:
-        raise UserError(f"{command} does not take --{unknown[0]}: its flags are "
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f" (did you mean --{close[0]}?)" if close else ""
+        raise UserError(f"{command} does not take --{unknown[0]}{hint}: its flags are "
                         f"{', '.join('--' + name for name in names)} (cifar10-dist {command} --help)")
