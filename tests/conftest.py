@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -305,6 +306,24 @@ def assert_same_nested(a, b, where: str) -> None:
         assert torch.equal(a, b), f"{where} differs"
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def wait_until(run: subprocess.Popen, reached: Callable[[], bool], why: str, seconds: float = 120) -> None:
+    """Poll ``reached`` every 50 ms while the run started by start_cli goes on; fail with ``why`` if it ends or
+    ``seconds`` pass first."""
+    deadline = time.monotonic() + seconds
+    while not reached():
+        assert run.poll() is None and time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+def kill_when(run: subprocess.Popen, reached: Callable[[], bool], why: str, seconds: float = 120) -> None:
+    """SIGKILL the run's whole process group as soon as ``reached`` (``wait_until``), and reap it."""
+    import signal
+
+    wait_until(run, reached, why, seconds)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
 
 
 def stop_all(process: subprocess.Popen) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs.tracker_guard import RETRY_SECONDS
-from tests.conftest import SLOW_MODEL, TINY, run_cli, start_cli, stop_all
+from tests.conftest import SLOW_MODEL, TINY, kill_when, run_cli, start_cli, stop_all, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
                                 reason="mlflow server needs the full mlflow package (the dev extra installs it)")
@@ -128,16 +128,10 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
     run_dir, client = tmp_path / "k", MlflowClient(server.uri)
     run = start_cli(*command)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "mlflow.json").is_file():
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended without an MLflow run"
-            time.sleep(0.05)
+        wait_until(run, (run_dir / "mlflow.json").is_file, "the run ended without an MLflow run")
         run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
-        while 2 not in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")]:
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended before the store got epoch 2"
-            time.sleep(0.05)
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+        kill_when(run, lambda: 2 in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")],
+                  "the run ended before the store got epoch 2")
     finally:
         stop_all(run)
     newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))

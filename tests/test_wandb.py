@@ -7,16 +7,13 @@ when W&B is missing, and a resume after a SIGKILL that sends no step twice. The 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from cifar10_dist.outputs import wandb_history
-from tests.conftest import SLOW_MODEL, TINY, cli_env, run_cli, run_in_process, start_cli, stop_all
+from tests.conftest import SLOW_MODEL, TINY, cli_env, kill_when, run_cli, run_in_process, start_cli, stop_all
 
 wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
 
@@ -117,12 +114,8 @@ def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_
     run_dir = tmp_path / "k"
     run = start_cli(*command, env=environment())
     try:
-        deadline = time.monotonic() + 180
-        while recorded_batch_loss(run_dir) <= newest_checkpoint(run_dir):
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended before W&B recorded more"
-            time.sleep(0.05)
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+        kill_when(run, lambda: recorded_batch_loss(run_dir) > newest_checkpoint(run_dir),
+                  "the run ended before W&B recorded more", seconds=180)
     finally:
         stop_all(run)
     assert newest_checkpoint(run_dir) < recorded_batch_loss(run_dir) < 400  # steps the resume trains again
