@@ -311,7 +311,7 @@ def _help_text(argv: list[str]) -> str | None:
     if not argv or (asks_help and argv[0] not in COMMANDS):
         return cli_help.MAIN_HELP
     if asks_help:
-        return cli_help.PAGES[argv[0]].format(options=describe_options())
+        return cli_help.page(argv[0]).format(options=describe_options())
     return None
 
 

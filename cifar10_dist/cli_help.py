@@ -7,7 +7,6 @@ from typing import Any
 from cifar10_dist.config import commands
 from cifar10_dist.config.commands import flags_of, help_block
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
-from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT, NAMES
 
 def flags_block(*declared: Any) -> str:
@@ -92,7 +91,12 @@ A file that cannot be read gets one error line, the others are still classified,
   --debug                    show tracebacks for errors
 """
 
-EXPORT_HELP = f"""\
+def export_help() -> str:
+    """export's page: its flags are ``serve.exporting``'s, imported (with torch) only when this page is asked
+    for."""
+    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+
+    return f"""\
 Usage: cifar10-dist export --checkpoint=FILE --format={NAMES} [--output=PATH] [--quantize=int8] [--debug]
 
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
@@ -189,6 +193,12 @@ validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config
 refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
 """
 
-PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": EXPORT_HELP,
+PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": export_help,
         "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
         "doctor": DOCTOR_HELP, "config": CONFIG_HELP}
+
+
+def page(command: str) -> str:
+    """The help page of ``command`` (its ``{options}`` not yet filled)."""
+    found = PAGES[command]
+    return found() if callable(found) else found

@@ -137,7 +137,7 @@ def page_flags(command: str) -> dict[str, str | None]:
     """A help page's own flags (before its list of config keys): name -> the default it shows (None: a switch)."""
     from cifar10_dist import cli_help
 
-    page = cli_help.PAGES[command].split("{options}")[0].replace("{{options}}", "")
+    page = cli_help.page(command).split("{options}")[0].replace("{{options}}", "")
     return {match.group(1): match.group(2) for line in page.splitlines() if (match := FLAG_LINE.match(line))}
 
 

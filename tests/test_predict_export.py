@@ -328,7 +328,7 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
     table = [line for line in (repo / "docs" / "models-in-and-out.md").read_text().splitlines()
              if line.startswith("| `")]
     usage = run_in_process("export", "--checkpoint=x.pt")
-    places = {"export --help": cli_help.EXPORT_HELP, "--help": cli_help.MAIN_HELP, "api.export": api.export.__doc__,
+    places = {"export --help": cli_help.page("export"), "--help": cli_help.MAIN_HELP, "api.export": api.export.__doc__,
               "serve": serve.__doc__, "the usage error": usage.stderr,
               "the docs' table": "\n".join(line.split("|")[1] for line in table)}
     for place, text in places.items():
