@@ -240,6 +240,39 @@ class Slow(nn.Module):
 """
 
 
+# simple_cnn with a sleep before each training step's forward (SLOW_STEP_SECONDS, none where unset): it trains bit
+# for bit like simple_cnn, so a run stopped at a chosen point still compares with the simple_cnn references
+SLOW_CNN = """
+import os
+import time
+
+from cifar10_dist.models.networks import simple_cnn
+
+
+def sleep_when_training(module, inputs):
+    if module.training:
+        time.sleep(float(os.environ.get("SLOW_STEP_SECONDS", "0")))
+
+
+def slow_cnn(**kwargs):
+    model = simple_cnn(**kwargs)
+    model.register_forward_pre_hook(sleep_when_training)
+    return model
+"""
+# what a run started in the background to be stopped at a chosen point gets: 0.05 s a step, some 4 s for LONG's 72
+# iterations (the tiny CNN alone ran them in under a second, and a signal sent after the first checkpoint
+# sometimes came after the run had ended)
+SLOWLY = {"SLOW_STEP_SECONDS": "0.05"}
+
+
+@pytest.fixture(scope="session")
+def slow_cnn(tmp_path_factory) -> str:
+    """SLOW_CNN as a --model value (it takes simple_cnn's model_kwargs)."""
+    path = tmp_path_factory.mktemp("slow-cnn") / "slow_cnn.py"
+    path.write_text(SLOW_CNN)
+    return f"{path}:slow_cnn"
+
+
 def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None,
               fresh: bool = False):
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from cifar10_dist.config import FIELDS
-from tests.conftest import REPO, TINY_WIDTH, free_slurm_job_id, job_script_environment, stop_all, wait_for_file
+from tests.conftest import REPO, SLOWLY, TINY_WIDTH, free_slurm_job_id, job_script_environment, stop_all, wait_for_file
 
 SLURM_DIR = REPO / "scripts" / "slurm"
 JOB_SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))
@@ -58,8 +58,9 @@ def test_job_scripts_cover_every_documented_mode():
     assert "--gres-flags=allow-task-sharing" in (SLURM_DIR / "shared_gpu.sbatch").read_text()
 
 
-def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
-    tiny = {"model": "simple_cnn", "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
+def job_environment(tmp_path: Path, data: Path, job_id: str, model: str) -> dict[str, str]:
+    """The job's variables, with a config of 3 epochs of ``model`` (slow_cnn, SLOWLY: time to signal it)."""
+    tiny = {"model": model, "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
             "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5,
             "log_every_iters": 50}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
@@ -68,14 +69,14 @@ def job_environment(tmp_path: Path, data: Path, job_id: str) -> dict[str, str]:
         "SLURM_JOB_ID": job_id, "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
         "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "1", "SLURM_JOB_NODELIST": "localhost",
         "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(data), "CONFIG": str(tmp_path / "tiny.yaml"),
-        "OUTPUT_PATH": str(tmp_path / "out"), "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"),
+        "OUTPUT_PATH": str(tmp_path / "out"), "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), **SLOWLY,
     }
 
 
 @pytest.mark.slow
-def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes(small_dataset, tmp_path):
+def test_cpu_job_checkpoints_before_the_time_limit_and_the_requeued_job_finishes(small_dataset, tmp_path, slow_cnn):
     job_id = free_slurm_job_id()
-    env = job_environment(tmp_path, small_dataset, job_id)
+    env = job_environment(tmp_path, small_dataset, job_id, slow_cnn)
     run_dir = tmp_path / "out" / f"job-{job_id}"
     job = subprocess.Popen(["bash", str(SLURM_DIR / "cpu_gloo.sbatch")], cwd=REPO, env=env, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -27,6 +27,7 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.results import TuneResult
 from tests.conftest import (
     REPO,
+    SLOWLY,
     TINY,
     TINY_WIDTH,
     job_script_environment,
@@ -247,11 +248,11 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
 
 
 @pytest.mark.slow
-def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tmp_path):
+def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tmp_path, slow_cnn):
     space = write_space(tmp_path, {"learning_rate": SPACE["learning_rate"]})
     args = tune_args(small_dataset, tmp_path, space, "k", "--trials=1", "--heartbeat=1", "--final_test=False",
-                     "--num_epochs=3", *IN_MEMORY)
-    worker = start_cli(*args)
+                     "--num_epochs=3", f"--model={slow_cnn}", *IN_MEMORY)
+    worker = start_cli(*args, env=SLOWLY)
     try:
         checkpoint = wait_for_file(tmp_path / "k" / "trial-0", "training_checkpoint_*.pt", worker)
         os.killpg(worker.pid, signal.SIGKILL)
@@ -384,12 +385,12 @@ def test_the_recipe_options_are_searchable_and_their_bounds_checked(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_dataset, tmp_path):
+def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_dataset, tmp_path, slow_cnn):
     """scripts/slurm/tune_array.sbatch with the stand-in scontrol: USR1 before the time limit -> the running trial
     stops at a checkpoint and is queued again in the study (a journal file), the array task is requeued by its
     own id (ARRAYJOB_TASK), and the requeued task continues the trial from that checkpoint, then tests once."""
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({
-        "model": "simple_cnn", "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
+        "model": slow_cnn, "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
         "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 0,
         "validate_every": 1, "checkpoint_every": 5}))
     env = {**job_script_environment(), "SLURM_JOB_ID": "7001", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "1",
@@ -397,7 +398,7 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
            "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(small_dataset),
            "CONFIG": str(tmp_path / "base.yaml"), "SPACE": str(write_space(tmp_path)), "STUDY": "array",
            "TRIALS_PER_TASK": "1", "VAL_SPLIT": "0.2", "OUTPUT_PATH": str(tmp_path / "out"),
-           "FAKE_SLURM_LOG": str(tmp_path / "slurm.log")}
+           "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), **SLOWLY}
     script = REPO / "scripts" / "slurm" / "tune_array.sbatch"
     job = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

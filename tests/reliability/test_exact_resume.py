@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import (
     LONG,
+    SLOWLY,
     SPAWN_2,
     TINY,
     assert_same_training_state,
@@ -50,16 +51,16 @@ def test_resume_mid_epoch_ends_with_identical_state_and_metrics(reference, tmp_p
 
 
 @pytest.mark.slow
-def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference, tmp_path):
+def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference, tmp_path, slow_cnn):
     """A stop signal at whatever iteration the run has reached, then the identical command with resume_from=auto.
 
     One process gets SIGUSR1 (Slurm's usual warning signal); the 2-process run gets SIGTERM on the spawning
     parent only, which passes it on to its workers.
     """
     world_size, data_path, ref_dir = reference
-    command = ["run", *RUN, *LAUNCH[world_size], f"--data_path={data_path}", f"--output_path={tmp_path}",
-               "--run_name=job", "--resume_from=auto", "--checkpoint_every=3"]
-    process = start_cli(*command)
+    command = ["run", *RUN, *LAUNCH[world_size], f"--model={slow_cnn}", f"--data_path={data_path}",
+               f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto", "--checkpoint_every=3"]
+    process = start_cli(*command, env=SLOWLY)
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", process)
         stop_signal = signal.SIGUSR1 if world_size == 1 else signal.SIGTERM

@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from tests.conftest import LONG as LONG_RUN
-from tests.conftest import TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import (
+    SLOWLY,
+    TINY,
+    assert_same_training_state,
+    run_in_process,
+    start_cli,
+    stop_all,
+    wait_for_file,
+)
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
@@ -36,14 +44,15 @@ def command_line(pid: int) -> str:
 
 @pytest.mark.slow
 def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path,
-                                                                                    long_spawned_reference):
-    common = [*LONG, "--backend=gloo", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+                                                                                    long_spawned_reference, slow_cnn):
+    common = [*LONG, f"--model={slow_cnn}", "--backend=gloo", f"--data_path={small_dataset}",
+              f"--output_path={tmp_path}"]
 
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and the
     # workers, restarted gloo workers can read the dead round's addresses and hang (pytorch/pytorch#135712)
     job = start_cli("run", *common, "--run_name=job", "--resume_from=auto", "--dist_timeout=60",
                     torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=2"],
-                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **SLOWLY})
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
         victim = worker_pids(job.pid)[-1]
@@ -127,12 +136,12 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(sma
         assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point())
 
 
-def test_the_preemption_signal_is_configurable(small_dataset, tmp_path):
+def test_the_preemption_signal_is_configurable(small_dataset, tmp_path, slow_cnn):
     """A cluster that announces preemption with SIGUSR2: CIFAR10_DIST_PREEMPTION_SIGNALS=SIGUSR2 makes it a stop at
     a checkpoint with exit code 75, as SIGTERM is by default."""
-    process = start_cli("run", *TINY, "--num_epochs=6", "--checkpoint_every=5", f"--data_path={small_dataset}",
-                        f"--output_path={tmp_path}", "--run_name=usr2",
-                        env={"CIFAR10_DIST_PREEMPTION_SIGNALS": "SIGUSR2"})
+    process = start_cli("run", *TINY, f"--model={slow_cnn}", "--num_epochs=6", "--checkpoint_every=5",
+                        f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=usr2",
+                        env={"CIFAR10_DIST_PREEMPTION_SIGNALS": "SIGUSR2", **SLOWLY})
     try:
         wait_for_file(tmp_path / "usr2", "training_checkpoint_*.pt", process)
         process.send_signal(signal.SIGUSR2)  # without the variable, SIGUSR2 would end the process at once

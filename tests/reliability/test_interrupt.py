@@ -19,6 +19,7 @@ from cifar10_dist import api, load_config
 from cifar10_dist.errors import Interrupted
 from tests.conftest import (
     LONG,
+    SLOWLY,
     TINY,
     assert_same_training_state,
     run_in_process,
@@ -36,9 +37,10 @@ INTERRUPTED = re.compile(r"interrupted at epoch (\d+), iteration (\d+): checkpoi
 
 
 def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, float, list[int]]:
-    """Start a 2-process run (RUN and extra flags), call send(launcher) after its first checkpoint; returns (exit
-    code, stderr, seconds from the signal to the launcher's end, worker pids)."""
-    job = start_cli("run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job")
+    """Start a 2-process run (RUN and extra flags; SLOWLY, for a --model=slow_cnn), call send(launcher) after its
+    first checkpoint; returns (exit code, stderr, seconds from the signal to the launcher's end, worker pids)."""
+    job = start_cli("run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job",
+                    env=SLOWLY)
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", job)
         workers = worker_pids(job.pid)
@@ -51,9 +53,10 @@ def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, fl
 
 
 @pytest.mark.slow
-def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(small_dataset, tmp_path,
+def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(small_dataset, tmp_path, slow_cnn,
                                                                                   long_spawned_reference):
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT))
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT),
+                                               f"--model={slow_cnn}")
     print(f"Ctrl-C to exit: {seconds:.2f} s")
     assert code == 130, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
@@ -64,16 +67,17 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert gone(workers)
 
-    again = run_in_process("run", *RUN, *SPAWN, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                           "--run_name=job", "--resume_from=auto")
+    again = run_in_process("run", *RUN, *SPAWN, f"--model={slow_cnn}", f"--data_path={small_dataset}",
+                           f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"continuing from {match.group(3)}" in run_log(again, tmp_path / "job")
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
 
 @pytest.mark.slow
-def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path):
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT))
+def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path, slow_cnn):
+    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT),
+                                               f"--model={slow_cnn}")
     assert code == 130, stderr[-3000:]
     assert INTERRUPTED.fullmatch(stderr.strip().splitlines()[-1]), stderr[-1000:]
     assert "Traceback" not in stderr

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import LONG, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import (
+    LONG,
+    SLOWLY,
+    assert_same_training_state,
+    run_in_process,
+    start_cli,
+    stop_all,
+    wait_for_file,
+)
 
 RUN = [*LONG, "--checkpoint_every=4"]  # 72 iterations, a checkpoint every 4
 FINAL = "training_checkpoint_72.pt"
@@ -50,11 +58,12 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-def interrupt_by_output_fault(small_dataset: Path, output: Path, break_filesystem) -> tuple[list[str], str]:
-    """Start the run, break its filesystem after the first checkpoint, return (command, stderr)."""
-    command = ["run", *RUN, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=job",
-               "--resume_from=auto"]
-    process = start_cli(*command)
+def interrupt_by_output_fault(small_dataset: Path, output: Path, slow_cnn: str,
+                              break_filesystem) -> tuple[list[str], str]:
+    """Start the run (SLOWLY), break its filesystem after the first checkpoint, return (command, stderr)."""
+    command = ["run", *RUN, f"--model={slow_cnn}", f"--data_path={small_dataset}", f"--output_path={output}",
+               "--run_name=job", "--resume_from=auto"]
+    process = start_cli(*command, env=SLOWLY)
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", process)
         break_filesystem()
@@ -79,9 +88,9 @@ def assert_run_folder_is_clean(run_dir: Path) -> None:
 
 
 def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(small_dataset, small_filesystem,
-                                                                               reference):
+                                                                               reference, slow_cnn):
     fillers = []
-    command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem,
+    command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, slow_cnn,
                                                 lambda: fillers.append(fill(small_filesystem)))
     run_dir = small_filesystem / "job"
     last_line = stderr.strip().splitlines()[-1]
@@ -100,7 +109,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(sma
 
 
 @pytest.mark.slow
-def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, small_filesystem, reference):
+def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, small_filesystem, reference, slow_cnn):
     """The run folder becomes read-only under the running process: a read-only bind mount over it (a remount of
     the whole filesystem is refused while the run holds files open, its lock among them)."""
     run_dir = small_filesystem / "job"
@@ -115,7 +124,7 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
             time.sleep(0.02)
         raise AssertionError(f"could not make {run_dir} read-only: {remounted.stderr}")
 
-    command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, make_read_only)
+    command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, slow_cnn, make_read_only)
     last_line = stderr.strip().splitlines()[-1]
     assert re.match(rf"error: cannot write \S+ in {re.escape(str(run_dir))}: Read-only file system", last_line), last_line
     assert "Traceback" not in stderr, stderr[-4000:]
