@@ -220,26 +220,6 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     return subprocess.CompletedProcess(["cifar10-dist", "run"], code, stdout, stderr), folder / "output"
 
 
-# a user model file whose training step takes 0.1 s (SLOW_STEP_SECONDS where set): time to watch a run and stop it
-# at a chosen point
-SLOW_MODEL = """
-import os
-import time
-from torch import nn
-
-
-class Slow(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.head = nn.Linear(3, 10)
-
-    def forward(self, images):
-        if self.training:
-            time.sleep(float(os.environ.get("SLOW_STEP_SECONDS", "0.1")))
-        return self.head(images.mean(dim=(2, 3)))
-"""
-
-
 # simple_cnn with a sleep before each training step's forward (SLOW_STEP_SECONDS, none where unset): it trains bit
 # for bit like simple_cnn, so a run stopped at a chosen point still compares with the simple_cnn references
 SLOW_CNN = """

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs.tracker_guard import RETRY_SECONDS
-from tests.conftest import SLOW_MODEL, TINY, kill_when, run_cli, start_cli, stop_all, wait_until
+from tests.conftest import TINY, kill_when, run_cli, start_cli, stop_all, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
                                 reason="mlflow server needs the full mlflow package (the dev extra installs it)")
@@ -114,19 +114,18 @@ def server(module_server):
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path):
+def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_twice(server, tmp_path, slow_cnn):
     """SIGKILL as soon as the store has epoch 2's metrics (10 iterations an epoch, a checkpoint every 15): the store
     then has steps after the newest checkpoint, which the resume trains, evaluates and logs again; the store gets
     none of them a second time, and every step of the run once."""
     from mlflow.tracking import MlflowClient
 
-    (tmp_path / "slow.py").write_text(SLOW_MODEL)  # 0.1 s a training step: time to see the store and kill
-    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
+    command = ["run", *TINY, f"--model={slow_cnn}", "--dataset=synthetic",
                "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
                "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow", f"--mlflow_tracking_uri={server.uri}",
                f"--output_path={tmp_path}", "--run_name=k"]
     run_dir, client = tmp_path / "k", MlflowClient(server.uri)
-    run = start_cli(*command)
+    run = start_cli(*command, env={"SLOW_STEP_SECONDS": "0.1"})  # time to see the store and kill
     try:
         wait_until(run, (run_dir / "mlflow.json").is_file, "the run ended without an MLflow run")
         run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs import wandb_history
-from tests.conftest import SLOW_MODEL, TINY, cli_env, kill_when, run_cli, run_in_process, start_cli, stop_all
+from tests.conftest import TINY, cli_env, kill_when, run_cli, run_in_process, start_cli, stop_all
 
 wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
 
@@ -101,25 +101,24 @@ def recorded_batch_loss(run_dir: Path) -> int:
     return wandb_history.last_steps(run_dir, run_id).get("training/batch_loss", 0)
 
 
-def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_twice(tmp_path):
+def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_twice(tmp_path, slow_cnn):
     """SIGKILL once W&B's transaction log holds iterations after the newest checkpoint (10 iterations an epoch, a
     checkpoint every 15; W&B writes its log in blocks, so the first launch may run up to 40 epochs of 0.1 s steps
     for that, and the resume runs without the sleep): the resume trains and logs them again, and W&B gets none of
     them a second time, and every step of the run once (the two sessions' .wandb files read back)."""
-    (tmp_path / "slow.py").write_text(SLOW_MODEL)
-    command = ["run", *TINY, f"--model={tmp_path / 'slow.py'}:Slow", "--model_kwargs={}", "--dataset=synthetic",
+    command = ["run", *TINY, f"--model={slow_cnn}", "--dataset=synthetic",
                "--synthetic_size=320", "--train_eval_size=0", "--validate_every=5", "--num_epochs=40",
                "--checkpoint_every=15", "--log_every_iters=1", "--with_wandb", f"--output_path={tmp_path}",
                "--run_name=k"]
     run_dir = tmp_path / "k"
-    run = start_cli(*command, env=environment())
+    run = start_cli(*command, env={**environment(), "SLOW_STEP_SECONDS": "0.1"})
     try:
         kill_when(run, lambda: recorded_batch_loss(run_dir) > newest_checkpoint(run_dir),
                   "the run ended before W&B recorded more", seconds=180)
     finally:
         stop_all(run)
     assert newest_checkpoint(run_dir) < recorded_batch_loss(run_dir) < 400  # steps the resume trains again
-    resumed = run_cli(*command, "--resume_from=auto", env={**environment(), "SLOW_STEP_SECONDS": "0"})
+    resumed = run_cli(*command, "--resume_from=auto", env=environment())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps: dict[str, list[int]] = {}
     for session in sessions(run_dir):
