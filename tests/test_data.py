@@ -201,3 +201,44 @@ def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_out
     assert loaders.workers_for("auto", cpu, cache) == 2 and loaders.workers_for("auto", cpu, torch.zeros(2)) == 0
     assert loaders.workers_for("auto", cuda, None) == 2 and loaders.workers_for(5, cpu, cache) == 5
     assert loaders.workers_for(0, cuda, None) == 0
+
+
+def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host_loader(monkeypatch):
+    """data_on_device: a pass's order becomes a tensor once (sent to the device once: on CUDA through pinned memory,
+    non-blocking) and each batch is a slice of it; no batch makes a tensor from its list of indices (on a GPU each
+    did, and each such copy made the host wait). The batches, their numbers and a resumed pass are the host
+    loader's."""
+    train, test = make_synthetic(200, 40, 0)
+    host = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3)
+    device = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3,
+                                  device=torch.device("cpu"))
+    from_lists = []  # the length of each list a tensor is made from
+    as_tensor = torch.as_tensor
+
+    def counted(data, *args, **kwargs):
+        if isinstance(data, list):
+            from_lists.append(len(data))
+        return as_tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "as_tensor", counted)
+
+    def passes(made, start: int = 0):
+        sampler = loaders.batch_sampler_of(made.train)
+        seen = []
+        for epoch in (0, 1):
+            sampler.sampler.set_epoch(epoch)
+            sampler.sampler.start_next_pass_at(start if epoch else 0)
+            seen += [(batch.epoch, batch.iteration, batch, *made.train.dataset.__getitems__(batch)) for batch in sampler]
+        return seen
+
+    on_host = passes(host)
+    assert from_lists == [32] * 12  # 6 batches a pass, a tensor made from each batch's list
+    from_lists.clear()
+    on_device = passes(device)
+    assert from_lists == [200, 200]  # the pass's order, once a pass
+    assert [(e, i, list(b)) for e, i, b, _, _ in on_device] == [(e, i, list(b)) for e, i, b, _, _ in on_host]
+    assert all(torch.equal(a[3], b[3]) and torch.equal(a[4], b[4]) for a, b in zip(on_host, on_device))
+    assert all(batch.on_device.tolist() == list(batch) for _, _, batch, _, _ in on_device)
+    resumed = passes(device, start=64)  # epoch 1 continued after its second batch
+    assert [(e, i) for e, i, *_ in resumed] == [(e, i) for e, i, *_ in on_host if e == 0 or i > 8]
+    assert all(torch.equal(a[3], b[3]) for a, b in zip(resumed[6:], on_host[8:]))

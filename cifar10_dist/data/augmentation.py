@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from cifar10_dist.data.records import MEAN, STD
+from cifar10_dist.data.uploads import upload
 
 PAD = 4  # pixels of padding before the random crop, CIFAR's default
 
@@ -33,13 +34,13 @@ def augment(
         return images  # nothing to draw or move
     count, size = images.shape[0], images.shape[-1]
     if padding == 0:  # a flip alone, without the gather of a crop: the same draws as below, the same images
-        flips = flip_draws(count, generator, flip).to(images.device)
+        flips = upload(flip_draws(count, generator, flip), images.device)
         return torch.where(flips[:, None, None, None], images.flip(-1), images)
     mode = "constant" if pad_mode == "zeros" else "reflect"
     padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
-    offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator).to(images.device)
+    offsets = upload(torch.randint(0, 2 * padding + 1, (2, count), generator=generator), images.device)
     if flip == "random":
-        flips = (torch.rand(count, generator=generator) < 0.5).to(images.device)
+        flips = upload(torch.rand(count, generator=generator) < 0.5, images.device)
     else:
         flips = torch.full((count,), flip == "all", device=images.device)
     steps = torch.arange(size, device=images.device)
@@ -115,12 +116,12 @@ def batched_resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, 
     instead of several per image, which is what a GPU pays for."""
     from torchvision.ops import roi_align
 
-    top, left, height, width = boxes.to(images.device, torch.float32).unbind(1)
+    top, left, height, width = upload(boxes.float(), images.device).unbind(1)
     index = torch.arange(len(images), device=images.device, dtype=torch.float32)
     regions = torch.stack([index, left, top, left + width, top + height], dim=1)
     crops = roi_align(images.float(), regions, (size, size), spatial_scale=1.0, sampling_ratio=0, aligned=True)
     if flips is not None:
-        crops = torch.where(flips.to(images.device)[:, None, None, None], crops.flip(-1), crops)
+        crops = torch.where(upload(flips, images.device)[:, None, None, None], crops.flip(-1), crops)
     return crops.round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -189,9 +190,9 @@ def brightness_contrast(inputs: torch.Tensor, amount: float, generator: torch.Ge
     dataset's mean). torchvision's ColorJitter given a batch draws one factor for all of it."""
     if amount <= 0:
         return inputs
-    shape = (len(inputs), 1, 1, 1)
-    shift = (torch.rand(shape, generator=generator, device=inputs.device) * 2 - 1) * amount
-    scale = (torch.rand(shape, generator=generator, device=inputs.device) * 2 - 1) * amount + 1
+    shape = (len(inputs), 1, 1, 1)  # drawn on the CPU, as every draw here (a CPU generator), then sent
+    shift = (upload(torch.rand(shape, generator=generator), inputs.device) * 2 - 1) * amount
+    scale = (upload(torch.rand(shape, generator=generator), inputs.device) * 2 - 1) * amount + 1
     return inputs.add_(shift).mul_(scale)
 
 

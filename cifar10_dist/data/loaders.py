@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
 from cifar10_dist.data.records import ImageSet, MappedImages
+from cifar10_dist.data.uploads import upload
 from cifar10_dist.errors import UserError
 
 
@@ -20,10 +21,12 @@ BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 imag
 
 
 class NumberedBatch(list):
-    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts) it is."""
+    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts) it is;
+    with data on a device, also those indices there (``on_device``: a slice of the pass's order, sent once)."""
 
     epoch: int
     iteration: int
+    on_device: torch.Tensor | None = None
 
 
 class BatchTensorDataset(Dataset):
@@ -42,7 +45,9 @@ class BatchTensorDataset(Dataset):
         return self.images[index], self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, device=self.images.device)
+        index = getattr(indices, "on_device", None)
+        if index is None:
+            index = upload(torch.as_tensor(indices), self.images.device)
         images = self.images[index]
         if self.transform is not None and isinstance(indices, NumberedBatch):
             images = self.transform(images, indices.epoch, indices.iteration)
@@ -76,17 +81,26 @@ class ResumableSampler(DistributedSampler):
 
 class NumberedBatches(BatchSampler):
     """Full batches of a ResumableSampler's pass, each numbered with its epoch and iteration: the pass of epoch
-    e (``set_epoch``) starting at position p (``start_next_pass_at``) holds iterations e x len + p / batch + 1 on."""
+    e (``set_epoch``) starting at position p (``start_next_pass_at``) holds iterations e x len + p / batch + 1 on.
+    With ``device`` (the images are there), the pass's order is sent there once and each batch carries its slice
+    of it: no batch makes a tensor from its list of indices, and none waits for the device."""
 
-    def __init__(self, sampler: ResumableSampler, batch_size: int) -> None:
+    def __init__(self, sampler: ResumableSampler, batch_size: int, device: torch.device | None = None) -> None:
         super().__init__(sampler, batch_size, drop_last=True)
+        self.device = device
 
     def __iter__(self) -> Iterator[NumberedBatch]:
         epoch = self.sampler.epoch
         first = epoch * len(self) + self.sampler.start // self.batch_size + 1  # read before the pass resets start
-        for offset, indices in enumerate(super().__iter__()):
-            batch = NumberedBatch(indices)
+        order = list(self.sampler)
+        batches = len(order) // self.batch_size
+        on_device = upload(torch.as_tensor(order), self.device) if self.device is not None else None
+        for offset in range(batches):
+            where = slice(offset * self.batch_size, (offset + 1) * self.batch_size)
+            batch = NumberedBatch(order[where])
             batch.epoch, batch.iteration = epoch, first + offset
+            if on_device is not None:
+                batch.on_device = on_device[where]
             yield batch
 
 
@@ -234,7 +248,7 @@ def make_loaders(
     with warnings.catch_warnings():  # our batch sampler is the distributed one: Ignite's caution does not apply
         warnings.filterwarnings("ignore", message="Found batch_sampler in provided kwargs")
         train_loader = idist.auto_dataloader(
-            train_dataset, batch_sampler=NumberedBatches(train_sampler, per_process), **common
+            train_dataset, batch_sampler=NumberedBatches(train_sampler, per_process, device), **common
         )
     train_eval_loader = None
     if train_eval_size > 0:

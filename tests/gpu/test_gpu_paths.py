@@ -1,6 +1,7 @@
 """Every accelerator path of a run, on a real GPU: nccl under torchrun and spawning, the no-backend path on
 cuda:0, fp16 autocast + GradScaler (accuracy band, exact resume), bf16, data_on_device, pinned memory,
-channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory.
+channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory,
+batches cut and prepared on the device without a host wait.
 Skipped without CUDA (see conftest); GPU_CHECK_DEVICE=cpu rehearses the device-independent ones on the CPU."""
 
 from __future__ import annotations
@@ -231,3 +232,37 @@ def test_random_resized_crops_are_cut_batched_on_the_gpu_and_resume_exactly(chec
     whole = resumed_alike(check_data, tmp_path, crops)
     assert ("random-resized crops and flips: one batched kernel on the GPU" in whole.stderr) == ON_CUDA
     record("test accuracy, 2 epochs with batched random-resized crops", final_test(tmp_path / "whole")["accuracy"])
+
+
+@pytest.mark.parametrize("augment", [
+    {"crop_padding": 4, "color_jitter": 0.1},  # fast.yaml's pad-crop and flip, with colour jitter
+    {"crop_padding": 0, "random_resized_crop": 0.35},  # random-resized crops: one batched kernel on a GPU
+], ids=["pad-crop", "resized-crop"])
+def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment, record):
+    """data_on_device: 20 training batches sliced from the images there and prepared (crops, flips, jitter,
+    normalisation) under torch.cuda.set_sync_debug_mode("error"): no step of it makes the host wait for the
+    GPU, so the host can run ahead and queue the next. On the CPU (rehearsal) the same code runs without it."""
+    from cifar10_dist.config import load_config
+    from cifar10_dist.data import batches
+    from cifar10_dist.data.records import DatasetInfo
+    from cifar10_dist.data.synthetic import make_synthetic
+
+    device = torch.device("cuda" if ON_CUDA else "cpu")
+    train, test = make_synthetic(1280, 64, 0)
+    made = loaders.make_loaders(train, test, batch_size=64, num_workers=0, train_eval_size=0, seed=0, device=device)
+    config = batches.TrainAugmentation.of(load_config(None, data_on_device=True, **augment))
+    prepare = batches.train_batch_preparer(device, config, len(made.train), DatasetInfo(tuple("abcdefghij")))
+    prepared = []
+    if ON_CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for iteration, batch in enumerate(made.train, start=1):
+            prepared.append(prepare(batch, iteration))
+    finally:
+        if ON_CUDA:
+            torch.cuda.set_sync_debug_mode(0)
+    inputs, labels = prepared[-1]
+    assert len(prepared) == 20 and inputs.shape == (64, 3, 32, 32) and inputs.device.type == device.type
+    record(f"batches prepared without a host wait ({'-'.join(f'{k}={v}' for k, v in augment.items())})",
+           len(prepared))

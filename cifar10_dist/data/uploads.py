@@ -1,0 +1,15 @@
+"""Small host tensors (a batch's indices, its random draws) sent to the training device without making the host
+wait: on CUDA a copy from pageable memory first waits for the device to finish its queued work, so the host could
+never run ahead of the GPU; a copy from pinned memory, non-blocking, is queued like a kernel."""
+
+from __future__ import annotations
+
+import torch
+
+
+def upload(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``values`` (on the CPU) on ``device``: through pinned memory, non-blocking, on CUDA (torch's pinned-memory
+    cache keeps the block until the copy is done); ``.to(device)`` elsewhere (the same tensor on the CPU)."""
+    if device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
