@@ -285,6 +285,7 @@ class RunSummary:
     stopped_early: Optional[int] = None
     total_time: Optional[float] = None  # this launch, seconds
     training_time: Optional[float] = None  # the sum of the epoch times
+    warm_up_time: Optional[float] = None  # warm_up_steps: the warm-ups' seconds (outside training_time)
     world_size: Optional[int] = None
     world_size_changes: list[dict[str, Any]] = field(default_factory=list)
     backend: Optional[str] = None

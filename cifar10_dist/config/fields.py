@@ -262,6 +262,10 @@ class Config:
     compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
     tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
     cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
+    warm_up_steps: Union[int, str] = option("auto", "training steps on a batch of the real shapes before the timed "
+                                            "ones, then undone bit for bit (autotuning and compilation fall outside "
+                                            "the training time); auto: 3 on a CUDA GPU, else 0", also=("auto",),
+                                            bounds=AT_LEAST_0, tunable=False)
     # evaluation, checkpoints, logging
     validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1)
     early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val "

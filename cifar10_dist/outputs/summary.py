@@ -21,6 +21,7 @@ def summarize(run_dir: Path, result: RunResult, record: RunRecord | None, second
     epochs, evaluations = epochs_and_evaluations(events)
     selection, _, best = selection_split(evaluations, best_metric)
     resumes = [event for event in events if event["event"] == "resume"]
+    warm_ups = [event for event in events if event["event"] == "warm_up"]
     return RunSummary(
         run_dir=str(run_dir),
         best=BestResult(selection, best["accuracy"], best["epoch"], best_metric, best.get(best_metric, best["accuracy"]))
@@ -28,6 +29,7 @@ def summarize(run_dir: Path, result: RunResult, record: RunRecord | None, second
         final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
         epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
         total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),
+        warm_up_time=sum(warm["seconds"] for warm in warm_ups) if warm_ups else None,
         world_size=record.world_size or None,
         world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
                                                          "same_images")} for event in resumes],

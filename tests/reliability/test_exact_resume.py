@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 
@@ -234,3 +235,29 @@ def test_a_resume_on_changed_cifar_files_is_refused_too(long_reference, tmp_path
     assert (f"error: checkpoint '{checkpoint}' was made with other data: sha256 "
             in result.stderr.strip().splitlines()[-1])
     assert "images then train 600, test 301, now train 600, test 301" in result.stderr
+
+
+def test_a_warm_up_is_undone_bit_for_bit_and_counted_apart(long_reference, long_spawned_reference, small_dataset,
+                                                            tmp_path):
+    """warm_up_steps=3 (what auto gives on a GPU): 3 steps at the run's learning rate before the timed training,
+    then undone, so a 2-process run and a 1-process run resumed mid-epoch (the sampler's position untouched by
+    the warm-up's batch) end with the references' weights, optimizer state and position; the seconds are
+    recorded apart from the training time."""
+    whole = run_in_process("run", *RUN, *SPAWN_2, "--warm_up_steps=3", f"--data_path={small_dataset}",
+                           f"--output_path={tmp_path}", "--run_name=whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert_same_training_state(long_spawned_reference, tmp_path / "whole" / FINAL)
+    resumed = run_in_process("run", *RUN, "--warm_up_steps=3", f"--data_path={small_dataset}",
+                             f"--output_path={tmp_path}", "--run_name=resumed",
+                             f"--resume_from={long_reference / 'training_checkpoint_50.pt'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_training_state(long_reference / FINAL, tmp_path / "resumed" / FINAL)
+    log = run_log(resumed, tmp_path / "resumed")
+    assert re.search(r"warm-up: 3 training steps on a batch of the real shapes in [0-9.]+ s, then undone", log), log
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    warm_ups = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+                if '"warm_up"' in line]
+    assert [(w["iteration"], w["steps"]) for w in warm_ups] == [(50, 3)]
+    assert summary["warm_up_time"] == pytest.approx(warm_ups[0]["seconds"]) and summary["warm_up_time"] > 0
+    reference = json.loads((long_reference / "summary.json").read_text())
+    assert reference["warm_up_time"] is None  # auto on a CPU: none

@@ -31,7 +31,7 @@ from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
-from cifar10_dist.training.loop import checkpointing, run_end, selection, trials
+from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
 from cifar10_dist.training.setup import layouts, loss, model_setup, optimizers, process_setup, schedules
 from cifar10_dist.training.shipping import distillation, temperature
 from cifar10_dist.training.loop.averaging import Lookahead, WeightAverage
@@ -142,6 +142,7 @@ class EngineSet:
     trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
     mistakes: MistakeCollector | None = None  # on the evaluation that gives the final test numbers
     calibration: tuple[Engine, temperature.TemperatureScaled] | None = None  # calibrate: val logits, the test's T
+    warm_up: warm_up.WarmUp | None = None  # steps before the timed training, undone (``warm_up_steps``)
 
     @property
     def choosing_evaluator(self) -> Engine:
@@ -156,8 +157,9 @@ class EngineSet:
 def setup_engines(config: Config, device: torch.device, network: model_setup.Network, optimization: Optimization,
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
-    trainer = create_trainer(optimization.step, batches.train_batch_preparer(
-        device, batches.TrainAugmentation.of(config), data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader))
+    prepare = batches.train_batch_preparer(device, batches.TrainAugmentation.of(config),
+                                           data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader)
+    trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,
                                            optimizers.whitening_bias_until(config, data_setup.total_iterations))
@@ -180,6 +182,8 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
     test = new_evaluator(config.tta, scaled if scaled is not None else network.forward) \
         if data_setup.split == "val" else selection
     engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
+    engine_set.warm_up = warm_up.WarmUp(optimization.step, prepare, data_setup.loaders.train,
+                                        warm_up.steps_for(config.warm_up_steps, device), device)
     engine_set.calibration = (new_evaluator(config.tta), scaled) if scaled is not None else None
     if config.ema_decay is not None:
         warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
@@ -318,6 +322,10 @@ def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, 
                     " (stopped early)" if engine_set.stopped_early else "")
         validation(trainer)  # Ignite would restart a finished run from iteration 0
     else:
+        warmed = engine_set.warm_up.run() if engine_set.warm_up is not None else None
+        if warmed is not None:
+            validation.recorder.write_event({"event": "warm_up", "iteration": trainer.state.iteration,
+                                             "steps": engine_set.warm_up.steps, "seconds": warmed})
         profiler = profiling.attach(config.profile, run_dir, trainer)
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
         if profiler is not None:
