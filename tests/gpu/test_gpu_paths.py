@@ -1,7 +1,7 @@
 """Every accelerator path of a run, on a real GPU: nccl under torchrun and spawning, the no-backend path on
 cuda:0, fp16 autocast + GradScaler (accuracy band, exact resume), bf16, data_on_device, pinned memory,
 channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory,
-batches cut and prepared on the device without a host wait.
+batches cut and prepared on the device without a host wait, the warm-up undone.
 Skipped without CUDA (see conftest); GPU_CHECK_DEVICE=cpu rehearses the device-independent ones on the CPU."""
 
 from __future__ import annotations
@@ -266,3 +266,18 @@ def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment,
     assert len(prepared) == 20 and inputs.shape == (64, 3, 32, 32) and inputs.device.type == device.type
     record(f"batches prepared without a host wait ({'-'.join(f'{k}={v}' for k, v in augment.items())})",
            len(prepared))
+
+
+def test_the_warm_up_is_undone_and_counted_apart(check_data, tmp_path, record):
+    """warm_up_steps=3 (auto's on a GPU) against none, deterministic: the same final weights; the warm-up's
+    seconds in summary.json, outside the training time."""
+    for name, steps in (("warm", 3), ("cold", 0)):
+        run(check_data, tmp_path, name, f"--warm_up_steps={steps}", "--deterministic=True", "--num_epochs=1",
+            "--num_warmup_epochs=0.5")
+    final = newest_checkpoint(tmp_path / "warm").name
+    assert_same_training_state(tmp_path / "cold" / final, tmp_path / "warm" / final)
+    summaries = {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in ("warm", "cold")}
+    assert summaries["warm"]["warm_up_time"] > 0 and summaries["cold"]["warm_up_time"] is None
+    record("warm-up seconds (3 steps, simple_cnn, deterministic)", summaries["warm"]["warm_up_time"], "s")
+    record("epoch 1 training seconds after a warm-up / without", summaries["warm"]["training_time"] /
+           summaries["cold"]["training_time"])
