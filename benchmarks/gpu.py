@@ -7,16 +7,18 @@ on 2 cores) checks the tool itself. Run by scripts/gpu_check.sh.
 
   1. ResNet-18 (batch 512) and airbench (batch 1024) in each speed setting: a bare PyTorch loop and our trainer
      with its handlers on the same device-resident tensors, img/s;
-  2. one full epoch of a real run on real data: ResNet-18 (loader) and configs/fast.yaml (data_on_device);
+  2. one full epoch of a real run on real data: ResNet-18 (data_on_device=auto: on a GPU, on) and configs/fast.yaml;
   3. time to accuracy: configs/fast.yaml trained to the end (validated every epoch, training seconds only, as
-     airbench counts) next to airbench94's train94 (benchmarks.peer), with the time each needed to reach the
-     other's accuracy. --device=cpu skips the peer, saying so.
+     airbench counts: both warm up outside their timers) next to airbench94's train94 (benchmarks.peer), with the
+     time each needed to reach the other's accuracy, epoch 1's seconds and the median of epochs 2+ (the steady
+     epoch). --device=cpu skips the peer, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -73,8 +75,11 @@ def ours_to_the_end(data_path: str, device: torch.device, quick: dict[str, Any])
     with tempfile.TemporaryDirectory() as output:
         run = runner.train_ours(Path(output), records.REPO / "configs" / "fast.yaml", device.type,
                                 **{"data_path": data_path, "validate_every": 1, **quick})
-    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time,
-            "warm_up_seconds": run.summary.warm_up_time, "wall_seconds": run.wall_seconds, "curve": run.curve("test")}
+    curve = run.curve("test")
+    first, steady = epoch_seconds(curve)
+    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time, "first_epoch_seconds": first,
+            "steady_epoch_seconds": steady, "warm_up_seconds": run.summary.warm_up_time,
+            "wall_seconds": run.wall_seconds, "curve": curve}
 
 
 def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | str:
@@ -90,23 +95,35 @@ def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | st
         return f"failed: {str(failure).strip().splitlines()[-1]}"
 
 
+def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(epoch 1's training seconds, the median of epochs 2+'s) from a curve evaluated after every epoch (training
+    seconds so far, accuracy): what is first-epoch cost (autotuning, first launches) and what is the steady step."""
+    ends = [seconds for seconds, _ in curve]
+    if not ends:
+        return None, None
+    steady = [later - earlier for earlier, later in zip(ends, ends[1:])]
+    return ends[0], statistics.median(steady) if steady else None
+
+
 def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
-    lines = [f"{'recipe':<32}{'accuracy':>10}{'train s':>10}{'to peer acc s':>15}{'to our acc s':>14}"]
+    lines = [f"{'recipe':<32}{'accuracy':>10}{'train s':>10}{'to peer acc s':>15}{'to our acc s':>14}"
+             f"{'epoch 1 s':>11}{'steady s':>10}"]
     entries = {"ours: configs/fast.yaml": ours}
     if isinstance(peer, dict):
         entries["peer: airbench94 (train94)"] = peer
     for name, entry in entries.items():
         to_peer = runner.time_to(entry["curve"], peer["accuracy"]) if isinstance(peer, dict) else None
         to_ours = runner.time_to(entry["curve"], ours["accuracy"])
+        first, steady = epoch_seconds(entry["curve"])
         lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
-                     f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}")
+                     f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}{_seconds(first, 2):>11}{_seconds(steady, 3):>10}")
     if isinstance(peer, str):
         lines.append(f"peer: airbench94 ({peer_code.PACKAGE}): {peer}")
     return lines
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _seconds(value: float | None, decimals: int = 1) -> str:
+    return "-" if value is None else f"{value:.{decimals}f}"
 
 
 def main() -> None:

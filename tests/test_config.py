@@ -24,7 +24,7 @@ def test_defaults_are_the_ignite_tutorials():
     # the tutorial's 2 DataLoader workers where it trains (a GPU); none on a CPU, where reading in the training
     # process is faster (the batches are the same either way)
     assert config.num_workers == "auto"
-    assert (loaders.workers_for("auto", torch.device("cuda")), loaders.workers_for("auto", torch.device("cpu"))) == (2, 0)
+    assert (loaders.workers_for("auto", torch.device("cuda"), None, 3, 1), loaders.workers_for("auto", torch.device("cpu"))) == (2, 0)
     assert loaders.workers_for(3, torch.device("cpu")) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
     assert (config.with_amp, config.backend, config.resume_from, config.epoch_length) == (False, None, None, None)
 

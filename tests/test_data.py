@@ -188,7 +188,8 @@ def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the
 
 def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_outgrows_memory(tmp_path, monkeypatch):
     """num_workers=auto: 0 on a CPU for images in memory or a cache the page cache can hold, 2 for a larger cache
-    (the reads then come from disk and overlap the step) and on an accelerator; a number is kept as given."""
+    (the reads then come from disk and overlap the step); on an accelerator each process's cores but one, from 2 to
+    8, times the node's processes (Ignite splits the node's number); a number is kept as given."""
     from cifar10_dist.data.records import MappedImages
 
     np.save(tmp_path / "images.npy", np.zeros((10, 3, 8, 8), dtype=np.uint8))
@@ -199,8 +200,11 @@ def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_out
     assert [loaders.workers_for("auto", cpu, images) for images in (None, torch.zeros(2), cache)] == [0, 0, 0]
     monkeypatch.setattr(loaders, "free_bytes", lambda device: size)  # the file over 80% of what is available
     assert loaders.workers_for("auto", cpu, cache) == 2 and loaders.workers_for("auto", cpu, torch.zeros(2)) == 0
-    assert loaders.workers_for("auto", cuda, None) == 2 and loaders.workers_for(5, cpu, cache) == 5
-    assert loaders.workers_for(0, cuda, None) == 0
+    assert loaders.workers_for(5, cpu, cache) == 5 and loaders.workers_for(0, cuda, None) == 0
+    on_gpus = [loaders.workers_for("auto", cuda, None, cores, processes)
+               for cores, processes in ((16, 1), (2, 1), (4, 2), (32, 1), (6, 8))]
+    assert on_gpus == [8, 2, 6, 8, 40]  # (16 cores: 15 capped at 8; 2 cores: at least 2; 2 GPUs of 4 cores: 3 each)
+    assert loaders.workers_for("auto", cuda, None) >= 2  # this machine's own count
 
 
 def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host_loader(monkeypatch):
@@ -242,3 +246,28 @@ def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host
     resumed = passes(device, start=64)  # epoch 1 continued after its second batch
     assert [(e, i) for e, i, *_ in resumed] == [(e, i) for e, i, *_ in on_host if e == 0 or i > 8]
     assert all(torch.equal(a[3], b[3]) for a, b in zip(resumed[6:], on_host[8:]))
+
+
+def test_data_on_device_auto_takes_a_gpu_when_the_images_fit_a_quarter_of_its_free_memory(monkeypatch, caplog):
+    """data_on_device=auto: on a CUDA GPU when every split's uint8 images take at most 25% of its free memory,
+    logged either way; off on a CPU (batches are sliced in host memory there anyway); True and False as given."""
+    from cifar10_dist.data import run_data
+
+    train, test = make_synthetic(1000, 200, 0)  # 3,686,400 bytes of pixels in all
+    needed = (1000 + 200) * 3 * 32 * 32
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    free = {}
+    monkeypatch.setattr(loaders, "free_bytes", lambda device: free.get("bytes"))
+    settle = run_data.settle_data_on_device
+    caplog.set_level("INFO", logger="cifar10_dist")
+    free["bytes"] = 4 * needed
+    assert settle("auto", cuda, [train, test, None]) is True
+    assert "data_on_device=auto: on (the images take 0.00 GiB, 0.0 GiB free on cuda)" in caplog.text
+    free["bytes"] = 4 * needed - 4
+    assert settle("auto", cuda, [train, test, None]) is False
+    assert "data_on_device=auto: off, more than 25% (the images take" in caplog.text
+    free["bytes"] = None  # the device could not be asked
+    assert settle("auto", cuda, [train, test]) is False
+    free["bytes"] = 100 * needed
+    assert settle("auto", cpu, [train, test]) is False
+    assert [settle(True, cpu, [train]), settle(False, cuda, [train])] == [True, False]

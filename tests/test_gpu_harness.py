@@ -94,8 +94,11 @@ def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accur
     assert peer["curve"] == [(0.379, 0.6038), (0.7311, 0.814), (3.6411, 0.935)]
     ours = {"accuracy": 0.9410, "training_seconds": 3.1, "curve": [(1.0, 0.80), (2.9, 0.9405), (3.1, 0.9410)]}
     lines = bench.comparison(ours, peer)
-    assert lines[1].split()[-4:] == ["0.9410", "3.1", "2.9", "3.1"]  # reached the peer's 0.9402 after 2.9 s
-    assert lines[2].split()[-4:] == ["0.9402", "3.6", "-", "-"]  # its curve (no TTA) never reached 0.9410
+    # reached the peer's 0.9402 after 2.9 s; epoch 1 took 1.0 s, epochs 2 and 3 1.9 and 0.2 (median 1.05)
+    assert lines[1].split()[-6:] == ["0.9410", "3.1", "2.9", "3.1", "1.00", "1.050"]
+    # its curve (no TTA) never reached 0.9410; epochs 2 and 3 took 0.3521 and 2.91 s
+    assert lines[2].split()[-6:] == ["0.9402", "3.6", "-", "-", "0.38", "1.631"]
+    assert bench.epoch_seconds([(2.0, 0.5)]) == (2.0, None) and bench.epoch_seconds([]) == (None, None)
     assert bench.comparison(ours, "skipped: airbench94 runs on CUDA only")[-1].endswith("runs on CUDA only")
 
 

@@ -100,8 +100,8 @@ class Config:
                                  bounds=Bounds(10, reads="at least 10 (it is too small)"),
                                  tunable=False, inherited_by_evaluate=True)
     num_workers: Union[int, str] = option("auto", "DataLoader worker processes per node (split over local processes); "
-                                          "auto: 0 when training on a CPU from images that fit in memory (reading "
-                                          "in the training process is faster there), else 2", also=("auto",),
+                                          "auto: 0 on a CPU from images that fit in memory, 2 from disk; on an "
+                                          "accelerator each process's cores but one, 2 to 8", also=("auto",),
                                           bounds=AT_LEAST_0, per_worker=True)
     train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics",
                                   bounds=Bounds(0, reads="0 (off) or more"))
@@ -109,8 +109,9 @@ class Config:
                               "test set then used once at the end (0: validate on the test set)",
                               bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"), tunable=False)
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)", tunable=False)
-    data_on_device: bool = option(False, "keep all images on the training device as uint8 and slice batches there "
-                                  "(GPU: no host copies; num_workers unused)")
+    data_on_device: Union[bool, str] = option("auto", "keep all images on the training device as uint8 and slice "
+                                              "batches there (no host copies or workers); auto: on a CUDA GPU when "
+                                              "they take at most 25% of its free memory", also=("auto",))
     sampler: Literal["shuffle", "balanced"] = option(
         "shuffle", "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
         "every class equally likely, with replacement: for imbalanced classes)")

@@ -28,7 +28,7 @@ class TrainAugmentation:
     num_epochs: int
     epoch_length: int | None
     channels_last: bool | str
-    data_on_device: bool
+    data_on_device: bool | str  # (settled by run_data.settle_data_on_device before it is read)
     flip: str
     crop_padding: int
     crop_pad_mode: str

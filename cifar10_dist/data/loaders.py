@@ -187,17 +187,31 @@ def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
     return images.subset(order)
 
 
-AUTO_WORKERS = 2  # num_workers=auto where reads overlap the step: an accelerator's, or a CPU's from disk
+AUTO_WORKERS = 2  # num_workers=auto training on a CPU from disk: the other cores train
+ACCELERATOR_WORKERS = (2, 8)  # num_workers=auto per process on an accelerator: its cores but one, within these
 
 
-def workers_for(setting: int | str, device: torch.device, images: Any = None) -> int:
-    """``num_workers``: a number as given; auto: none when training on a CPU from images held in memory (a tensor,
-    or a memory-mapped cache the page cache can hold: at most DEVICE_SHARE of the memory available), where the
-    reads and crops cost less in the training process than passing each batch between processes through shared
-    memory (benchmarks/pipeline_training.py); else AUTO_WORKERS, whose reads overlap the step."""
+def workers_for(setting: int | str, device: torch.device, images: Any = None, cores_per_process: int | None = None,
+                local_processes: int | None = None) -> int:
+    """``num_workers`` for a node (Ignite's auto_dataloader splits it over the node's processes): a number as
+    given; auto, training on a CPU: none from images held in memory (a tensor, or a memory-mapped cache the page
+    cache can hold: at most DEVICE_SHARE of the memory available), where the reads and crops cost less in the
+    training process than passing each batch between processes through shared memory
+    (benchmarks/pipeline_training.py), else AUTO_WORKERS; on an accelerator, each process's cores but the one
+    that drives the device (``system.cpu.cpu_threads_per_process``, Slurm's allocation included), at least 2 and
+    at most 8 (ACCELERATOR_WORKERS): 2 workers leave a fast GPU waiting for its batches."""
     if setting != "auto":
         return int(setting)
-    return 0 if device.type == "cpu" and held_in_memory(images) else AUTO_WORKERS
+    if device.type == "cpu":
+        return 0 if held_in_memory(images) else AUTO_WORKERS
+    import ignite.distributed as idist
+
+    from cifar10_dist.system.cpu import cpu_threads_per_process
+
+    cores = cpu_threads_per_process() if cores_per_process is None else cores_per_process
+    processes = idist.get_nproc_per_node() if local_processes is None else local_processes
+    fewest, most = ACCELERATOR_WORKERS
+    return min(max(cores - 1, fewest), most) * processes
 
 
 def held_in_memory(images: Any) -> bool:

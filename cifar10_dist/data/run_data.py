@@ -43,6 +43,7 @@ class DataSetup:
     images_per_iteration: int  # what all processes together train on per step
     cropped_in_loader: bool = False  # the train loader's workers cut the random-resized crops (batches.TrainCrops)
     class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
+    data_on_device: bool = False  # the images are on the training device (data_on_device, auto settled)
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision,
@@ -62,15 +63,18 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     else:
         held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
     train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
+    on_device = settle_data_on_device(config.data_on_device, device, [train_images, test_set, held_out.val])
     workers = loaders.workers_for(config.num_workers, device, train_images.images)
-    if config.num_workers == "auto" and not config.data_on_device:
-        ranks.on_rank_zero(logger.info, "num_workers=auto: %d (%s)", workers, "training on the CPU from memory: "
-                           "batches are read in the training process" if workers == 0 else "reads overlap the step")
-    augment = batches.TrainAugmentation.of(config)
+    if config.num_workers == "auto" and not on_device:
+        ranks.on_rank_zero(logger.info, "num_workers=auto: %d per node (%s)", workers, "training on the CPU from "
+                           "memory: batches are read in the training process" if workers == 0 else
+                           "reads overlap the step" if device.type == "cpu" else
+                           "each process's cores but the one that drives the device, 2 to 8 per process")
+    augment = dataclasses.replace(batches.TrainAugmentation.of(config), data_on_device=on_device)
     crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
-        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(config.data_on_device, device),
+        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(on_device, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
     )
@@ -87,6 +91,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
+        data_on_device=on_device,
     )
 
 
@@ -94,11 +99,32 @@ def setup_evaluation_data(config: Config, device: torch.device) -> tuple[LoadedD
     """The images and the test loader of a saved model's evaluation (``evaluate``), by a run's own rules: the same
     sources, worker count and data_on_device as ``setup_data``."""
     loaded = load_datasets(config)
+    on_device = settle_data_on_device(config.data_on_device, device, [loaded.train, loaded.test])
     batch_loaders = loaders.make_loaders(
         loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
         num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
-        train_eval_size=0, seed=config.seed, device=loader_device(config.data_on_device, device))
+        train_eval_size=0, seed=config.seed, device=loader_device(on_device, device))
     return loaded, batch_loaders
+
+
+AUTO_DEVICE_SHARE = 0.25  # data_on_device=auto: of the GPU's free memory the images may take (the model, its
+# activations and cuDNN's workspaces need the rest; explicit True allows loaders.DEVICE_SHARE)
+
+
+def settle_data_on_device(setting: bool | str, device: torch.device, image_sets: list[ImageSet | None]) -> bool:
+    """``data_on_device``: True or False as given; auto: on a CUDA GPU when the images (every split's, uint8)
+    take at most AUTO_DEVICE_SHARE of its free memory, else off; the choice is logged (rank 0)."""
+    if setting != "auto":
+        return bool(setting)
+    if device.type != "cuda":
+        return False  # on a CPU the batches are sliced in host memory either way
+    needed = sum(images.images.shape.numel() for images in image_sets if images is not None)
+    free = loaders.free_bytes(device)
+    chosen = free is not None and needed <= AUTO_DEVICE_SHARE * free
+    ranks.on_rank_zero(logger.info, "data_on_device=auto: %s (the images take %.2f GiB, %s GiB free on %s)",
+                       "on" if chosen else f"off, more than {AUTO_DEVICE_SHARE:.0%}", needed / 2**30,
+                       "?" if free is None else f"{free / 2**30:.1f}", device)
+    return chosen
 
 
 def loader_device(data_on_device: bool, device: torch.device) -> torch.device | None:

@@ -8,6 +8,7 @@ runs and reports. ``launch.runs`` launches it in every process; evaluating a che
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -57,6 +58,7 @@ def training(config: Config) -> dict[str, Any]:
         precision = process_setup.setup_precision(config, device)
         weights = model_setup.setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
+        config = dataclasses.replace(config, data_on_device=data_setup.data_on_device)  # auto settled (config.yaml)
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
