@@ -109,9 +109,8 @@ class Config:
                               "test set then used once at the end (0: validate on the test set)",
                               bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"), tunable=False)
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)", tunable=False)
-    data_on_device: Union[bool, str] = option("auto", "keep all images on the training device as uint8 and slice "
-                                              "batches there (no host copies or workers); auto: on a CUDA GPU when "
-                                              "they take at most 25% of its free memory", also=("auto",))
+    data_on_device: Union[bool, str] = option("auto", "all images kept on the training device, batches sliced there; "
+                                              "auto: on a CUDA GPU if under 25% of its free memory", also=("auto",))
     sampler: Literal["shuffle", "balanced"] = option(
         "shuffle", "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
         "every class equally likely, with replacement: for imbalanced classes)")
