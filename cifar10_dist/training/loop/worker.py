@@ -160,7 +160,8 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     prepare = batches.train_batch_preparer(device, batches.TrainAugmentation.of(config),
-                                           data_setup.iterations_per_epoch, data_setup.info, data_setup.cropped_in_loader)
+                                           data_setup.iterations_per_epoch, data_setup.info,
+                                           data_setup.cropped_in_loader)
     trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,
