@@ -1,7 +1,7 @@
 """Every accelerator path of a run, on a real GPU: nccl under torchrun and spawning, the no-backend path on
 cuda:0, fp16 autocast + GradScaler (accuracy band, exact resume), bf16, data_on_device, pinned memory,
 channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory,
-batches cut and prepared on the device without a host wait, the warm-up undone.
+batches cut and prepared on the device and training iterations without a host wait, the warm-up undone.
 Skipped without CUDA (see conftest); GPU_CHECK_DEVICE=cpu rehearses the device-independent ones on the CPU."""
 
 from __future__ import annotations
@@ -281,3 +281,44 @@ def test_the_warm_up_is_undone_and_counted_apart(check_data, tmp_path, record):
     record("warm-up seconds (3 steps, simple_cnn, deterministic)", summaries["warm"]["warm_up_time"], "s")
     record("epoch 1 training seconds after a warm-up / without", summaries["warm"]["training_time"] /
            summaries["cold"]["training_time"])
+
+
+def test_training_iterations_do_not_wait_for_the_gpu(check_data, tmp_path, record):
+    """One epoch on the device path (data_on_device) in this process under torch.cuda.set_sync_debug_mode("warn"):
+    every call that makes the host wait is counted at the innermost frame of our code that made it (or the
+    innermost frame); no place may wait in more than a tenth of the iterations (those that log, checkpoint or end
+    an epoch may, and the set-up's copies once each). The most frequent places are recorded for the report."""
+    cuda_only()
+    import collections
+    import traceback
+    import warnings
+
+    from tests.conftest import run_in_process
+
+    sites: collections.Counter = collections.Counter()
+
+    def caught(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        stack = traceback.extract_stack()[:-1]
+        ours = [frame for frame in stack
+                if "cifar10_dist" in Path(frame.filename).parts and "tests" not in Path(frame.filename).parts]
+        frame = (ours or stack)[-1]
+        sites[f"{Path(frame.filename).name}:{frame.lineno} ({frame.name})"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = caught
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = run_in_process("run", *SHORT, f"--data_path={check_data}", f"--output_path={tmp_path}",
+                                    "--run_name=sync", "--data_on_device=True", "--num_epochs=1",
+                                    "--num_warmup_epochs=0.5", "--log_every_iters=100000",
+                                    "--checkpoint_every=100000", "--train_eval_size=0")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    iterations = json.loads((tmp_path / "sync" / "summary.json").read_text())["iterations"]
+    for site, count in sites.most_common(6):
+        record(f"host waits at {site}", count, f"in {iterations} iterations")
+    assert not [site for site, count in sites.items() if count > iterations / 10], sites.most_common(6)
