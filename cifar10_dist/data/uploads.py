@@ -8,8 +8,8 @@ import torch
 
 
 def upload(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``values`` (on the CPU) on ``device``: through pinned memory, non-blocking, on CUDA (torch's pinned-memory
-    cache keeps the block until the copy is done); ``.to(device)`` elsewhere (the same tensor on the CPU)."""
-    if device.type != "cuda":
+    """``values`` on ``device``: from the CPU to CUDA through pinned memory, non-blocking (torch's pinned-memory
+    cache keeps the block until the copy is done); ``.to(device)`` otherwise (the same tensor where it is there)."""
+    if device.type != "cuda" or values.device.type != "cpu":
         return values.to(device)
     return values.pin_memory().to(device, non_blocking=True)
