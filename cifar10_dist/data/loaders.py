@@ -110,7 +110,12 @@ def batch_size_of(loader: Any) -> int:
 
 
 def batch_sampler_of(loader: Any) -> BatchSampler:
-    return loader.batch_sampler if hasattr(loader, "batch_sampler") else loader._loader.batch_sampler
+    return unwrapped(loader).batch_sampler
+
+
+def unwrapped(loader: Any) -> DataLoader:
+    """The DataLoader itself (XLA wraps it, keeping it as ``_loader``)."""
+    return loader if hasattr(loader, "batch_sampler") else loader._loader
 
 
 class BalancedSampler(ResumableSampler):
@@ -250,8 +255,7 @@ def make_loaders(
         raise UserError(f"batch_size={batch_size} is larger than the {len(train)} training images")
     common: dict[str, Any] = dict(num_workers=num_workers, collate_fn=keep_batch, persistent_workers=num_workers > 0)
     if device is not None:
-        check_fits(sum(images.images.shape.numel() for images in (train, test, val) if images is not None),
-                   free_bytes(device), device)
+        check_fits(pixel_bytes([train, test, val]), free_bytes(device), device)
         train, test = to_device(train, device), to_device(test, device)
         val = to_device(val, device) if val is not None else None
         common.update(num_workers=0, persistent_workers=False, pin_memory=False)
@@ -289,6 +293,11 @@ def free_bytes(device: torch.device) -> int | None:
         except (OSError, StopIteration):
             return None
     return None
+
+
+def pixel_bytes(image_sets: list[ImageSet | None]) -> int:
+    """What the splits' uint8 pixels take on a device (a missing split, None, takes nothing)."""
+    return sum(images.images.shape.numel() for images in image_sets if images is not None)
 
 
 def check_fits(needed: int, free: int | None, device: torch.device) -> None:

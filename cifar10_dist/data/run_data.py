@@ -118,7 +118,7 @@ def settle_data_on_device(setting: bool | str, device: torch.device, image_sets:
         return bool(setting)
     if device.type != "cuda":
         return False  # on a CPU the batches are sliced in host memory either way
-    needed = sum(images.images.shape.numel() for images in image_sets if images is not None)
+    needed = loaders.pixel_bytes(image_sets)
     free = loaders.free_bytes(device)
     chosen = free is not None and needed <= AUTO_DEVICE_SHARE * free
     ranks.on_rank_zero(logger.info, "data_on_device=auto: %s (the images take %.2f GiB, %s GiB free on %s)",

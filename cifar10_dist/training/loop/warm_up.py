@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
-from cifar10_dist.data.loaders import NumberedBatch, batch_size_of
+from cifar10_dist.data.loaders import NumberedBatch, batch_size_of, unwrapped
 from cifar10_dist.system import ranks
 from cifar10_dist.training.loop.step import TrainStep
 
@@ -72,7 +72,7 @@ def first_batch(loader: Any) -> Batch:
     """The training set's first images as the loader serves a batch (numbered as iteration 1, so a loader that
     crops in its workers crops it too), read without touching the sampler: its position stays where a resume
     put it."""
-    dataset = getattr(loader, "dataset", None) or loader._loader.dataset  # (XLA wraps the DataLoader)
+    dataset = unwrapped(loader).dataset
     indices = NumberedBatch(range(batch_size_of(loader)))
     indices.epoch, indices.iteration = 0, 1
     return dataset.__getitems__(indices)
