@@ -1,98 +1,92 @@
-"""GPU: what the Ignite engine and our handlers cost on a fast device, and the fast recipe against airbench94's own
-code, in one invocation on one device; prints tables and writes JSON with --json PATH. Last run: one H200
-(docs/measurements/gpu_h200.json, docs/gpu-report.md), about 3 minutes; ``--device=cpu --quick`` (about 2 minutes
-on 2 cores) checks the tool itself. Run by scripts/gpu_check.sh.
+"""GPU: the fast recipe against airbench94's own code over several seeds, the speed levers of our step each
+measured alone, the default ResNet-18 config against its bare step, a profile of fast.yaml, and what the Ignite
+engine and our handlers cost per setting; in one invocation on one device. Writes its JSON (--json PATH) after
+every run, so a command cut short still returns what it measured. Last run: docs/gpu-report.md.
 
-    python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--quick] [--skip_peer] [--json=PATH]
+    python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--seeds=3] [--parts=race,levers,resnet,profile,
+        compile,throughput] [--quick] [--json=PATH]
 
-  1. ResNet-18 (batch 512) and airbench (batch 1024) in each speed setting: a bare PyTorch loop and our trainer
-     with its handlers on the same device-resident tensors, img/s;
-  2. one full epoch of a real run on real data: ResNet-18 (data_on_device=auto: on a GPU, on) and configs/fast.yaml;
-  3. time to accuracy: configs/fast.yaml trained to the end (validated every epoch, training seconds only, as
-     airbench counts: both warm up outside their timers) next to airbench94's train94 (benchmarks.peer), with the
-     time each needed to reach the other's accuracy, epoch 1's seconds and the median of epochs 2+ (the steady
-     epoch). --device=cpu skips the peer, saying so.
+  race: configs/fast.yaml (validated every epoch, training seconds only, as airbench counts: both warm up outside
+     their timers; airbench's own time also holds its whitening init) next to airbench94's train94
+     (benchmarks.peer), seed by seed, the peer first; epoch 1's seconds and the median of epochs 2+ of each;
+  levers: fast.yaml seed 0 with every automatic lever off (fused_optimizer, augment_per_pass), with each alone,
+     and the opt-in ones added to the default: no mid-run checkpoint or loss read (quiet), half_weights;
+  resnet: the default config (ResNet-18) for 3 epochs: the median images/s of epochs 2+, against the matched bare
+     step (same model, batch, layout, precision, optimizer, clipping) on device-resident tensors, the loss never
+     read inside the timed steps;
+  profile: fast.yaml with --profile=20: the top operators, and the GPU-busy share of the traced iterations (the
+     union of kernel times over the traced wall time);
+  compile: fast.yaml + compile, and + compile in reduce-overhead mode (CUDA graphs), recompilations counted from
+     torch's log (those the whitening bias's freeze caused apart);
+  throughput: a bare loop and our trainer with its handlers on one batch, per model and setting (bf16 included),
+     the bare loop reading its losses once, after the timed steps.
+--device=cpu skips the peer, saying so (it rehearses the rest).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from benchmarks import peer as peer_code
 from benchmarks import records, runner, steps
 
+FAST = records.REPO / "configs" / "fast.yaml"
+PARTS = ("race", "levers", "resnet", "profile", "compile", "throughput")
 MODELS = {"resnet18": 512, "airbench": 1024}
 SETTINGS = {
     "fp32": {},
-    "amp": {"amp": True},
+    "fp16 amp": {"amp": True},
+    "bf16 amp": {"amp": True, "amp_dtype": "bfloat16"},
     "channels_last": {"channels_last": True},
-    "amp + channels_last": {"amp": True, "channels_last": True},
-    "compile + amp + channels_last": {"amp": True, "channels_last": True, "compile": True},
+    "bf16 amp + channels_last": {"amp": True, "amp_dtype": "bfloat16", "channels_last": True},
+}
+ALL_OFF = {"fused_optimizer": False, "augment_per_pass": False}
+QUIET = {"checkpoint_every": 100000, "log_every_iters": 100000}  # no mid-run checkpoint, no loss read mid-epoch
+LEVERS: dict[str, dict[str, Any]] = {  # fast.yaml + these (seed 0); "default" is the race's seed-0 run
+    "all automatic levers off": ALL_OFF,
+    "fused_optimizer alone": {**ALL_OFF, "fused_optimizer": True},
+    "augment_per_pass alone": {**ALL_OFF, "augment_per_pass": True},
+    "default + quiet": QUIET,
+    "default + half_weights": {"half_weights": True},
+}
+COMPILED: dict[str, dict[str, Any]] = {  # the compiled step: minutes of compilation each, so a part of its own
+    "default + compile": {"compile": True},
+    "default + compile reduce-overhead (CUDA graphs)": {"compile": True, "compile_mode": "reduce-overhead"},
 }
 
 
-def throughput(device: torch.device, count: int, warmup: int, batch_scale: float) -> list[dict[str, Any]]:
-    """Part 1: bare loop and our trainer, each model and setting."""
-    rows = []
-    for model, batch_size in MODELS.items():
-        size = max(8, int(batch_size * batch_scale))
-        batch = (torch.randn(size, 3, 32, 32), torch.randint(0, 10, (size,)))
-        for setting, options in SETTINGS.items():
-            bare = steps.bare_loop(model, batch, count, warmup, device=device, **options).images_per_second
-            engine = steps.engine_loop(model, batch, count, warmup, device=device, **options).images_per_second
-            rows.append({"model": model, "batch": size, "setting": setting, "bare_loop": bare, "trainer": engine,
-                         "trainer_over_bare": engine / bare})
-            print(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}", flush=True)
-    return rows
+class Record:
+    """The benchmark's JSON, written again after every run."""
 
+    def __init__(self, path: str | None, header: dict[str, Any]) -> None:
+        self.path, self.data = path, dict(header)
 
-def full_epochs(data_path: str, device: torch.device, quick: dict[str, Any]) -> dict[str, float]:
-    """Part 2: img/s of a real epoch (the last, when --quick runs several short ones)."""
-    speeds = {}
-    for name, config, options in (("resnet18", None, {"model": "resnet18", "num_workers": 4}),
-                                  ("fast.yaml", records.REPO / "configs" / "fast.yaml", {})):
-        with tempfile.TemporaryDirectory() as output:
-            run = runner.train_ours(Path(output), config, device.type, **{
-                **options, "data_path": data_path, "num_epochs": 1, "num_warmup_epochs": 0.2, "train_eval_size": 0,
-                **quick})
-        speeds[name] = run.epochs[-1]["images_per_second"]
-        print(f"full epoch, {name:<12}{speeds[name]:>10.0f} img/s", flush=True)
-    return speeds
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.save()
 
+    def add(self, part: str, name: str, value: Any) -> None:
+        self.data.setdefault(part, {})[name] = value
+        self.save()
 
-def ours_to_the_end(data_path: str, device: torch.device, quick: dict[str, Any]) -> dict[str, Any]:
-    """Part 3, ours: configs/fast.yaml validated every epoch (without TTA; the final test with it); the curve is
-    (training seconds so far, test accuracy) at each epoch end. Training seconds exclude the warm-up
-    (warm_up_steps=auto: 3 steps on a GPU, undone), as the peer's timer excludes its warmup94; the warm-up's
-    seconds and the wall time are reported beside them."""
-    with tempfile.TemporaryDirectory() as output:
-        run = runner.train_ours(Path(output), records.REPO / "configs" / "fast.yaml", device.type,
-                                **{"data_path": data_path, "validate_every": 1, **quick})
-    curve = run.curve("test")
-    first, steady = epoch_seconds(curve)
-    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time, "first_epoch_seconds": first,
-            "steady_epoch_seconds": steady, "warm_up_seconds": run.summary.warm_up_time,
-            "wall_seconds": run.wall_seconds, "curve": curve}
+    def save(self) -> None:
+        if self.path:
+            records.write(self.path, self.data)
 
-
-def peer_to_the_end(data_path: str, device: torch.device) -> dict[str, Any] | str:
-    """Part 3, the peer: airbench94's train94 on our data (benchmarks.peer)."""
-    if device.type != "cuda":
-        return "skipped: airbench94 runs on CUDA only here (benchmarks.recipes adapts it to a CPU)"
-    if importlib.util.find_spec("airbench") is None:
-        return (f"skipped: the airbench package is not installed (pip install 'cifar10-dist[bench]', or the sdist "
-                f"of {peer_code.PACKAGE} offline)")
-    try:
-        return peer_code.run_peer(data_path, "cuda", seed=0, quick=False)
-    except SystemExit as failure:
-        return f"failed: {str(failure).strip().splitlines()[-1]}"
+    def say(self, line: str) -> None:
+        """Print a line of the tables and keep it in the JSON's ``table`` (the GPU report shows it)."""
+        print(line, flush=True)
+        self.data["table"] = self.data.get("table", "") + line + "\n"
+        self.save()
 
 
 def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float | None]:
@@ -105,58 +99,255 @@ def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float
     return ends[0], statistics.median(steady) if steady else None
 
 
-def comparison(ours: dict[str, Any], peer: dict[str, Any] | str) -> list[str]:
-    lines = [f"{'recipe':<32}{'accuracy':>10}{'train s':>10}{'to peer acc s':>15}{'to our acc s':>14}"
-             f"{'epoch 1 s':>11}{'steady s':>10}"]
-    entries = {"ours: configs/fast.yaml": ours}
-    if isinstance(peer, dict):
-        entries["peer: airbench94 (train94)"] = peer
-    for name, entry in entries.items():
-        to_peer = runner.time_to(entry["curve"], peer["accuracy"]) if isinstance(peer, dict) else None
-        to_ours = runner.time_to(entry["curve"], ours["accuracy"])
-        first, steady = epoch_seconds(entry["curve"])
-        lines.append(f"{name:<32}{entry['accuracy']:>10.4f}{entry['training_seconds']:>10.1f}"
-                     f"{_seconds(to_peer):>15}{_seconds(to_ours):>14}{_seconds(first, 2):>11}{_seconds(steady, 3):>10}")
-    if isinstance(peer, str):
-        lines.append(f"peer: airbench94 ({peer_code.PACKAGE}): {peer}")
-    return lines
+def ours(data_path: str, device: torch.device, quick: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """fast.yaml with ``overrides``, validated every epoch (without TTA; the final test with it), in a fresh
+    process; a failed run is recorded as its error's last lines, not raised."""
+    with tempfile.TemporaryDirectory() as output:
+        try:
+            run = runner.train_ours(Path(output), FAST, device.type, environment={"TORCH_LOGS": "recompiles"},
+                                    **{"data_path": data_path, "validate_every": 1, **quick, **overrides})
+        except SystemExit as failure:
+            return {"failed": str(failure).strip()[-1500:]}
+    curve = run.curve("test")
+    first, steady = epoch_seconds(curve)
+    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time, "first_epoch_seconds": first,
+            "steady_epoch_seconds": steady, "warm_up_seconds": run.summary.warm_up_time,
+            "wall_seconds": run.wall_seconds, "recompilations": recompilations(run.log), "curve": curve,
+            "overrides": overrides}
 
 
-def _seconds(value: float | None, decimals: int = 1) -> str:
+def recompilations(log: str) -> dict[str, int] | None:
+    """torch's recompilations in a run's log (TORCH_LOGS=recompiles): all of them, and those caused by the
+    whitening bias's freeze (a training graph; the others are evaluation's, outside the training time)."""
+    if "Recompiling function" not in log:
+        return None
+    blocks = log.split("Recompiling function")[1:]
+    return {"all": len(blocks), "whitening_bias_frozen": sum("whitening_bias_frozen" in block
+                                                              for block in blocks)}
+
+
+def peer(data_path: str, device: torch.device, seed: int) -> dict[str, Any] | str:
+    """airbench94's train94 on our data (benchmarks.peer), or why it did not run."""
+    if device.type != "cuda":
+        return "skipped: airbench94 runs on CUDA only here (benchmarks.recipes adapts it to a CPU)"
+    if importlib.util.find_spec("airbench") is None:
+        return f"skipped: the airbench package is not installed ({peer_code.PACKAGE})"
+    try:
+        result = peer_code.run_peer(data_path, "cuda", seed=seed, quick=False)
+    except SystemExit as failure:
+        return f"failed: {str(failure).strip().splitlines()[-1]}"
+    first, steady = epoch_seconds(result["curve"])
+    return {**result, "first_epoch_seconds": first, "steady_epoch_seconds": steady}
+
+
+def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record) -> None:
+    """Seed by seed: the peer, then ours (fast.yaml as shipped)."""
+    for seed in range(seeds):
+        out.add("peer", str(seed), peer(data_path, device, seed))
+        out.add("ours", str(seed), ours(data_path, device, quick, seed=seed))
+        print_race(out)
+    out.put("race_summary", summarise(out.data))
+    out.say(f"race: {json.dumps(out.data['race_summary'])}")
+
+
+def summarise(data: dict[str, Any]) -> dict[str, Any]:
+    """Means over the seeds that ran, and ours over the peer's training seconds and steady epoch."""
+    summary = {}
+    for side in ("ours", "peer"):
+        done = [row for row in data.get(side, {}).values() if isinstance(row, dict) and "accuracy" in row]
+        if done:
+            summary[side] = {key: statistics.mean(row[key] for row in done) for key in
+                             ("accuracy", "training_seconds", "first_epoch_seconds", "steady_epoch_seconds")
+                             if all(row.get(key) is not None for row in done)}
+            summary[side]["seeds"] = len(done)
+    if "ours" in summary and "peer" in summary:
+        for key in ("training_seconds", "steady_epoch_seconds"):
+            if key in summary["ours"] and key in summary["peer"]:
+                summary[f"{key}_ours_over_peer"] = summary["ours"][key] / summary["peer"][key]
+    return summary
+
+
+def print_race(out: Record) -> None:
+    out.say(f"{'run':<34}{'accuracy':>10}{'train s':>9}{'epoch 1 s':>11}{'steady s':>10}{'wall s':>8}")
+    for side in ("peer", "ours"):
+        seeds = out.data.get(side, {})
+        if seeds:
+            seed, row = list(seeds.items())[-1]
+            out.say(f"{side + ' seed ' + seed:<34}" + _cells(row))
+
+
+def _cells(row: dict[str, Any] | str) -> str:
+    if not isinstance(row, dict) or "accuracy" not in row:
+        return f"  {row if isinstance(row, str) else row.get('failed', '?')[-200:]}"
+    return (f"{row['accuracy']:>10.4f}{row['training_seconds']:>9.2f}{_s(row.get('first_epoch_seconds'), 3):>11}"
+            f"{_s(row.get('steady_epoch_seconds'), 3):>10}{_s(row.get('wall_seconds'), 1):>8}")
+
+
+def _s(value: float | None, decimals: int) -> str:
     return "-" if value is None else f"{value:.{decimals}f}"
+
+
+def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Record,
+           chosen: dict[str, dict[str, Any]] = LEVERS) -> None:
+    """fast.yaml seed 0 with each lever set (LEVERS, or the COMPILED ones), in order; each row as it ends, with
+    torch's recompilations (all, and those the whitening bias's freeze caused)."""
+    for name, overrides in chosen.items():
+        row = ours(data_path, device, quick, seed=0, **overrides)
+        out.add("levers", name, row)
+        recompiled = f"  recompilations {row['recompilations']}" if row.get("recompilations") else ""
+        out.say(f"{'lever: ' + name:<50}" + _cells(row) + recompiled)
+
+
+def resnet(data_path: str, device: torch.device, quick: dict[str, Any], out: Record) -> None:
+    """The default config for 3 epochs (as a user runs it) and the matched bare step."""
+    epochs = {"num_epochs": 3, **({k: v for k, v in quick.items() if k in ("epoch_length", "num_warmup_epochs")})}
+    with tempfile.TemporaryDirectory() as output:
+        try:
+            run = runner.train_ours(Path(output), None, device.type, data_path=data_path, **epochs)
+        except SystemExit as failure:
+            out.put("resnet", {"failed": str(failure).strip()[-1500:]})
+            return
+    speeds = [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
+    steady = statistics.median(speeds[1:]) if len(speeds) > 1 else speeds[0]
+    bare = matched_bare_step(device, batch=512 if not quick else 32, steps=40 if not quick else 3)
+    out.put("resnet", {"epoch_images_per_second": speeds, "steady_images_per_second": steady,
+                       "bare_images_per_second": bare["images_per_second"], "bare": bare,
+                       "ours_over_bare": steady / bare["images_per_second"]})
+    out.say(f"ResNet-18 default config: steady epoch {steady:.0f} img/s, matched bare step "
+            f"{bare['images_per_second']:.0f} img/s ({steady / bare['images_per_second']:.3f})")
+
+
+def matched_bare_step(device: torch.device, batch: int, steps: int, warmup: int = 5) -> dict[str, Any]:
+    """The default config's step without the framework: ResNet-18, Nesterov SGD (fused on a GPU, as auto), its
+    clipping to norm 1, fp32 (with_amp=False), channels-last on a GPU (as auto), on one device-resident batch of
+    normalised images; the timed steps read nothing, then wait for the device once."""
+    from cifar10_dist import models
+
+    torch.manual_seed(0)
+    cuda = device.type == "cuda"
+    model = models.build_model("resnet18").to(device)
+    layout = torch.channels_last if cuda else torch.contiguous_format
+    model = model.to(memory_format=layout)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9, nesterov=True, weight_decay=1e-4,
+                                **({"fused": True} if cuda else {}))
+    inputs = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=layout)
+    targets = torch.randint(0, 10, (batch,), device=device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> torch.Tensor:
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    seconds = timed_steps(step, steps, warmup, device)
+    return {"images_per_second": steps * batch / seconds, "batch": batch, "steps": steps, "seconds": seconds}
+
+
+def timed_steps(step: Callable[[], torch.Tensor], count: int, warmup: int, device: torch.device) -> float:
+    """Seconds of ``count`` steps after ``warmup``, the device waited for at both ends, losses read after."""
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    losses = [step() for _ in range(count)]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    assert all(torch.isfinite(torch.stack(losses)).tolist())
+    return seconds
+
+
+def profile(data_path: str, device: torch.device, quick: dict[str, Any], out: Record) -> None:
+    """fast.yaml with --profile=20: the top operators, where the run's time went, and the GPU-busy share."""
+    with tempfile.TemporaryDirectory() as output:
+        try:
+            run = runner.train_ours(Path(output), FAST, device.type, data_path=data_path, profile=20,
+                                    **{k: v for k, v in quick.items() if k != "tta"})
+        except SystemExit as failure:
+            out.put("profile", {"failed": str(failure).strip()[-1500:]})
+            return
+        folder = run.run_dir / "profile"
+        table = (folder / "top_operators.txt").read_text() if (folder / "top_operators.txt").is_file() else ""
+        traces = sorted(folder.glob("rank*.pt.trace.json"))
+        busy = busy_share(json.loads(traces[0].read_text())) if traces else None
+    out.put("profile", {"top_operators": table, "gpu_busy": busy, "where_the_time_went": run.summary.profile})
+    out.say(table.rstrip())
+    out.say(f"profile: GPU busy {busy}")
+
+
+def busy_share(trace: dict[str, Any]) -> dict[str, float] | None:
+    """From a chrome trace: the union of GPU kernel (and copy) intervals over the span from the first to the
+    last traced event, and the kernel count; None without GPU events."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not gpu:
+        return None
+    busy, end = 0.0, float("-inf")
+    for start, stop in gpu:
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    span = max(float(e["ts"]) + float(e["dur"]) for e in events) - min(float(e["ts"]) for e in events)
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    return {"busy_share": busy / span, "busy_ms": busy / 1000, "span_ms": span / 1000, "kernels": kernels}
+
+
+def throughput(device: torch.device, count: int, warmup: int, batch_scale: float, out: Record) -> None:
+    """A bare loop and our trainer, each model and setting."""
+    out.say(f"{'model':<10}{'batch':>6}  {'setting':<30}{'bare/s':>10}{'ours/s':>10}{'ratio':>8}")
+    for model, batch_size in MODELS.items():
+        size = max(8, int(batch_size * batch_scale))
+        batch = (torch.randn(size, 3, 32, 32), torch.randint(0, 10, (size,)))
+        for setting, options in SETTINGS.items():
+            bare = steps.bare_loop(model, batch, count, warmup, device=device, **options).images_per_second
+            engine = steps.engine_loop(model, batch, count, warmup, device=device, **options).images_per_second
+            out.add("throughput", f"{model} {setting}", {"batch": size, "bare_loop": bare, "trainer": engine,
+                                                          "trainer_over_bare": engine / bare})
+            out.say(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path", required=True, help="folder holding cifar-10-batches-py")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of ours and the peer in the race")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which, in order: {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the script)")
-    parser.add_argument("--skip_peer", action="store_true")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
+    parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown:
+        raise SystemExit(f"--parts: unknown {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: use --device=cpu")
     device = torch.device(args.device)
-    count, warmup, scale = (2, 1, 1 / 16) if args.quick else (20, 5, 1.0)
     quick = {"num_epochs": 2, "num_warmup_epochs": 0.5, "epoch_length": 3, "tta": 0} if args.quick else {}
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
-    header = f"{name}, torch {torch.__version__}, {'quick check' if args.quick else 'full'}"
-    print(header)
-    print(f"{'model':<10}{'batch':>6}  {'setting':<30}{'bare/s':>10}{'ours/s':>10}{'ratio':>8}")
-    rows = throughput(device, count, warmup, scale)
-    epochs = full_epochs(args.data_path, device, quick)
-    ours = ours_to_the_end(args.data_path, device, quick)
-    peer = "skipped: --skip_peer" if args.skip_peer else peer_to_the_end(args.data_path, device)
-    lines = comparison(ours, peer)
-    print("\n".join(lines))
-    table = "\n".join([header, *(f"{r['model']} {r['setting']}: bare {r['bare_loop']:.0f} img/s, ours "
-                                 f"{r['trainer']:.0f} img/s ({r['trainer_over_bare']:.3f})" for r in rows),
-                       *(f"full epoch {k}: {v:.0f} img/s" for k, v in epochs.items()), *lines])
-    if args.json_path:
-        records.write(args.json_path, {"device": name, "torch": torch.__version__, "quick": args.quick,
-                                       "hardware": records.hardware_record(args.device), "commit": records.commit(),
-                                       "throughput": rows, "full_epoch": epochs, "ours": ours, "peer": peer,
-                                       "table": table})
+    print(f"{name}, torch {torch.__version__}, {'quick check' if args.quick else 'full'}, parts {parts}", flush=True)
+    out = Record(args.json_path, {"device": name, "torch": torch.__version__, "quick": args.quick, "parts": parts,
+                                  "seeds": args.seeds, "hardware": records.hardware_record(args.device)})
+    for part in parts:
+        started = time.perf_counter()
+        if part == "race":
+            race(args.data_path, device, args.seeds, quick, out)
+        elif part == "levers":
+            levers(args.data_path, device, quick, out)
+        elif part == "resnet":
+            resnet(args.data_path, device, quick, out)
+        elif part == "profile":
+            profile(args.data_path, device, quick, out)
+        elif part == "compile":
+            levers(args.data_path, device, quick, out, COMPILED)
+        else:
+            count, warmup, scale = (2, 1, 1 / 16) if args.quick else (25, 5, 1.0)
+            throughput(device, count, warmup, scale, out)
+        out.add("part_seconds", part, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -34,7 +35,9 @@ def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True)
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
+    if head.returncode != 0:  # a copy without .git (a GPU machine's): the commit the copy was made at, if given
+        return os.environ.get("CIFAR10_DIST_COMMIT", "unknown")
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def command() -> str:

@@ -35,6 +35,7 @@ class OurRun:
     evaluations: list[dict[str, Any]]
     wall_seconds: float
     peak_rss_mib: float
+    log: str = ""  # what its process printed on stderr (our log, and torch's where TORCH_LOGS asks)
 
     @property
     def accuracy(self) -> float:
@@ -89,7 +90,7 @@ def train_ours(output: Path, config_file: str | Path | None = None, device: str 
     if summary is None:
         raise SystemExit(f"our benchmark run wrote no summary.json in {run_dir}")
     epochs, evaluations = reading.read_metrics(run_dir)
-    return OurRun(run_dir, summary, epochs, evaluations, wall, reported["peak_rss_mib"])
+    return OurRun(run_dir, summary, epochs, evaluations, wall, reported["peak_rss_mib"], done.stderr)
 
 
 def _work(request: dict[str, Any]) -> None:

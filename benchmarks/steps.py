@@ -43,11 +43,18 @@ class Timed:
 
 
 def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False,
-              device: torch.device = CPU) -> Callable[[torch.Tensor, torch.Tensor], float]:
-    """One plain training step (fp16 with a GradScaler on CUDA, as our trainer does), returning the loss as a float
-    (the bare loop reads it, as most hand-written loops do)."""
-    step = doctor.plain_training_step(model, optimizer, loss_fn, choose_precision(device, amp))
+              device: torch.device = CPU, amp_dtype: str = "auto") -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """One plain training step (with ``amp``: fp16 with a GradScaler on CUDA, as our trainer does, or
+    ``amp_dtype``), returning the loss as a float (read at every step, as most hand-written loops do)."""
+    step = device_step(model, optimizer, loss_fn, amp, device, amp_dtype)
     return lambda inputs, targets: step(inputs, targets).item()
+
+
+def device_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False,
+                device: torch.device = CPU, amp_dtype: str = "auto"
+                ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``make_step`` returning the loss as a device tensor: the caller reads it when it chooses."""
+    return doctor.plain_training_step(model, optimizer, loss_fn, choose_precision(device, amp, amp_dtype))
 
 
 def setup(model_name: str, device: torch.device = CPU) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
@@ -69,31 +76,42 @@ def prepared(model: nn.Module, batch: Batch, device: torch.device, channels_last
 
 
 def bare_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels_last: bool = False, amp: bool = False,
-              compile: bool = False, device: torch.device = CPU) -> Timed:
-    """``steps`` plain training steps on one batch after ``warmup`` untimed ones."""
+              compile: bool = False, device: torch.device = CPU, amp_dtype: str = "auto") -> Timed:
+    """``steps`` plain training steps on one batch after ``warmup`` untimed ones; the losses are read after the
+    timed steps (the device waited for once, at the end), so nothing but the steps is timed."""
     model, optimizer, loss_fn = setup(model_name, device)
     model, (inputs, targets) = prepared(model, batch, device, channels_last, compile)
-    step = make_step(model, optimizer, loss_fn, amp, device)
+    step = device_step(model, optimizer, loss_fn, amp, device, amp_dtype)
     started = time.perf_counter()
     for _ in range(warmup):
         step(inputs, targets)
+    synchronize(device)
     warmup_seconds = time.perf_counter() - started
     start = time.perf_counter()
     losses = [step(inputs, targets) for _ in range(steps)]
-    return Timed(len(losses), time.perf_counter() - start, len(targets), warmup_seconds, losses)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return Timed(len(losses), seconds, len(targets), warmup_seconds, torch.stack(losses).tolist())
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA; elsewhere the work is done when the call returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels_last: bool = False, amp: bool = False,
-                compile: bool = False, device: torch.device = CPU) -> Timed:
-    """Our trainer and its per-iteration handlers (LR schedule, stop checks, progress, TensorBoard and
-    metrics.jsonl) on the same batch."""
+                compile: bool = False, device: torch.device = CPU, amp_dtype: str = "auto") -> Timed:
+    """Our trainer and its per-iteration handlers (LR schedule, stop checks reading the loss where the progress
+    lines do, progress, TensorBoard and metrics.jsonl) on the same batch; the device waited for at the end."""
     model, optimizer, loss_fn = setup(model_name, device)
     model, batch = prepared(model, batch, device, channels_last, compile)
-    precision = choose_precision(device, amp)
+    precision = choose_precision(device, amp, amp_dtype)
     trainer = create_trainer(TrainStep(model, optimizer, loss_fn, precision), lambda b, i: b)
     total = (steps + warmup) * 10
     trainer.add_event_handler(Events.ITERATION_STARTED, schedules.create_lr_scheduler(optimizer, 0.01, 5, total))
-    stopping.attach_stop_checks(trainer, stopping.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()))
+    stopping.attach_stop_checks(trainer, stopping.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()),
+                                reads_at=lambda iteration: iteration % 15 == 0)
     tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
     with tempfile.TemporaryDirectory() as folder:
         recorder = tracking.Recorder(Path(folder))
@@ -101,8 +119,10 @@ def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels
         started = time.perf_counter()
         trainer.run([batch] * warmup, max_epochs=1)
         warmup_seconds = time.perf_counter() - started
+        synchronize(device)
         start = time.perf_counter()
         state = trainer.run([batch] * steps, max_epochs=1)
+        synchronize(device)
         seconds = time.perf_counter() - start
         recorder.close()
         recorded = (Path(folder) / "metrics.jsonl").read_text().count('"event": "epoch"')

@@ -83,7 +83,7 @@ PEER_OUTPUT = """---------------------------------------------------------------
 """
 
 
-def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accuracy():
+def test_the_benchmark_reads_the_peers_table_and_sums_up_seeds_epochs_and_the_gpus_busy_time():
     from benchmarks import gpu as bench
     from benchmarks.peer import parse_peer_table
 
@@ -92,14 +92,34 @@ def test_the_benchmark_reads_the_peers_table_and_times_both_to_each_others_accur
     assert peer["tta_seconds"] == pytest.approx(3.8299 - 3.6411) and peer["accuracy_without_tta"] == 0.935
     assert peer["train_loss"] == 0.0004
     assert peer["curve"] == [(0.379, 0.6038), (0.7311, 0.814), (3.6411, 0.935)]
-    ours = {"accuracy": 0.9410, "training_seconds": 3.1, "curve": [(1.0, 0.80), (2.9, 0.9405), (3.1, 0.9410)]}
-    lines = bench.comparison(ours, peer)
-    # reached the peer's 0.9402 after 2.9 s; epoch 1 took 1.0 s, epochs 2 and 3 1.9 and 0.2 (median 1.05)
-    assert lines[1].split()[-6:] == ["0.9410", "3.1", "2.9", "3.1", "1.00", "1.050"]
-    # its curve (no TTA) never reached 0.9410; epochs 2 and 3 took 0.3521 and 2.91 s
-    assert lines[2].split()[-6:] == ["0.9402", "3.6", "-", "-", "0.38", "1.631"]
+    # epoch 1 took 0.379 s, epochs 2 and 3 0.3521 and 2.91 s (median 1.631)
+    assert bench.epoch_seconds(peer["curve"]) == (0.379, pytest.approx(1.631, abs=1e-4))
     assert bench.epoch_seconds([(2.0, 0.5)]) == (2.0, None) and bench.epoch_seconds([]) == (None, None)
-    assert bench.comparison(ours, "skipped: airbench94 runs on CUDA only")[-1].endswith("runs on CUDA only")
+    runs = {"ours": {"0": {"accuracy": 0.94, "training_seconds": 3.0, "first_epoch_seconds": 0.5,
+                           "steady_epoch_seconds": 0.25},
+                     "1": {"accuracy": 0.92, "training_seconds": 4.0, "first_epoch_seconds": 0.7,
+                           "steady_epoch_seconds": 0.35},
+                     "2": {"failed": "our benchmark run failed (exit 1)"}},
+            "peer": {"0": {**peer, "first_epoch_seconds": 0.379, "steady_epoch_seconds": 1.631}, "1": "skipped"}}
+    summary = bench.summarise(runs)
+    assert summary["ours"]["seeds"] == 2 and summary["ours"]["accuracy"] == pytest.approx(0.93)
+    assert summary["training_seconds_ours_over_peer"] == pytest.approx(3.5 / 3.6411)
+    assert summary["steady_epoch_seconds_ours_over_peer"] == pytest.approx(0.3 / 1.631)
+    trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100},
+                             {"ph": "X", "cat": "kernel", "ts": 10, "dur": 20},
+                             {"ph": "X", "cat": "kernel", "ts": 20, "dur": 20},  # overlaps the first: 30 in all
+                             {"ph": "X", "cat": "gpu_memcpy", "ts": 90, "dur": 30},
+                             {"ph": "i", "cat": "kernel", "ts": 500}]}  # an instant: no interval
+    assert bench.busy_share(trace) == {"busy_share": 60 / 120, "busy_ms": 0.06, "span_ms": 0.12, "kernels": 2}
+    assert bench.busy_share({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}) is None
+
+
+def test_the_benchmark_refuses_an_unknown_part_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--data_path=x", "--device=cpu",
+                             "--parts=race,speed"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and result.stderr.strip() == ("--parts: unknown speed: choose from race, levers, "
+                                                                "resnet, profile, compile, throughput")
 
 
 def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invocation(tmp_path):

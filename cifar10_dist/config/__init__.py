@@ -24,6 +24,7 @@ from cifar10_dist.config.rules import (
     class_weights,
     is_model_reference,
     milestone_epochs,
+    per_batch_augmentations,
     planned_world_size,
     validate,
 )
@@ -31,5 +32,5 @@ from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 
 __all__ = ["LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
-           "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "planned_world_size",
+           "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "per_batch_augmentations", "planned_world_size",
            "validate"]

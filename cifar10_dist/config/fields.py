@@ -8,65 +8,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
+from cifar10_dist.config.options import ABOVE_0, AT_LEAST_0, AT_LEAST_1, FRACTION, Bounds, option
 from cifar10_dist.config.trial import TrialSpec
 from cifar10_dist.errors import UserError
 
 LIST_FIELDS = ("lr_milestones", "class_weights")  # str fields holding comma-separated numbers (fire: a tuple)
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """A number field's accepted range, declared with the field: ``low``/``high`` (either may be None), each
-    included unless ``*_open``. ``reads`` replaces how the rule reads in the error ("in 0..16 pixels"); ``note``
-    follows it (", e.g. 0.999")."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    reads: str | None = None
-    note: str = ""
-
-    def accepts(self, value: float) -> bool:
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def describe(self, whole: bool) -> str:
-        """'at least 1', '0 or more', 'greater than 0', 'in [0, 1)', 'in 1..20' (whole numbers), plus the note."""
-        if self.reads is not None:
-            text = self.reads
-        elif self.high is None:
-            text = (f"greater than {self.low:g}" if self.low_open else "0 or more" if self.low == 0
-                    else f"at least {self.low:g}")
-        elif whole:
-            text = f"in {self.low:g}..{self.high:g}"
-        else:
-            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-        return text + self.note
-
-
-AT_LEAST_1, AT_LEAST_0, ABOVE_0 = Bounds(1), Bounds(0), Bounds(0, low_open=True)
-FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
-
-
-def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
-           choices_read: str | None = None, internal: bool = False, tunable: bool = True, per_worker: bool = False,
-           inherited_by_evaluate: bool = False) -> Any:
-    """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
-    ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
-    accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
-    docs, never tuned); ``tunable=False``, never searched by ``tune`` (a command sets it for its runs, or it
-    decides the data every trial must share); ``per_worker``, each tuning worker sets it for its own machine (not
-    compared with the study's, never tuned); ``inherited_by_evaluate``, ``evaluate`` takes it from the
-    checkpoint unless given. The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``)
-    are derived from these, below the class."""
-    return field(default=default, metadata={"help": help, "also": also, "bounds": bounds,
-                                            "choices_read": choices_read, "internal": internal, "tunable": tunable,
-                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate})
 
 
 @dataclass(frozen=True)
@@ -260,6 +209,18 @@ class Config:
                                      "instead of going back to the OS after every step (wide batches train up to "
                                      "1.4x faster; the process keeps its peak memory until it exits)")
     compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = option(
+        "default", "compile=True's mode: default, reduce-overhead (the forward and backward replayed as CUDA graphs), "
+        "max-autotune or max-autotune-no-cudagraphs")
+    fused_optimizer: Union[bool, str] = option("auto", "SGD/AdamW's update as one fused kernel per step: auto (on a "
+                                               "CUDA GPU; also spares fp16's GradScaler a host wait), True or False "
+                                               "(torch's foreach kernels)", also=("auto",))
+    augment_per_pass: Union[bool, str] = option(
+        "auto", "data_on_device: crop, flip and normalise a whole pass at its start, in the training dtype (airbench's "
+        "loader), not batch by batch; auto: on a CUDA GPU when pad-crop and flip are the only augmentation",
+        also=("auto",))
+    half_weights: bool = option(False, "keep the network's weights in bf16 (with_amp's dtype), BatchNorm in fp32, as "
+                                "airbench's .half() net, instead of casting fp32 weights at every step")
     tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)")
     cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)")
     warm_up_steps: Union[int, str] = option("auto", "training steps on a batch of the real shapes before the timed "

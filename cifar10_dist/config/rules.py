@@ -113,6 +113,29 @@ def _validate_training_options(c: Config) -> None:
     _require(not c.sync_bn or c.backend == "nccl",
              f"sync_bn=True with backend={c.backend}: torch's SyncBatchNorm computes on GPUs only; it needs "
              "backend=nccl (and several processes)")
+    _validate_speed_levers(c)
+
+
+def per_batch_augmentations(c: Config) -> list[str]:
+    """The settings whose augmentation is drawn or cut batch by batch (``augment_per_pass`` cuts pad-crops and
+    flips only), as key=value."""
+    found = {"random_resized_crop": c.random_resized_crop > 0, "resize_start": c.resize_start < 1,
+             "auto_augment": c.auto_augment != "none", "random_erasing": c.random_erasing > 0,
+             "color_jitter": c.color_jitter > 0, "mixup_alpha": c.mixup_alpha > 0, "cutmix_alpha": c.cutmix_alpha > 0}
+    return [f"{name}={getattr(c, name)}" for name, on in found.items() if on]
+
+
+def _validate_speed_levers(c: Config) -> None:
+    """augment_per_pass=True and half_weights=True: what each needs."""
+    if c.augment_per_pass is True:
+        _require(c.data_on_device is not False, "augment_per_pass=True cuts each pass on the training device: it "
+                 "needs data_on_device=True (or auto)")
+        others = per_batch_augmentations(c)
+        _require(not others, f"augment_per_pass=True cuts pad-crops and flips only, and {', '.join(others)} "
+                 "augments batch by batch: leave augment_per_pass=auto (it is then off) or turn those off")
+    _require(not c.half_weights or (c.with_amp is not False and c.amp_dtype != "float16"),
+             f"half_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
+             f"amp_dtype=bfloat16), not with_amp={c.with_amp}, amp_dtype={c.amp_dtype}")
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,28 @@ def augment(
     """
     if padding == 0 and flip == "none":
         return images  # nothing to draw or move
-    count, size = images.shape[0], images.shape[-1]
-    if padding == 0:  # a flip alone, without the gather of a crop: the same draws as below, the same images
-        flips = upload(flip_draws(count, generator, flip), images.device)
+    offsets, flips = crop_draws(len(images), generator, padding, flip)
+    return cut(images, upload(offsets, images.device), upload(flips, images.device), padding, pad_mode)
+
+
+def crop_draws(count: int, generator: torch.Generator, padding: int, flip: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``augment``'s draws for ``count`` images, on the CPU: crop offsets (2, count) in 0..2 x padding (drawn even
+    without padding, so the generator moves the same way), then which images are mirrored (one uniform number
+    per image for ``random``, none drawn for ``all`` or ``none``)."""
+    offsets = torch.randint(0, 2 * padding + 1, (2, count), generator=generator)
+    flips = torch.rand(count, generator=generator) < 0.5 if flip == "random" else torch.full((count,), flip == "all")
+    return offsets, flips
+
+
+def cut(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, padding: int, pad_mode: str = "zeros"
+        ) -> torch.Tensor:
+    """Each image padded (zeros or reflect), cut at its ``offsets`` (2, N) and mirrored where ``flips``, in one
+    gather (the draws already on the images' device)."""
+    if padding == 0:  # a flip alone, without the gather of a crop
         return torch.where(flips[:, None, None, None], images.flip(-1), images)
+    count, size = images.shape[0], images.shape[-1]
     mode = "constant" if pad_mode == "zeros" else "reflect"
-    padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode) if padding else images
-    offsets = upload(torch.randint(0, 2 * padding + 1, (2, count), generator=generator), images.device)
-    if flip == "random":
-        flips = upload(torch.rand(count, generator=generator) < 0.5, images.device)
-    else:
-        flips = torch.full((count,), flip == "all", device=images.device)
+    padded = torch.nn.functional.pad(images, (padding,) * 4, mode=mode)
     steps = torch.arange(size, device=images.device)
     rows = (offsets[0, :, None] + steps)[:, None, :, None]  # (N, 1, 32, 1)
     columns = offsets[1, :, None] + steps  # (N, 32)
@@ -80,8 +91,7 @@ def flip_draws(count: int, generator: torch.Generator, flip: str = "random") -> 
     for ``none``; else crop offsets (drawn, unused) then, for ``random``, one uniform number per image."""
     if flip == "none":
         return torch.zeros(count, dtype=torch.bool)
-    torch.randint(0, 1, (2, count), generator=generator)
-    return torch.rand(count, generator=generator) < 0.5 if flip == "random" else torch.full((count,), flip == "all")
+    return crop_draws(count, generator, 0, flip)[1]
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
@@ -113,13 +123,18 @@ def batched_resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, 
     """``resized_crops`` in one batched kernel (torchvision.ops.roi_align, aligned: bilinear samples at the output
     pixels' centres, as ``interpolate`` takes them; a box larger than ``size`` is averaged over ceil(box / size)
     samples per pixel, near the antialiased filter but not it), rounded back to uint8: one launch for the batch
-    instead of several per image, which is what a GPU pays for."""
-    from torchvision.ops import roi_align
+    instead of several per image, which is what a GPU pays for.
+
+    torchvision's own kernel is called (``torch.ops.torchvision.roi_align``), not ``torchvision.ops.roi_align``:
+    under ``deterministic=True`` on a GPU that one swaps in a compiled pure-Python version for its backward's sake,
+    which compiles in the middle of training and in eager mode holds a float per box, channel, output pixel and
+    sample; crops need no backward, and the kernel's forward is deterministic (one thread per output value)."""
+    import torchvision  # noqa: F401 - registers torch.ops.torchvision
 
     top, left, height, width = upload(boxes.float(), images.device).unbind(1)
     index = torch.arange(len(images), device=images.device, dtype=torch.float32)
     regions = torch.stack([index, left, top, left + width, top + height], dim=1)
-    crops = roi_align(images.float(), regions, (size, size), spatial_scale=1.0, sampling_ratio=0, aligned=True)
+    crops = torch.ops.torchvision.roi_align(images.float(), regions, 1.0, size, size, 0, True)
     if flips is not None:
         crops = torch.where(upload(flips, images.device)[:, None, None, None], crops.flip(-1), crops)
     return crops.round_().clamp_(0, 255).to(torch.uint8)
@@ -152,9 +167,11 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[f
 @functools.lru_cache(maxsize=8)
 def _normalization(device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch)."""
-    return (torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255,
-            torch.tensor(std, device=device).view(1, 3, 1, 1) * 255)
+    """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch) on
+    the CPU and sent through ``upload``: ``torch.tensor(..., device=cuda)`` copies from pageable memory, which
+    waits for the GPU's queue."""
+    return (upload(torch.tensor(mean).view(1, 3, 1, 1) * 255, device),
+            upload(torch.tensor(std).view(1, 3, 1, 1) * 255, device))
 
 
 Transform = Callable[[torch.Tensor], torch.Tensor]

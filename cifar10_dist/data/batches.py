@@ -15,6 +15,8 @@ from ignite.engine import Engine, Events
 from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation, loaders, resizing
 from cifar10_dist.data.records import DatasetInfo
+from cifar10_dist.data.uploads import upload
+from cifar10_dist.errors import UserError
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -140,8 +142,62 @@ def say_where_crops_are_cut(crops: TrainCrops | None, in_workers: bool, device: 
         logger.info("random-resized crops and flips: one batched kernel on the GPU (torchvision.ops.roi_align)")
 
 
+PASS_STREAM = 2**31 - 1  # in place of a rank in a pass's seed: no process has it, so no iteration draws the same
+
+
+@dataclass(frozen=True)
+class PassAugmentation:
+    """``augment_per_pass``: a whole pass of training images (uint8, on the device, in the pass's order) padded,
+    cut and flipped in one gather, normalised and cast to the training ``dtype`` in one go at the pass's start (as
+    airbench's loader does each epoch), so that a batch is a slice. The draws are made for every image of the
+    training set from (seed, epoch) alone and picked by image index: an image is cut the same way whatever its
+    place in the pass, at any world size, and in a pass resumed part-way."""
+
+    seed: int
+    images: int  # in the training set (draws are made for each)
+    padding: int
+    pad_mode: str
+    flip: str  # the config's: random, none, all or alternating
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    dtype: torch.dtype
+    layout: torch.memory_format
+
+    def __call__(self, images: torch.Tensor, indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(iteration_seed(self.seed, PASS_STREAM, epoch))
+        offsets, flips = augmentation.crop_draws(self.images, generator, self.padding, epoch_flip(self.flip, epoch))
+        offsets, flips = upload(offsets, images.device)[:, indices], upload(flips, images.device)[indices]
+        cut = augmentation.cut(images, offsets, flips, self.padding, self.pad_mode)
+        inputs = augmentation.normalize(cut, self.mean, self.std).to(self.dtype)
+        return inputs.contiguous(memory_format=self.layout)
+
+
+def settle_augment_per_pass(setting: bool | str, device: torch.device, data_on_device: bool,
+                            per_batch: list[str]) -> bool:
+    """``augment_per_pass``: True as given (refused in one line where the images are not on the device); auto: on
+    a CUDA GPU with the images there and no augmentation drawn per batch (``per_batch``, config's
+    ``per_batch_augmentations``), else off."""
+    if setting is True and not data_on_device:
+        raise UserError("augment_per_pass=True cuts each pass on the training device, and the images stay in host "
+                        "memory (data_on_device settled to False): give --data_on_device=True, or leave "
+                        "augment_per_pass=auto")
+    if setting != "auto":
+        return bool(setting)
+    return device.type == "cuda" and data_on_device and not per_batch
+
+
+def pass_augmentation(config: TrainAugmentation, images: int, info: DatasetInfo, dtype: torch.dtype | None
+                      ) -> PassAugmentation:
+    """The run's ``PassAugmentation`` (``dtype``: autocast's, None for fp32); channels-last unless the config says
+    otherwise (auto is settled after the data; on a GPU it is on for convolutional models)."""
+    layout = memory_format(config.channels_last is not False)
+    return PassAugmentation(config.seed, images, config.crop_padding, config.crop_pad_mode, config.flip,
+                            tuple(info.mean), tuple(info.std), dtype or torch.float32, layout)
+
+
 def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterations_per_epoch: int,
-                         info: DatasetInfo, cropped_in_loader: bool = False) -> PrepareBatch:
+                         info: DatasetInfo, cropped_in_loader: bool = False,
+                         prepared_per_pass: bool = False) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation (the
@@ -152,7 +208,8 @@ def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterat
     flip the training set is pre-flipped (``loaders.pre_flip``) and whole batches are mirrored in every second epoch.
     With progressive resizing (``resize_start``) each epoch's images are resized to its side (``data.resizing``).
     ``cropped_in_loader``: the loader's workers cut the random-resized crops (``TrainCrops``); here they are only
-    drawn, to leave the generator where they left it.
+    drawn, to leave the generator where they left it. ``prepared_per_pass``: batches arrive cut, normalised and in
+    their layout (``PassAugmentation``); here the generators are seeded and the labels sent.
     """
     rank = idist.get_rank()
     layout = memory_format(config.channels_last)
@@ -183,6 +240,8 @@ def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterat
         images, labels = batch
         images = images.to(device, non_blocking=True)
         generator = seed_default_generators(iteration_seed(config.seed, rank, iteration), device)
+        if prepared_per_pass:
+            return images.contiguous(memory_format=layout), labels.to(device, non_blocking=True)
         epoch = (iteration - 1) // iterations_per_epoch
         side = sizes.size(epoch)
         images = crop(images, generator, epoch)

@@ -18,25 +18,32 @@ from cifar10_dist.errors import UserError
 
 
 BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 images, epoch, iteration) -> images
+PassTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (uint8 images, their indices, epoch)
 
 
 class NumberedBatch(list):
     """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts) it is;
-    with data on a device, also those indices there (``on_device``: a slice of the pass's order, sent once)."""
+    with data on a device, also those indices there (``on_device``: a slice of the pass's order, sent once), the
+    whole pass's order there (``pass_order``) and where in it the batch starts (``pass_offset``)."""
 
     epoch: int
     iteration: int
     on_device: torch.Tensor | None = None
+    pass_order: torch.Tensor | None = None
+    pass_offset: int = 0
 
 
 class BatchTensorDataset(Dataset):
     """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work; with
     ``transform``, a numbered batch leaves transformed (in a DataLoader worker, when there are workers)."""
 
-    def __init__(self, images: ImageSet, transform: BatchTransform | None = None) -> None:
+    def __init__(self, images: ImageSet, transform: BatchTransform | None = None,
+                 pass_transform: PassTransform | None = None) -> None:
         self.images = images.images
         self.labels = images.labels
         self.transform = transform
+        self.pass_transform = pass_transform  # augment_per_pass: a whole pass augmented at once, batches sliced
+        self.prepared_pass: tuple[torch.Tensor, torch.Tensor] | None = None  # (the pass's order, its images)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -48,10 +55,23 @@ class BatchTensorDataset(Dataset):
         index = getattr(indices, "on_device", None)
         if index is None:
             index = upload(torch.as_tensor(indices), self.images.device)
+        if self.pass_transform is not None and isinstance(indices, NumberedBatch):
+            return self.from_pass(indices, index), self.labels[index]
         images = self.images[index]
         if self.transform is not None and isinstance(indices, NumberedBatch):
             images = self.transform(images, indices.epoch, indices.iteration)
         return images, self.labels[index]
+
+    def from_pass(self, batch: NumberedBatch, index: torch.Tensor) -> torch.Tensor:
+        """The batch's images, sliced from its pass, which is augmented once, at its first batch (a batch of no
+        pass, such as the warm-up's, is augmented alone, with the same draws for the same images)."""
+        order = batch.pass_order
+        if order is None:
+            return self.pass_transform(self.images[index], index, batch.epoch)
+        if self.prepared_pass is None or self.prepared_pass[0] is not order:
+            self.prepared_pass = None  # (its memory free before the next pass takes its own)
+            self.prepared_pass = (order, self.pass_transform(self.images[order], order, batch.epoch))
+        return self.prepared_pass[1][batch.pass_offset:batch.pass_offset + len(batch)]
 
     def __repr__(self) -> str:
         return f"BatchTensorDataset({len(self)} images)"
@@ -100,7 +120,7 @@ class NumberedBatches(BatchSampler):
             batch = NumberedBatch(order[where])
             batch.epoch, batch.iteration = epoch, first + offset
             if on_device is not None:
-                batch.on_device = on_device[where]
+                batch.on_device, batch.pass_order, batch.pass_offset = on_device[where], on_device, where.start
             yield batch
 
 
@@ -240,13 +260,15 @@ def make_loaders(
     device: torch.device | None = None,
     balanced: bool = False,
     train_transform: BatchTransform | None = None,
+    pass_transform: PassTransform | None = None,
 ) -> Loaders:
     """Train loader (shuffled per epoch, same order for a given seed and epoch, batches numbered) and exact
     evaluation loaders.
 
     ``balanced``: the training order draws every class equally often (``BalancedSampler``).
     With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).
-    ``train_transform``: applied to each training batch where it is read (``batches.crops_in_workers``).
+    ``train_transform``: applied to each training batch where it is read (``batches.crops_in_workers``);
+    ``pass_transform``: to each pass of the training images on the device at once (``augment_per_pass``).
     """
     import ignite.distributed as idist
 
@@ -259,7 +281,7 @@ def make_loaders(
         train, test = to_device(train, device), to_device(test, device)
         val = to_device(val, device) if val is not None else None
         common.update(num_workers=0, persistent_workers=False, pin_memory=False)
-    train_dataset = BatchTensorDataset(train, train_transform)
+    train_dataset = BatchTensorDataset(train, train_transform, pass_transform if device is not None else None)
     sampler_type = BalancedSampler if balanced else ResumableSampler
     train_sampler = sampler_type(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
     per_process = batch_size // world_size if batch_size >= world_size else batch_size  # as auto_dataloader splits

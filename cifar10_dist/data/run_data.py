@@ -15,7 +15,7 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import sources
-from cifar10_dist.config import Config
+from cifar10_dist.config import Config, per_batch_augmentations
 from cifar10_dist.data import batches, loaders
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
@@ -44,6 +44,7 @@ class DataSetup:
     cropped_in_loader: bool = False  # the train loader's workers cut the random-resized crops (batches.TrainCrops)
     class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
     data_on_device: bool = False  # the images are on the training device (data_on_device, auto settled)
+    augment_per_pass: bool = False  # training batches arrive augmented, sliced from their pass (auto settled)
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision,
@@ -72,11 +73,18 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
                            "each process's cores but the one that drives the device, 2 to 8 per process")
     augment = dataclasses.replace(batches.TrainAugmentation.of(config), data_on_device=on_device)
     crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
+    per_pass = batches.settle_augment_per_pass(config.augment_per_pass, device, on_device,
+                                               per_batch_augmentations(config))
+    if per_pass:
+        ranks.on_rank_zero(logger.info, "augment_per_pass: each pass's crops and flips cut at its start, normalised "
+                           "in %s", precision.name if precision.enabled else "fp32")
     batch_loaders = loaders.make_loaders(
         train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(on_device, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
+        pass_transform=batches.pass_augmentation(augment, len(train_images), loaded.info, precision.dtype)
+        if per_pass else None,
     )
     class_counts = torch.bincount(held_out.train.labels.cpu(), minlength=len(loaded.info.classes)).tolist()
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
@@ -91,7 +99,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
-        data_on_device=on_device,
+        data_on_device=on_device, augment_per_pass=per_pass,
     )
 
 
@@ -120,11 +128,19 @@ def settle_data_on_device(setting: bool | str, device: torch.device, image_sets:
         return False  # on a CPU the batches are sliced in host memory either way
     needed = loaders.pixel_bytes(image_sets)
     free = loaders.free_bytes(device)
-    chosen = free is not None and needed <= AUTO_DEVICE_SHARE * free
+    chosen = agreed(free is not None and needed <= AUTO_DEVICE_SHARE * free)
     ranks.on_rank_zero(logger.info, "data_on_device=auto: %s (the images take %.2f GiB, %s GiB free on %s)",
                        "on" if chosen else f"off, more than {AUTO_DEVICE_SHARE:.0%}", needed / 2**30,
                        "?" if free is None else f"{free / 2**30:.1f}", device)
     return chosen
+
+
+def agreed(choice: bool) -> bool:
+    """A choice every rank makes from what it sees (its own GPU's free memory), made the same on all: true only
+    where it is true on every rank (one all-reduce; the choice itself where there is one process)."""
+    if idist.get_world_size() == 1:
+        return choice
+    return bool(idist.all_reduce(int(choice), op="MIN"))
 
 
 def loader_device(data_on_device: bool, device: torch.device) -> torch.device | None:

@@ -1,7 +1,7 @@
 """Every accelerator path of a run, on a real GPU: nccl under torchrun and spawning, the no-backend path on
 cuda:0, fp16 autocast + GradScaler (accuracy band, exact resume), bf16, data_on_device, pinned memory,
-channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory,
-batches cut and prepared on the device and training iterations without a host wait, the warm-up undone.
+channels_last, compile, TF32/cuDNN flags, deterministic mode, GPU evaluation against the CPU, peak GPU memory.
+The device path's own checks (host waits, the warm-up, two processes on one GPU) are in test_device_path.
 Skipped without CUDA (see conftest); GPU_CHECK_DEVICE=cpu rehearses the device-independent ones on the CPU."""
 
 from __future__ import annotations
@@ -222,103 +222,3 @@ def test_progressive_resizing_and_data_selection_train_on_the_gpu_and_resume_exa
     whole = resumed_alike(check_data, tmp_path, levers)
     assert "progressive resizing: 16 px in epoch 1, 24 px in epoch 2 (full size 32 px)" in whole.stderr
     record("test accuracy, 2 epochs with resizing and selection", final_test(tmp_path / "whole")["accuracy"])
-
-
-def test_random_resized_crops_are_cut_batched_on_the_gpu_and_resume_exactly(check_data, tmp_path, record):
-    """On CUDA the crops are one roi_align over the batch (the log says so); a run resumed mid-epoch ends with the
-    uninterrupted run's weights."""
-    crops = ["--random_resized_crop=0.35", "--data_on_device=True", "--deterministic=True",
-             checkpoint_inside(check_data)]
-    whole = resumed_alike(check_data, tmp_path, crops)
-    assert ("random-resized crops and flips: one batched kernel on the GPU" in whole.stderr) == ON_CUDA
-    record("test accuracy, 2 epochs with batched random-resized crops", final_test(tmp_path / "whole")["accuracy"])
-
-
-@pytest.mark.parametrize("augment", [
-    {"crop_padding": 4, "color_jitter": 0.1},  # fast.yaml's pad-crop and flip, with colour jitter
-    {"crop_padding": 0, "random_resized_crop": 0.35},  # random-resized crops: one batched kernel on a GPU
-], ids=["pad-crop", "resized-crop"])
-def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment, record):
-    """data_on_device: 20 training batches sliced from the images there and prepared (crops, flips, jitter,
-    normalisation) under torch.cuda.set_sync_debug_mode("error"): no step of it makes the host wait for the
-    GPU, so the host can run ahead and queue the next. On the CPU (rehearsal) the same code runs without it."""
-    from cifar10_dist.config import load_config
-    from cifar10_dist.data import batches
-    from cifar10_dist.data.records import DatasetInfo
-    from cifar10_dist.data.synthetic import make_synthetic
-
-    device = torch.device("cuda" if ON_CUDA else "cpu")
-    train, test = make_synthetic(1280, 64, 0)
-    made = loaders.make_loaders(train, test, batch_size=64, num_workers=0, train_eval_size=0, seed=0, device=device)
-    config = batches.TrainAugmentation.of(load_config(None, data_on_device=True, **augment))
-    prepare = batches.train_batch_preparer(device, config, len(made.train), DatasetInfo(tuple("abcdefghij")))
-    prepared = []
-    if ON_CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        for iteration, batch in enumerate(made.train, start=1):
-            prepared.append(prepare(batch, iteration))
-    finally:
-        if ON_CUDA:
-            torch.cuda.set_sync_debug_mode(0)
-    inputs, labels = prepared[-1]
-    assert len(prepared) == 20 and inputs.shape == (64, 3, 32, 32) and inputs.device.type == device.type
-    record(f"batches prepared without a host wait ({'-'.join(f'{k}={v}' for k, v in augment.items())})",
-           len(prepared))
-
-
-def test_the_warm_up_is_undone_and_counted_apart(check_data, tmp_path, record):
-    """warm_up_steps=3 (auto's on a GPU) against none, deterministic: the same final weights; the warm-up's
-    seconds in summary.json, outside the training time."""
-    for name, steps in (("warm", 3), ("cold", 0)):
-        run(check_data, tmp_path, name, f"--warm_up_steps={steps}", "--deterministic=True", "--num_epochs=1",
-            "--num_warmup_epochs=0.5")
-    final = newest_checkpoint(tmp_path / "warm").name
-    assert_same_training_state(tmp_path / "cold" / final, tmp_path / "warm" / final)
-    summaries = {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in ("warm", "cold")}
-    assert summaries["warm"]["warm_up_time"] > 0 and summaries["cold"]["warm_up_time"] is None
-    record("warm-up seconds (3 steps, simple_cnn, deterministic)", summaries["warm"]["warm_up_time"], "s")
-    record("epoch 1 training seconds after a warm-up / without", summaries["warm"]["training_time"] /
-           summaries["cold"]["training_time"])
-
-
-def test_training_iterations_do_not_wait_for_the_gpu(check_data, tmp_path, record):
-    """One epoch on the device path (data_on_device) in this process under torch.cuda.set_sync_debug_mode("warn"):
-    every call that makes the host wait is counted at the innermost frame of our code that made it (or the
-    innermost frame); no place may wait in more than a tenth of the iterations (those that log, checkpoint or end
-    an epoch may, and the set-up's copies once each). The most frequent places are recorded for the report."""
-    cuda_only()
-    import collections
-    import traceback
-    import warnings
-
-    from tests.conftest import run_in_process
-
-    sites: collections.Counter = collections.Counter()
-
-    def caught(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
-            return
-        stack = traceback.extract_stack()[:-1]
-        ours = [frame for frame in stack
-                if "cifar10_dist" in Path(frame.filename).parts and "tests" not in Path(frame.filename).parts]
-        frame = (ours or stack)[-1]
-        sites[f"{Path(frame.filename).name}:{frame.lineno} ({frame.name})"] += 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = caught
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = run_in_process("run", *SHORT, f"--data_path={check_data}", f"--output_path={tmp_path}",
-                                    "--run_name=sync", "--data_on_device=True", "--num_epochs=1",
-                                    "--num_warmup_epochs=0.5", "--log_every_iters=100000",
-                                    "--checkpoint_every=100000", "--train_eval_size=0")
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    assert result.returncode == 0, result.stderr[-3000:]
-    iterations = json.loads((tmp_path / "sync" / "summary.json").read_text())["iterations"]
-    for site, count in sites.most_common(6):
-        record(f"host waits at {site}", count, f"in {iterations} iterations")
-    assert not [site for site, count in sites.items() if count > iterations / 10], sites.most_common(6)

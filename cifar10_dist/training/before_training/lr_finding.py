@@ -138,7 +138,8 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
                      config.clip_grad_norm)
     augment = batches.TrainAugmentation.of(config)
     trainer = create_trainer(step, batches.train_batch_preparer(device, augment, data_setup.iterations_per_epoch,
-                                                                data_setup.info, data_setup.cropped_in_loader))
+                                                                data_setup.info, data_setup.cropped_in_loader,
+                                                                data_setup.augment_per_pass))
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
     if stop is not None:
         stopping.attach_stop_without_checkpoint(trainer, stop, "lr-find")
@@ -235,7 +236,7 @@ class LrFindWorker:
             precision = process_setup.setup_precision(config, device)
             weights = model_setup.setup_pretrained(config)
             data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-            network = model_setup.setup_model(config, data_setup, weights)
+            network = model_setup.setup_model(config, data_setup, weights, precision)
             with contextlib.closing(data_setup.loaders):
                 result = find(config, network.model, network.forward, data_setup, device, precision, self.settings,
                               stop)

@@ -58,11 +58,13 @@ def training(config: Config) -> dict[str, Any]:
         precision = process_setup.setup_precision(config, device)
         weights = model_setup.setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-        config = dataclasses.replace(config, data_on_device=data_setup.data_on_device)  # auto settled (config.yaml)
+        config = dataclasses.replace(config, data_on_device=data_setup.data_on_device,  # auto settled (config.yaml)
+                                     augment_per_pass=data_setup.augment_per_pass,
+                                     fused_optimizer=optimizers.fused_on(config.fused_optimizer, device))
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
-        network = model_setup.setup_model(config, data_setup, weights)
+        network = model_setup.setup_model(config, data_setup, weights, precision)
         config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, stop)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
@@ -161,7 +163,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     prepare = batches.train_batch_preparer(device, batches.TrainAugmentation.of(config),
                                            data_setup.iterations_per_epoch, data_setup.info,
-                                           data_setup.cropped_in_loader)
+                                           data_setup.cropped_in_loader, data_setup.augment_per_pass)
     trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,

@@ -14,7 +14,9 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation, batches, run_data
+from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
+from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop import checkpointing
 
 logger = logging.getLogger("cifar10_dist")
@@ -34,10 +36,11 @@ def setup_pretrained(config: Config) -> pretrained.Weights | None:
     return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
 
 
-def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None) -> Network:
+def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None,
+                precision: Precision | None = None) -> Network:
     """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
-    whitening layer, in the configured memory format, wrapped for the backend (DDP, ...), and compiled for the
-    engines if asked."""
+    whitening layer, its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
+    format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
     if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
@@ -48,7 +51,27 @@ def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrai
         model.init_whitening(augmentation.normalize(first, info.mean,
                                                     info.std))
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
+    if config.half_weights:
+        half_network(model, precision)
     if config.sync_bn and idist.get_world_size() > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
-    return Network(model, torch.compile(model) if config.compile else model)
+    return Network(model, torch.compile(model, mode=config.compile_mode) if config.compile else model)
+
+
+NORMALISATION = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
+def half_network(model: nn.Module, precision: Precision | None) -> None:
+    """``half_weights``: every weight and buffer in bf16 but the normalisation layers' (fp32, as airbench's
+    ``.half()`` net keeps its BatchNorm), so autocast has no weight to cast at each step; refused in one line
+    unless the run trains in bf16."""
+    if precision is None or precision.dtype != torch.bfloat16:
+        trains = f"{precision.name} ({precision.reason})" if precision else "fp32"
+        raise UserError(f"half_weights=True keeps the weights in bf16, and this run trains in {trains}: give "
+                        "--with_amp=True --amp_dtype=bfloat16 on hardware with bf16, or leave half_weights off")
+    norms = [module for module in model.modules() if isinstance(module, NORMALISATION)]
+    model.to(torch.bfloat16)
+    for norm in norms:
+        norm.float()
+    logger.info("half_weights: weights in bf16, %d normalisation layers in fp32", len(norms))

@@ -1,0 +1,58 @@
+"""How a config field is declared: ``option`` (its default, one-line help, own rules and roles) and ``Bounds``
+(a number's accepted range). ``fields`` declares every key with them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+@dataclass(frozen=True)
+class Bounds:
+    """A number field's accepted range, declared with the field: ``low``/``high`` (either may be None), each
+    included unless ``*_open``. ``reads`` replaces how the rule reads in the error ("in 0..16 pixels"); ``note``
+    follows it (", e.g. 0.999")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    reads: str | None = None
+    note: str = ""
+
+    def accepts(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def describe(self, whole: bool) -> str:
+        """'at least 1', '0 or more', 'greater than 0', 'in [0, 1)', 'in 1..20' (whole numbers), plus the note."""
+        if self.reads is not None:
+            text = self.reads
+        elif self.high is None:
+            text = (f"greater than {self.low:g}" if self.low_open else "0 or more" if self.low == 0
+                    else f"at least {self.low:g}")
+        elif whole:
+            text = f"in {self.low:g}..{self.high:g}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return text + self.note
+
+
+AT_LEAST_1, AT_LEAST_0, ABOVE_0 = Bounds(1), Bounds(0), Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
+
+
+def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
+           choices_read: str | None = None, internal: bool = False, tunable: bool = True, per_worker: bool = False,
+           inherited_by_evaluate: bool = False) -> Any:
+    """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
+    ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
+    accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
+    docs, never tuned); ``tunable=False``, never searched by ``tune`` (a command sets it for its runs, or it
+    decides the data every trial must share); ``per_worker``, each tuning worker sets it for its own machine (not
+    compared with the study's, never tuned); ``inherited_by_evaluate``, ``evaluate`` takes it from the
+    checkpoint unless given. The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``)
+    are derived from these, below the class."""
+    return field(default=default, metadata={"help": help, "also": also, "bounds": bounds,
+                                            "choices_read": choices_read, "internal": internal, "tunable": tunable,
+                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate})
