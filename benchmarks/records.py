@@ -31,12 +31,16 @@ def hardware_record(device: str = "cpu") -> dict[str, Any]:
 
 
 def commit() -> str:
-    """This checkout's commit (with + when it has changes), so runs of different code stay apart."""
+    """This checkout's commit (with + when it has changes), so runs of different code stay apart; on a machine
+    that got a copy of the working tree (a GPU lease's), the commit it was copied at, given as
+    CIFAR10_DIST_COMMIT (the copy's own .git may be older than its files)."""
+    if os.environ.get("CIFAR10_DIST_COMMIT"):
+        return os.environ["CIFAR10_DIST_COMMIT"]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True)
-    if head.returncode != 0:  # a copy without .git (a GPU machine's): the commit the copy was made at, if given
-        return os.environ.get("CIFAR10_DIST_COMMIT", "unknown")
+    if head.returncode != 0:
+        return "unknown"
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 

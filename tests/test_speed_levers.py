@@ -271,3 +271,14 @@ def test_host_waits_are_filed_under_the_training_iteration_that_made_them(small_
     assert sum(waits.elsewhere["evaluation"].values()) >= 2  # the evaluations' forwards
     assert sum(waits.elsewhere["outside"].values()) >= 2  # the one above, the model's check before the run
     assert math.isclose(waits.places(waiting).most_common(1)[0][1], 1)
+
+
+def test_replicas_sharing_a_gpu_are_wrapped_in_ddp_on_the_gpu_they_use():
+    """Two local ranks on one GPU (gloo): rank 1 trains on cuda:0, and Ignite's auto_model would name cuda:1 as
+    DDP's device (the H200 lease's 2-process check failed on it); without sharing, auto_model wraps as before."""
+    assert model_setup.shares_a_gpu(torch.device("cuda", 0), local_rank=1, world_size=2)
+    assert not model_setup.shares_a_gpu(torch.device("cuda", 1), local_rank=1, world_size=2)
+    assert not model_setup.shares_a_gpu(torch.device("cuda", 0), local_rank=0, world_size=2)
+    assert not model_setup.shares_a_gpu(CPU, local_rank=1, world_size=2)
+    model = models.build_model("simple_cnn", {"width": 8})
+    assert model_setup.wrapped_for_backend(model) is model  # one process on a CPU: nothing to wrap

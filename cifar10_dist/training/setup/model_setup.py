@@ -55,8 +55,24 @@ def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrai
         half_network(model, precision)
     if config.sync_bn and idist.get_world_size() > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+    model = wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
     return Network(model, torch.compile(model, mode=config.compile_mode) if config.compile else model)
+
+
+def wrapped_for_backend(model: nn.Module) -> nn.Module:
+    """The model on this process's device, wrapped for its backend by Ignite's ``auto_model`` (DDP, ...); where
+    local ranks share a GPU (replicas per GPU over gloo, ``launch.spawn``), in DDP on the GPU this process
+    really uses: auto_model names the local rank as the device, a GPU that does not exist past the first."""
+    device = idist.device()
+    local_rank = idist.get_local_rank()
+    if not shares_a_gpu(device, local_rank, idist.get_world_size()):
+        return idist.auto_model(model)
+    return nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index])
+
+
+def shares_a_gpu(device: torch.device, local_rank: int, world_size: int) -> bool:
+    """Whether this process trains on a GPU other than the one its local rank names (local ranks outnumber GPUs)."""
+    return world_size > 1 and device.type == "cuda" and device.index is not None and device.index != local_rank
 
 
 NORMALISATION = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)

@@ -21,7 +21,7 @@ from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance,
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.setup import layouts, process_setup
+from cifar10_dist.training.setup import layouts, model_setup, process_setup
 from cifar10_dist.training.shipping import temperature
 from cifar10_dist.training.loop.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 
@@ -86,5 +86,5 @@ class EvaluationWorker:
         for difference in provenance.differences(checkpoint_layout.recorded_provenance(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
-        model = idist.auto_model(model.to(memory_format=batches.memory_format(config.channels_last)))
+        model = model_setup.wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
         return temperature.with_temperature(model, checkpoint), info  # calibrate=temperature: its probabilities
