@@ -4,7 +4,7 @@ engine and our handlers cost per setting; in one invocation on one device. Write
 every run, so a command cut short still returns what it measured. Last run: docs/gpu-report.md.
 
     python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--seeds=3] [--parts=race,levers,resnet,profile,
-        compile,throughput] [--quick] [--json=PATH]
+        compile,throughput] [--quick] [--skip_peer] [--json=PATH]
 
   race: configs/fast.yaml (validated every epoch, training seconds only, as airbench counts: both warm up outside
      their timers; airbench's own time also holds its whitening init) next to airbench94's train94
@@ -126,8 +126,10 @@ def recompilations(log: str) -> dict[str, int] | None:
                                                               for block in blocks)}
 
 
-def peer(data_path: str, device: torch.device, seed: int) -> dict[str, Any] | str:
+def peer(data_path: str, device: torch.device, seed: int, skip: bool = False) -> dict[str, Any] | str:
     """airbench94's train94 on our data (benchmarks.peer), or why it did not run."""
+    if skip:
+        return "skipped: --skip_peer"
     if device.type != "cuda":
         return "skipped: airbench94 runs on CUDA only here (benchmarks.recipes adapts it to a CPU)"
     if importlib.util.find_spec("airbench") is None:
@@ -140,10 +142,11 @@ def peer(data_path: str, device: torch.device, seed: int) -> dict[str, Any] | st
     return {**result, "first_epoch_seconds": first, "steady_epoch_seconds": steady}
 
 
-def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record) -> None:
+def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record,
+         skip_peer: bool = False) -> None:
     """Seed by seed: the peer, then ours (fast.yaml as shipped)."""
     for seed in range(seeds):
-        out.add("peer", str(seed), peer(data_path, device, seed))
+        out.add("peer", str(seed), peer(data_path, device, seed, skip_peer))
         out.add("ours", str(seed), ours(data_path, device, quick, seed=seed))
         print_race(out)
     out.put("race_summary", summarise(out.data))
@@ -318,6 +321,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds of ours and the peer in the race")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which, in order: {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the script)")
+    parser.add_argument("--skip_peer", action="store_true", help="the race without airbench94")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
@@ -335,7 +339,7 @@ def main() -> None:
     for part in parts:
         started = time.perf_counter()
         if part == "race":
-            race(args.data_path, device, args.seeds, quick, out)
+            race(args.data_path, device, args.seeds, quick, out, args.skip_peer)
         elif part == "levers":
             levers(args.data_path, device, quick, out)
         elif part == "resnet":
