@@ -18,6 +18,7 @@ from typing import Any
 import fire
 
 from cifar10_dist import api, cli_help
+from cifar10_dist.cli_flags import check_keys, closed_pipe, switches_alone
 from cifar10_dist.config import commands, describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 from cifar10_dist.results import RunResult, SeedsResult, SplitMetrics
@@ -27,6 +28,7 @@ DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model ha
 
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
+    check_keys("run", overrides)
     result = api.train(api.resolve(config, **overrides))  # bad values fail here, before torch is imported
     if isinstance(result, SeedsResult):
         print_seed_summary(result)
@@ -38,8 +40,9 @@ def run(config: str | None = None, **overrides: Any) -> None:
 def lr_find(config: str | None = None, **flags: Any) -> None:
     """Sweep the learning rate with the run a config describes (its flags: config.lr_sweep's); print the
     suggestion and where the plot is."""
-    from cifar10_dist.config import SUGGESTION_RULES
+    from cifar10_dist.config import SUGGESTION_RULES, LrSweep
 
+    check_keys("lr-find", flags, commands.flags_of(LrSweep))
     result = api.lr_find(config, **flags)
     if result is None:
         return  # a non-zero rank under torchrun
@@ -57,6 +60,7 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
 def batch_size(config: str | None = None, **flags: Any) -> None:
     """Measure which batch the run a config describes should take here (its flags: config.commands.BATCH_SIZE);
     print the table and the suggestion."""
+    check_keys("batch-size", flags, commands.BATCH_SIZE)
     values, overrides = commands.split("batch-size", flags, commands.BATCH_SIZE)
     batch_sizes = values["batch_sizes"]
     sizes = batch_sizes if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None else (
@@ -116,6 +120,7 @@ def print_seed_summary(result: SeedsResult) -> None:
 def evaluate(config: str | None = None, **flags: Any) -> None:
     """Evaluate a checkpoint on the test set; write its confusion matrix and its most confident mistakes (JSON and
     PNG). Its flags: config.commands.EVALUATE; the others are config keys."""
+    check_keys("evaluate", flags, commands.EVALUATE)
     own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
     checkpoint, json, output_dir, raw_weights = (own[one.name] for one in commands.EVALUATE)
     if checkpoint is None:
@@ -202,7 +207,7 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 def export(**flags: Any) -> None:
     """Export a checkpoint's model (any of serve.formats.FORMATS), verified against PyTorch; print the check
     (its flags: serve.exporting's)."""
-    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+    from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
     values = commands.resolve("export", flags, EXPORT_FLAGS, commands.flags_of(Quantization))
     if values["checkpoint"] is None or values["format"] is None:
@@ -280,6 +285,7 @@ def prepare_data(**flags: Any) -> None:
 def tune(config: str | None = None, **flags: Any) -> None:
     """Tune hyperparameters with Optuna (see cli_help.TUNE_HELP; its flags: config.commands.TUNE, the others are
     config keys); prints a line per trial, the table and the best."""
+    check_keys("tune", flags, commands.TUNE)
     own, overrides = commands.split("tune", flags, commands.TUNE)
     if own["study"] is None:
         raise UserError("tune needs --study=NAME (the study's name and its folder under output_path)")
@@ -291,6 +297,7 @@ def show_config(config: str | None = None, **overrides: Any) -> None:
     give it back with --config)."""
     import yaml
 
+    check_keys("config", overrides)
     print(yaml.safe_dump(api.resolve(config, **overrides).to_dict(), sort_keys=False), end="")
 
 
@@ -322,6 +329,10 @@ def run_and_exit() -> None:
     the 2-core AVX2-only EPYC); atexit handlers, threads and module teardown run as before, and only cyclic
     garbage is left to the operating system."""
     code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = closed_pipe()
     gc.freeze()
     sys.exit(code)
 
@@ -334,11 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = [arg for arg in argv if arg != "--debug"]
     help_text = _help_text(argv)
     if help_text is not None:
-        print(help_text)
+        try:
+            print(help_text, flush=True)
+        except BrokenPipeError:
+            return closed_pipe()
         return 0
     if argv[0] not in COMMANDS:
         print(f"error: unknown command '{argv[0]}': choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    argv = switches_alone(argv)
     try:
         fire.Fire(COMMANDS, command=argv, name="cifar10-dist")
     except UserError as error:
@@ -362,4 +377,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except fire.core.FireExit as exit_request:
         return int(exit_request.code or 0)
+    except BrokenPipeError:
+        return closed_pipe()
     return 0

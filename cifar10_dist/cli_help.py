@@ -94,7 +94,7 @@ A file that cannot be read gets one error line, the others are still classified,
 def export_help() -> str:
     """export's page: its flags are ``serve.exporting``'s, imported (with torch) only when this page is asked
     for."""
-    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+    from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
     return f"""\
 Usage: cifar10-dist export --checkpoint=FILE --format={NAMES} [--output=PATH] [--quantize=int8] [--debug]

@@ -172,6 +172,29 @@ def split(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> 
         others(given, *declared)
 
 
+def refuse_unknown_keys(command: str, given: Mapping[str, Any], *declared: Iterable[Flag],
+                        elsewhere: Mapping[str, Iterable[str]] = {}) -> None:
+    """One line for a flag of a command that also takes config keys when it is neither one of its own flags nor a
+    config key a user sets: the closest of those the command accepts, its own flags first ("did you mean"), or
+    the command that takes it (``elsewhere``: command -> its flags)."""
+    from cifar10_dist.config.fields import FIELDS
+
+    own = [one.name for flags in declared for one in flags]
+    keys = [name for name, field in FIELDS.items() if not field.metadata["internal"]]
+    for key in given:
+        if key in own or key in FIELDS:
+            continue
+        close = difflib.get_close_matches(key, own + keys, n=1, cutoff=0.6)
+        takers = [other for other, flags in elsewhere.items() if other != command and key in flags]
+        if not own and not takers:
+            continue  # the config's own check speaks (config.loading: "unknown config key ...")
+        hint = (f"did you mean --{close[0]}?" if close else
+                f"{takers[0]} takes it: cifar10-dist {takers[0]} --{key}=..." if takers else "no flag or key is close")
+        takes = f"its flags ({', '.join('--' + name for name in own)}) and " if own else ""
+        raise UserError(f"{command} does not take --{key} ({hint}): it takes {takes}the config keys "
+                        f"(cifar10-dist {command} --help)")
+
+
 def help_block(*declared: Iterable[Flag]) -> str:
     """The flag lines of a help page, in the order declared."""
     return "\n".join(one.line() for flags in declared for one in flags)

@@ -106,7 +106,8 @@ def _check_known(key: str, source: str = "") -> None:
     if key in FIELDS:
         return
     where = f" {source}" if source else ""
-    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.6)
+    settable = [name for name, field in FIELDS.items() if not field.metadata["internal"]]
+    close = difflib.get_close_matches(key, settable, n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'?" if close else "run with --help to list the valid keys"
     raise UserError(f"unknown config key '{key}'{where}: {hint}")
 

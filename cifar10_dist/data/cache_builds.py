@@ -9,6 +9,7 @@ what the other made. Imports no torch: the decoding processes start fast.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing
@@ -59,15 +60,58 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
     if meta is not None:
         return folder, meta, found, "reused"
     shared = cache_dir(root, image_size, key)
+    copying = under is not None and shared != folder and whole_meta(shared) is not None
+    needed = folder_bytes(shared) if copying else cache_bytes(found, image_size)
     try:
-        if under is not None and shared != folder and whole_meta(shared) is not None:
-            meta, how = copy_or_reuse(shared, folder)
+        if copying:
+            meta, how = copy_or_reuse(shared, folder, needed)
             return folder, meta, found, how
         meta, how = build_or_reuse(found, image_size, folder, key, workers)
-    except OSError as error:
-        raise UserError(f"cannot write the image cache in {folder.parent} ({error.strerror or error}): make it "
-                        "writable or give cache_dir=<a writable folder>") from error
+    except (OSError, shutil.Error) as error:
+        if out_of_space(error):
+            raise no_room(needed, folder.parent) from error
+        raise UserError(f"cannot write the image cache in {folder.parent} ({_reason(error)}): make it writable or "
+                        "give cache_dir=<a writable folder>") from error
     return folder, meta, found, how
+
+
+def cache_bytes(found: FolderScan, image_size: int) -> int:
+    """What a build of this folder's cache writes: its pixels (uint8, 3 x S x S per image) and, per image, a
+    content hash, a readable flag, its size, label, split and path (a bound)."""
+    count = sum(len(files) for files in found.files.values())
+    return count * (3 * image_size * image_size + 16 + 1 + 8 + 8 + 1 + 512)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether a write failed for want of room (a full disk, a quota), also inside shutil.copytree's list."""
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list):
+        return any("No space left" in str(why) or "Disk quota" in str(why) for *_, why in error.args[0])
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_room(needed: int, folder: Path) -> UserError:
+    """The one line for a cache that does not fit where it is to be written."""
+    free = shutil.disk_usage(folder).free if folder.exists() else 0
+    return UserError(f"the image cache needs {needed / 2**20:.1f} MiB in {folder} and its disk has "
+                     f"{free / 2**20:.1f} MiB free: free some space there, or give cache_dir=<a folder on a disk with "
+                     "room>")
+
+
+def check_room(needed: int, folder: Path) -> None:
+    """Refused before anything is written when the disk under ``folder`` has less free space than ``needed``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(folder).free < needed:
+        raise no_room(needed, folder)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list) and error.args[0]:
+        return str(error.args[0][0][-1])  # the first file's reason, not the whole list
+    return getattr(error, "strerror", None) or str(error)
 
 
 def whole_meta(folder: Path) -> CacheMeta | None:
@@ -132,7 +176,14 @@ def build_or_reuse(found: FolderScan, image_size: int, target: Path, key: str, w
         _remove_leftovers(target, building)
         started = time.perf_counter()
         order = [(split, path, label) for split in SPLITS for path, label in found.files.get(split, [])]
-        meta = _decode_into(found, image_size, order, building, workers or default_workers())
+        try:
+            if not (building / PROGRESS).is_file():  # (a build resumed has its room already)
+                check_room(cache_bytes(found, image_size), target.parent)
+            meta = _decode_into(found, image_size, order, building, workers or default_workers())
+        except OSError as error:
+            if out_of_space(error):  # nothing half-written is left behind: the next build starts afresh
+                shutil.rmtree(building, ignore_errors=True)
+            raise
         meta.fingerprint = key
         meta.build_seconds = time.perf_counter() - started
         (building / PROGRESS).unlink()
@@ -168,10 +219,24 @@ def _open_arrays(folder: Path, count: int, size: int) -> tuple[dict[str, np.ndar
         pass
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    arrays = {name: np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-              for name, (shape, dtype) in shapes.items()}
+    arrays = {name: allocated_memmap(folder / f"{name}.npy", shape, dtype) for name, (shape, dtype) in shapes.items()}
     _save_progress(folder, arrays, 0, [])
     return arrays, 0, []
+
+
+def allocated_memmap(path: Path, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new .npy memory map whose blocks are reserved on disk first (``posix_fallocate``): a disk without room
+    fails here with ENOSPC, not later, when a page of the map is written, with a SIGBUS that kills the process."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    if hasattr(os, "posix_fallocate"):
+        with open(path, "r+b") as file:
+            try:
+                os.posix_fallocate(file.fileno(), 0, os.fstat(file.fileno()).st_size)
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # a filesystem that cannot reserve blocks (EOPNOTSUPP, EINVAL): the map is written as before
+    return array
 
 
 def _save_progress(folder: Path, arrays: dict[str, np.ndarray], done: int, bad: list[list[str]]) -> None:
@@ -248,14 +313,16 @@ def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int
     return mean.tolist(), np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12)).tolist()
 
 
-def copy_or_reuse(source: Path, target: Path) -> tuple[CacheMeta, str]:
+def copy_or_reuse(source: Path, target: Path, needed: int = 0) -> tuple[CacheMeta, str]:
     """A finished cache copied to ``target`` (a node's local disk): into a temporary folder, renamed when
     complete, so a copy cut short is never used (the next run copies again); "copied", or "reused" when another
-    process of this node copied it while this one waited."""
+    process of this node copied it while this one waited. Refused before copying when the disk has less room
+    than ``needed``."""
     with _machine_lock(target):
         meta = read_meta(target)
         if meta is not None:  # another process of this node copied it while this one waited
             return meta, "reused"
+        check_room(needed, target.parent)
         copying = target.with_name(f".{target.name}.copying-{socket.gethostname()}")
         shutil.rmtree(copying, ignore_errors=True)
         try:

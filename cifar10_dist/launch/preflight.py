@@ -14,12 +14,12 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import models, sources
+from cifar10_dist import checkpoint_layout, models, sources
 from cifar10_dist.config import Config, class_weights, planned_world_size
 from cifar10_dist.data import resizing
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
-from cifar10_dist.outputs import trackers
+from cifar10_dist.outputs import checkpoint_files, trackers
 from cifar10_dist.system import stopping
 from cifar10_dist.training.setup import optimizers
 
@@ -76,6 +76,24 @@ def check_teacher(config: Config) -> None:
     pretrained.fetch(weights)
 
 
+def check_resume_file(path: str) -> None:
+    """``resume_from``: a training checkpoint, refused in one line before anything is written otherwise (a
+    best-model file holds one epoch's weights only: the advice says how to start from them)."""
+    if not Path(path).is_file():
+        raise UserError(f"resume_from='{path}' does not exist: give a training_checkpoint_*.pt file (or auto)")
+    checkpoint = checkpoint_files.load_checkpoint(path, mmap=True)
+    missing = checkpoint_layout.missing_training_keys(checkpoint)
+    if not missing:
+        return
+    if checkpoint_layout.MODEL in checkpoint:
+        raise UserError(f"resume_from='{path}' is a best-model file (one epoch's weights, no optimizer or trainer "
+                        f"state), and a run continues from a training checkpoint: --resume_from takes a "
+                        f"training_checkpoint_*.pt file or auto; to start a new run from these weights, give "
+                        f"--pretrained={path}")
+    raise UserError(f"resume_from='{path}' is not a training checkpoint (missing {', '.join(missing)}): give a "
+                    "training_checkpoint_*.pt file (or auto)")
+
+
 def check_amp_dtype(config: Config) -> None:
     if config.with_amp and config.amp_dtype == "bfloat16" and torch.cuda.is_available() \
             and not torch.cuda.is_bf16_supported():
@@ -84,8 +102,8 @@ def check_amp_dtype(config: Config) -> None:
 
 
 def check_files(config: Config) -> None:
-    if config.resume_from not in (None, "auto") and not Path(config.resume_from).is_file():
-        raise UserError(f"resume_from='{config.resume_from}' does not exist: give a training_checkpoint_*.pt file")
+    if config.resume_from not in (None, "auto"):
+        check_resume_file(config.resume_from)
     if not config.init_method.startswith("file://"):
         return
     init_file = Path(config.init_method.removeprefix("file://"))

@@ -137,18 +137,29 @@ def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence
         final = "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.4f} ({row['split']})"
         lines.append(f"{row['run']:<{width}}  " + "  ".join(f"{c:>13}" for c in cells)
                      + f"  {final:>15}  {minutes(row['total_time']):>7}")
+    splits = sorted({row["split"] for row in rows})
     if len(rows) > 1:
-        cells = []
-        for target in targets:
-            times = [row["reached"][target]["training_time"] / 60 for row in rows if row["reached"][target]]
-            if not times:
-                cells.append("never")
-                continue
-            cells.append(mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
-        finals = [row["final_accuracy"] for row in rows if row["final_accuracy"] is not None]
-        lines.append(f"{'mean +- std':<{width}}  " + "  ".join(f"{c:>13}" for c in cells) + f"  {mean_std(finals, 4):>15}")
-        lines.append("times in minutes: training only (with evaluations); std is the sample standard deviation")
+        for split in splits:  # runs measured on another split (val, test) are never averaged together
+            group = [row for row in rows if row["split"] == split]
+            label = "mean +- std" if len(splits) == 1 else f"mean ({split})"
+            lines.append(f"{label:<{width}}  " + _mean_row(group, targets))
+        lines.append("times in minutes: training only (with evaluations); std is the sample standard deviation"
+                     + ("" if len(splits) == 1 else f"; the runs chose on different splits ({', '.join(splits)}): "
+                        "each split's runs are averaged apart"))
     return "\n".join(lines)
+
+
+def _mean_row(rows: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
+    """The mean +- std cells of runs measured on one split: time to each target, then the final accuracy."""
+    cells = []
+    for target in targets:
+        times = [row["reached"][target]["training_time"] / 60 for row in rows if row["reached"][target]]
+        if not times:
+            cells.append("never")
+            continue
+        cells.append(mean_std(times, 1) + ("" if len(times) == len(rows) else f" [{len(times)}/{len(rows)}]"))
+    finals = [row["final_accuracy"] for row in rows if row["final_accuracy"] is not None]
+    return "  ".join(f"{c:>13}" for c in cells) + f"  {mean_std(finals, 4):>15}"
 
 
 def mean_std(values: Sequence[float], digits: int) -> str:

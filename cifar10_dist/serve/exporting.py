@@ -17,7 +17,6 @@ import json
 import re
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,11 +26,11 @@ from cifar10_dist import models, sources
 from cifar10_dist.data import augmentation
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.data.synthetic import make_synthetic
-from cifar10_dist.config.commands import Flag, flag
-from cifar10_dist.errors import UserError
+from cifar10_dist.errors import OutputNotWritable, UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
 from cifar10_dist.serve import inference, quantizing
+from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization  # noqa: F401 - export's flags
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
@@ -49,49 +48,6 @@ def require(format: str) -> None:
         except ImportError as error:
             raise UserError(f"format={format} needs the {module} package, which is not installed: {INSTALL_HINT}"
                             ) from error
-
-
-EXPORT_FLAGS = (  # export's flags (config.commands), with those of Quantization
-    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE"),
-    Flag("format", None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown="FORMAT"),
-    Flag("output", None, "file to write (default: next to the checkpoint, "
-                         f"{'/'.join(f.suffix for f in FORMATS.values())})"),
-    Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"),
-)
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """``quantize=int8`` and its settings (serve.quantizing), export's flags; ``calibration``: uint8 images to
-    calibrate on instead of a choice of training images (a test's way to quantize badly on purpose)."""
-
-    kind: str | None = flag(None, "int8 (format=onnx): ONNX Runtime's static quantization, int8 weights and 8-bit "
-                            "activations calibrated on training images; its test accuracy and top-1 agreement with "
-                            "the fp32 model are printed, and below min_agreement nothing is written (default file: "
-                            "CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)", name="quantize")
-    calibration_images: int = flag(quantizing.CALIBRATION_IMAGES, "training images that calibrate the int8 "
-                                   "activations")
-    min_agreement: float = flag(quantizing.MIN_AGREEMENT, "the share of test images whose int8 top-1 must equal "
-                                "the fp32 model's (a tie between classes counts as a difference)")
-    calibration_method: str = flag("auto", "how the int8 activation ranges are set: auto (MinMax, Percentile and "
-                                   "Entropy, weights per channel or per tensor: the one whose top-1 agrees most "
-                                   f"often with the fp32 model's on {quantizing.CHOICE_IMAGES} other training "
-                                   f"images), or {', '.join(quantizing.METHODS[:-1])} or {quantizing.METHODS[-1]}")
-    calibration: torch.Tensor | None = None
-
-    def check(self, format: str) -> None:
-        if self.kind is None:
-            return
-        if self.kind != "int8":
-            raise UserError(f"quantize={self.kind!r} is not accepted: int8 (ONNX Runtime's static quantization)")
-        if format != "onnx":
-            raise UserError(f"quantize=int8 is for format=onnx (ONNX Runtime's static quantization), not {format}")
-        if isinstance(self.calibration_images, bool) or not isinstance(self.calibration_images, int) or \
-                self.calibration_images < 1:
-            raise UserError(f"calibration_images={self.calibration_images!r} must be a whole number >= 1")
-        if not 0 < self.min_agreement <= 1:
-            raise UserError(f"min_agreement={self.min_agreement} must be in (0, 1], e.g. 0.98")
-        quantizing.candidates_for(self.calibration_method)
 
 
 def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
@@ -120,7 +76,12 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
         exporter = globals()[chosen.writer]  # the format's writer, below
         files.write_file(path, lambda temporary: found.update(exporter(trained, temporary, metadata, images)))
     sidecar = path.with_name(path.name + ".json")
-    files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
+    try:
+        files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
+    except OutputNotWritable as error:  # the exported file without its sidecar is not written either
+        path.unlink(missing_ok=True)
+        raise OutputNotWritable(f"{error}; {path.name}, written before it, was removed (a model file without its "
+                                "sidecar is not one of ours)") from error
     return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
 
 

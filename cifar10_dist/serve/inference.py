@@ -19,6 +19,7 @@ from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
+from cifar10_dist.system.hardware import usable_device
 from cifar10_dist.models.restoring import restore_model
 from cifar10_dist.models.viewing import TemperatureScaled, tta_logits
 
@@ -58,6 +59,7 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
     """The model a checkpoint (training checkpoint or best-model file) records, rebuilt with its weights (the EMA
     weights of a run with ema_decay, unless ``raw_weights``); or an ONNX file of ``export`` (int8 included) on
     ONNX Runtime, on the CPU."""
+    chosen = usable_device(str(device)) if device is not None else default_device()
     if str(checkpoint).endswith(".onnx"):
         from cifar10_dist.serve import quantizing
 
@@ -70,7 +72,6 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
     loaded = checkpoint_files.load_checkpoint(checkpoint)
     info = cifar.checkpoint_info(loaded)
     model = restore_model(loaded, checkpoint, len(info.classes), raw_weights=raw_weights)
-    chosen = torch.device(device) if device is not None else default_device()
     return TrainedModel(model.eval().to(chosen), Path(checkpoint), checkpoint_layout.recorded_config(loaded),
                         info.classes, chosen, checkpoint_layout.recorded_provenance(loaded), info,
                         checkpoint_layout.temperature(loaded))
@@ -127,10 +128,14 @@ def find_images(paths: Iterable[str | Path]) -> ImageFiles:
             found.files.append(given)
         elif given.is_dir():
             suffixes = suffixes or image_suffixes()
-            inside = sorted(path for path in given.rglob("*") if path.is_file() and path.suffix.lower() in suffixes)
+            named = sorted(path for path in given.rglob("*") if path.suffix.lower() in suffixes)
+            inside = [path for path in named if path.is_file()]
+            broken = [(str(path), "a broken link (it points to nothing)") for path in named
+                      if path.is_symlink() and not path.exists()]
+            found.failures.extend(broken)
             if inside:
                 found.files.extend(inside)
-            else:
+            elif not broken:
                 found.failures.append((str(given), "the folder holds no image files (searched recursively)"))
         else:
             found.failures.append((str(given), "no such file or folder"))

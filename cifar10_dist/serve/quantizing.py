@@ -29,14 +29,17 @@ from cifar10_dist.config import INHERITED_BY_EVALUATE, load_config
 from cifar10_dist.data import augmentation, loaders, run_data
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError
+from cifar10_dist.serve.export_flags import (  # noqa: F401 - declared with export's flags
+    CALIBRATION_IMAGES,
+    CHOICE_IMAGES,
+    METHODS,
+    MIN_AGREEMENT,
+    check_calibration_method,
+)
 
-CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
-MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal the fp32 model's on at least this share
 WORTH_ACCEPTING = 0.9  # a refusal offers --min_agreement=<what was measured> only from this agreement up
-CHOICE_IMAGES = 1000  # other training images, held out from the calibration, that choose how to calibrate
 SEED = 0  # which training images calibrate and choose
 BATCH = 256
-METHODS = ("minmax", "percentile", "entropy")  # ORT's calibration methods (Percentile: its 99.999th)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,9 @@ CANDIDATES = tuple(Calibration(method, per_channel) for method in METHODS for pe
 def candidates_for(method: str) -> tuple[Calibration, ...]:
     """The calibrations an export tries: all CANDIDATES for ``auto``, else that method's two (per channel, per
     tensor); a one-line UserError for another word."""
+    check_calibration_method(method)
     if method == "auto":
         return CANDIDATES
-    if method not in METHODS:
-        raise UserError(f"calibration_method={method!r} is not accepted: auto (choose on held-out training images) "
-                        f"or one of {', '.join(METHODS)}")
     return tuple(candidate for candidate in CANDIDATES if candidate.method == method)
 
 

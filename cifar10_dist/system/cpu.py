@@ -35,9 +35,10 @@ def keep_freed_memory() -> bool:
 def cpu_threads_per_process() -> int:
     """Cores per process: a Slurm task's SLURM_CPUS_PER_TASK shared by the processes started inside that task
     (spawned or by torchrun, which set LOCAL_WORLD_SIZE; an srun task is one process), else this machine's
-    cores over the local processes."""
+    cores over the local processes; never more than the cores this process may run on (its CPU mask: taskset,
+    cgroups), whatever Slurm's variable says."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm_cpus and slurm_cpus.isdigit() and "SLURM_PROCID" in os.environ:
-        return max(1, int(slurm_cpus) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(int(slurm_cpus), cores) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(1, cores // max(1, idist.get_nproc_per_node()))

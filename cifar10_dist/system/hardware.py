@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from cifar10_dist.errors import UserError
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -153,3 +155,21 @@ def one_line(device: torch.device | None = None) -> str:
             return f"{len(found)}x {found[0].name} (compute capability {found[0].compute_capability})"
     info = cpu_info()
     return f"{info.logical_cores}-core {info.describe()}"
+
+
+def usable_device(name: str) -> torch.device:
+    """``name`` (cpu, cuda, cuda:1, mps, ...) as a device this machine has; a one-line UserError naming the value
+    and the devices that exist here otherwise (no traceback from deep inside torch)."""
+    cuda = [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    mps = ["mps"] if torch.backends.mps.is_available() else []
+    here = ", ".join(["cpu", *cuda, *mps])
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"device={name!r} is not a device name: give one of {here}") from None
+    if device.type == "cpu" or (device.type == "mps" and mps) or \
+            (device.type == "cuda" and cuda and (device.index is None or f"cuda:{device.index}" in cuda)):
+        return device
+    seen = f"it has {len(cuda)} CUDA GPU{'s' if len(cuda) != 1 else ''}" if device.type == "cuda" and cuda else \
+        f"torch {torch.__version__} sees no {device.type} device here"
+    raise UserError(f"device={name!r} is not on this machine ({seen}): give one of {here}")

@@ -19,6 +19,15 @@ def format_params(params: Mapping[str, Any]) -> str:
     return " ".join(f"{name}={_short(value)}" for name, value in params.items())
 
 
+INTERRUPTED = "interrupted"  # a trial's user attribute: stopped by Ctrl-C or preemption, and queued again
+
+
+def state_name(trial: Any) -> str:
+    """Optuna's state of a trial, but INTERRUPTED for one stopped by Ctrl-C or preemption (Optuna fails it; a
+    later trial continues it from its checkpoint): it is no failure of its values."""
+    return "INTERRUPTED" if trial.user_attrs.get(INTERRUPTED) else trial.state.name
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -29,7 +38,7 @@ def format_trial_line(trial: Any) -> str:
     value = "" if trial.value is None else f" value {trial.value:.4f}"
     pruned = f" at epoch {trial.last_step}" if trial.state == TrialState.PRUNED and trial.last_step is not None else ""
     reason = f": {trial.user_attrs['fail_reason']}" if "fail_reason" in trial.user_attrs else ""
-    return (f"trial {trial.number}: {trial.state.name}{pruned}{value} ({_minutes(trial):.1f} min) "
+    return (f"trial {trial.number}: {state_name(trial)}{pruned}{value} ({_minutes(trial):.1f} min) "
             f"{format_params(trial.params)}{reason}")
 
 
@@ -47,13 +56,13 @@ def trial_table(trials: list[Any]) -> str:
 
     ranked = sorted(trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0), t.number))
     names = sorted({name for trial in trials for name in trial.params})
-    header = f"{'trial':>5}  {'state':<9}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
+    header = f"{'trial':>5}  {'state':<11}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
     lines = [header]
     for trial in ranked:
         value = f"{trial.value:.4f}" if trial.value is not None else "-"
         epochs = str(trial.last_step) if trial.last_step is not None else "-"
         params = "  ".join(f"{_short(trial.params.get(name, '-')):>{len(name)}}" for name in names)
-        lines.append(f"{trial.number:>5}  {trial.state.name:<9}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}")
+        lines.append(f"{trial.number:>5}  {state_name(trial):<11}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}")
     return "\n".join(lines)
 
 

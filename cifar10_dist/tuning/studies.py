@@ -32,7 +32,8 @@ from cifar10_dist.training.loop.trials import (
     require_optuna,
     without_password,
 )
-from cifar10_dist.tuning.reporting import format_params, format_trial_line, trial_table, write_plots
+from cifar10_dist.tuning.reporting import INTERRUPTED, format_params, format_trial_line, state_name, trial_table
+from cifar10_dist.tuning.reporting import write_plots
 from cifar10_dist.tuning.search_space import Dimension, check_space
 
 logger = logging.getLogger("cifar10_dist")
@@ -86,13 +87,20 @@ def storage_url(storage: str | None, study_dir: Path) -> str:
     return storage
 
 
-def make_sampler(options: TuneOptions, space: Mapping[str, Dimension]) -> Any:
+def make_sampler(options: TuneOptions, space: Mapping[str, Dimension], trials_so_far: int = 0) -> Any:
+    """The study's sampler; a seeded one seeded with (sampler_seed, the trials the study already holds), so that a
+    rerun after a stop draws on from where the study is (the same draws for the same history) instead of
+    repeating the first run's values."""
     optuna = require_optuna()
+    seed = None if options.sampler_seed is None else options.sampler_seed + RESEED_STEP * trials_so_far
     if options.sampler == "grid":
-        return optuna.samplers.GridSampler({name: dim.grid() for name, dim in space.items()}, seed=options.sampler_seed)
+        return optuna.samplers.GridSampler({name: dim.grid() for name, dim in space.items()}, seed=seed)
     if options.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=options.sampler_seed)
-    return optuna.samplers.TPESampler(seed=options.sampler_seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+RESEED_STEP = 1_000_003  # a rerun's seed: sampler_seed + this x the trials so far (apart from other workers' seeds)
 
 
 def pruner_spec(options: TuneOptions, num_epochs: int) -> PrunerSpec:
@@ -118,6 +126,9 @@ def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension
     if RECORD not in study.user_attrs:  # one attribute, written at once: a worker joining now sees all or none
         study.set_user_attr(RECORD, record)
     _check_same_study(study_of(study), record, options.study)  # also catches a different worker writing at once
+    held = len(study.get_trials(deepcopy=False))
+    if held and options.sampler_seed is not None:
+        study.sampler = make_sampler(options, space, held)
     return study, url
 
 
@@ -180,6 +191,7 @@ class Objective:
         try:
             result = runs.train(self.trial_config(trial.number, params, resume))  # a refused combination fails too
         except (Preempted, Interrupted):
+            trial.set_user_attr(INTERRUPTED, True)  # Optuna fails it; the table says it was interrupted
             raise
         except UserError as error:
             trial.set_user_attr("fail_reason", str(error))
@@ -304,8 +316,9 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
     study_dir = Path(study_of(study)["study_dir"])
     trials = study.get_trials(deepcopy=False)
     trial_state = require_optuna().trial.TrialState
-    shown = (trial_state.COMPLETE, trial_state.PRUNED, trial_state.FAIL, trial_state.RUNNING, trial_state.WAITING)
-    states = {each.name: sum(t.state == each for t in trials) for each in shown}
+    shown = [each.name for each in (trial_state.COMPLETE, trial_state.PRUNED, trial_state.FAIL, trial_state.RUNNING,
+                                    trial_state.WAITING)] + ["INTERRUPTED"]
+    states = {each: sum(state_name(t) == each for t in trials) for each in shown}
     echo(trial_table(trials))
     echo("trials: " + ", ".join(f"{count} {state.lower()}" for state, count in states.items() if count))
     summary = TuneResult(study.study_name, str(study_dir), states)

@@ -60,7 +60,9 @@ def training(config: Config) -> dict[str, Any]:
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
         config = dataclasses.replace(config, data_on_device=data_setup.data_on_device,  # auto settled (config.yaml)
                                      augment_per_pass=data_setup.augment_per_pass,
-                                     fused_optimizer=optimizers.fused_on(config.fused_optimizer, device))
+                                     fused_optimizer=optimizers.fused_on(config.fused_optimizer, device),
+                                     warm_up_steps=warm_up.steps_for(config.warm_up_steps, device),
+                                     **process_setup.settled_precision(config, precision))
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)

@@ -55,6 +55,14 @@ def setup_precision(config: Config, device: torch.device) -> Precision:
     return precision
 
 
+def settled_precision(config: Config, precision: Precision) -> dict[str, object]:
+    """with_amp and amp_dtype as the run trains (auto settled: True with the autocast type, or False), for
+    config.yaml: what the run used, not what it was told to choose from."""
+    if not precision.enabled:
+        return {"with_amp": False}
+    return {"with_amp": True, "amp_dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}[precision.dtype]}
+
+
 def configure_device_speed(config: Config, device: torch.device) -> None:
     """On CPU, glibc keeps freed memory for reuse (keep_freed_memory); TF32 and cuDNN autotuning on CUDA;
     deterministic mode overrides autotuning."""
