@@ -1,16 +1,46 @@
 """cifar10_dist: data-parallel CIFAR-10 training with PyTorch-Ignite, from one CPU to many GPUs.
 
-Python API (``cifar10_dist.api``): ``train(config=None, **overrides)``, ``train_seeds(...)``,
-``evaluate(checkpoint, config=None, **overrides)``, ``predict(checkpoint, images)``,
-``export(checkpoint, format)`` and ``doctor()``; ``config`` is a YAML path or a ``Config``.
-Importing the package does not import torch: that happens when a run starts.
+The Python API, the calls behind the command line: ``train(config=None, **overrides)``, ``train_seeds``,
+``evaluate(checkpoint, config=None, **overrides)``, ``lr_find``, ``batch_size``, ``predict``, ``predict_files``,
+``export(checkpoint, format)``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; ``config`` is a YAML path, the
+name of a shipped config (``"demo"``, ``"fast"``, ...) or a ``Config`` (``load_config``, ``resolve``). Each returns a
+typed result (``cifar10_dist.results``; the package ships ``py.typed``). Importing the package does not import
+torch: that happens when a run starts.
 """
 
-__version__ = "0.1.0"
-__all__ = ["train", "train_seeds", "evaluate", "predict", "export", "doctor", "Config", "load_config", "UserError", "RunResult", "SeedsResult",
-           "EvaluationResult", "ExportResult", "DoctorReport", "TuneResult"]
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it; --version prints it)
 
-from cifar10_dist.api import doctor, evaluate, export, predict, train, train_seeds
-from cifar10_dist.config import Config, load_config
+from cifar10_dist.api import (
+    batch_size,
+    doctor,
+    evaluate,
+    export,
+    lr_find,
+    predict,
+    predict_files,
+    prepare_data,
+    report,
+    resolve,
+    train,
+    train_seeds,
+    tune,
+)
+from cifar10_dist.config import Config, load_config, shipped_configs
 from cifar10_dist.errors import UserError
-from cifar10_dist.results import DoctorReport, EvaluationResult, ExportResult, RunResult, SeedsResult, TuneResult
+from cifar10_dist.results import (
+    BatchSizeResult,
+    DoctorReport,
+    EvaluationResult,
+    ExportResult,
+    LrFindResult,
+    PreparedData,
+    ReportResult,
+    RunResult,
+    SeedsResult,
+    TuneResult,
+)
+
+__all__ = ["__version__", "train", "train_seeds", "evaluate", "lr_find", "batch_size", "predict", "predict_files",
+           "export", "tune", "doctor", "report", "prepare_data", "resolve", "Config", "load_config",
+           "shipped_configs", "UserError", "RunResult", "SeedsResult", "EvaluationResult", "ExportResult",
+           "LrFindResult", "BatchSizeResult", "DoctorReport", "ReportResult", "PreparedData", "TuneResult"]

@@ -41,8 +41,9 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
     """Sweep the learning rate with the run a config describes (its flags: config.lr_sweep's); print the
     suggestion and where the plot is."""
     from cifar10_dist.config import SUGGESTION_RULES, LrSweep
+    from cifar10_dist.config.lr_sweep import OUTPUT_DIR
 
-    check_keys("lr-find", flags, commands.flags_of(LrSweep))
+    check_keys("lr-find", flags, commands.flags_of(LrSweep), [OUTPUT_DIR])
     result = api.lr_find(config, **flags)
     if result is None:
         return  # a non-zero rank under torchrun
@@ -292,12 +293,16 @@ def tune(config: str | None = None, **flags: Any) -> None:
     api.tune(config, **{**own, "study": str(own["study"])}, **overrides)
 
 
-def show_config(config: str | None = None, **overrides: Any) -> None:
+def show_config(config: str | None = None, **flags: Any) -> None:
     """Print the resolved, validated config as YAML: what ``run`` with the same flags would use (save it, edit it,
-    give it back with --config)."""
+    give it back with --config); with --list, the configs the package ships."""
     import yaml
 
-    check_keys("config", overrides)
+    check_keys("config", flags, commands.CONFIG)
+    own, overrides = commands.split("config", flags, commands.CONFIG)
+    if own["list"]:
+        print(cli_help.shipped_list())
+        return
     print(yaml.safe_dump(api.resolve(config, **overrides).to_dict(), sort_keys=False), end="")
 
 
@@ -341,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     """What ``cifar10-dist ARGS`` does, with ``argv`` as ARGS; returns the exit code (``run_and_exit`` makes it
     the process's)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"cifar10-dist {sys.modules['cifar10_dist'].__version__}")  # (this package, imported already)
+        return 0
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]
     help_text = _help_text(argv)

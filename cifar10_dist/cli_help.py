@@ -20,7 +20,8 @@ Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
 Train a CIFAR-10 classifier; prints the final metrics and the run folder.
 Values come from the defaults below, then the YAML file, then the command line.
 
-  --config=None              YAML file with any of the keys below (see configs/)
+  --config=None              a YAML file with any of the keys below, or a shipped config by name: demo, default,
+                             fast, fast_muon, ... (cifar10-dist config --list)
   --debug                    show tracebacks for errors
 {options}
 """
@@ -167,7 +168,7 @@ each folder's summary.json and metrics.jsonl, and writes one plot overlaying the
 """
 
 MAIN_HELP = f"""\
-Usage: cifar10-dist COMMAND [--KEY=VALUE ...]
+Usage: cifar10-dist COMMAND [--KEY=VALUE ...]     (cifar10-dist --version: the installed version)
 
 Train CIFAR-10 classifiers with PyTorch-Ignite on one CPU, many processes, GPUs or TPUs.
 
@@ -185,12 +186,14 @@ Commands:
   config         print the resolved config as YAML (what run would use with the same flags)
 """
 
-CONFIG_HELP = """\
-Usage: cifar10-dist config [--config=FILE] [--KEY=VALUE ...] [--debug]
+CONFIG_HELP = f"""\
+Usage: cifar10-dist config [--config=FILE|NAME] [--KEY=VALUE ...] [--list] [--debug]
 
 Print the config that `cifar10-dist run` with the same flags would use, resolved (defaults < FILE < flags) and
 validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config=my.yaml`. A bad value is
 refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
+
+{flags_block(commands.CONFIG)}
 """
 
 PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": export_help,
@@ -202,3 +205,14 @@ def page(command: str) -> str:
     """The help page of ``command`` (its ``{options}`` not yet filled)."""
     found = PAGES[command]
     return found() if callable(found) else found
+
+
+def shipped_list() -> str:
+    """The shipped configs, a line each: the name --config takes and the first line of the file's own comment."""
+    from cifar10_dist.config import shipped_configs
+
+    found = shipped_configs()
+    width = max(len(name) for name in found)
+    lines = [f"{name:<{width}}  {path.read_text().splitlines()[0].lstrip('# ')}" for name, path in found.items()]
+    return "\n".join([*lines, "(cifar10-dist run --config=NAME; tune --space=NAME for the space_* ones; "
+                              "cifar10-dist config --config=NAME prints one whole)"])

@@ -29,8 +29,8 @@ def best_model(long_reference) -> Path:
 
 @pytest.mark.parametrize("args, line", [
     (["lr-find", "--num_iters=5"], "lr-find does not take --num_iters (did you mean --num_iter?): it takes its flags "
-                                   "(--start_lr, --end_lr, --num_iter, --diverge_threshold, --rule, --smoothing) and "
-                                   "the config keys (cifar10-dist lr-find --help)"),
+                                   "(--start_lr, --end_lr, --num_iter, --diverge_threshold, --rule, --smoothing, "
+                                   "--output_dir) and the config keys (cifar10-dist lr-find --help)"),
     (["batch-size", "--budget_second=1"], "batch-size does not take --budget_second (did you mean --budget_seconds?)"),
     (["evaluate", "--raw_weight"], "evaluate does not take --raw_weight (did you mean --raw_weights?)"),
     (["tune", "--trails=2"], "tune does not take --trails (did you mean --trials?)"),
@@ -114,7 +114,7 @@ def test_an_image_cache_without_room_is_one_line_and_leaves_no_partial_build(tmp
                      "--image_size=64")
     last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
     assert result.returncode == 2, (result.returncode, result.stderr[-1500:])  # not a SIGBUS (135)
-    assert last.startswith(f"error: the image cache needs ") and " MiB in " in last and " MiB free: free some space" \
+    assert last.startswith("error: the image cache needs ") and " MiB in " in last and " MiB free: free some space" \
         in last, last
     assert not [path.name for path in small_filesystem.rglob("*building*")]
 

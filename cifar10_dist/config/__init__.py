@@ -15,7 +15,14 @@ from cifar10_dist.config.fields import (
     choices,
 )
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
-from cifar10_dist.config.loading import describe_options, load_config, note, read_yaml_mapping
+from cifar10_dist.config.loading import (
+    config_path,
+    describe_options,
+    load_config,
+    note,
+    read_yaml_mapping,
+    shipped_configs,
+)
 from cifar10_dist.config.rules import (
     MODEL_REFERENCE,
     TIMM_PREFIX,
@@ -31,6 +38,6 @@ from cifar10_dist.config.rules import (
 from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 
 __all__ = ["LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
-           "load_config", "note", "read_yaml_mapping", "MODEL_REFERENCE", "absolute_model_reference",
+           "load_config", "note", "read_yaml_mapping", "config_path", "shipped_configs", "MODEL_REFERENCE", "absolute_model_reference",
            "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "per_batch_augmentations", "planned_world_size",
            "validate"]

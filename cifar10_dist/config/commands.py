@@ -59,6 +59,9 @@ DOCTOR = (
 )
 
 
+CONFIG = (
+    Flag("list", False, "list the configs the package ships, by name (--config=NAME takes one), with what each is"),
+)
 RAW_WEIGHTS = Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training "
                                          "checkpoints)")
 EVALUATE = (

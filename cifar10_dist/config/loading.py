@@ -26,7 +26,7 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
                 **overrides: Any) -> Config:
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
-    from_file = read_yaml_mapping(Path(config_file)) if config_file is not None else {}
+    from_file = read_yaml_mapping(config_path(config_file)) if config_file is not None else {}
     values = {**from_file, **overrides}
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
@@ -84,13 +84,33 @@ def note(message: str) -> None:
         print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
 
 
-def read_yaml_mapping(path: Path, what: str = "config file", example: str = "configs/default.yaml") -> dict[str, Any]:
+SHIPPED = Path(__file__).resolve().parents[1] / "configs"  # the configs the package ships (package data)
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The shipped configs by name (demo, default, fast, ..., the search spaces space_*), sorted."""
+    return {path.stem: path for path in sorted(SHIPPED.glob("*.yaml"))}
+
+
+def config_path(given: str | Path) -> Path:
+    """A config (or search space) as given: a path to a YAML file, or the name of a shipped one (``demo``,
+    ``fast.yaml``, and ``configs/fast.yaml`` where no such file is here: the checkout's spelling works from any
+    folder and from an installed wheel). A path that is neither is returned as given, for its one-line error."""
+    path = Path(given)
+    if path.exists() or path.parent not in (Path("."), Path("configs")):
+        return path
+    return shipped_configs().get(path.name.removesuffix(".yaml"), path)
+
+
+def read_yaml_mapping(path: Path, what: str = "config file", example: str = "default") -> dict[str, Any]:
     """A YAML file holding a mapping ({} when empty); every other case one line naming the file (``what``) and
     what is wanted (a YAML file like ``example``)."""
     if path.is_dir():
         raise UserError(f"{what} '{path}' is a folder: give a YAML file (e.g. {example})")
     if not path.is_file():
-        raise UserError(f"{what} '{path}' does not exist: give a path to a YAML file (e.g. {example})")
+        names = ", ".join(shipped_configs())
+        raise UserError(f"{what} '{path}' does not exist: give a path to a YAML file, or the name of a shipped one "
+                        f"(e.g. {example}; shipped: {names})")
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:

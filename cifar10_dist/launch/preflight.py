@@ -85,7 +85,7 @@ def check_resume_file(path: str) -> None:
     missing = checkpoint_layout.missing_training_keys(checkpoint)
     if not missing:
         return
-    if checkpoint_layout.MODEL in checkpoint:
+    if checkpoint_layout.MODEL in checkpoint and checkpoint_layout.TRAINER not in checkpoint:
         raise UserError(f"resume_from='{path}' is a best-model file (one epoch's weights, no optimizer or trainer "
                         f"state), and a run continues from a training checkpoint: --resume_from takes a "
                         f"training_checkpoint_*.pt file or auto; to start a new run from these weights, give "

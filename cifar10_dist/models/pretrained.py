@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,7 @@ def fetch(weights: Weights) -> None:
         with urllib.request.urlopen(weights.url, timeout=DOWNLOAD_TIMEOUT) as answer, partial.open("wb") as file:
             while chunk := answer.read(1 << 20):
                 file.write(chunk)
+        check_hash_prefix(partial, target.name, weights)
         partial.replace(target)  # complete or absent: a half-downloaded file is never used
     except OSError as error:
         raise UserError(f"pretrained={weights.asked}: {target.name} is not in torch's cache and cannot be "
@@ -144,6 +146,23 @@ def fetch(weights: Weights) -> None:
     finally:
         partial.unlink(missing_ok=True)
     logger.info("pretrained weights downloaded to %s", target)
+
+
+HASH_PREFIX = re.compile(r"-([a-f0-9]{6,})\.")  # torchvision's weights files: NAME-<sha256 prefix>.pth (torch.hub's)
+
+
+def check_hash_prefix(downloaded: Path, name: str, weights: Weights) -> None:
+    """A downloaded file whose SHA-256 does not begin with the prefix its published name carries is refused in one
+    line (the caller removes it): a download cut or altered on the way is never loaded."""
+    found = HASH_PREFIX.search(name)
+    if found is None:
+        return
+    digest = _sha256(downloaded)
+    if not digest.startswith(found.group(1)):
+        raise UserError(f"pretrained={weights.asked}: the file downloaded from {weights.url} has SHA-256 "
+                        f"{digest[:12]}..., and its name {name} says it begins with {found.group(1)}: it was not "
+                        "kept (a damaged or altered download); try again, or download it yourself and place it at "
+                        f"{weights.path}")
 
 
 def load(model: nn.Module, weights: Weights, classes: tuple[str, ...]) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import platform
 import subprocess
+import sys
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -112,7 +113,9 @@ def describe(record: RunRecord) -> str:
 
 
 def package_version() -> str:
-    return _installed_version(PACKAGE)
+    """The running package's version (``cifar10_dist.__version__``, the one place it is written; read from the
+    package already imported, not from installed metadata, which a checkout on PYTHONPATH lacks)."""
+    return sys.modules["cifar10_dist"].__version__
 
 
 def _installed_version(distribution: str) -> str:
@@ -122,9 +125,24 @@ def _installed_version(distribution: str) -> str:
         return "unknown (not installed)"
 
 
+def source_checkout() -> Path | None:
+    """The checkout of this project the running package is (its own pyproject.toml beside the package, naming
+    it), or None: a wheel installed anywhere, also inside someone else's git repository, is no checkout."""
+    root = Path(__file__).resolve().parents[2]
+    project = root / "pyproject.toml"
+    try:
+        names_us = f'name = "{PACKAGE}"' in project.read_text()
+    except OSError:
+        return None
+    return root if names_us and (root / "cifar10_dist" / "__init__.py").is_file() else None
+
+
 def git_state() -> dict[str, Any]:
-    """Commit of the git checkout holding this package and whether tracked files differ from it (None outside git)."""
-    folder = Path(__file__).resolve().parent
+    """Commit of this project's checkout the package runs from and whether tracked files differ from it; None
+    for both when it runs from an installed copy (the version says what it is) or outside git."""
+    folder = source_checkout()
+    if folder is None:
+        return {"git_commit": None, "git_dirty": None}
 
     def git(*args: str) -> str | None:
         try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, UNTUNABLE, Config, load_config, read_yaml_mapping
+from cifar10_dist.config import FIELDS, UNTUNABLE, Config, config_path, load_config, read_yaml_mapping
 from cifar10_dist.errors import UserError
 
 SPACE_TYPES = ("float", "int", "categorical")
@@ -52,8 +52,8 @@ class Dimension:
 
 def read_space(path: str | Path) -> dict[str, Dimension]:
     """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
-    path = Path(path)
-    loaded = read_yaml_mapping(path, "space file", "configs/space_fast.yaml")
+    path = config_path(path)
+    loaded = read_yaml_mapping(path, "space file", "space_fast")
     if not loaded:
         raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
                         "{type: float, low: 0.01, high: 1.0, log: true}")

@@ -114,9 +114,16 @@ def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(finished_ru
                          "model missing (e.g. conv1.weight); 20 tensor(s) the model does not have (e.g. 0.0.weight)")
 
 
-def test_resuming_from_a_model_only_file_names_the_missing_keys(finished_run, small_dataset, tmp_path, capsys):
+def test_resuming_from_a_model_only_file_says_how_to_start_from_it_and_writes_nothing(finished_run, small_dataset,
+                                                                                      tmp_path, capsys):
     best = sorted(finished_run.glob("best_model_*.pt"))[-1]
     code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
                      f"--resume_from={best}"])
     assert code == 2
-    assert "is not a training checkpoint: missing trainer, optimizer, lr_scheduler" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "is a best-model file (one epoch's weights, no optimizer or trainer state)" in error
+    assert error.strip().endswith(f"give --pretrained={best}") and not (tmp_path / "out").exists()
+    partial = tmp_path / "partial.pt"
+    torch.save({"model": {}, "trainer": {}}, partial)
+    assert cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--resume_from={partial}"]) == 2
+    assert "is not a training checkpoint (missing optimizer, lr_scheduler)" in capsys.readouterr().err
