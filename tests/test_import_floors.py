@@ -197,3 +197,44 @@ def test_the_benchmarks_index_names_every_benchmark():
     index = benchmarks.__doc__
     named = set(re.findall(r"^    (\w+) ", index, re.M)) | set(re.findall(r"``(\w+)``", index))
     assert {path.stem for path in folder.glob("*.py") if path.stem != "__init__"} <= named
+
+
+def room_arrows(package: Path = PACKAGE) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """For every package (the top one and each subpackage), which of its rooms (its subpackages and its own
+    modules) import which: (package, room) -> {(package, imported room)}, imports inside functions included."""
+    arrows: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for path in sources(package):
+        if path.name == "__init__.py":
+            continue
+        name = dotted(path, package).split(".")
+        for imported in module_imports(path, package):
+            other = imported.split(".")
+            for depth in range(min(len(name), len(other))):  # the package both sit in, and their rooms there
+                if name[:depth] != other[:depth]:
+                    break
+                if name[depth] != other[depth]:
+                    parent = ".".join(name[:depth])
+                    arrows.setdefault((parent, name[depth]), set()).add((parent, other[depth]))
+                    break
+    return arrows
+
+
+def test_no_two_sibling_rooms_of_any_package_import_each_other():
+    """Inside every package, its rooms (subpackages and modules) are layered too: where one imports another, the
+    other never imports it back (training/: setup below loop, below before_training and shipping, below run)."""
+    arrows = room_arrows()
+    both_ways = sorted(f"{parent or 'cifar10_dist'}: {room} <-> {other}"
+                       for (parent, room), targets in arrows.items() for (_, other) in targets
+                       if room < other and (parent, room) in arrows.get((parent, other), set()))
+    assert both_ways == []
+
+
+def test_the_room_check_sees_a_two_way_arrow_between_subpackages(tmp_path):
+    for room, imported in (("upper", "lower.b"), ("lower", "upper.a")):
+        (tmp_path / "house" / room).mkdir(parents=True)
+        (tmp_path / "house" / room / "__init__.py").write_text("")
+    (tmp_path / "house" / "__init__.py").write_text("")
+    (tmp_path / "house" / "upper" / "a.py").write_text("from cifar10_dist.house.lower import b\n")
+    (tmp_path / "house" / "lower" / "b.py").write_text("def f():\n    from cifar10_dist.house.upper import a\n")
+    assert room_arrows(tmp_path)[("house", "lower")] == {("house", "upper")}
+    assert room_arrows(tmp_path)[("house", "upper")] == {("house", "lower")}

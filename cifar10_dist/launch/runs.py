@@ -2,7 +2,7 @@
 ``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
 
 Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
-checks it against the world once (``preflight``) and launches the per-process function of ``training.loop.worker`` in
+checks it against the world once (``preflight``) and launches the per-process function of ``training.run`` in
 every process (``spawn``).
 """
 
@@ -34,7 +34,7 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
     resolved = resolve(config, **overrides)
     start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.training.loop import worker
+    from cifar10_dist.training import run as worker
 
     preflight.check_before_launch(resolved)
     if resolved.seeds > 1:
@@ -60,7 +60,7 @@ def _train_seeds(config: Config) -> SeedsResult | None:
     from cifar10_dist.launch import spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.outputs import summary as summary_file
-    from cifar10_dist.training.loop import worker
+    from cifar10_dist.training import run as worker
 
     runs = []
     for seed in range(config.seed, config.seed + config.seeds):

@@ -21,7 +21,7 @@ NATIVE_BACKENDS = ("gloo", "nccl")
 # constructor: about 1 s of a core; torchvision's datasets and models, filelock) and what rank 0 imports at every
 # run (TensorBoard's writer; matplotlib for curves.png and mistakes.png); the forkserver leaves out a module that
 # is not installed
-PRELOADED = ("cifar10_dist.training.loop.worker", "torch._dynamo", "torchvision.datasets", "torchvision.models", "filelock",
+PRELOADED = ("cifar10_dist.training.run", "torch._dynamo", "torchvision.datasets", "torchvision.models", "filelock",
              "torch.utils.tensorboard", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 

@@ -1,8 +1,10 @@
-"""What runs inside a training process, in four rooms by phase (each subpackage's ``__init__`` names its modules):
+"""What runs inside a training process: ``run`` (one training process, read top-down) above four rooms by phase,
+layered so that each imports only the ones below it (each subpackage's ``__init__`` names its modules):
 
-- ``setup``: the process, the model, the memory layout, the optimizer, its schedule and the loss, built once;
-- ``loop``: the worker that reads top-down, one training step, the evaluators, weight averages, freezing, data
-  selection, checkpoints written and resumed, a trial's in-run reporting, and the run's end;
+- ``setup`` (lowest): the process, the resume decision, the model, the memory layout, the optimizer, its schedule
+  and the loss, built once;
+- ``loop``: one training step, the evaluators, weight averages, freezing, data selection, the warm-up,
+  checkpoints written and resumed, a trial's in-run reporting, and the run's end;
 - ``before_training``: the tools run before a run: the learning-rate sweep, the batch-size finder, the profiler;
 - ``shipping``: what makes a trained model ready to ship or check: distillation, temperature scaling, and
   evaluating a saved model in every process.

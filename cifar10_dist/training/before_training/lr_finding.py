@@ -34,8 +34,8 @@ from cifar10_dist.outputs import checkpoint_files, files, plots, tracking
 from cifar10_dist.results import LrFindResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.loop import checkpointing
 from cifar10_dist.training.setup import loss, model_setup, optimizers, process_setup
+from cifar10_dist.training.setup.resumption import Resumption
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
@@ -191,7 +191,7 @@ def record_of(result: LrFindResult) -> dict[str, Any]:
 
 
 def settle_learning_rate(config: Config, network: Any, data_setup: run_data.DataSetup, device: torch.device,
-                         precision: Precision, stop: stopping.StopRequest | None = None
+                         precision: Precision, resumption: Resumption, stop: stopping.StopRequest | None = None
                          ) -> tuple[Config, LrFindResult | None]:
     """learning_rate=find: the config with the sweep's suggestion (and the sweep, for its files), or with the
     learning rate its checkpoint trained with when it resumes (config's lr_found: summary.json shows it); any other
@@ -199,8 +199,8 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
     if config.learning_rate != "find":
         return config, None
     result = None
-    if checkpointing.resuming_from_a_checkpoint(config):
-        found = ranks.from_rank_zero(_recorded_learning_rate, config)
+    if resumption.continues:
+        found = ranks.from_rank_zero(_recorded_learning_rate, resumption.checkpoint)
         ranks.on_rank_zero(logger.info, "learning_rate=find: %.4g, as the run being resumed found it",
                            found["suggestion"])
     else:
@@ -212,10 +212,7 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
     return dataclasses.replace(config, learning_rate=found["suggestion"], lr_found=found), result
 
 
-def _recorded_learning_rate(config: Config) -> dict[str, Any]:
-    path = config.resume_from
-    if path == "auto":
-        path = checkpoint_files.newest_valid_checkpoint(Path(config.output_path) / str(config.run_name))
+def _recorded_learning_rate(path: str) -> dict[str, Any]:
     recorded = checkpoint_layout.recorded_config(checkpoint_files.load_checkpoint(path, mmap=True))
     found = recorded.get("lr_found")
     if not isinstance(found, dict) or "suggestion" not in found:

@@ -1,6 +1,5 @@
-"""The training loop and what runs in it:
+"""The training loop and what runs in it (``training.run`` drives it):
 
-- ``worker``: one training process, read top-down (``training``);
 - ``step``: one training step (``TrainStep``: forward, backward, accumulation, clipping, the optimizer step);
 - ``evaluators``: the evaluation engines and their metrics (the mistakes kept in passing);
 - ``averaging``: weight averages (EMA, lookahead);
@@ -8,4 +7,5 @@
 - ``selection``: training on the hardest part of each batch (data selection);
 - ``checkpointing``: checkpoints written, pruned and resumed, and the checks before a resume;
 - ``trials``: a tuning trial's in-run reporting and pruning;
+- ``warm_up``: steps before the timed training, undone;
 - ``run_end``: the end of a run (memory, mistakes, reliability, metrics.json, summary.json, curves)."""

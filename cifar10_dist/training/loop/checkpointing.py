@@ -29,7 +29,6 @@ from cifar10_dist.outputs.checkpoint_files import (
     TRAINING_PATTERN,
     existing_checkpoints,
     load_checkpoint,
-    newest_valid_checkpoint,
 )
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
@@ -164,32 +163,10 @@ def check_optimizer_fits(expected: Mapping[str, Any], found: Mapping[str, Any], 
                         f"builds {sizes[1]}: resume with the settings it was made with (its run folder's config.yaml)")
 
 
-def resuming_from_a_checkpoint(config: Config) -> bool:
-    """Whether this run continues from a checkpoint (resume_from given, or auto with one in the run folder)."""
-    if config.resume_from != "auto":
-        return config.resume_from is not None
-    folder = Path(config.output_path) / str(config.run_name)
-    return folder.is_dir() and newest_valid_checkpoint(folder) is not None
-
-
-def resume_path(config: Config, run_dir: Path) -> str | None:
-    """The checkpoint to resume from: resume_from, or with resume_from=auto the newest valid one in run_dir."""
-    if config.resume_from != "auto":
-        return config.resume_from
-
-    def newest() -> str | None:
-        found = newest_valid_checkpoint(run_dir)
-        logger.info("resume_from=auto: %s", f"continuing from {found}" if found else "no checkpoint, starting fresh")
-        return str(found) if found else None
-
-    return ranks.from_rank_zero(newest)
-
-
-def checked_resume_path(config: Config, run_dir: Path, record: RunRecord) -> str | None:
-    """``resume_path``, refused in one line when its checkpoint was made with other data (the checksum it records
-    against this run's) unless ``resume_on_changed_data``: then one warning, and ``record`` (this run's provenance)
-    keeps what changed."""
-    path = resume_path(config, run_dir)
+def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> str | None:
+    """The checkpoint the run continues from (``setup.resumption``), refused in one line when it was made with
+    other data (the checksum it records against this run's) unless ``resume_on_changed_data``: then one warning,
+    and ``record`` (this run's provenance) keeps what changed."""
     if path is not None:
         refuse_other_classes(path, record)
     change = ranks.from_rank_zero(data_change, path, record) if path is not None else None

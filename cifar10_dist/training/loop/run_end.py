@@ -1,4 +1,4 @@
-"""The end of a run (``worker.training``): every rank's memory, the final test evaluation's most confident mistakes
+"""The end of a run (``training.run``): every rank's memory, the final test evaluation's most confident mistakes
 and reliability diagram, metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's files for the trackers."""
 
 from __future__ import annotations

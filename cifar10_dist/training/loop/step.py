@@ -1,7 +1,7 @@
 """One training iteration as one object, ``TrainStep`` (timm's ``NativeScaler`` habit): forward under the run's
 autocast, backward (scaled under fp16), gradient accumulation with DDP's ``no_sync`` on the batches that do not
 step, unscale, clipping, the optimizer step and zero_grad; it returns a typed ``StepOutput`` that the NaN watch,
-the trackers and the worker read by field. ``create_trainer`` wraps it in an Ignite Engine.
+the trackers and ``training.run`` read by field. ``create_trainer`` wraps it in an Ignite Engine.
 
 Nothing here waits for the device: the loss and the gradient norm stay device tensors, read by the handlers
 that log (``system.stopping.LossWatch``, ``outputs.tracking``).

@@ -1,5 +1,5 @@
 """A tuning trial seen from inside its run: rank 0 reports each val accuracy to the Optuna trial and asks the
-pruner, every rank gets the answer (``TrialReporter``, attached by ``training.loop.worker``); and the Optuna pieces that both
+pruner, every rank gets the answer (``TrialReporter``, attached by ``training.run``); and the Optuna pieces that both
 the trial's processes and ``tuning.studies`` (the study's driver, above the runs) need: the optuna module, storages,
 pruners."""
 
@@ -91,7 +91,7 @@ def make_pruner(spec: PrunerSpec) -> Any:
 
 
 class TrialReporter:
-    """Attached by ``training.loop.worker`` to the evaluation that chooses the best model: rank 0 reports its
+    """Attached by ``training.run`` to the evaluation that chooses the best model: rank 0 reports its
     ``metric`` (the run's best_metric) to the trial (epoch as the step) and asks the pruner; every rank receives the answer, and a pruned run terminates
     the trainer after this validation (it then ends like any finished run)."""
 

@@ -1,7 +1,8 @@
 """A run's set-up, built once before the loop:
 
 - ``process_setup``: the process (device, threads, precision) and a second Ctrl-C;
-- ``model_setup``: the model, its pretrained start and its forward (shared by the worker and the lr sweep);
+- ``resumption``: whether the run continues and from which checkpoint, decided once;
+- ``model_setup``: the model, its pretrained start and its forward (shared by ``training.run`` and the lr sweep);
 - ``layouts``: channels_last settled for the model and device (auto: measured numerics on a CPU);
 - ``optimizers``: the optimizer and its parameter groups (SGD, AdamW, Muon, LARS-style scales);
 - ``schedules``: the learning-rate schedule of every group;

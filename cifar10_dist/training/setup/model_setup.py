@@ -1,4 +1,4 @@
-"""The model a training process trains, set up once and shared by ``worker`` (a run) and ``lr_finding`` (the
+"""The model a training process trains, set up once and shared by ``training.run`` (a run) and ``lr_finding`` (the
 learning-rate sweep): its pretrained start, its data-dependent initialisation, its memory format, its wrapping for
 the backend and its compiled forward."""
 
@@ -17,7 +17,7 @@ from cifar10_dist.data import augmentation, batches, run_data
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.loop import checkpointing
+from cifar10_dist.training.setup.resumption import Resumption
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -37,13 +37,13 @@ def setup_pretrained(config: Config) -> pretrained.Weights | None:
 
 
 def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None,
-                precision: Precision | None = None) -> Network:
+                precision: Precision | None = None, resumption: Resumption | None = None) -> Network:
     """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
     whitening layer, its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
     format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
-    if weights is not None and not checkpointing.resuming_from_a_checkpoint(config):
+    if weights is not None and not (resumption is not None and resumption.continues):
         pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
     elif isinstance(model, models.WhitenedFromData):  # initialised from data, never over pretrained weights
         first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,

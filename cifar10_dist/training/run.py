@@ -1,4 +1,5 @@
-"""What runs inside each training process: ``training`` (one of world_size processes).
+"""What runs inside each training process: ``training`` (one of world_size processes), above the four rooms it
+uses (``setup``, ``loop``, ``before_training``, ``shipping``), which import only downward.
 
 Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
 engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
@@ -34,6 +35,7 @@ from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
 from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
 from cifar10_dist.training.setup import layouts, loss, model_setup, optimizers, process_setup, schedules
+from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.shipping import distillation, temperature
 from cifar10_dist.training.loop.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator
@@ -56,6 +58,7 @@ def training(config: Config) -> dict[str, Any]:
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
+        resumption = resumption_of.decide(config)
         weights = model_setup.setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
         config = dataclasses.replace(config, data_on_device=data_setup.data_on_device,  # auto settled (config.yaml)
@@ -66,15 +69,15 @@ def training(config: Config) -> dict[str, Any]:
         config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
         if weights is not None:  # the file hashed once, on rank 0
             data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
-        network = model_setup.setup_model(config, data_setup, weights, precision)
-        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, stop)
+        network = model_setup.setup_model(config, data_setup, weights, precision, resumption)
+        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, resumption,
+                                                        stop)
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
-        resuming = config.resume_from is not None
         with contextlib.closing(data_setup.loaders), \
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                           resuming=resuming, overwrite=config.overwrite) as run_dir:
-            resume_from = checkpointing.checked_resume_path(config, run_dir, data_setup.provenance)
+                                           resuming=resumption.asked, overwrite=config.overwrite) as run_dir:
+            resume_from = checkpointing.checked_resume_path(resumption.checkpoint, config, data_setup.provenance)
             with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance.to_dict()) as opened:
                 run_log.write_to(run_dir)
                 if sweep is not None:
