@@ -45,6 +45,7 @@ class DataSetup:
     class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
     data_on_device: bool = False  # the images are on the training device (data_on_device, auto settled)
     augment_per_pass: bool = False  # training batches arrive augmented, sliced from their pass (auto settled)
+    num_workers: int = 0  # DataLoader workers per node (auto settled; none with the images on the device)
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision,
@@ -99,7 +100,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         provenance=record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
-        data_on_device=on_device, augment_per_pass=per_pass,
+        data_on_device=on_device, augment_per_pass=per_pass, num_workers=0 if on_device else workers,
     )
 
 

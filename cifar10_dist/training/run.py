@@ -35,7 +35,9 @@ from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
 from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
 from cifar10_dist.training.setup import layouts, loss, model_setup, optimizers, process_setup, schedules
+from cifar10_dist.training.setup import plan
 from cifar10_dist.training.setup import resumption as resumption_of
+from cifar10_dist.training.setup.resumption import Resumption
 from cifar10_dist.training.shipping import distillation, temperature
 from cifar10_dist.training.loop.averaging import Lookahead, WeightAverage
 from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator
@@ -61,23 +63,14 @@ def training(config: Config) -> dict[str, Any]:
         resumption = resumption_of.decide(config)
         weights = model_setup.setup_pretrained(config)
         data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-        config = dataclasses.replace(config, data_on_device=data_setup.data_on_device,  # auto settled (config.yaml)
-                                     augment_per_pass=data_setup.augment_per_pass,
-                                     fused_optimizer=optimizers.fused_on(config.fused_optimizer, device),
-                                     warm_up_steps=warm_up.steps_for(config.warm_up_steps, device),
-                                     **process_setup.settled_precision(config, precision))
-        config = layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
-        if weights is not None:  # the file hashed once, on rank 0
-            data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
-        network = model_setup.setup_model(config, data_setup, weights, precision, resumption)
-        config, sweep = lr_finding.settle_learning_rate(config, network, data_setup, device, precision, resumption,
-                                                        stop)
+        the_plan, network, sweep = plan_the_run(config, device, precision, resumption, data_setup, weights, stop)
+        config = the_plan.config  # settled: read from here on, never rebuilt
         optimization = setup_optimization(config, network, data_setup, device, precision)
         engine_set = setup_engines(config, device, network, optimization, data_setup)
         with contextlib.closing(data_setup.loaders), \
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                            resuming=resumption.asked, overwrite=config.overwrite) as run_dir:
-            resume_from = checkpointing.checked_resume_path(resumption.checkpoint, config, data_setup.provenance)
+            resume_from = checkpointing.checked_resume_path(the_plan.resume_from, config, data_setup.provenance)
             with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance.to_dict()) as opened:
                 run_log.write_to(run_dir)
                 if sweep is not None:
@@ -100,6 +93,25 @@ def training(config: Config) -> dict[str, Any]:
                                            time.perf_counter() - started)
         tracking.log_peak_memory()
         return result.to_dict()
+
+
+def plan_the_run(config: Config, device: torch.device, precision: Precision, resumption: Resumption,
+                 data_setup: run_data.DataSetup, weights: Any, stop: stopping.StopRequest
+                 ) -> tuple[plan.RunPlan, model_setup.Network, Any]:
+    """Every choice the run makes for itself, settled here and only here, in the order they need each other:
+    what the data, device and precision decide (``plan.settled_choices``), the memory layout (``layouts``), then
+    the model built with them and, with learning_rate=find, the sweep on it. Returns the plan (logged once),
+    the model and the sweep (for its files)."""
+    settled = dataclasses.replace(config, **plan.settled_choices(config, device, precision, resumption, data_setup))
+    settled = layouts.settle(settled, device, len(data_setup.info.classes), data_setup.provenance)
+    if weights is not None:  # the file hashed once, on rank 0
+        data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
+    network = model_setup.setup_model(settled, data_setup, weights, precision, resumption)
+    settled, sweep = lr_finding.settle_learning_rate(settled, network, data_setup, device, precision, resumption, stop)
+    the_plan = plan.made(settled, config, device, precision)
+    ranks.on_rank_zero(logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s",
+                       the_plan.table())
+    return the_plan, network, sweep
 
 
 # ---------------------------------------------------------------- model and optimisation
@@ -193,7 +205,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
         if data_setup.split == "val" else selection
     engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
     engine_set.warm_up = warm_up.WarmUp(optimization.step, prepare, data_setup.loaders.train,
-                                        warm_up.steps_for(config.warm_up_steps, device), device)
+                                        int(config.warm_up_steps), device)
     engine_set.calibration = (new_evaluator(config.tta), scaled) if scaled is not None else None
     if config.ema_decay is not None:
         warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps

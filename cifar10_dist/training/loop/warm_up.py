@@ -25,17 +25,6 @@ from cifar10_dist.training.loop.step import TrainStep
 
 logger = logging.getLogger("cifar10_dist")
 
-AUTO_STEPS = 3  # warm_up_steps=auto on a GPU: cuDNN times its algorithms on the first pass of each shape
-
-
-def steps_for(setting: int | str, device: torch.device) -> int:
-    """``warm_up_steps``: a number as given; auto: AUTO_STEPS on a CUDA GPU (autotuning, lazy loading), none
-    elsewhere (a CPU has no such first-pass costs worth a separate count)."""
-    if setting != "auto":
-        return int(setting)
-    return AUTO_STEPS if device.type == "cuda" else 0
-
-
 @dataclass
 class Saved:
     """What a training step changes, copied before the warm-up."""

@@ -18,11 +18,12 @@ logger = logging.getLogger("cifar10_dist")
 
 
 def training_loss(config: Config, class_counts: Sequence[int], classes: Sequence[str], device: torch.device,
-                  record: RunRecord) -> nn.Module:
-    """Cross-entropy for training; ``record`` (the run's provenance) gets the class weights when there are any."""
+                  record: RunRecord | None = None) -> nn.Module:
+    """Cross-entropy for training; ``record`` (the run's provenance; None for the lr sweep's loss) gets the class
+    weights when there are any."""
     parsed = class_weights(config.class_weights)
     weights = parsed.for_counts(class_counts, classes) if parsed is not None else None
-    if weights is not None:
+    if weights is not None and record is not None:
         record.class_weights = weights
         ranks.on_rank_zero(logger.info, "class weights in the training loss: %s",
                            ", ".join(f"{name} {weight:.3g}" for name, weight in zip(classes, weights)))

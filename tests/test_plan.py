@@ -1,0 +1,50 @@
+"""A run's plan (training.setup.plan): every choice a run makes for itself is settled once, logged once as a
+table, and written into config.yaml as the value taken; a run started from that config.yaml makes the same
+choices; a resume's checkpoint is what resume_from records."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import TINY, run_in_process
+
+ONE_EPOCH = [*TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--checkpoint_every=9"]
+CHOSEN_BY_THE_RUN = ["--with_amp=auto", "--channels_last=auto", "--num_workers=auto", "--class_weights=auto",
+                     "--resume_from=auto", "--learning_rate=find"]
+
+
+def settled(run_dir) -> dict:
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same(small_dataset, tmp_path):
+    first = run_in_process("run", *ONE_EPOCH, *CHOSEN_BY_THE_RUN, f"--data_path={small_dataset}",
+                           f"--output_path={tmp_path}", "--run_name=first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    config = settled(tmp_path / "first")
+    left = {key: value for key, value in config.items() if value in ("auto", "find")}
+    assert left in ({}, {"amp_dtype": "auto"}) and (left == {} or config["with_amp"] is False), left
+    assert config["learning_rate"] > 0 and config["resume_from"] is None and config["num_workers"] == 0
+    weights = [float(weight) for weight in config["class_weights"].split(",")]
+    recorded = json.loads((tmp_path / "first" / "provenance.json").read_text())["class_weights"]
+    assert len(weights) == 10 and weights == recorded  # the inverse class frequencies the loss used
+    log = (tmp_path / "first" / "run.log").read_text()
+    assert log.count("INFO plan (what this run chose for itself; config.yaml records it):") == 1
+    assert "  learning_rate     " in log and "(given: find)" in log
+
+    again = run_in_process("run", f"--config={tmp_path / 'first' / 'config.yaml'}", "--run_name=again",
+                           "--overwrite=False")
+    assert again.returncode == 0, again.stderr[-3000:]
+    repeated = settled(tmp_path / "again")
+    assert {key: value for key, value in repeated.items() if key != "run_name"} == \
+        {key: value for key, value in config.items() if key != "run_name"}
+
+
+def test_a_resumed_run_records_the_checkpoint_it_continued_from(small_dataset, tmp_path):
+    common = [*ONE_EPOCH, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
+    assert run_in_process("run", *common).returncode == 0
+    resumed = run_in_process("run", *common, "--resume_from=auto", "--num_epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert settled(tmp_path / "job")["resume_from"] == str(tmp_path / "job" / "training_checkpoint_18.pt")
