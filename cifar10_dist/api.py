@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, commands
+from cifar10_dist.config.lr_sweep import OUTPUT_DIR
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
+from cifar10_dist.serve.export_flags import EXPORT_FLAGS
 from cifar10_dist.results import (BatchSizeResult, DoctorReport, EvaluationResult, ExportResult, LrFindResult,
                                   PreparedData, ReportResult, TuneResult)
 
@@ -21,7 +23,7 @@ __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate
            "tune", "doctor", "report", "prepare_data"]
 
 
-def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = None,
+def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = OUTPUT_DIR.default,
             **options: Any) -> LrFindResult | None:
     """Sweep learning_rate from ``start_lr`` to ``end_lr`` (log scale, ``num_iter`` iterations at most, stopped
     when the smoothed loss passes ``diverge_threshold`` times its lowest) with the run this config describes (its
@@ -39,7 +41,8 @@ def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | 
     return runs.lr_find(resolved, settings, output_dir)
 
 
-def batch_size(config: Config | str | Path | None = None, batch_sizes: Sequence[int] | None = None,
+def batch_size(config: Config | str | Path | None = None,
+               batch_sizes: Sequence[int] | None = commands.default(commands.BATCH_SIZE, "batch_sizes"),
                budget_seconds: float = commands.default(commands.BATCH_SIZE, "budget_seconds"),
                **overrides: Any) -> BatchSizeResult:
     """The batch the run this config describes should take here, measured with its own training step (model,
@@ -61,8 +64,10 @@ def batch_size(config: Config | str | Path | None = None, batch_sizes: Sequence[
     return find_batch_size(resolved, sizes, float(budget_seconds))
 
 
-def predict(checkpoint: str | Path, images: Any, batch_size: int = 256, tta: int | None = None,
-            device: str | None = None, raw_weights: bool = False) -> Any:
+def predict(checkpoint: str | Path, images: Any, batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+            tta: int | None = commands.default(commands.PREDICT, "tta"),
+            device: str | None = commands.default(commands.PREDICT, "device"),
+            raw_weights: bool = commands.default(commands.PREDICT, "raw_weights")) -> Any:
     """Class probabilities, a float tensor (N, 10) on the CPU, of ``images``: image paths or folders, PIL images, or
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
     with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
@@ -89,8 +94,9 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path],
     return inference.classify_files(trained, [str(path) for path in paths], batch_size, tta)
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = None, raw_weights: bool = False,
-           calibration: Any = None, **quantization: Any) -> ExportResult:
+def export(checkpoint: str | Path, format: str, output: str | Path | None = commands.default(EXPORT_FLAGS, "output"),
+           raw_weights: bool = commands.default(EXPORT_FLAGS, "raw_weights"), calibration: Any = None,
+           **quantization: Any) -> ExportResult:
     """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
     next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
     PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
@@ -105,7 +111,8 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
     return exporting.export(checkpoint, format, output, raw_weights, settings)
 
 
-def tune(config: Config | str | Path | None = None, space: str | Path | None = None, study: str | None = None,
+def tune(config: Config | str | Path | None = None, space: str | Path | None = commands.default(commands.TUNE, "space"),
+         study: str | None = commands.default(commands.TUNE, "study"),
          trials: int = commands.default(commands.TUNE, "trials"),
          storage: str | None = commands.default(commands.TUNE, "storage"),
          sampler: str = commands.default(commands.TUNE, "sampler"),
@@ -162,7 +169,8 @@ def doctor(model: str = commands.default(commands.DOCTOR, "model"),
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
              raw_weights: bool = commands.default(commands.EVALUATE, "raw_weights"),
-             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
+             output_dir: str | Path | None = commands.default(commands.EVALUATE, "output_dir"),
+             **overrides: Any) -> EvaluationResult | None:
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""

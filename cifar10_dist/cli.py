@@ -123,13 +123,14 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     PNG). Its flags: config.commands.EVALUATE; the others are config keys."""
     check_keys("evaluate", flags, commands.EVALUATE)
     own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
-    checkpoint, json, output_dir, raw_weights = (own[one.name] for one in commands.EVALUATE)
+    checkpoint, json, output_dir = own["checkpoint"], own["json"], own["output_dir"]
     if checkpoint is None:
         raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist.outputs import evaluation_files
 
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
-    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(raw_weights), output_dir=folder, **overrides)
+    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder,
+                           **overrides)
     if metrics is None:
         return
     stem = evaluation_files.confusion_stem(Path(str(checkpoint)))
@@ -156,7 +157,7 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
 def predict(*paths: str, **flags: Any) -> None:
     """Classify image files and folders; one line (or JSON object) per image (its flags: config.commands.PREDICT)."""
     values = commands.resolve("predict", flags, commands.PREDICT)
-    checkpoint, top_k, json, batch_size, tta, device, raw_weights = (values[one.name] for one in commands.PREDICT)
+    checkpoint, top_k, json, batch_size = values["checkpoint"], values["top_k"], values["json"], values["batch_size"]
     if checkpoint is None:
         raise UserError("predict needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     if not paths:
@@ -164,7 +165,8 @@ def predict(*paths: str, **flags: Any) -> None:
     _require_whole("batch_size", batch_size, 1)
     if top_k is not None:
         _require_whole("top_k", top_k, 1)
-    predictions = api.predict_files(str(checkpoint), paths, batch_size, tta, device, bool(raw_weights))
+    predictions = api.predict_files(str(checkpoint), paths, batch_size=batch_size, tta=values["tta"],
+                                    device=values["device"], raw_weights=bool(values["raw_weights"]))
     if top_k is None:
         top_k = min(DEFAULT_TOP_K, len(predictions.classes))  # a two-class model shows both
     elif top_k > len(predictions.classes):
@@ -267,10 +269,11 @@ def prepare_data(**flags: Any) -> None:
     """Download and verify CIFAR-10 (or CIFAR-100), write a synthetic dataset in the same format, or build and
     check an image folder's cache (dataset=folder) and print its card (its flags: config.commands.PREPARE_DATA)."""
     values = commands.resolve("prepare-data", flags, commands.PREPARE_DATA)
-    prepared = api.prepare_data(str(values["data_path"]), str(values["dataset"]), values["synthetic"],
-                                values["synthetic_test"], int(values["seed"]), int(values["image_size"]),
-                                bool(values["skip_bad_images"]), bool(values["drop_test_duplicates"]),
-                                values["cache_dir"], float(values["crop_fraction"]))
+    prepared = api.prepare_data(**{**values, "data_path": str(values["data_path"]), "dataset": str(values["dataset"]),
+                                   "seed": int(values["seed"]), "image_size": int(values["image_size"]),
+                                   "skip_bad_images": bool(values["skip_bad_images"]),
+                                   "drop_test_duplicates": bool(values["drop_test_duplicates"]),
+                                   "crop_fraction": float(values["crop_fraction"])})
     if prepared.card is not None:
         print(prepared.card)
         return
@@ -311,7 +314,8 @@ def doctor(**flags: Any) -> None:
     from cifar10_dist.system.doctor import render
 
     values = commands.resolve("doctor", flags, commands.DOCTOR)
-    report = api.doctor(str(values["model"]), int(values["batch_size"]), float(values["budget_seconds"]))
+    report = api.doctor(model=str(values["model"]), batch_size=int(values["batch_size"]),
+                        budget_seconds=float(values["budget_seconds"]))
     print(json_module.dumps(report.to_dict(), indent=2) if values["json"] else render(report))
 
 

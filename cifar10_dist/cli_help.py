@@ -5,17 +5,17 @@ from ``serve.formats``)."""
 from typing import Any
 
 from cifar10_dist.config import commands
-from cifar10_dist.config.commands import flags_of, help_block
+from cifar10_dist.config.commands import flags_of, help_block, usage
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
-from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT, NAMES
+from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
 def flags_block(*declared: Any) -> str:
     """A page's flag lines (``config.commands.help_block``), its braces kept through the page's ``format``."""
     return help_block(*declared).replace("{", "{{").replace("}", "}}")
 
 
-RUN_HELP = """\
-Usage: cifar10-dist run [--config=FILE.yaml] [--KEY=VALUE ...] [--debug]
+RUN_HELP = f"""\
+{usage("run", before=["[--config=FILE.yaml|NAME]", "[--KEY=VALUE ...]", "[--debug]"])}
 
 Train a CIFAR-10 classifier; prints the final metrics and the run folder.
 Values come from the defaults below, then the YAML file, then the command line.
@@ -23,13 +23,13 @@ Values come from the defaults below, then the YAML file, then the command line.
   --config=None              a YAML file with any of the keys below, or a shipped config by name: demo, default,
                              fast, fast_muon, ... (cifar10-dist config --list)
   --debug                    show tracebacks for errors
-{options}
+{{options}}
 """
 
 LR_FIND_FLAGS = flags_block(flags_of(LrSweep), [OUTPUT_DIR])
 
 LR_FIND_HELP = f"""\
-Usage: cifar10-dist lr-find [--config=FILE.yaml] [--start_lr=1e-6] [--end_lr=1] [--num_iter=100] [--KEY=VALUE ...]
+{usage("lr-find", flags_of(LrSweep), [OUTPUT_DIR], before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
 
 Sweep the learning rate before training (Ignite's FastaiLRFinder): the run these flags describe (model,
 pretrained start, data, augmentation, optimizer with its param groups, precision, processes) trains num_iter
@@ -47,8 +47,7 @@ writes lr_find.png (loss against learning rate, the suggestion marked) and lr_fi
 """
 
 BATCH_SIZE_HELP = f"""\
-Usage: cifar10-dist batch-size [--config=FILE.yaml] [--batch_sizes=32,64,...] [--budget_seconds=3] [--json]
-                               [--KEY=VALUE ...]
+{usage("batch-size", commands.BATCH_SIZE, before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
 
 Which batch the run these flags describe should take on this machine, measured with its own training step
 (model, optimizer with its groups, precision, memory format, image size) on random images, in this process.
@@ -66,7 +65,7 @@ SGD, square root for AdamW).
 """
 
 EVALUATE_HELP = f"""\
-Usage: cifar10-dist evaluate --checkpoint=PATH [--config=FILE.yaml] [--json] [--output_dir=DIR] [--KEY=VALUE ...]
+{usage("evaluate", commands.EVALUATE, before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
 
 Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
 writes the confusion matrix as confusion_<checkpoint name>.json and .png into output_dir.
@@ -81,7 +80,7 @@ Batch and launch keys as for run.
 """
 
 PREDICT_HELP = f"""\
-Usage: cifar10-dist predict --checkpoint=FILE PATH [PATH ...] [--top_k=N] [--json] [--batch_size=256] [--tta=N]
+{usage("predict", commands.PREDICT, before=["PATH [PATH ...]"], after=["[--debug]"])}
 
 Classify image files with a saved model: one line per image with its top-k classes and probabilities.
 PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched recursively). Images are
@@ -98,7 +97,7 @@ def export_help() -> str:
     from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
     return f"""\
-Usage: cifar10-dist export --checkpoint=FILE --format={NAMES} [--output=PATH] [--quantize=int8] [--debug]
+{usage("export", EXPORT_FLAGS, flags_of(Quantization), after=["[--debug]"])}
 
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
 (N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
@@ -112,9 +111,7 @@ Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs
 """
 
 TUNE_HELP = f"""\
-Usage: cifar10-dist tune --config=FILE.yaml --space=SPACE.yaml --study=NAME [--trials=10] [--storage=URL]
-                         [--sampler=tpe|random|grid] [--pruner=median|hyperband|none] [--final_test=True]
-                         [--report_only] [--KEY=VALUE ...] [--debug]
+{usage("tune", commands.TUNE, before=["--config=FILE.yaml|NAME"], after=["[--KEY=VALUE ...]", "[--debug]"])}
 
 Tune hyperparameters with Optuna. Each trial is an ordinary run in output_path/NAME/trial-<number> (launch keys as
 for run), ranked on its best val accuracy (val_split > 0 is required: no trial sees the test set). Several tune
@@ -129,9 +126,7 @@ Needs: pip install 'cifar10-dist[tune]'
 """
 
 PREPARE_HELP = f"""\
-Usage: cifar10-dist prepare-data [--dataset=cifar10|cifar100|folder] [--data_path=DIR] [--synthetic=N]
-                                 [--synthetic_test=M] [--seed=S] [--image_size=32] [--skip_bad_images]
-                                 [--drop_test_duplicates] [--cache_dir=DIR] [--crop_fraction=1.0] [--debug]
+{usage("prepare-data", commands.PREPARE_DATA, after=["[--debug]"])}
 
 Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python), or write
 a synthetic dataset in the same on-disk format; with --dataset=folder, decode an image folder
@@ -143,7 +138,7 @@ counts per split, image sizes, normalisation, duplicates across splits, unreadab
 """
 
 DOCTOR_HELP = f"""\
-Usage: cifar10-dist doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json] [--debug]
+{usage("doctor", commands.DOCTOR, after=["[--debug]"])}
 
 What this machine is and what will be fast on it: versions; CPU model, cores, threads, kernels (AVX2/AVX512)
 and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the distributed backends;
@@ -158,7 +153,7 @@ slow machine needs a smaller batch. Attach --json's output to bug reports.
 """
 
 REPORT_HELP = f"""\
-Usage: cifar10-dist report RUN_DIR [RUN_DIR ...] [--output=report.png] [--targets=0.9,0.93] [--debug]
+{usage("report", commands.REPORT, before=["RUN_DIR [RUN_DIR ...]"], after=["[--debug]"])}
 
 Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
 each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
@@ -187,7 +182,7 @@ Commands:
 """
 
 CONFIG_HELP = f"""\
-Usage: cifar10-dist config [--config=FILE|NAME] [--KEY=VALUE ...] [--list] [--debug]
+{usage("config", commands.CONFIG, before=["[--config=FILE.yaml|NAME]", "[--KEY=VALUE ...]"], after=["[--debug]"])}
 
 Print the config that `cifar10-dist run` with the same flags would use, resolved (defaults < FILE < flags) and
 validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config=my.yaml`. A bad value is

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
 import os
 import re
+import textwrap
 
 import pytest
 
@@ -188,3 +190,39 @@ def agree(on_page: str | None, default) -> bool:
     if isinstance(default, (int, float)):
         return float(on_page) == default
     return on_page == str(default)
+
+
+def written_defaults(place: object) -> dict[str, ast.expr]:
+    """The default expressions of a function's parameters or a dataclass's fields, by name, as written."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(place)))
+    node = tree.body[0]
+    if isinstance(node, ast.ClassDef):
+        return {item.target.id: item.value for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None}
+    arguments = node.args
+    positional = arguments.args[len(arguments.args) - len(arguments.defaults):]
+    return {**{argument.arg: default for argument, default in zip(positional, arguments.defaults)},
+            **{argument.arg: default for argument, default in zip(arguments.kwonlyargs, arguments.kw_defaults)
+               if default is not None}}
+
+
+def test_no_default_of_a_commands_flag_is_written_twice():
+    """Where a command's flag is a parameter or a field (its API call, the records and functions that implement
+    it), its default is read from the declaration (config.commands, lr_sweep, serve.export_flags), never written
+    again as a literal: change it there and the CLI, the API, the help page and the code follow."""
+    from cifar10_dist import api
+    from cifar10_dist.cli_flags import declared_flags
+    from cifar10_dist.serve import inference
+    from cifar10_dist.system import doctor
+    from cifar10_dist.tuning import studies
+
+    places = {"lr-find": [api.lr_find], "batch-size": [api.batch_size], "evaluate": [api.evaluate],
+              "predict": [api.predict, api.predict_files, inference.probabilities], "export": [api.export],
+              "tune": [api.tune, studies.TuneOptions], "prepare-data": [api.prepare_data], "report": [api.report],
+              "doctor": [api.doctor, doctor.examine]}
+    declared = declared_flags()
+    twice = [f"{command}: {place.__qualname__}({name}={ast.unparse(default)})"
+             for command, found in places.items() for place in found
+             for name, default in written_defaults(place).items()
+             if name in {one.name for one in declared[command]} and isinstance(default, ast.Constant)]
+    assert twice == []

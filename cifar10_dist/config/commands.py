@@ -26,6 +26,17 @@ class Flag:
     default: Any
     help: str
     shown: str | None = None
+    required: bool = False  # the command cannot run without it (its usage line shows it outside brackets)
+
+    def usage(self) -> str:
+        """The flag in a usage line: ``--name=SHOWN`` when required, else ``[--name=default]`` (``[--name]`` for a
+        switch)."""
+        if self.required:
+            return f"--{self.name}={self.shown}"
+        if self.default is False and self.shown is None:
+            return f"[--{self.name}]"
+        value = self.shown if self.shown is not None else self.name.upper() if self.default is None else self.default
+        return f"[--{self.name}={value}]"
 
     def line(self) -> str:
         """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped."""
@@ -65,14 +76,14 @@ CONFIG = (
 RAW_WEIGHTS = Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training "
                                          "checkpoints)")
 EVALUATE = (
-    Flag("checkpoint", None, "checkpoint file to evaluate (required)", shown="PATH"),
+    Flag("checkpoint", None, "checkpoint file to evaluate (required)", shown="PATH", required=True),
     Flag("json", False, "print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line"),
     Flag("output_dir", None, "folder for the confusion matrix files (default: the checkpoint's folder)"),
     RAW_WEIGHTS,
 )
 PREDICT = (
     Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt), or an ONNX "
-                             "file of export (int8 too), run by ONNX Runtime on the CPU", shown="FILE"),
+                             "file of export (int8 too), run by ONNX Runtime on the CPU", shown="FILE", required=True),
     Flag("top_k", None, "classes shown per image (default: 3, or all of a model's classes when it has fewer)",
          shown="N"),
     Flag("json", False, "one JSON object per line: path and top-k classes with probabilities"),
@@ -95,8 +106,8 @@ PREPARE_DATA = (
 )
 TUNE = (
     Flag("space", None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per config key",
-         shown="FILE"),
-    Flag("study", None, "study name (also the folder under output_path)", shown="NAME"),
+         shown="FILE", required=True),
+    Flag("study", None, "study name (also the folder under output_path)", shown="NAME", required=True),
     Flag("trials", 10, "trials this process runs (workers sharing a study add theirs up)"),
     Flag("storage", None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as "
                           "postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)"),
@@ -196,6 +207,22 @@ def refuse_unknown_keys(command: str, given: Mapping[str, Any], *declared: Itera
         takes = f"its flags ({', '.join('--' + name for name in own)}) and " if own else ""
         raise UserError(f"{command} does not take --{key} ({hint}): it takes {takes}the config keys "
                         f"(cifar10-dist {command} --help)")
+
+
+def usage(command: str, *declared: Iterable[Flag], before: Iterable[str] = (), after: Iterable[str] = ()) -> str:
+    """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths, the
+    config file), every other flag with its default, then ``after``; wrapped under the command."""
+    flags = [one for group in declared for one in group]
+    words = [*(one.usage() for one in flags if one.required), *before,
+             *(one.usage() for one in flags if not one.required), *after]
+    head = f"Usage: cifar10-dist {command} "
+    lines, line = [], head
+    for word in words:
+        if len(line) + len(word) > PAGE_WIDTH and line.strip() != head.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += word + " "
+    return "\n".join([*lines, line.rstrip()])
 
 
 def help_block(*declared: Iterable[Flag]) -> str:

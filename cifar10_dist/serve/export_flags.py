@@ -9,7 +9,7 @@ from typing import Any
 
 from cifar10_dist.config.commands import Flag, flag
 from cifar10_dist.errors import UserError
-from cifar10_dist.serve.formats import FORMATS
+from cifar10_dist.serve.formats import FORMATS, NAMES
 
 CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
 MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal the fp32 model's on at least this share
@@ -17,8 +17,9 @@ CHOICE_IMAGES = 1000  # other training images, held out from the calibration, th
 METHODS = ("minmax", "percentile", "entropy")  # ORT's calibration methods (Percentile: its 99.999th)
 
 EXPORT_FLAGS = (  # export's flags (config.commands), with those of Quantization
-    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE"),
-    Flag("format", None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown="FORMAT"),
+    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE", required=True),
+    Flag("format", None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown=NAMES,
+         required=True),
     Flag("output", None, "file to write (default: next to the checkpoint, "
                          f"{'/'.join(f.suffix for f in FORMATS.values())})"),
     Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"),
@@ -33,7 +34,8 @@ class Quantization:
     kind: str | None = flag(None, "int8 (format=onnx): ONNX Runtime's static quantization, int8 weights and 8-bit "
                             "activations calibrated on training images; its test accuracy and top-1 agreement with "
                             "the fp32 model are printed, and below min_agreement nothing is written (default file: "
-                            "CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)", name="quantize")
+                            "CHECKPOINT.int8.onnx; predict --checkpoint=FILE.onnx runs it)", name="quantize",
+                            shown="int8")
     calibration_images: int = flag(CALIBRATION_IMAGES, "training images that calibrate the int8 "
                                    "activations")
     min_agreement: float = flag(MIN_AGREEMENT, "the share of test images whose int8 top-1 must equal "

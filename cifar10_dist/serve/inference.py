@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cifar10_dist import checkpoint_layout
+from cifar10_dist.config import commands
 from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
@@ -78,8 +79,9 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
 
 
 @torch.no_grad()
-def probabilities(trained: TrainedModel, images: torch.Tensor, batch_size: int = 256,
-                  tta: int | None = None) -> torch.Tensor:
+def probabilities(trained: TrainedModel, images: torch.Tensor,
+                  batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+                  tta: int | None = commands.default(commands.PREDICT, "tta")) -> torch.Tensor:
     """Class probabilities (N, classes) on the CPU of uint8 images (N, 3, S, S) as the model's images were stored
     (the evaluation view is cut from them), in batches."""
     views = trained.tta if tta is None else check_tta(tta)

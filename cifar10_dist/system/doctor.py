@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cifar10_dist import models
+from cifar10_dist.config import commands
 from cifar10_dist.results import DoctorReport, ProbeResult
 from cifar10_dist.system import hardware, layout_numerics
 from cifar10_dist.system.precision import Precision, automatic_precision, make_grad_scaler
@@ -35,7 +36,9 @@ MAX_STEPS = 200
 MIN_BATCH = 2
 
 
-def examine(model: str = "airbench", batch_size: int = 32, budget_seconds: float = 2.0) -> DoctorReport:
+def examine(model: str = commands.default(commands.DOCTOR, "model"),
+            batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
+            budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds")) -> DoctorReport:
     """The whole report; the probe gives each setting about ``budget_seconds``."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, TrialSpec, load_config
+from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, TrialSpec, commands, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.outputs import reading, tracking
 from cifar10_dist.results import TuneResult
@@ -50,15 +50,15 @@ class TuneOptions:
     """What ``tune`` is asked to do, validated before anything starts."""
 
     study: str
-    trials: int = 10
-    storage: str | None = None
-    sampler: str = "tpe"
-    sampler_seed: int | None = None
-    pruner: str = "median"
-    pruner_startup_trials: int = 5
-    pruner_warmup_epochs: int = 0
-    final_test: bool = True
-    heartbeat: int = 60
+    trials: int = commands.default(commands.TUNE, "trials")  # (tune's flags: their defaults declared once there)
+    storage: str | None = commands.default(commands.TUNE, "storage")
+    sampler: str = commands.default(commands.TUNE, "sampler")
+    sampler_seed: int | None = commands.default(commands.TUNE, "sampler_seed")
+    pruner: str = commands.default(commands.TUNE, "pruner")
+    pruner_startup_trials: int = commands.default(commands.TUNE, "pruner_startup_trials")
+    pruner_warmup_epochs: int = commands.default(commands.TUNE, "pruner_warmup_epochs")
+    final_test: bool = commands.default(commands.TUNE, "final_test")
+    heartbeat: int = commands.default(commands.TUNE, "heartbeat")
 
     def __post_init__(self) -> None:
         if not self.study or "/" in self.study or self.study in (".", ".."):
