@@ -1,19 +1,14 @@
 """The run configuration: a frozen, typed dataclass whose fields carry their defaults, help texts, own rules and
-roles (``fields``; a tuning trial's spec: ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys
+roles (``fields`` composes them from their topics: ``data_keys``, ``augmentation_keys``, ``training_keys``,
+``speed_keys``, ``output_keys``, ``launch_keys``, each field declared with ``options``; a tuning trial's spec:
+``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys
 together and the typed values parsed from text (``rules``), building one from defaults, a YAML file and overrides,
 and the options' help (``loading``), and every command's own flags, declared once (``commands``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
 against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
 
-from cifar10_dist.config.fields import (
-    FIELDS,
-    INHERITED_BY_EVALUATE,
-    PER_WORKER,
-    UNTUNABLE,
-    Bounds,
-    Config,
-    choices,
-)
+from cifar10_dist.config.fields import FIELDS, INHERITED_BY_EVALUATE, PER_WORKER, UNTUNABLE, Config, choices
+from cifar10_dist.config.options import Bounds
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.loading import (
     config_path,
