@@ -238,3 +238,15 @@ def test_the_room_check_sees_a_two_way_arrow_between_subpackages(tmp_path):
     (tmp_path / "house" / "lower" / "b.py").write_text("def f():\n    from cifar10_dist.house.upper import a\n")
     assert room_arrows(tmp_path)[("house", "lower")] == {("house", "upper")}
     assert room_arrows(tmp_path)[("house", "upper")] == {("house", "lower")}
+
+
+def test_no_training_or_data_code_names_a_recipe():
+    """What makes a recipe (airbench's whitening from data, its frozen bias, the images that set it) is declared by
+    its model (``models.traits``) or its config and read through them: no name in training/, data/, launch/ or
+    serve/ names the network it was written for."""
+    named = [f"{dotted(path, PACKAGE)}:{node.lineno} {name}" for room in ("training", "data", "launch", "serve")
+             for path in sorted((PACKAGE / room).rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             for name in [getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)]
+             if isinstance(name, str) and "airbench" in name.lower()]
+    assert named == []

@@ -158,7 +158,7 @@ def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn
     trainer = Engine(step)
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
     if freeze:
-        WhiteningBiasFreeze.attach_if_airbench(trainer, model, optimizer, optimizers.whitening_bias_until(
+        WhiteningBiasFreeze.attach_where_whitened(trainer, model, optimizer, optimizers.whitening_bias_until(
             config, iterations))
     trainer.run(range(iterations), max_epochs=1)
     return model, frozen, input_needed_grad

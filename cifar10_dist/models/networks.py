@@ -23,6 +23,7 @@ from torch import nn
 
 from cifar10_dist.config import MODEL_REFERENCE, TIMM_PREFIX, is_model_reference
 from cifar10_dist.errors import UserError
+from cifar10_dist.models.traits import WHITENING_IMAGES
 from cifar10_dist.sources import NUM_CLASSES
 
 CIFAR_RESNETS = {"cifar_resnet18": "resnet18", "cifar_resnet34": "resnet34", "cifar_resnet50": "resnet50"}
@@ -284,6 +285,7 @@ class AirbenchNet(nn.Module):
     still joins the graph with a zero gradient, so DDP sees every parameter used."""
 
     whitening_bias_frozen = False
+    whitening_images = WHITENING_IMAGES  # training images whose 2x2 patches set the whitening filters (airbench94's)
 
     def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
                  num_classes: int = NUM_CLASSES, activation: str = "gelu") -> None:

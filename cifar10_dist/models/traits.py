@@ -23,6 +23,15 @@ class WhitenedFromData(Protocol):
         """Set the whitening filters from (normalised) training images."""
 
 
+WHITENING_IMAGES = 5000  # training images whose patches set the whitening filters, unless the model says otherwise
+
+
+def whitening_images(model: nn.Module) -> int:
+    """How many training images a model whitened from data initialises its whitening from (its own
+    ``whitening_images`` where it declares one)."""
+    return int(getattr(model, "whitening_images", WHITENING_IMAGES))
+
+
 def whitening_bias(model: nn.Module) -> nn.Parameter | None:
     """The trained bias of a model whitened from data, or None for any other model."""
     return model.whiten.bias if isinstance(model, WhitenedFromData) else None

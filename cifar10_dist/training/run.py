@@ -183,7 +183,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
                                            data_setup.cropped_in_loader, data_setup.augment_per_pass)
     trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
-    WhiteningBiasFreeze.attach_if_airbench(trainer, network.model, optimization.optimizer,
+    WhiteningBiasFreeze.attach_where_whitened(trainer, network.model, optimization.optimizer,
                                            optimizers.whitening_bias_until(config, data_setup.total_iterations))
     if config.freeze_epochs:
         BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch

@@ -56,7 +56,7 @@ class WhiteningBiasFreeze:
         self.optimizer, self.network, self.until = optimizer, network, until  # (a resume replaces the group dicts)
 
     @classmethod
-    def attach_if_airbench(cls, trainer: Engine, model: nn.Module, optimizer: Any, until: int) -> None:
+    def attach_where_whitened(cls, trainer: Engine, model: nn.Module, optimizer: Any, until: int) -> None:
         """Attached (after the LR scheduler) where the model is whitened from data with a trained bias."""
         network = models.unwrap(model)
         bias = models.whitening_bias(network)

@@ -21,9 +21,6 @@ from cifar10_dist.training.setup.resumption import Resumption
 
 logger = logging.getLogger("cifar10_dist")
 
-WHITENING_IMAGES = 5000  # training images whose 2x2 patches set the whitening filters of the airbench model
-
-
 @dataclass
 class Network:
     model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
@@ -46,7 +43,7 @@ def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrai
     if weights is not None and not (resumption is not None and resumption.continues):
         pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
     elif isinstance(model, models.WhitenedFromData):  # initialised from data, never over pretrained weights
-        first = augmentation.eval_view(data_setup.train.images[:WHITENING_IMAGES].cpu(), info.image_size,
+        first = augmentation.eval_view(data_setup.train.images[:models.whitening_images(model)].cpu(), info.image_size,
                                        info.crop_fraction)
         model.init_whitening(augmentation.normalize(first, info.mean,
                                                     info.std))
