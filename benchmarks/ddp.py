@@ -1,5 +1,5 @@
 """DDP: what DistributedDataParallel itself costs on this machine, over gloo; prints a table (and writes JSON with
---json: the rounds and each case's medians). Last run: docs/recipes.md (CPU named there, JSON in
+--json: the rounds and each case's medians). Last run: docs/speed.md (CPU named there, JSON in
 docs/measurements/ddp_cpu.json); ResNet-18, 128 images per process, --steps=15 --rounds=4, about 20 minutes on
 2 cores.
 
