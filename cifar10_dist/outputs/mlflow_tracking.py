@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
@@ -76,17 +77,17 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         return found.experiment_id if found is not None else client.create_experiment(name, location)
 
 
-def provenance_tags(record: Mapping[str, Any]) -> dict[str, str]:
-    """The provenance worth filtering runs by, as MLflow tags."""
-    package, dataset = record.get("package", {}), record.get("dataset", {})
-    cpu = record.get("hardware", {}).get("cpu", {})
+def provenance_tags(recorded: Mapping[str, Any]) -> dict[str, str]:
+    """The provenance worth filtering runs by, as MLflow tags (read through ``RunRecord``)."""
+    record = RunRecord.from_dict(recorded)
+    package, versions = record.package or {}, record.versions or {}
     tags = {
         "git_commit": package.get("git_commit"), "git_dirty": package.get("git_dirty"),
-        "package_version": package.get("version"), "dataset": dataset.get("name"),
-        "dataset_sha256": dataset.get("sha256"), "precision": record.get("precision"),
-        "backend": record.get("backend"), "world_size": record.get("world_size"),
-        "devices": ", ".join(f"{count} x {name}" for name, count in record.get("devices", {}).items()),
-        "cpu": cpu.get("model"), "torch": record.get("versions", {}).get("torch"),
+        "package_version": package.get("version"), "dataset": record.dataset.name,
+        "dataset_sha256": record.dataset.sha256, "precision": record.precision,
+        "backend": record.backend, "world_size": record.world_size,
+        "devices": ", ".join(f"{count} x {name}" for name, count in (record.devices or {}).items()),
+        "cpu": ((record.hardware or {}).get("cpu") or {}).get("model"), "torch": versions.get("torch"),
     }
     return {f"cifar10_dist.{key}": str(value) for key, value in tags.items() if value is not None}
 

@@ -22,6 +22,7 @@ import ignite
 import ignite.distributed as idist
 import torch
 
+from cifar10_dist import checkpoint_layout
 from cifar10_dist.system import hardware
 
 PACKAGE = "cifar10-dist"
@@ -180,13 +181,18 @@ def dataset_sha256(*tensors: Any) -> str:
     return digest.hexdigest()
 
 
-def differences(recorded: Mapping[str, Any], present: RunRecord) -> list[str]:
+def of_checkpoint(checkpoint: Mapping[str, Any]) -> RunRecord:
+    """The record a checkpoint's meta holds, read back as a ``RunRecord`` (an older file's: what it has of it)."""
+    return RunRecord.from_dict(checkpoint_layout.recorded_provenance(checkpoint))
+
+
+def differences(recorded: RunRecord, present: RunRecord) -> list[str]:
     """What differs between a checkpoint's record and the present run: package version, dataset checksum."""
     found = []
-    then, now = recorded.get("package", {}).get("version"), present.package["version"]
+    then, now = (recorded.package or {}).get("version"), present.package["version"]
     if then is not None and then != now:
         found.append(f"it was made with {PACKAGE} {then}, this is {now}")
-    then, now = recorded.get("dataset", {}).get("sha256"), present.dataset.sha256
+    then, now = recorded.dataset.sha256, present.dataset.sha256
     if then is not None and now is not None and then != now:
         found.append(f"it was made with other data (sha256 {then[:12]}..., this data {now[:12]}...)")
     return found

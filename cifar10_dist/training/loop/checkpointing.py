@@ -30,6 +30,7 @@ from cifar10_dist.outputs.checkpoint_files import (
     existing_checkpoints,
     load_checkpoint,
 )
+from cifar10_dist.outputs import provenance
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 
@@ -204,12 +205,12 @@ def refuse_other_classes(path: str, record: RunRecord) -> None:
 def data_change(path: str, record: RunRecord) -> dict[str, Any] | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
-    recorded = checkpoint_layout.recorded_provenance(load_checkpoint(path, mmap=True)).get("dataset", {})  # meta only
-    then, now = recorded.get("sha256"), record.dataset.sha256
+    recorded = provenance.of_checkpoint(load_checkpoint(path, mmap=True)).dataset  # its meta only
+    then, now = recorded.sha256, record.dataset.sha256
     if then is None or now is None or then == now:
         return None
     return {"checkpoint": str(path), "sha256_then": then, "sha256_now": now,
-            "images_then": recorded.get("images"), "images_now": record.dataset.images}
+            "images_then": recorded.images, "images_now": record.dataset.images}
 
 
 def _counts(images: Mapping[str, int] | None) -> str:

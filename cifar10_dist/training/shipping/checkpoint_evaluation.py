@@ -11,7 +11,6 @@ import ignite.distributed as idist
 import torch
 from torch import nn
 
-from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config
 from cifar10_dist.data import batches, cifar, run_data
 from cifar10_dist.data.records import DatasetInfo, LoadedData
@@ -83,7 +82,7 @@ class EvaluationWorker:
         model = restoring.restore_model(checkpoint, self.checkpoint, len(info.classes), config.model,
                                         config.model_kwargs, self.raw_weights)
         present = run_data.describe_run(config.dataset, loaded, device, precision)
-        for difference in provenance.differences(checkpoint_layout.recorded_provenance(checkpoint), present):
+        for difference in provenance.differences(provenance.of_checkpoint(checkpoint), present):
             ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
                                   self.checkpoint, difference)
         model = model_setup.wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
