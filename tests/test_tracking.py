@@ -315,7 +315,7 @@ def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_sam
     from cifar10_dist.outputs import trackers
 
     repo = Path(__file__).resolve().parents[1]
-    for module in ("training/loop/worker.py", "training/loop/run_end.py"):
+    for module in ("training/run.py", "training/loop/run_end.py"):
         source = (repo / "cifar10_dist" / module).read_text().lower()
         assert not [name for name in trackers.TRACKERS if name in source], module
     monkeypatch.setitem(sys.modules, "clearml", None)
