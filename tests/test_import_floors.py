@@ -125,7 +125,7 @@ def test_nothing_in_data_knows_models():
 
 def module_imports(path: Path, package: Path = PACKAGE) -> set[str]:
     """The package's modules (dotted) that the file imports anywhere, resolved to modules: ``from
-    cifar10_dist.training import worker`` is training.loop.worker; a package's ``__init__`` is not counted (it only
+    cifar10_dist.training import run`` is training.run; a package's ``__init__`` is not counted (it only
     names what its modules hold)."""
     modules = {dotted(source, package) for source in sources(package) if source.name != "__init__.py"}
     tree = ast.parse(path.read_text())
