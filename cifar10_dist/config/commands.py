@@ -1,7 +1,8 @@
-"""A command's own flags (those that are not config keys), declared once where the command's job is: as fields of
-a dataclass with ``flag(...)`` (its default and help), or as ``Flag`` records. The CLI and the API take their
-defaults from the declaration and the help pages print it (``help_block``); tests/test_cli.py compares all
-three. lr-find's are ``config.lr_sweep``'s, export's ``serve.exporting``'s; the other commands' are declared below
+"""A command's own flags (those that are not config keys), declared once, one way: as the fields of a frozen
+dataclass made with ``flag(...)`` (default, help, how the page shows it, whether it is required), read as ``Flag``
+records by ``flags_of``. The CLI and the API take their defaults from the declaration, the help pages print it
+(``help_block``, ``usage``); tests/test_cli.py compares all three and fails on a default written again.
+lr-find's are ``config.lr_sweep``'s, export's ``serve.export_flags``'; the other commands' are declared below
 (their jobs' modules import torch, and the help pages must not)."""
 
 from __future__ import annotations
@@ -50,93 +51,22 @@ class Flag:
         return first + lines[0].lstrip("\0") + "".join("\n" + line for line in lines[1:])
 
 
-JSON = Flag("json", False, "print the result as one JSON object")
-BATCH_SIZE = (
-    Flag("batch_sizes", None, "CPU: the sizes to time (the config's own is always added); GPU: the first is where "
-                              "the doubling starts", shown="32,64,128,256,512,1024"),
-    Flag("budget_seconds", 3.0, "about how long each size is timed"),
-    JSON,
-)
-REPORT = (
-    Flag("output", "report.png", "where the comparison plot goes"),
-    Flag("targets", None, "accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach each one, "
-                          "with the mean and std over the runs"),
-)
-DOCTOR = (
-    Flag("model", "airbench", "the probe's model: a built-in name or package.module:factory / file.py:factory"),
-    Flag("batch_size", 32, "the probe's batch"),
-    Flag("budget_seconds", 2.0, "about how long each probed setting runs (a step starts only if it still fits)"),
-    Flag("json", False, "print the report as one JSON object"),
-)
-
-
-CONFIG = (
-    Flag("list", False, "list the configs the package ships, by name (--config=NAME takes one), with what each is"),
-)
-RAW_WEIGHTS = Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training "
-                                         "checkpoints)")
-EVALUATE = (
-    Flag("checkpoint", None, "checkpoint file to evaluate (required)", shown="PATH", required=True),
-    Flag("json", False, "print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line"),
-    Flag("output_dir", None, "folder for the confusion matrix files (default: the checkpoint's folder)"),
-    RAW_WEIGHTS,
-)
-PREDICT = (
-    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is rebuilt), or an ONNX "
-                             "file of export (int8 too), run by ONNX Runtime on the CPU", shown="FILE", required=True),
-    Flag("top_k", None, "classes shown per image (default: 3, or all of a model's classes when it has fewer)",
-         shown="N"),
-    Flag("json", False, "one JSON object per line: path and top-k classes with probabilities"),
-    Flag("batch_size", 256, "images per forward pass"),
-    Flag("tta", None, "test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)"),
-    Flag("device", None, "cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)"),
-    RAW_WEIGHTS,
-)
-PREPARE_DATA = (
-    Flag("dataset", "cifar10", "cifar10, cifar100 or folder"),
-    Flag("data_path", "cifar10", "folder that gets cifar-10-batches-py (or cifar-100-python), or the image folder"),
-    Flag("synthetic", None, "write N synthetic training images instead of downloading CIFAR-10"),
-    Flag("synthetic_test", None, "synthetic test images (default: N // 5)"),
-    Flag("seed", 0, "seed of the synthetic images"),
-    Flag("image_size", 32, "folder: the size images are trained at (stored at image_size / crop_fraction)"),
-    Flag("crop_fraction", 1.0, "folder: as the runs that will read the cache give it (e.g. 0.875)"),
-    Flag("skip_bad_images", False, "folder: leave out unreadable files (else refused, naming them)"),
-    Flag("drop_test_duplicates", False, "folder: remove test/val images that are copies of training images"),
-    Flag("cache_dir", None, "folder: where the cache goes (default DIR/.cifar10_dist_cache)"),
-)
-TUNE = (
-    Flag("space", None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per config key",
-         shown="FILE", required=True),
-    Flag("study", None, "study name (also the folder under output_path)", shown="NAME", required=True),
-    Flag("trials", 10, "trials this process runs (workers sharing a study add theirs up)"),
-    Flag("storage", None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL such as "
-                          "postgresql://user:password@host/db (default: sqlite in output_path/NAME/study.db)"),
-    Flag("sampler", "tpe", "tpe, random, or grid (every key categorical or an int range)"),
-    Flag("sampler_seed", None, "seed of the sampler (give each worker its own)"),
-    Flag("pruner", "median", "median, hyperband or none; asked after every validation (validate_every)"),
-    Flag("pruner_startup_trials", 5, "median pruner: trials that run to the end before any is pruned"),
-    Flag("pruner_warmup_epochs", 0, "median pruner: epochs of each trial that are never pruned"),
-    Flag("final_test", True, "after the last trial, the best trial's best model on the test set, once"),
-    Flag("heartbeat", 60, "seconds between liveness beats of a running trial (database storages): a trial silent "
-                          "for 2 beats is failed and run again from its newest checkpoint by a worker"),
-    Flag("report_only", False, "only print the table and write best_config.yaml and the plots of the study"),
-)
-
-
 def default(declared: Iterable[Flag], name: str) -> Any:
     """A declared flag's default (for an API signature)."""
     return next(one.default for one in declared if one.name == name)
 
 
-def flag(default: Any, help: str, shown: str | None = None, name: str | None = None) -> Any:
-    """A dataclass field that is also a command's flag (``name``: the flag's, where it differs from the field's)."""
-    return dataclasses.field(default=default, metadata={"help": help, "shown": shown, "flag": name})
+def flag(default: Any, help: str, shown: str | None = None, name: str | None = None, required: bool = False) -> Any:
+    """A dataclass field that is also a command's flag (``name``: the flag's, where it differs from the field's):
+    how every command's flags are declared (the records above ``others``, lr-find's ``LrSweep``, export's)."""
+    return dataclasses.field(default=default, metadata={"help": help, "shown": shown, "flag": name,
+                                                        "required": required})
 
 
 def flags_of(record: type) -> tuple[Flag, ...]:
     """The flags a dataclass declares (its fields made with ``flag``), in field order."""
     return tuple(Flag(field.metadata["flag"] or field.name, field.default, field.metadata["help"],
-                      field.metadata["shown"])
+                      field.metadata["shown"], field.metadata.get("required", False))
                  for field in dataclasses.fields(record) if "help" in field.metadata)
 
 
@@ -157,6 +87,117 @@ def typed(default: Any, value: Any) -> Any:
     """A whole number given where the default is a float, made a float (what the command line gives for 1)."""
     numeric = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
     return float(value) if numeric else value
+
+
+JSON_HELP = "print the result as one JSON object"
+RAW_WEIGHTS_HELP = "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"
+
+
+@dataclass(frozen=True)
+class BatchSizeFlags:
+    """batch-size's own flags (its others are config keys)."""
+
+    batch_sizes: str | None = flag(None, "CPU: the sizes to time (the config's own is always added); GPU: the first "
+                                   "is where the doubling starts", shown="32,64,128,256,512,1024")
+    budget_seconds: float = flag(3.0, "about how long each size is timed")
+    json: bool = flag(False, JSON_HELP)
+
+
+@dataclass(frozen=True)
+class ReportFlags:
+    """report's flags."""
+
+    output: str = flag("report.png", "where the comparison plot goes")
+    targets: str | None = flag(None, "accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach "
+                               "each one, with the mean and std over the runs")
+
+
+@dataclass(frozen=True)
+class DoctorFlags:
+    """doctor's flags."""
+
+    model: str = flag("airbench", "the probe's model: a built-in name or package.module:factory / file.py:factory")
+    batch_size: int = flag(32, "the probe's batch")
+    budget_seconds: float = flag(2.0, "about how long each probed setting runs (a step starts only if it still fits)")
+    json: bool = flag(False, "print the report as one JSON object")
+
+
+@dataclass(frozen=True)
+class ConfigFlags:
+    """config's own flags (its others are config keys)."""
+
+    list: bool = flag(False, "list the configs the package ships, by name (--config=NAME takes one), with what each "
+                      "is")
+
+
+@dataclass(frozen=True)
+class EvaluateFlags:
+    """evaluate's own flags (its others are config keys)."""
+
+    checkpoint: str | None = flag(None, "checkpoint file to evaluate (required)", shown="PATH", required=True)
+    json: bool = flag(False, "print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line")
+    output_dir: str | None = flag(None, "folder for the confusion matrix files (default: the checkpoint's folder)")
+    raw_weights: bool = flag(False, RAW_WEIGHTS_HELP)
+
+
+@dataclass(frozen=True)
+class PredictFlags:
+    """predict's flags."""
+
+    checkpoint: str | None = flag(None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is "
+                                  "rebuilt), or an ONNX file of export (int8 too), run by ONNX Runtime on the CPU",
+                                  shown="FILE", required=True)
+    top_k: int | None = flag(None, "classes shown per image (default: 3, or all of a model's classes when it has "
+                             "fewer)", shown="N")
+    json: bool = flag(False, "one JSON object per line: path and top-k classes with probabilities")
+    batch_size: int = flag(256, "images per forward pass")
+    tta: int | None = flag(None, "test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)")
+    device: str | None = flag(None, "cpu, cuda, cuda:1, ... (default: cuda when there is a GPU)")
+    raw_weights: bool = flag(False, RAW_WEIGHTS_HELP)
+
+
+@dataclass(frozen=True)
+class PrepareDataFlags:
+    """prepare-data's flags."""
+
+    dataset: str = flag("cifar10", "cifar10, cifar100 or folder")
+    data_path: str = flag("cifar10", "folder that gets cifar-10-batches-py (or cifar-100-python), or the image folder")
+    synthetic: int | None = flag(None, "write N synthetic training images instead of downloading CIFAR-10")
+    synthetic_test: int | None = flag(None, "synthetic test images (default: N // 5)")
+    seed: int = flag(0, "seed of the synthetic images")
+    image_size: int = flag(32, "folder: the size images are trained at (stored at image_size / crop_fraction)")
+    crop_fraction: float = flag(1.0, "folder: as the runs that will read the cache give it (e.g. 0.875)")
+    skip_bad_images: bool = flag(False, "folder: leave out unreadable files (else refused, naming them)")
+    drop_test_duplicates: bool = flag(False, "folder: remove test/val images that are copies of training images")
+    cache_dir: str | None = flag(None, "folder: where the cache goes (default DIR/.cifar10_dist_cache)")
+
+
+@dataclass(frozen=True)
+class TuneFlags:
+    """tune's own flags (its others are config keys; ``tuning.studies.TuneOptions`` takes its defaults here)."""
+
+    space: str | None = flag(None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per "
+                             "config key", shown="FILE", required=True)
+    study: str | None = flag(None, "study name (also the folder under output_path)", shown="NAME", required=True)
+    trials: int = flag(10, "trials this process runs (workers sharing a study add theirs up)")
+    storage: str | None = flag(None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL "
+                               "such as postgresql://user:password@host/db (default: sqlite in "
+                               "output_path/NAME/study.db)")
+    sampler: str = flag("tpe", "tpe, random, or grid (every key categorical or an int range)")
+    sampler_seed: int | None = flag(None, "seed of the sampler (give each worker its own)")
+    pruner: str = flag("median", "median, hyperband or none; asked after every validation (validate_every)")
+    pruner_startup_trials: int = flag(5, "median pruner: trials that run to the end before any is pruned")
+    pruner_warmup_epochs: int = flag(0, "median pruner: epochs of each trial that are never pruned")
+    final_test: bool = flag(True, "after the last trial, the best trial's best model on the test set, once")
+    heartbeat: int = flag(60, "seconds between liveness beats of a running trial (database storages): a trial silent "
+                          "for 2 beats is failed and run again from its newest checkpoint by a worker")
+    report_only: bool = flag(False, "only print the table and write best_config.yaml and the plots of the study")
+
+
+BATCH_SIZE, REPORT, DOCTOR, CONFIG = (flags_of(BatchSizeFlags), flags_of(ReportFlags), flags_of(DoctorFlags),
+                                      flags_of(ConfigFlags))
+EVALUATE, PREDICT, PREPARE_DATA, TUNE = (flags_of(EvaluateFlags), flags_of(PredictFlags),
+                                         flags_of(PrepareDataFlags), flags_of(TuneFlags))
 
 
 def others(given: Mapping[str, Any], *declared: Iterable[Flag]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cifar10_dist.config.commands import Flag, flag
+from cifar10_dist.config.commands import flag, flags_of
 from cifar10_dist.errors import UserError
 
 SUGGESTION_RULES = {
@@ -14,7 +14,16 @@ SUGGESTION_RULES = {
     "minimum": "a tenth of where the smoothed loss is lowest",
 }
 MAX_ITERATIONS = 1000
-OUTPUT_DIR = Flag("output_dir", None, "where lr_find.png and .json go (default: a new output_path/lr_find-<time>)")
+
+
+@dataclass(frozen=True)
+class LrFindOutput:
+    """Where lr-find writes (its flag beside the sweep's)."""
+
+    output_dir: str | None = flag(None, "where lr_find.png and .json go (default: a new output_path/lr_find-<time>)")
+
+
+(OUTPUT_DIR,) = flags_of(LrFindOutput)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cifar10_dist.config.commands import Flag, flag
+from cifar10_dist.config.commands import flag, flags_of
 from cifar10_dist.errors import UserError
 from cifar10_dist.serve.formats import FORMATS, NAMES
 
@@ -16,14 +16,20 @@ MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal th
 CHOICE_IMAGES = 1000  # other training images, held out from the calibration, that choose how to calibrate
 METHODS = ("minmax", "percentile", "entropy")  # ORT's calibration methods (Percentile: its 99.999th)
 
-EXPORT_FLAGS = (  # export's flags (config.commands), with those of Quantization
-    Flag("checkpoint", None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE", required=True),
-    Flag("format", None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown=NAMES,
-         required=True),
-    Flag("output", None, "file to write (default: next to the checkpoint, "
-                         f"{'/'.join(f.suffix for f in FORMATS.values())})"),
-    Flag("raw_weights", False, "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"),
-)
+@dataclass(frozen=True)
+class ExportFlags:
+    """export's flags for the file (``Quantization``'s for int8)."""
+
+    checkpoint: str | None = flag(None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE", required=True)
+    format: str | None = flag(None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()),
+                              shown=NAMES, required=True)
+    output: str | None = flag(None, "file to write (default: next to the checkpoint, "
+                              f"{'/'.join(f.suffix for f in FORMATS.values())})")
+    raw_weights: bool = flag(False, "a run with ema_decay: use the trained weights, not the EMA (training "
+                             "checkpoints)")
+
+
+EXPORT_FLAGS = flags_of(ExportFlags)
 
 
 @dataclass(frozen=True)
