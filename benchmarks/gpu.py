@@ -4,7 +4,7 @@ engine and our handlers cost per setting; in one invocation on one device. Write
 every run, so a command cut short still returns what it measured. Last run: docs/gpu-report.md.
 
     python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--seeds=3] [--parts=race,levers,resnet,profile,
-        compile,throughput] [--quick] [--skip_peer] [--json=PATH]
+        compile,throughput] [--recipes=fast,fast_muon] [--quick] [--skip_peer] [--json=PATH]
 
   race: configs/fast.yaml (validated every epoch, training seconds only, as airbench counts: both warm up outside
      their timers; airbench's own time also holds its whitening init) next to airbench94's train94
@@ -99,12 +99,14 @@ def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float
     return ends[0], statistics.median(steady) if steady else None
 
 
-def ours(data_path: str, device: torch.device, quick: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """fast.yaml with ``overrides``, validated every epoch (without TTA; the final test with it), in a fresh
-    process; a failed run is recorded as its error's last lines, not raised."""
+def ours(data_path: str, device: torch.device, quick: dict[str, Any], recipe: str = "fast", **overrides: Any
+         ) -> dict[str, Any]:
+    """A shipped recipe (fast.yaml unless named) with ``overrides``, validated every epoch (without TTA; the
+    final test with it), in a fresh process; a failed run is recorded as its error's last lines, not raised."""
     with tempfile.TemporaryDirectory() as output:
         try:
-            run = runner.train_ours(Path(output), FAST, device.type, environment={"TORCH_LOGS": "recompiles"},
+            run = runner.train_ours(Path(output), records.REPO / "configs" / f"{recipe}.yaml", device.type,
+                                    environment={"TORCH_LOGS": "recompiles"},
                                     **{"data_path": data_path, "validate_every": 1, **quick, **overrides})
         except SystemExit as failure:
             return {"failed": str(failure).strip()[-1500:]}
@@ -143,36 +145,43 @@ def peer(data_path: str, device: torch.device, seed: int, skip: bool = False) ->
 
 
 def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record,
-         skip_peer: bool = False) -> None:
-    """Seed by seed: the peer, then ours (fast.yaml as shipped)."""
+         skip_peer: bool = False, recipes: tuple[str, ...] = ("fast",)) -> None:
+    """Seed by seed: the peer, then each of our ``recipes`` as shipped ("ours" is fast.yaml, "ours:NAME" the
+    others)."""
     for seed in range(seeds):
         out.add("peer", str(seed), peer(data_path, device, seed, skip_peer))
-        out.add("ours", str(seed), ours(data_path, device, quick, seed=seed))
+        for recipe in recipes:
+            out.add(side_of(recipe), str(seed), ours(data_path, device, quick, recipe, seed=seed))
         print_race(out)
     out.put("race_summary", summarise(out.data))
     out.say(f"race: {json.dumps(out.data['race_summary'])}")
 
 
+def side_of(recipe: str) -> str:
+    """The JSON key of a recipe's runs: "ours" for fast.yaml (as earlier records have it), "ours:NAME" else."""
+    return "ours" if recipe == "fast" else f"ours:{recipe}"
+
+
 def summarise(data: dict[str, Any]) -> dict[str, Any]:
-    """Means over the seeds that ran, and ours over the peer's training seconds and steady epoch."""
+    """Means over the seeds that ran, and each of ours over the peer's training seconds and steady epoch."""
     summary = {}
-    for side in ("ours", "peer"):
+    for side in ["peer", *(key for key in data if key == "ours" or key.startswith("ours:"))]:
         done = [row for row in data.get(side, {}).values() if isinstance(row, dict) and "accuracy" in row]
         if done:
             summary[side] = {key: statistics.mean(row[key] for row in done) for key in
                              ("accuracy", "training_seconds", "first_epoch_seconds", "steady_epoch_seconds")
                              if all(row.get(key) is not None for row in done)}
             summary[side]["seeds"] = len(done)
-    if "ours" in summary and "peer" in summary:
+    for side in [key for key in summary if key.startswith("ours")]:
         for key in ("training_seconds", "steady_epoch_seconds"):
-            if key in summary["ours"] and key in summary["peer"]:
-                summary[f"{key}_ours_over_peer"] = summary["ours"][key] / summary["peer"][key]
+            if "peer" in summary and key in summary[side] and key in summary["peer"]:
+                summary[f"{key}_{side.replace(':', '_')}_over_peer"] = summary[side][key] / summary["peer"][key]
     return summary
 
 
 def print_race(out: Record) -> None:
     out.say(f"{'run':<34}{'accuracy':>10}{'train s':>9}{'epoch 1 s':>11}{'steady s':>10}{'wall s':>8}")
-    for side in ("peer", "ours"):
+    for side in ["peer", *(key for key in out.data if key == "ours" or key.startswith("ours:"))]:
         seeds = out.data.get(side, {})
         if seeds:
             seed, row = list(seeds.items())[-1]
@@ -322,6 +331,7 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"which, in order: {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the script)")
     parser.add_argument("--skip_peer", action="store_true", help="the race without airbench94")
+    parser.add_argument("--recipes", default="fast", help="our shipped configs in the race, e.g. fast,fast_muon")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
@@ -339,7 +349,8 @@ def main() -> None:
     for part in parts:
         started = time.perf_counter()
         if part == "race":
-            race(args.data_path, device, args.seeds, quick, out, args.skip_peer)
+            race(args.data_path, device, args.seeds, quick, out, args.skip_peer,
+                 tuple(name.strip() for name in args.recipes.split(",") if name.strip()))
         elif part == "levers":
             levers(args.data_path, device, quick, out)
         elif part == "resnet":

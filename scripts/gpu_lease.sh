@@ -2,7 +2,7 @@
 # One prepared command per GPU lease call, on a machine without network (docs/gpu-report.md says what each found):
 #   bash scripts/gpu_lease.sh checks OUT [--device=cpu]   the device path's checks (tests/gpu/test_device_path.py:
 #                                                         host waits, warm-up, crops, 2 processes over gloo)
-#   bash scripts/gpu_lease.sh bench OUT [--device=cpu] [--quick] [--seeds=N] [--parts=...]
+#   bash scripts/gpu_lease.sh bench OUT [--device=cpu] [--quick] [--seeds=N] [--parts=...] [--recipes=...]
 #                                                         benchmarks.gpu: ours and airbench94 over seeds, the
 #                                                         levers, ResNet-18 against its bare step, a profile
 # It installs the wheels in .lease/ (pytorch-ignite, fire, termcolor, airbench) into a folder of its own when the
@@ -24,7 +24,7 @@ flags=()
 for arg in "$@"; do
   case "$arg" in
     --device=cpu) device=cpu ;;
-    --quick | --seeds=* | --parts=*) flags+=("$arg") ;;
+    --quick | --seeds=* | --parts=* | --recipes=*) flags+=("$arg") ;;
     *) echo "gpu_lease.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done

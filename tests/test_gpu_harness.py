@@ -101,7 +101,11 @@ def test_the_benchmark_reads_the_peers_table_and_sums_up_seeds_epochs_and_the_gp
                            "steady_epoch_seconds": 0.35},
                      "2": {"failed": "our benchmark run failed (exit 1)"}},
             "peer": {"0": {**peer, "first_epoch_seconds": 0.379, "steady_epoch_seconds": 1.631}, "1": "skipped"}}
+    runs["ours:fast_muon"] = {"0": {"accuracy": 0.94, "training_seconds": 1.8, "first_epoch_seconds": 0.2,
+                                    "steady_epoch_seconds": 0.2}}
     summary = bench.summarise(runs)
+    assert summary["ours:fast_muon"]["seeds"] == 1
+    assert summary["training_seconds_ours_fast_muon_over_peer"] == pytest.approx(1.8 / 3.6411)
     assert summary["ours"]["seeds"] == 2 and summary["ours"]["accuracy"] == pytest.approx(0.93)
     assert summary["training_seconds_ours_over_peer"] == pytest.approx(3.5 / 3.6411)
     assert summary["steady_epoch_seconds_ours_over_peer"] == pytest.approx(0.3 / 1.631)
