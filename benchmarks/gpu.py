@@ -262,12 +262,10 @@ def timed_steps(step: Callable[[], torch.Tensor], count: int, warmup: int, devic
     """Seconds of ``count`` steps after ``warmup``, the device waited for at both ends, losses read after."""
     for _ in range(warmup):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    steps.synchronize(device)
     start = time.perf_counter()
     losses = [step() for _ in range(count)]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    steps.synchronize(device)
     seconds = time.perf_counter() - start
     assert all(torch.isfinite(torch.stack(losses)).tolist())
     return seconds

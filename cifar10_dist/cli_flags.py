@@ -35,6 +35,9 @@ def check_keys(command: str, given: dict[str, Any], *declared: Any) -> None:
     commands.refuse_unknown_keys(command, given, *declared, elsewhere=command_flags())
 
 
+KEY_COMMANDS = ("run", "lr-find", "batch-size", "evaluate", "tune", "config")  # those that also take config keys
+
+
 TRUE_WORDS = {"true", "yes", "1"}
 BOOLEAN_WORDS = TRUE_WORDS | {"false", "no", "0"}
 
@@ -61,9 +64,6 @@ def switches_alone(argv: list[str]) -> list[str]:
         else:
             fixed += [f"{arg}=True", following]
     return fixed
-
-
-KEY_COMMANDS = ("run", "lr-find", "batch-size", "evaluate", "tune", "config")  # those that also take config keys
 
 
 EXIT_CLOSED_PIPE = 141  # what a shell reads for a process ended by SIGPIPE (128 + 13), as git's or ls's

@@ -219,22 +219,7 @@ def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterat
     sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, info.image_size)
     if sizes.active:
         logger.info("progressive resizing: %s; evaluation at full size", sizes.describe(config.num_epochs))
-    crops = train_crops(config, info)
-    cropped_in_workers = crops is not None and cropped_in_loader
-    say_where_crops_are_cut(crops, cropped_in_workers, device)
-
-    def crop(images: torch.Tensor, generator: torch.Generator, epoch: int) -> torch.Tensor:
-        """Random-resized crops and flips (cut here, or only drawn when the loader's workers cut them), a padded
-        crop and flip, or the evaluation view first when the images are stored larger."""
-        if crops is not None:
-            if cropped_in_workers:
-                crops.draws(len(images), epoch, generator)
-                return images
-            return crops.apply(images, epoch, generator)
-        if images.shape[-1] != info.image_size:
-            images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
-        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode,
-                                    epoch_flip(config.flip, epoch))
+    crop = batch_cropper(config, info, device, cropped_in_loader)
 
     def prepare(batch: Batch, iteration: int) -> Batch:
         images, labels = batch
@@ -258,6 +243,32 @@ def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterat
         return inputs.contiguous(memory_format=layout), labels
 
     return prepare
+
+
+Crop = Callable[[torch.Tensor, torch.Generator, int], torch.Tensor]  # (uint8 images, generator, epoch) -> images
+
+
+def batch_cropper(config: TrainAugmentation, info: DatasetInfo, device: torch.device, cropped_in_loader: bool
+                  ) -> Crop:
+    """How a training batch is cut: random-resized crops and flips (cut here, or only drawn when the loader's
+    workers cut them), a padded crop and flip, or the evaluation view first when the images are stored larger;
+    says in the log who cuts random-resized crops."""
+    crops = train_crops(config, info)
+    cropped_in_workers = crops is not None and cropped_in_loader
+    say_where_crops_are_cut(crops, cropped_in_workers, device)
+
+    def crop(images: torch.Tensor, generator: torch.Generator, epoch: int) -> torch.Tensor:
+        if crops is not None:
+            if cropped_in_workers:
+                crops.draws(len(images), epoch, generator)
+                return images
+            return crops.apply(images, epoch, generator)
+        if images.shape[-1] != info.image_size:
+            images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
+        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode,
+                                    epoch_flip(config.flip, epoch))
+
+    return crop
 
 
 def eval_batch_preparer(device: torch.device, channels_last: bool, info: DatasetInfo) -> PrepareBatch:

@@ -61,14 +61,14 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
         return folder, meta, found, "reused"
     shared = cache_dir(root, image_size, key)
     copying = under is not None and shared != folder and whole_meta(shared) is not None
-    needed = folder_bytes(shared) if copying else cache_bytes(found, image_size)
     try:
         if copying:
-            meta, how = copy_or_reuse(shared, folder, needed)
+            meta, how = copy_or_reuse(shared, folder, folder_bytes(shared))
             return folder, meta, found, how
         meta, how = build_or_reuse(found, image_size, folder, key, workers)
     except (OSError, shutil.Error) as error:
         if out_of_space(error):
+            needed = folder_bytes(shared) if copying else cache_bytes(found, image_size)
             raise no_room(needed, folder.parent) from error
         raise UserError(f"cannot write the image cache in {folder.parent} ({_reason(error)}): make it writable or "
                         "give cache_dir=<a writable folder>") from error
