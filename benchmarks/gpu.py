@@ -4,7 +4,7 @@ engine and our handlers cost per setting; in one invocation on one device. Write
 every run, so a command cut short still returns what it measured. Last run: docs/gpu-report.md.
 
     python -m benchmarks.gpu --data_path=DIR [--device=cuda] [--seeds=3] [--parts=race,levers,resnet,profile,
-        compile,throughput] [--recipes=fast,fast_muon] [--quick] [--skip_peer] [--json=PATH]
+        compile,throughput,accuracy] [--recipes=fast,fast_muon] [--quick] [--skip_peer] [--json=PATH]
 
   race: configs/fast.yaml (validated every epoch, training seconds only, as airbench counts: both warm up outside
      their timers; airbench's own time also holds its whitening init) next to airbench94's train94
@@ -13,13 +13,15 @@ every run, so a command cut short still returns what it measured. Last run: docs
      and the opt-in ones added to the default: no mid-run checkpoint or loss read (quiet), half_weights;
   resnet: the default config (ResNet-18) for 3 epochs: the median images/s of epochs 2+, against the matched bare
      step (same model, batch, layout, precision, optimizer, clipping) on device-resident tensors, the loss never
-     read inside the timed steps;
+     read inside the timed steps; then with its checkpoints written inline, and with none mid-run (quiet);
   profile: fast.yaml with --profile=20: the top operators, and the GPU-busy share of the traced iterations (the
      union of kernel times over the traced wall time);
   compile: fast.yaml + compile, and + compile in reduce-overhead mode (CUDA graphs), recompilations counted from
      torch's log (those the whitening bias's freeze caused apart);
   throughput: a bare loop and our trainer with its handlers on one batch, per model and setting (bf16 included),
      the bare loop reading its losses once, after the timed steps.
+  accuracy: fast.yaml over the seeds with the warm-up off, and in fp16 (airbench's precision) instead of bf16:
+     where the accuracy below the peer's comes from (it is level on the CPU).
 --device=cpu skips the peer, saying so (it rehearses the rest).
 """
 
@@ -40,7 +42,7 @@ from benchmarks import peer as peer_code
 from benchmarks import records, runner, steps
 
 FAST = records.REPO / "configs" / "fast.yaml"
-PARTS = ("race", "levers", "resnet", "profile", "compile", "throughput")
+PARTS = ("race", "levers", "resnet", "profile", "compile", "throughput", "accuracy")
 MODELS = {"resnet18": 512, "airbench": 1024}
 SETTINGS = {
     "fp32": {},
@@ -101,8 +103,9 @@ def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float
 
 def ours(data_path: str, device: torch.device, quick: dict[str, Any], recipe: str = "fast", **overrides: Any
          ) -> dict[str, Any]:
-    """A shipped recipe (fast.yaml unless named) with ``overrides``, validated every epoch (without TTA; the
-    final test with it), in a fresh process; a failed run is recorded as its error's last lines, not raised."""
+    """A shipped recipe (fast.yaml unless named) with ``overrides``, validated every epoch (with the recipe's TTA,
+    as its final test: the curve's points sit above the peer's, which it evaluates without), in a fresh process; a
+    failed run is recorded as its error's last lines, not raised."""
     with tempfile.TemporaryDirectory() as output:
         try:
             run = runner.train_ours(Path(output), records.REPO / "configs" / f"{recipe}.yaml", device.type,
@@ -199,6 +202,22 @@ def _s(value: float | None, decimals: int) -> str:
     return "-" if value is None else f"{value:.{decimals}f}"
 
 
+ACCURACY: dict[str, dict[str, Any]] = {  # fast.yaml + these, over the race's seeds: the accuracy gap's suspects
+    "warm-up off": {"warm_up_steps": 0},
+    "fp16 autocast (airbench's precision)": {"with_amp": True, "amp_dtype": "float16"},
+}
+
+
+def accuracy(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record) -> None:
+    """fast.yaml with each of ACCURACY's changes, seed by seed: whether the accuracy below the peer's (GPU only;
+    level on the CPU) moves with the GPU's warm-up or with bf16 against airbench's fp16."""
+    for name, overrides in ACCURACY.items():
+        for seed in range(seeds):
+            row = ours(data_path, device, quick, seed=seed, **overrides)
+            out.add("accuracy", f"{name}, seed {seed}", row)
+            out.say(f"{name + ', seed ' + str(seed):<50}" + _cells(row))
+
+
 def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Record,
            chosen: dict[str, dict[str, Any]] = LEVERS) -> None:
     """fast.yaml seed 0 with each lever set (LEVERS, or the COMPILED ones), in order; each row as it ends, with
@@ -210,23 +229,47 @@ def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Rec
         out.say(f"{'lever: ' + name:<50}" + _cells(row) + recompiled)
 
 
+RESNET_VARIANTS: dict[str, dict[str, Any]] = {  # the default config + these, after the default itself
+    "checkpoints inline": {"checkpoint_in_background": False},
+    "quiet": QUIET,
+}
+
+
 def resnet(data_path: str, device: torch.device, quick: dict[str, Any], out: Record) -> None:
-    """The default config for 3 epochs (as a user runs it) and the matched bare step."""
+    """The default config for 3 epochs (as a user runs it) and the matched bare step; then the default with its
+    checkpoints written inline (the lever they were moved off the loop's path for), and with no mid-run
+    checkpoint or loss read (what the rest of the gap is)."""
     epochs = {"num_epochs": 3, **({k: v for k, v in quick.items() if k in ("epoch_length", "num_warmup_epochs")})}
-    with tempfile.TemporaryDirectory() as output:
-        try:
-            run = runner.train_ours(Path(output), None, device.type, data_path=data_path, **epochs)
-        except SystemExit as failure:
-            out.put("resnet", {"failed": str(failure).strip()[-1500:]})
-            return
-    speeds = [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
+    speeds = resnet_speeds(data_path, device, epochs)
+    if isinstance(speeds, str):
+        out.put("resnet", {"failed": speeds})
+        return
     steady = statistics.median(speeds[1:]) if len(speeds) > 1 else speeds[0]
     bare = matched_bare_step(device, batch=512 if not quick else 32, steps=40 if not quick else 3)
     out.put("resnet", {"epoch_images_per_second": speeds, "steady_images_per_second": steady,
                        "bare_images_per_second": bare["images_per_second"], "bare": bare,
-                       "ours_over_bare": steady / bare["images_per_second"]})
+                       "ours_over_bare": steady / bare["images_per_second"], "variants": {}})
     out.say(f"ResNet-18 default config: steady epoch {steady:.0f} img/s, matched bare step "
             f"{bare['images_per_second']:.0f} img/s ({steady / bare['images_per_second']:.3f})")
+    for name, overrides in RESNET_VARIANTS.items():
+        speeds = resnet_speeds(data_path, device, {**epochs, **overrides})
+        row = {"failed": speeds} if isinstance(speeds, str) else {
+            "epoch_images_per_second": speeds, "steady_images_per_second": statistics.median(speeds[1:] or speeds),
+            "over_bare": statistics.median(speeds[1:] or speeds) / bare["images_per_second"]}
+        out.data["resnet"]["variants"][name] = row
+        out.put("resnet", out.data["resnet"])
+        out.say(f"ResNet-18 default config, {name}: " + (row["failed"][-200:] if "failed" in row else
+                f"steady epoch {row['steady_images_per_second']:.0f} img/s ({row['over_bare']:.3f} of bare)"))
+
+
+def resnet_speeds(data_path: str, device: torch.device, overrides: dict[str, Any]) -> list[float] | str:
+    """Images per second of each epoch of the default config with ``overrides``, or why the run failed."""
+    with tempfile.TemporaryDirectory() as output:
+        try:
+            run = runner.train_ours(Path(output), None, device.type, data_path=data_path, **overrides)
+        except SystemExit as failure:
+            return str(failure).strip()[-1500:]
+    return [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
 
 
 def matched_bare_step(device: torch.device, batch: int, steps: int, warmup: int = 5) -> dict[str, Any]:
@@ -357,6 +400,8 @@ def main() -> None:
             profile(args.data_path, device, quick, out)
         elif part == "compile":
             levers(args.data_path, device, quick, out, COMPILED)
+        elif part == "accuracy":
+            accuracy(args.data_path, device, args.seeds, quick, out)
         else:
             count, warmup, scale = (2, 1, 1 / 16) if args.quick else (25, 5, 1.0)
             throughput(device, count, warmup, scale, out)

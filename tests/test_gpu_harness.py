@@ -123,7 +123,7 @@ def test_the_benchmark_refuses_an_unknown_part_in_one_line():
                              "--parts=race,speed"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and result.stderr.strip() == ("--parts: unknown speed: choose from race, levers, "
-                                                                "resnet, profile, compile, throughput")
+                                                                "resnet, profile, compile, throughput, accuracy")
 
 
 def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invocation(tmp_path):

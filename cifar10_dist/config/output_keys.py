@@ -33,6 +33,10 @@ class OutputKeys:
         tunable=False)
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
                                    bounds=AT_LEAST_1)
+    checkpoint_in_background: bool = option(True, "write training checkpoints on a thread of their own: training "
+                                            "waits for a copy of the state in host memory, not for the disk (a "
+                                            "tracker that uploads checkpoints, ClearML, writes inline)",
+                                            tunable=False)
     log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1)
     output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False)
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)",

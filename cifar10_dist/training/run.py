@@ -256,12 +256,14 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
         engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
         optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema)
     best_model = engine_set.ema.model if engine_set.ema is not None else network.model
-    save_training_checkpoint = stopping.finite_weights_only(
-        checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver),
-        network.model)
-    stopping.attach_stop_checks(engine_set.trainer, stop_request, save_training_checkpoint, run_dir,
-                              step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
-    checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every)
+    checkpoint = checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver,
+                                                          config.checkpoint_in_background)
+    save_training_checkpoint = stopping.finite_weights_only(checkpoint, network.model)
+    stopping.attach_stop_checks(engine_set.trainer, stop_request,
+                                checkpointing.saved_and_written(save_training_checkpoint, checkpoint), run_dir,
+                                step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
+    checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every,
+                                              checkpoint)
     best_contents = checkpoint_layout.best_model_contents(best_model, meta, engine_set.trainer)
     checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer, best_contents,
                                                 run_dir, data_setup.split, saver, config.best_metric)

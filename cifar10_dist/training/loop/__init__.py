@@ -6,6 +6,7 @@
 - ``freezing``: freezing a backbone, or the whitening bias, for some epochs;
 - ``selection``: training on the hardest part of each batch (data selection);
 - ``checkpointing``: checkpoints written, pruned and resumed, and the checks before a resume;
+- ``background_writes``: training checkpoints copied to host memory and written on a thread of their own;
 - ``trials``: a tuning trial's in-run reporting and pruning;
 - ``warm_up``: steps before the timed training, undone;
 - ``run_end``: the end of a run (memory, mistakes, reliability, metrics.json, summary.json, curves)."""

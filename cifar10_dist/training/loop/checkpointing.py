@@ -23,16 +23,16 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import cifar, run_data
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
-from cifar10_dist.outputs import files, tracking
+from cifar10_dist.outputs import files, provenance, tracking
 from cifar10_dist.outputs.checkpoint_files import (
     BEST_PATTERN,
     TRAINING_PATTERN,
     existing_checkpoints,
     load_checkpoint,
 )
-from cifar10_dist.outputs import provenance
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
+from cifar10_dist.training.loop.background_writes import BackgroundWrites
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +72,22 @@ def _saver(run_dir: Path, saver: BaseSaveHandler | None) -> KeepUntilSaved:
     return KeepUntilSaved(saver or DiskSaver(run_dir, require_empty=False, atomic=True), run_dir)
 
 
-def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None) -> Checkpoint:
+def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None,
+                               in_background: bool = False) -> Checkpoint:
     """A handler saving ``to_save`` as training_checkpoint_<iteration>.pt, keeping the newest 2 in run_dir.
 
     Checkpoints already in run_dir (from before a resume) count towards the 2 and get pruned too.
     ``saver`` (default: an atomic DiskSaver on run_dir) may be a ClearMLSaver on the same folder.
+    ``in_background`` (``checkpoint_in_background``): plain files are written by ``BackgroundWrites``; a
+    tracker's saver (ClearML's hooks on torch.save are process-wide) and XLA's (every process saves together)
+    write inline.
     """
+    writes = _saver(run_dir, saver)
+    if in_background and saver is None and not idist.has_xla_support:
+        writes = BackgroundWrites(writes)
     handler = Checkpoint(
         to_save,
-        _saver(run_dir, saver),
+        writes,
         filename_prefix=TRAINING_PREFIX,
         n_saved=2,
         global_step_transform=lambda engine, _: engine.state.iteration,
@@ -89,9 +96,36 @@ def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver:
     return handler
 
 
-def attach_training_checkpoints(trainer: Engine, handler: Callable[[Engine], None], every_iterations: int) -> None:
-    """Save every N iterations and when training completes."""
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, handler)
+def written(handler: Checkpoint) -> None:
+    """Until the training checkpoints that ``handler`` saved are on disk (at once when written inline)."""
+    if isinstance(handler.save_handler, BackgroundWrites):
+        handler.save_handler.wait()
+
+
+def saved_and_written(save: Callable[[Engine], None], handler: Checkpoint) -> Callable[[Engine], None]:
+    """``save`` (``handler``, or a wrapper of it), returning once the file is on disk: for a stop's checkpoint."""
+
+    def save_and_wait(engine: Engine) -> None:
+        save(engine)
+        written(handler)
+
+    return save_and_wait
+
+
+def attach_training_checkpoints(trainer: Engine, save: Callable[[Engine], None], every_iterations: int,
+                                handler: Checkpoint | None = None) -> None:
+    """Save every N iterations and when training completes. With ``handler`` (what ``save`` saves through)
+    writing in the background: a failed write is raised at the next iteration, an epoch's end waits for the write
+    in flight (its evaluation may write a best-model file: the two never write into the folder at once), and
+    training completes only once its last checkpoint is on disk."""
+    writes = handler.save_handler if handler is not None else None
+    if not isinstance(writes, BackgroundWrites):
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, save)
+        return
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: writes.raise_if_failed())  # a save's: next one
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations), save)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: writes.wait())
+    trainer.add_event_handler(Events.COMPLETED, saved_and_written(save, handler))
 
 
 def attach_best_model_checkpoints(
