@@ -17,6 +17,7 @@ Speed of training
     throughput       images per second: bare loop, our trainer, full epochs, a torchvision pipeline, evaluation
     overhead         microseconds per iteration our trainer adds to a bare loop, handler by handler
     ddp              what DistributedDataParallel itself costs over gloo
+    checkpoint_writes what a training checkpoint holds the loop, written inline against in the background
     layouts          channels_last against the default layout, per model and precision
     gpu              bare loop vs trainer per speed setting, real epochs, fast.yaml vs airbench94 on a GPU
     gpu_report       gpu_report.md/json from what scripts/gpu_check.sh left in its folder

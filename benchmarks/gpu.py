@@ -20,8 +20,8 @@ every run, so a command cut short still returns what it measured. Last run: docs
      torch's log (those the whitening bias's freeze caused apart);
   throughput: a bare loop and our trainer with its handlers on one batch, per model and setting (bf16 included),
      the bare loop reading its losses once, after the timed steps.
-  accuracy: fast.yaml over the seeds with the warm-up off, and in fp16 (airbench's precision) instead of bf16:
-     where the accuracy below the peer's comes from (it is level on the CPU).
+  accuracy: fast.yaml over the seeds with the warm-up off, in fp16 (airbench's precision) and in fp32 instead of
+     bf16: where the accuracy below the peer's, and its spread over seeds, come from (fp16 skipped on a CPU).
 --device=cpu skips the peer, saying so (it rehearses the rest).
 """
 
@@ -205,12 +205,13 @@ def _s(value: float | None, decimals: int) -> str:
 ACCURACY: dict[str, dict[str, Any]] = {  # fast.yaml + these, over the race's seeds: the accuracy gap's suspects
     "warm-up off": {"warm_up_steps": 0},
     "fp16 autocast (airbench's precision)": {"with_amp": True, "amp_dtype": "float16"},
+    "fp32 (TF32 convolutions)": {"with_amp": False},
 }
 
 
 def accuracy(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record) -> None:
-    """fast.yaml with each of ACCURACY's changes, seed by seed: whether the accuracy below the peer's (GPU only;
-    level on the CPU) moves with the GPU's warm-up or with bf16 against airbench's fp16."""
+    """fast.yaml with each of ACCURACY's changes, seed by seed: whether the accuracy below the peer's and its
+    spread over seeds (GPU only) move with the GPU's warm-up or with bf16's precision."""
     for name, overrides in ACCURACY.items():
         if device.type != "cuda" and overrides.get("amp_dtype") == "float16":
             out.add("accuracy", name, "skipped: fp16 autocast on a CPU is emulated (a rehearsal would take hours)")
