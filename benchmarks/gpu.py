@@ -249,22 +249,27 @@ def resnet(data_path: str, device: torch.device, quick: dict[str, Any], out: Rec
     if isinstance(speeds, str):
         out.put("resnet", {"failed": speeds})
         return
-    steady = statistics.median(speeds[1:]) if len(speeds) > 1 else speeds[0]
     bare = matched_bare_step(device, batch=512 if not quick else 32, steps=40 if not quick else 3)
-    out.put("resnet", {"epoch_images_per_second": speeds, "steady_images_per_second": steady,
-                       "bare_images_per_second": bare["images_per_second"], "bare": bare,
-                       "ours_over_bare": steady / bare["images_per_second"], "variants": {}})
-    out.say(f"ResNet-18 default config: steady epoch {steady:.0f} img/s, matched bare step "
-            f"{bare['images_per_second']:.0f} img/s ({steady / bare['images_per_second']:.3f})")
+    record = {"epoch_images_per_second": speeds, "steady_images_per_second": steady_of(speeds),
+              "bare_images_per_second": bare["images_per_second"], "bare": bare,
+              "ours_over_bare": steady_of(speeds) / bare["images_per_second"], "variants": {}}
+    out.put("resnet", record)
+    out.say(f"ResNet-18 default config: steady epoch {record['steady_images_per_second']:.0f} img/s, matched bare "
+            f"step {bare['images_per_second']:.0f} img/s ({record['ours_over_bare']:.3f})")
     for name, overrides in RESNET_VARIANTS.items():
         speeds = resnet_speeds(data_path, device, {**epochs, **overrides})
         row = {"failed": speeds} if isinstance(speeds, str) else {
-            "epoch_images_per_second": speeds, "steady_images_per_second": statistics.median(speeds[1:] or speeds),
-            "over_bare": statistics.median(speeds[1:] or speeds) / bare["images_per_second"]}
-        out.data["resnet"]["variants"][name] = row
-        out.put("resnet", out.data["resnet"])
+            "epoch_images_per_second": speeds, "steady_images_per_second": steady_of(speeds),
+            "over_bare": steady_of(speeds) / bare["images_per_second"]}
+        record["variants"][name] = row
+        out.put("resnet", record)
         out.say(f"ResNet-18 default config, {name}: " + (row["failed"][-200:] if "failed" in row else
                 f"steady epoch {row['steady_images_per_second']:.0f} img/s ({row['over_bare']:.3f} of bare)"))
+
+
+def steady_of(speeds: list[float]) -> float:
+    """The median images/s of epochs 2+ (epoch 1's alone when it is the only one)."""
+    return statistics.median(speeds[1:] or speeds)
 
 
 def resnet_speeds(data_path: str, device: torch.device, overrides: dict[str, Any]) -> list[float] | str:

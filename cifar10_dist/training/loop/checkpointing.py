@@ -113,18 +113,16 @@ def saved_and_written(save: Callable[[Engine], None], handler: Checkpoint) -> Ca
 
 
 def attach_training_checkpoints(trainer: Engine, save: Callable[[Engine], None], every_iterations: int,
-                                handler: Checkpoint | None = None) -> None:
-    """Save every N iterations and when training completes. With ``handler`` (what ``save`` saves through)
-    writing in the background: a failed write is raised at the next iteration, an epoch's end waits for the write
-    in flight (its evaluation may write a best-model file: the two never write into the folder at once), and
-    training completes only once its last checkpoint is on disk."""
-    writes = handler.save_handler if handler is not None else None
-    if not isinstance(writes, BackgroundWrites):
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations) | Events.COMPLETED, save)
-        return
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: writes.raise_if_failed())  # a save's: next one
+                                handler: Checkpoint) -> None:
+    """Save every N iterations and when training completes (``save``: ``handler``, or a wrapper of it), the last
+    one on disk before training completes. Written in the background: a failed write is raised at the next
+    iteration, and an epoch's end waits for the write in flight (its evaluation may write a best-model file: the
+    two never write into the folder at once)."""
+    writes = handler.save_handler
+    if isinstance(writes, BackgroundWrites):
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: writes.raise_if_failed())  # before a save
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: writes.wait())
     trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every_iterations), save)
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: writes.wait())
     trainer.add_event_handler(Events.COMPLETED, saved_and_written(save, handler))
 
 
