@@ -8,7 +8,9 @@ typed result (``cifar10_dist.results``; the package ships ``py.typed``). Importi
 torch: that happens when a run starts.
 """
 
-__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it; --version prints it)
+# the one place the version is written (pyproject.toml reads it; --version prints it): a development build between
+# releases is X.Y.Z.devN (PEP 440), so that nothing built from a tree with unreleased changes reads as a release
+__version__ = "0.1.1.dev0"
 
 from cifar10_dist.api import (
     batch_size,

@@ -24,14 +24,14 @@ __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate
 
 
 def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = OUTPUT_DIR.default,
-            **options: Any) -> LrFindResult | None:
+            **options: Any) -> LrFindResult:
     """Sweep learning_rate from ``start_lr`` to ``end_lr`` (log scale, ``num_iter`` iterations at most, stopped
     when the smoothed loss passes ``diverge_threshold`` times its lowest) with the run this config describes (its
     model, pretrained start, data, optimizer groups at their ratios, precision, processes), and suggest the
     peak learning_rate by ``rule`` (steepest or minimum); the model and optimizer are left as they were.
     ``options``: the sweep's (``LrSweep``'s fields, their defaults there), the rest config keys. Writes
-    lr_find.json and lr_find.png to ``output_dir`` (default: a new output_path/lr_find-<time>). None in the
-    processes of a torchrun/srun launch other than rank 0."""
+    lr_find.json and lr_find.png to ``output_dir`` (default: a new output_path/lr_find-<time>). Every process of a
+    torchrun/srun launch returns rank 0's result."""
     settings = commands.from_flags(LrSweep, options)
     settings.check()  # before torch is imported
     resolved = resolve(config, **commands.others(options, commands.flags_of(LrSweep)))
@@ -170,7 +170,7 @@ def doctor(model: str = commands.default(commands.DOCTOR, "model"),
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
              raw_weights: bool = commands.default(commands.EVALUATE, "raw_weights"),
              output_dir: str | Path | None = commands.default(commands.EVALUATE, "output_dir"),
-             **overrides: Any) -> EvaluationResult | None:
+             **overrides: Any) -> EvaluationResult:
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""

@@ -21,6 +21,7 @@ from cifar10_dist import api, cli_help
 from cifar10_dist.cli_flags import check_keys, closed_pipe, switches_alone
 from cifar10_dist.config import commands, describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
+from cifar10_dist.launch.start_method import launch_rank  # (every process of a launch returns rank 0's result)
 from cifar10_dist.results import RunResult, SeedsResult, SplitMetrics
 from cifar10_dist.serve import formats
 
@@ -29,12 +30,15 @@ DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model ha
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
     check_keys("run", overrides)
-    result = api.train(api.resolve(config, **overrides))  # bad values fail here, before torch is imported
-    if isinstance(result, SeedsResult):
-        print_seed_summary(result)
-    elif isinstance(result, RunResult):
-        print_run_result(result)
-    # None: a non-zero rank under torchrun; rank 0 reports
+    resolved = api.resolve(config, **overrides)  # bad values fail here, before torch is imported
+    if resolved.seeds > 1:
+        seeds = api.train_seeds(resolved)
+        if launch_rank() == 0:
+            print_seed_summary(seeds)
+    else:
+        result = api.train(resolved)
+        if launch_rank() == 0:
+            print_run_result(result)
 
 
 def lr_find(config: str | None = None, **flags: Any) -> None:
@@ -45,8 +49,8 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
 
     check_keys("lr-find", flags, commands.flags_of(LrSweep), [OUTPUT_DIR])
     result = api.lr_find(config, **flags)
-    if result is None:
-        return  # a non-zero rank under torchrun
+    if launch_rank() != 0:
+        return
     others = ", ".join(f"{name} {value:.3g}" for name, value in result.candidates.items() if name != result.rule)
     muon = f" --muon_lr={result.muon_lr:.3g}" if result.muon_lr is not None else ""
     print(f"suggested learning_rate: {result.suggestion:.3g} ({result.rule}: {SUGGESTION_RULES[result.rule]})")
@@ -95,8 +99,6 @@ def print_run_result(result: RunResult) -> None:
                   f"({metrics.num_samples} images{chosen}{calibration_note(metrics) if calibrated else ''})")
     if result.stopped_early is not None:
         print(f"stopped early at epoch {result.stopped_early} (early_stopping_patience)")
-    if result.pruned_at is not None:
-        print(f"pruned at epoch {result.pruned_at} (tuning trial)")
     print(f"run folder: {result.run_dir}")
 
 
@@ -131,7 +133,7 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
     metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder,
                            **overrides)
-    if metrics is None:
+    if launch_rank() != 0:
         return
     stem = evaluation_files.confusion_stem(Path(str(checkpoint)))
     if json:

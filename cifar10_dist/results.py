@@ -32,27 +32,49 @@ class SplitMetrics:
 
 @dataclass(frozen=True)
 class RunResult:
-    """One finished training run (as rank 0 saw it)."""
+    """One finished training run (as rank 0 saw it), with its one test evaluation."""
 
     run_dir: str
     epochs: int
     iterations: int
-    test: Optional[SplitMetrics] = None
+    test: SplitMetrics
     val: Optional[SplitMetrics] = None
     train: Optional[SplitMetrics] = None
     seed: Optional[int] = None
     stopped_early: Optional[int] = None  # the epoch early stopping ended training at (None: it did not)
-    pruned_at: Optional[int] = None  # a tuning trial: the epoch its pruner ended it at (None: it was not pruned)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunResult:
+        return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
+                   test=SplitMetrics(**values["test"]), val=SplitMetrics.from_dict(values.get("val")),
+                   train=SplitMetrics.from_dict(values.get("train")), seed=values.get("seed"),
+                   stopped_early=values.get("stopped_early"))
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """A tuning trial's run: chosen on its val split, never tested (``tune`` tests the best trial's model once)."""
+
+    run_dir: str
+    epochs: int
+    iterations: int
+    val: Optional[SplitMetrics] = None  # None where the trial validates on the test split (val_split=0)
+    train: Optional[SplitMetrics] = None
+    test: Optional[SplitMetrics] = None  # a trial without a val split chooses on the test split
+    stopped_early: Optional[int] = None
+    pruned_at: Optional[int] = None  # the epoch its pruner ended it at (None: it was not pruned)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         splits = {split: SplitMetrics.from_dict(values.get(split)) for split in ("test", "val", "train")}
         return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
-                   seed=values.get("seed"), stopped_early=values.get("stopped_early"),
-                   pruned_at=values.get("pruned_at"), **splits)
+                   stopped_early=values.get("stopped_early"), pruned_at=values.get("pruned_at"), **splits)
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,8 @@ def test_best_metric_chooses_the_best_model_file_and_the_summary_by_itself(tmp_p
                   "macro_f1": f1, "loss": 1.0, "num_samples": 10, "duration": 0.1}
                  for epoch, (accuracy, f1) in enumerate(values, start=1)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        result = RunResult(run_dir=str(run_dir), epochs=3, iterations=3, val=SplitMetrics(0.75, 1.0, 10))
+        result = RunResult(run_dir=str(run_dir), epochs=3, iterations=3, test=SplitMetrics(0.7, 1.1, 10),
+                           val=SplitMetrics(0.75, 1.0, 10))
         best = summary_file.summarize(run_dir, result, None, 1.0, metric).best
         assert (best.epoch, best.metric, best.value) == ((1, "accuracy", 0.80) if metric == "accuracy"
                                                          else (2, "macro_f1", 0.65))

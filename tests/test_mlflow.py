@@ -32,11 +32,12 @@ def the_runs(output: Path) -> tuple[MlflowClient, list]:
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """1 epoch, then resumed for a second with mlflow_log_model: one MLflow run for the run folder."""
+    """2 epochs, then, as if stopped after the first (its checkpoint the newest), resumed with mlflow_log_model: one
+    MLflow run for the run folder."""
     output = tmp_path_factory.mktemp("mlflow")
-    first = run_in_process("run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={output}",
-                           "--run_name=r")
+    first = run_in_process("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r")
     assert first.returncode == 0, first.stderr[-3000:]
+    (output / "r" / "training_checkpoint_20.pt").unlink()
     second = run_in_process("run", *RUN, "--num_epochs=2", "--resume_from=auto", "--mlflow_log_model",
                             f"--output_path={output}", "--run_name=r")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -53,7 +54,7 @@ def test_a_run_and_its_resume_are_one_mlflow_run_with_config_metrics_tags_and_ar
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     params = run.data.params
     assert params["learning_rate"] == str(config["learning_rate"]) and params["model"] == "simple_cnn"
-    assert params["num_epochs"] == "1"  # the parameters of the run's start; the resume is a tag
+    assert params["num_epochs"] == "2"  # the parameters of the run's start; the resume is a tag
     assert run.data.tags["cifar10_dist.resumed_from"] == str(run_dir / "training_checkpoint_10.pt")  # auto, settled
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert run.data.tags["cifar10_dist.dataset_sha256"] == provenance["dataset"]["sha256"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -135,8 +136,8 @@ def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     sgd_checkpoint = run_in_process("run", *MUON_TINY, "--muon_lr=None", f"--output_path={tmp_path}",
                                     "--run_name=sgd", f"--resume_from={final_a}")
     assert sgd_checkpoint.returncode == 2
-    assert "holds an optimizer with param groups of [1, 6, 1, 6] tensors, and this run builds [7, 6, 1]" in \
-        sgd_checkpoint.stderr
+    assert re.search(r"was trained with other values of keys that shape training \(muon_lr [0-9.e-]+ then, None now\)",
+                     sgd_checkpoint.stderr), sgd_checkpoint.stderr[-2000:]
 
 
 def test_muon_refuses_in_one_line(tmp_path, monkeypatch):

@@ -43,6 +43,8 @@ def test_an_old_training_checkpoint_resumes_to_the_end_the_old_code_reached(old_
     assert ours["trainer"]["iteration"] == theirs["trainer"]["iteration"] == 12
     for name, expected in theirs["model"].items():  # bit-exact on the fixture's CPU; rounding apart elsewhere
         assert torch.allclose(ours["model"][name].float(), expected.float(), rtol=1e-4, atol=1e-6), name
+    # its epochs' orders drawn as the old code drew them (seed + epoch), and recorded so for a later resume
+    assert json.loads((old_run / "provenance.json").read_text())["shuffle"] == "seed+epoch"
 
 
 def test_an_old_run_folder_is_reported(old_run, tmp_path):

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import threading
 import zipfile
 from pathlib import Path
@@ -73,7 +74,7 @@ def test_the_installed_wheel_trains_the_shipped_demo_from_another_folder_and_rec
     assert run.returncode == 0, run.stderr[-3000:]
     package = json.loads((project / "out" / "demo" / "provenance.json").read_text())["package"]
     assert package == {"name": "cifar10-dist", "version": cifar10_dist.__version__, "git_commit": None,
-                       "git_dirty": None}
+                       "git_dirty": None, "release": re.fullmatch(r"[\d.]+", cifar10_dist.__version__) is not None}
 
 
 def test_the_api_the_readme_names_imports_from_the_package_and_the_docs_list_what_it_exports():
@@ -120,3 +121,81 @@ def test_a_downloaded_weights_file_unlike_its_published_hash_is_refused_and_not_
         assert not cache.exists() and list(cache.parent.iterdir()) == []
     finally:
         server.shutdown()
+
+
+# ---------------------------------------------------------------- the package as released (issue 73)
+
+
+def build(kind: str, folder: Path) -> Path:
+    """The sdist or editable wheel setuptools builds from this checkout (its own hooks: no network, no isolation)."""
+    code = f"from setuptools import build_meta; print(build_meta.build_{kind}({str(folder)!r}))"
+    built = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return folder / built.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    return build("sdist", tmp_path_factory.mktemp("sdist"))
+
+
+def test_the_sdist_holds_what_the_readme_links_and_no_suite_that_cannot_run(sdist):
+    names = {name.split("/", 1)[1] for name in tarfile.open(sdist).getnames() if "/" in name}
+    linked = re.findall(r"\]\(([^)#:]+)\)", (REPO / "README.md").read_text())
+    assert linked and [target for target in linked if target not in names] == []
+    assert {"CHANGELOG.md", "LICENSE", "examples/my_model.py", "cifar10_dist/py.typed"} <= names
+    assert not [name for name in names if name.startswith("tests/")]
+
+
+def test_an_sdist_unpacked_inside_another_git_repository_records_none_of_its_commits(sdist, tmp_path):
+    project = tmp_path / "theirs"  # a user's repository that vendors the sdist
+    project.mkdir()
+    for command in (["init", "-q"], ["-c", "user.email=u@x", "-c", "user.name=u", "commit", "-q", "--allow-empty",
+                                     "-m", "theirs"]):
+        subprocess.run(["git", "-C", str(project), *command], check=True, capture_output=True)
+    with tarfile.open(sdist) as archive:
+        archive.extractall(project / "vendor", filter="data")
+    unpacked = next((project / "vendor").iterdir())
+    code = "import json; from cifar10_dist.outputs import provenance; print(json.dumps(provenance.git_state()))"
+    env = {**os.environ, "PYTHONPATH": str(unpacked), "OMP_NUM_THREADS": "1"}
+    found = subprocess.run([sys.executable, "-c", code], cwd=unpacked, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert json.loads(found.stdout) == {"git_commit": None, "git_dirty": None}, found.stderr[-2000:]
+
+
+def test_a_tree_with_unreleased_changes_has_a_development_version_that_runs_record_as_such():
+    from cifar10_dist.outputs import provenance
+
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    unreleased = changelog.split("## Unreleased", 1)[1].split("\n## ", 1)[0]
+    released = re.search(r"^## (\d+\.\d+\.\d+) \(", changelog, re.MULTILINE).group(1)
+    if re.search(r"^- ", unreleased, re.MULTILINE):
+        assert re.fullmatch(r"\d+\.\d+\.\d+\.dev\d+", cifar10_dist.__version__), cifar10_dist.__version__
+        assert tuple(map(int, cifar10_dist.__version__.split(".")[:3])) > tuple(map(int, released.split(".")))
+    assert [provenance.is_release(v) for v in ("0.1.0", "1.2.0rc1", "0.1.1.dev0", "0.1.0+local")] == \
+        [True, True, False, False]
+
+
+def test_the_editable_install_is_a_path_entry_that_type_checkers_follow(tmp_path):
+    """setuptools' editable import hook is invisible to mypy and IDEs; a path entry is not."""
+    with zipfile.ZipFile(build("editable", tmp_path)) as wheel:
+        (pth,) = [name for name in wheel.namelist() if name.endswith(".pth")]
+        assert wheel.read(pth).decode().strip() == str(REPO)
+        assert not [name for name in wheel.namelist() if name.endswith("_finder.py")]
+
+
+def test_the_readme_python_example_type_checks_and_a_users_mistake_is_found(tmp_path):
+    """As after README line 1: mypy, run outside the checkout, finds the installed package and its types."""
+    example = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL).group(1)
+    (tmp_path / "example.py").write_text(example)
+    (tmp_path / "mistake.py").write_text("from cifar10_dist import evaluate\nevaluate(78)\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MYPYPATH")}
+
+    def mypy(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", name], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    assert mypy("example.py").stdout.startswith("Success: no issues found"), mypy("example.py").stdout
+    found = mypy("mistake.py")
+    assert 'error: Argument 1 to "evaluate" has incompatible type "int"; expected "str | Path"' in found.stdout, \
+        found.stdout + found.stderr

@@ -1,6 +1,6 @@
 """A run's plan (training.setup.plan): every choice a run makes for itself is settled once, logged once as a
 table, and written into config.yaml as the value taken; a run started from that config.yaml makes the same
-choices; a resume's checkpoint is what resume_from records."""
+choices; where a resumed run continued from is its provenance's, never config.yaml's."""
 
 from __future__ import annotations
 
@@ -42,9 +42,14 @@ def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same
         {key: value for key, value in config.items() if key != "run_name"}
 
 
-def test_a_resumed_run_records_the_checkpoint_it_continued_from(small_dataset, tmp_path):
-    common = [*ONE_EPOCH, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
-    assert run_in_process("run", *common).returncode == 0
-    resumed = run_in_process("run", *common, "--resume_from=auto", "--num_epochs=2")
+def test_a_resumed_run_records_the_checkpoint_it_continued_from_in_provenance_and_none_in_its_config(
+        small_dataset, tmp_path):
+    """config.yaml is a recipe for a new run (replaying it trains from the start); where the run continued from
+    is its provenance."""
+    common = [*ONE_EPOCH, "--num_epochs=2", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    assert run_in_process("run", *common, "--run_name=job", "--checkpoint_every=18").returncode == 0
+    checkpoint = tmp_path / "job" / "training_checkpoint_18.pt"
+    resumed = run_in_process("run", *common, "--run_name=on", f"--resume_from={checkpoint}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert settled(tmp_path / "job")["resume_from"] == str(tmp_path / "job" / "training_checkpoint_18.pt")
+    assert settled(tmp_path / "on")["resume_from"] is None
+    assert json.loads((tmp_path / "on" / "provenance.json").read_text())["resumed_from"] == str(checkpoint)

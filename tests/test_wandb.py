@@ -43,11 +43,12 @@ def environment() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """1 epoch, then resumed for a second with wandb_log_model: one W&B run (id) for the run folder."""
+    """2 epochs, then, as if stopped after the first (its checkpoint the newest), resumed with wandb_log_model: one
+    W&B run (id) for the run folder."""
     output = tmp_path_factory.mktemp("wandb")
-    first = run_cli("run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={output}",
-                    "--run_name=r", env=environment())
+    first = run_cli("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r", env=environment())
     assert first.returncode == 0, first.stderr[-3000:]
+    (output / "r" / "training_checkpoint_20.pt").unlink()
     second = run_cli("run", *RUN, "--num_epochs=2", "--resume_from=auto", "--wandb_log_model",
                      f"--output_path={output}", "--run_name=r", env=environment())
     assert second.returncode == 0, second.stderr[-3000:]
@@ -76,8 +77,8 @@ def test_a_run_and_its_resume_are_one_wandb_run_with_config_metrics_summary_and_
     losses = sorted(row["step"] for row in history if "training/batch_loss" in row)
     assert losses == list(range(5, 21, 5))  # every log_every_iters=5 of both epochs (10 per epoch)
 
-    summary = {}
-    for record in of_kind(second, "summary"):
+    summary = {}  # the W&B run's summary: what its sessions set, the later over the earlier
+    for record in of_kind(first, "summary") + of_kind(second, "summary"):
         summary.update(values(record.update))
     final = json.loads((run_dir / "summary.json").read_text())["final"]["test"]["accuracy"]
     assert summary["final/test_accuracy"] == pytest.approx(final)

@@ -36,11 +36,23 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
                                         "no test set", internal=True)
     lr_found: Optional[dict] = option(None, "set by learning_rate=find: the sweep's suggestion and where its files "
                                       "wait for the run folder", internal=True)
+    config_source: Optional[dict] = option(None, "set when a config file is read: its path and whether the package "
+                                         "ships it (provenance.json records it; config.yaml does not)",
+                                         internal=True, per_worker=True, compare=False)
     mlflow_parent_run: Optional[str] = option(None, "set by tune: the MLflow run of the study, parent of this "
                                               "trial's MLflow run", internal=True, per_worker=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def replayable(self) -> dict[str, Any]:
+        """What a run records as its config (config.yaml, a checkpoint's meta, the trackers' parameters): what a
+        new run should do, so that replaying it trains the same run from the start. Where the run came from (the
+        checkpoint it continued, the file its config was read from) is its provenance's, not a value a replay
+        would act on."""
+        values = self.to_dict()
+        values.pop("config_source")
+        return {**values, "resume_from": None}
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
@@ -49,6 +61,8 @@ UNTUNABLE = tuple(name for name, f in FIELDS.items()
                   if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"])
 PER_WORKER = tuple(name for name, f in FIELDS.items() if f.metadata["per_worker"])
 INHERITED_BY_EVALUATE = tuple(name for name, f in FIELDS.items() if f.metadata["inherited_by_evaluate"])
+MAY_CHANGE_ON_RESUME = tuple(name for name, f in FIELDS.items() if f.metadata["may_change_on_resume"]
+                             or f.metadata["per_worker"] or f.metadata["internal"])
 
 
 @functools.lru_cache(maxsize=None)

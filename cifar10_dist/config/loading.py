@@ -14,12 +14,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Collection, Literal
 
-import yaml
 
 from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
 from cifar10_dist.config.trial import TrialSpec
-from cifar10_dist.errors import UserError, first_line
+from cifar10_dist.config.yaml_files import config_path, read_yaml_mapping, source_of, unread_namesake
+from cifar10_dist.errors import UserError
 
 
 def load_config(config_file: str | Path | None = None, *, given: Collection[str] | None = None,
@@ -28,6 +28,9 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
     from_file = read_yaml_mapping(config_path(config_file)) if config_file is not None else {}
     values = {**from_file, **overrides}
+    if config_file is not None:  # where the values came from: the file read, never one a file names
+        values["config_source"] = source_of(config_path(config_file)).to_dict()
+        _note_an_unread_namesake(config_file)
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
     typed = {key: _coerce(key, value) for key, value in values.items()}
@@ -43,6 +46,14 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
     config = Config(**typed)
     validate(config)
     return config
+
+
+def _note_an_unread_namesake(given: str | Path) -> None:
+    """One line when ``--config=demo`` reads the shipped demo while a demo.yaml lies in the working folder."""
+    namesake = unread_namesake(given, config_path(given))
+    if namesake is not None:
+        note(f"--config={given} is the shipped config of that name; the {namesake} in this folder is not read "
+             f"(--config=./{namesake} reads it)")
 
 
 def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
@@ -82,44 +93,6 @@ def note(message: str) -> None:
         package_logger.info(message)
     else:
         print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
-
-
-SHIPPED = Path(__file__).resolve().parents[1] / "configs"  # the configs the package ships (package data)
-
-
-def shipped_configs() -> dict[str, Path]:
-    """The shipped configs by name (demo, default, fast, ..., the search spaces space_*), sorted."""
-    return {path.stem: path for path in sorted(SHIPPED.glob("*.yaml"))}
-
-
-def config_path(given: str | Path) -> Path:
-    """A config (or search space) as given: a path to a YAML file, or the name of a shipped one (``demo``,
-    ``fast.yaml``, and ``configs/fast.yaml`` where no such file is here: the checkout's spelling works from any
-    folder and from an installed wheel). A path that is neither is returned as given, for its one-line error."""
-    path = Path(given)
-    if path.exists() or path.parent not in (Path("."), Path("configs")):
-        return path
-    return shipped_configs().get(path.name.removesuffix(".yaml"), path)
-
-
-def read_yaml_mapping(path: Path, what: str = "config file", example: str = "default") -> dict[str, Any]:
-    """A YAML file holding a mapping ({} when empty); every other case one line naming the file (``what``) and
-    what is wanted (a YAML file like ``example``)."""
-    if path.is_dir():
-        raise UserError(f"{what} '{path}' is a folder: give a YAML file (e.g. {example})")
-    if not path.is_file():
-        names = ", ".join(shipped_configs())
-        raise UserError(f"{what} '{path}' does not exist: give a path to a YAML file, or the name of a shipped one "
-                        f"(e.g. {example}; shipped: {names})")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise UserError(f"{what} '{path}' is not valid YAML: {first_line(error)}") from error
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise UserError(f"{what} '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
-    return loaded
 
 
 def _check_known(key: str, source: str = "") -> None:

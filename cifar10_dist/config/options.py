@@ -44,15 +44,19 @@ FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
 
 def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
            choices_read: str | None = None, internal: bool = False, tunable: bool = True, per_worker: bool = False,
-           inherited_by_evaluate: bool = False) -> Any:
+           inherited_by_evaluate: bool = False, may_change_on_resume: bool = False, compare: bool = True) -> Any:
     """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
     ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
     accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
     docs, never tuned); ``tunable=False``, never searched by ``tune`` (a command sets it for its runs, or it
     decides the data every trial must share); ``per_worker``, each tuning worker sets it for its own machine (not
     compared with the study's, never tuned); ``inherited_by_evaluate``, ``evaluate`` takes it from the
-    checkpoint unless given. The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``)
+    checkpoint unless given; ``may_change_on_resume``, a resume may give it another value than the checkpoint's run
+    had (it says how the run is kept, logged or made fast, not what it trains; every ``per_worker`` key may too).
+    ``compare=False``: a record of where the values came from, left out when two configs are compared.
+    The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``, ``MAY_CHANGE_ON_RESUME``)
     are derived from these, below the class."""
-    return field(default=default, metadata={"help": help, "also": also, "bounds": bounds,
+    return field(default=default, compare=compare, metadata={"help": help, "also": also, "bounds": bounds,
                                             "choices_read": choices_read, "internal": internal, "tunable": tunable,
-                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate})
+                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate,
+                                            "may_change_on_resume": may_change_on_resume})

@@ -14,7 +14,8 @@ from cifar10_dist.config.options import AT_LEAST_0, AT_LEAST_1, Bounds, option
 class OutputKeys:
     """What a run evaluates, keeps and says."""
 
-    validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1)
+    validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1,
+                                 may_change_on_resume=True)
     early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val "
                                                     "best_metric gain above early_stopping_min_delta (needs val_split > 0)",
                                                     bounds=Bounds(1, note=" (or None: off)"))
@@ -32,22 +33,22 @@ class OutputKeys:
         "model, used by evaluate, predict and export", choices_read="temperature (or leave it unset)",
         tunable=False)
     checkpoint_every: int = option(200, "save a training checkpoint every N iterations (the last 2 are kept)",
-                                   bounds=AT_LEAST_1)
+                                   bounds=AT_LEAST_1, may_change_on_resume=True)
     checkpoint_in_background: bool = option(True, "write training checkpoints on a thread of their own: training "
                                             "waits for a copy of the state in host memory, not for the disk (a "
                                             "tracker that uploads checkpoints, ClearML, writes inline)",
-                                            tunable=False)
-    log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1)
-    output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False)
+                                            tunable=False, may_change_on_resume=True)
+    log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1, may_change_on_resume=True)
+    output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False, may_change_on_resume=True)
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)",
-                                     tunable=False)
+                                     tunable=False, may_change_on_resume=True)
     resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder",
-                                        tunable=False)
+                                        tunable=False, may_change_on_resume=True)
     resume_on_changed_data: bool = option(False, "resume even when the data is not what the checkpoint was made with "
                                           "(another checksum): the run goes on, no longer the same run; recorded in "
-                                          "provenance", tunable=False)
+                                          "provenance", tunable=False, may_change_on_resume=True)
     overwrite: bool = option(False, "start afresh in a run folder that holds a run: the old folder is moved aside to "
-                             "NAME.replaced-<time>, never deleted", tunable=False)
+                             "NAME.replaced-<time>, never deleted", tunable=False, may_change_on_resume=True)
     with_clearml: bool = option(False, "track the run with ClearML (pip install cifar10-dist[clearml])",
                                 per_worker=True)
     clearml_project: str = option("cifar10_dist", "ClearML project name (the task is named after the run folder)",
@@ -77,4 +78,4 @@ class OutputKeys:
                                    per_worker=True)
     profile: int = option(0, "profile N training iterations (after 5 of warm-up) with torch.profiler: a trace for "
                           "TensorBoard or Perfetto in RUN/profile/, the top operators and each handler's share of the "
-                          "time in the log (0: off)", bounds=Bounds(0, reads="0 (off) or more"), tunable=False)
+                          "time in the log (0: off)", bounds=Bounds(0, reads="0 (off) or more"), tunable=False, may_change_on_resume=True)

@@ -41,7 +41,7 @@ class TrainingKeys:
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max",
                         bounds=AT_LEAST_1, tunable=False)
-    deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists")
+    deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists", may_change_on_resume=True)
     batch_size: int = option(512, "global batch size, split evenly over all processes", bounds=AT_LEAST_1)
     accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
                                      "one optimizer step: effective batch = batch_size x N; the LR schedule, "

@@ -5,6 +5,7 @@ size, the held-out validation images and the fixed train subset."""
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -82,21 +83,47 @@ def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, 
     return batch
 
 
+MIXED_ORDER = "sha256(seed, epoch)"  # each (seed, epoch) its own draw: no two seeds share an epoch's order
+LEGACY_ORDER = "seed+epoch"  # DistributedSampler's: seed s's epoch e had seed s+1's epoch e-1 order (before 0.1.1)
+
+
+def order_seed(seed: int, epoch: int, order: str = MIXED_ORDER) -> int:
+    """The seed of an epoch's order: a hash of (seed, epoch), or, for a run that began with the old order (a
+    checkpoint of an older release, resumed), seed + epoch as DistributedSampler seeds it."""
+    if order == LEGACY_ORDER:
+        return seed + epoch
+    digest = hashlib.sha256(f"cifar10_dist epoch order {seed} {epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits
+
+
 class ResumableSampler(DistributedSampler):
-    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-epoch exactly."""
+    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-epoch exactly; each epoch's
+    order drawn from ``order_seed`` (``order``: which way, kept by a resumed run as it began)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.start = 0
+        self.order = MIXED_ORDER
 
     def start_next_pass_at(self, position: int) -> None:
         """Skip the first ``position`` indices of the next pass only."""
         self.start = position
 
+    def epoch_generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(order_seed(self.seed, self.epoch, self.order))
+
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())[self.start :]
+        """DistributedSampler's pass (a permutation cut to a multiple of the world size, rank r taking every W-th
+        from r) from this epoch's ``order_seed``, from ``start`` on."""
+        permutation = torch.randperm(len(self.dataset), generator=self.epoch_generator())  # type: ignore[arg-type]
+        indices = permutation[: self.total_size][self.rank :: self.num_replicas].tolist()[self.start :]
         self.start = 0
         return iter(indices)
+
+
+def keep_order(loader: Any, order: str) -> None:
+    """Draw the training loader's epoch orders ``order``'s way (a resumed run keeps the way it began)."""
+    batch_sampler_of(loader).sampler.order = order
 
 
 class NumberedBatches(BatchSampler):
@@ -140,7 +167,7 @@ def unwrapped(loader: Any) -> DataLoader:
 
 class BalancedSampler(ResumableSampler):
     """``sampler=balanced``: each epoch draws as many indices as there are images, with replacement, every class
-    equally likely (an image's weight is 1 / its class's count), seeded by (seed, epoch) alone; rank r takes
+    equally likely (an image's weight is 1 / its class's count), seeded by ``order_seed`` alone; rank r takes
     every W-th of them. The draw is the same at every world size (when W divides it) and resumes mid-epoch like
     the shuffle."""
 
@@ -150,8 +177,7 @@ class BalancedSampler(ResumableSampler):
         self.weights = (1.0 / torch.bincount(labels).double())[labels]
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        drawn = torch.multinomial(self.weights, len(self.weights), replacement=True, generator=generator)
+        drawn = torch.multinomial(self.weights, len(self.weights), replacement=True, generator=self.epoch_generator())
         indices = drawn[: self.total_size][self.rank :: self.num_replicas].tolist()[self.start :]
         self.start = 0
         return iter(indices)

@@ -182,6 +182,7 @@ def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precisi
               "test": len(loaded.test)}
     record.dataset.info, record.dataset.images = loaded.info.to_dict(), images
     record.dataset.checks = loaded.checks or None
+    record.shuffle = loaders.MIXED_ORDER
     logger.info("provenance: %s", provenance.describe(record))
     return record
 

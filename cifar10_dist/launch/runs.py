@@ -13,9 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, load_config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, load_config, note
+from cifar10_dist.errors import UserError, WorkerLost
 from cifar10_dist.launch import start_method
-from cifar10_dist.results import EvaluationResult, LrFindResult, RunResult, SeedsResult
+from cifar10_dist.results import EvaluationResult, LrFindResult, RunResult, SeedsResult, TrialResult
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
@@ -25,55 +26,67 @@ def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Conf
     return load_config(config, **overrides)
 
 
-def train(config: Config | str | Path | None = None, **overrides: Any) -> RunResult | SeedsResult | None:
-    """Train with the given config (a Config, or a YAML file) and overrides; return the final metrics and run folder.
-
-    With ``seeds`` > 1 the runs of ``train_seeds`` and their summary. None in the processes of a torchrun/srun
-    launch other than rank 0 (rank 0 reports).
-    """
+def train(config: Config | str | Path | None = None, **overrides: Any) -> RunResult:
+    """Train once with the given config (a Config, or a YAML file) and overrides; return the final metrics and run
+    folder (in every process of a torchrun/srun launch: rank 0's). Several seeds are ``train_seeds``'."""
     resolved = resolve(config, **overrides)
+    if resolved.seeds > 1:
+        raise UserError(f"train runs once, and seeds={resolved.seeds} asks for {resolved.seeds} runs: call "
+                        "train_seeds (a SeedsResult: the runs and their summary), as cifar10-dist run --seeds does")
+    if resolved.trial is not None:  # a trial's config.yaml run again: a run of its own, tested
+        note(f"the config names trial {resolved.trial.number} of study {resolved.trial.study}: trained as a run of its "
+             "own (tune runs trials), its test set evaluated")
+        resolved = dataclasses.replace(resolved, trial=None)
     start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.training import run as worker
 
     preflight.check_before_launch(resolved)
-    if resolved.seeds > 1:
-        return _train_seeds(resolved)
-    reported = spawn.run(worker.training, resolved)
-    return RunResult.from_dict(reported) if reported else None
+    return RunResult.from_dict(reported_by(spawn.run(worker.training, resolved)))
 
 
-def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> SeedsResult | None:
+def train_trial(config: Config) -> TrialResult:
+    """A tuning trial's run (``config.trial`` set): as ``train``, its result chosen on val and never tested."""
+    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist.training import run as worker
+
+    start_method.start_early(config)
+    preflight.check_before_launch(config)
+    return TrialResult.from_dict(reported_by(spawn.run(worker.training, config)))
+
+
+def reported_by(reported: dict[str, Any]) -> dict[str, Any]:
+    """What the workers reported (every process of a launch has rank 0's result); a launch whose workers all
+    ended without one is a lost run."""
+    if not reported:
+        raise WorkerLost("the run's processes ended without reporting a result")
+    return reported
+
+
+def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> SeedsResult:
     """Train ``seeds`` times (seed, seed+1, ...) one after another; summarise the final metrics.
 
     The summary (mean, sample std, min, max of each final metric) is also written to
-    output_path/seeds_<run_name or time>.json.
+    output_path/seeds_<run_name or time>.json (by rank 0 of a torchrun/srun launch).
     """
     resolved = resolve(config, **overrides)
-    from cifar10_dist.launch import preflight
-
-    preflight.check_before_launch(resolved)
-    return _train_seeds(resolved)
-
-
-def _train_seeds(config: Config) -> SeedsResult | None:
-    from cifar10_dist.launch import spawn
+    from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.outputs import summary as summary_file
     from cifar10_dist.training import run as worker
 
+    preflight.check_before_launch(resolved)
     runs = []
-    for seed in range(config.seed, config.seed + config.seeds):
-        run_name = f"{config.run_name}-seed{seed}" if config.run_name else None
-        reported = spawn.run(worker.training, dataclasses.replace(config, seed=seed, seeds=1, run_name=run_name))
-        if not reported:
-            return None  # a non-zero rank under torchrun: rank 0 reports
-        runs.append(dataclasses.replace(RunResult.from_dict(reported), seed=seed))
+    for seed in range(resolved.seed, resolved.seed + resolved.seeds):
+        run_name = f"{resolved.run_name}-seed{seed}" if resolved.run_name else None
+        reported = spawn.run(worker.training, dataclasses.replace(resolved, seed=seed, seeds=1, run_name=run_name))
+        runs.append(dataclasses.replace(RunResult.from_dict(reported_by(reported)), seed=seed))
     summary = summary_file.summarize_seeds([run.to_dict() for run in runs])
-    name = config.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path(config.output_path) / f"seeds_{name}.json"
+    name = resolved.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(resolved.output_path) / f"seeds_{name}.json"
     result = SeedsResult(runs=runs, summary=summary, summary_file=str(path))
-    files.write_json(path, {"config": config.to_dict(), **result.to_dict()})
+    if start_method.launch_rank() == 0:
+        files.write_json(path, {"config": resolved.replayable(), **result.to_dict()})
     return result
 
 
@@ -93,7 +106,7 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
-             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult | None:
+             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult:
     """Test-set accuracy, loss, per-class accuracy, confusion matrix and most confident mistakes of a saved model (a
     training checkpoint or a best-model file), in one pass over the test set; with ``output_dir`` the confusion
     matrix and the mistakes are also written there. The model and data keys recorded in the checkpoint are used
@@ -109,14 +122,13 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     if output_dir is not None:
         files.make_folder(Path(output_dir))
     worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
-    reported = spawn.run(worker, resolved)
-    return EvaluationResult.from_dict(reported) if reported else None
+    return EvaluationResult.from_dict(reported_by(spawn.run(worker, resolved)))
 
 
-def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None) -> LrFindResult | None:
+def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None) -> LrFindResult:
     """Sweep the learning rate with the config's model, data and optimizer in every process of its launch
     (``training.before_training.lr_finding``); lr_find.json and lr_find.png go to ``folder`` (default: a new
-    output_path/lr_find-<time>). None in the processes of a torchrun/srun launch other than rank 0."""
+    output_path/lr_find-<time>). Every process of a torchrun/srun launch returns rank 0's."""
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.training.before_training import lr_finding
@@ -134,4 +146,4 @@ def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None)
         if made and Path(folder).is_dir() and not any(Path(folder).iterdir()):
             Path(folder).rmdir()  # a sweep that found nothing leaves no empty folder behind
         raise
-    return LrFindResult(**reported) if reported else None
+    return LrFindResult(**reported_by(reported))

@@ -3,7 +3,7 @@
 Three ways in: one plain process (backend None), spawning (backend + nproc_per_node), or a process already
 started by torchrun/srun (backend set, nproc_per_node unset). Spawned gloo/nccl workers are supervised here:
 the first that fails ends the others within seconds (a stopped or hung one too), and its one-line error comes
-back with its exit code. Rank 0's result (JSON) and any worker's error travel back to the caller through files,
+back with its exit code. Rank 0's result (JSON, handed to every rank) and any worker's error travel back to the caller through files,
 so spawned and in-process runs return the same way. An in-process run leaves the caller's process as it found
 it (signal handlers, torch threads and deterministic flags, logging).
 """
@@ -34,7 +34,7 @@ from cifar10_dist.outputs import tracking
 from cifar10_dist.system import cpu, ranks, stopping
 
 Worker = Callable[[Config], dict[str, Any]]
-RESULT_FILE = "result.json"
+RESULT_PREFIX = "result-rank"  # result-rank<R>.json: rank 0's result, as rank R returns it
 NATIVE_BACKENDS = start_methods.NATIVE_BACKENDS
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
@@ -69,7 +69,8 @@ class WorkerReport:
 
 
 def run(worker: Worker, config: Config) -> dict[str, Any]:
-    """Run ``worker(config)`` in every process; return rank 0's result (in the calling process; {} elsewhere).
+    """Run ``worker(config)`` in every process; return rank 0's result, in the calling process and, under torchrun
+    or srun, in every process ({} when the workers ended without one).
 
     The config has been checked (``preflight.check_before_launch``) by the caller.
     """
@@ -89,8 +90,8 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
         else:
             with idist.Parallel(backend=None) as parallel:
                 parallel.run(_process_entry, worker, config, exchange)
-        result_path = exchange / RESULT_FILE
-        return json.loads(result_path.read_text()) if result_path.is_file() else {}
+        returned = sorted(exchange.glob(f"{RESULT_PREFIX}*.json"))  # (spawned workers share one exchange)
+        return json.loads(returned[0].read_text()) if returned else {}
 
 
 @contextlib.contextmanager
@@ -171,6 +172,8 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     start_method = start_methods.start_method()
     if start_method != "fork":
         start_methods.require_main_guard(config.nproc_per_node)
+    if start_method == "forkserver":
+        start_methods.start_forkserver()  # (at once when start_early started it)
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.stop_signals())
     try:
@@ -302,7 +305,6 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
         silent = stopping.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
         WorkerReport.of(silent).write(exchange)
         raise silent from error
-    ranks.on_rank_zero(lambda: (exchange / RESULT_FILE).write_text(json.dumps(result)))
-    if idist.get_world_size() > 1:
-        idist.barrier()  # leave the group together: rank 0 may still be writing while the others are done
+    shared = ranks.from_rank_zero(lambda: result)  # every rank returns rank 0's result (a collective: all leave together)
+    (exchange / f"{RESULT_PREFIX}{idist.get_rank()}.json").write_text(json.dumps(shared))
 

@@ -10,11 +10,14 @@ import ast
 import builtins
 import linecache
 import multiprocessing
+import os
+import signal
 import sys
 from pathlib import Path
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
+from cifar10_dist.system.signals import stop_signals
 
 NATIVE_BACKENDS = ("gloo", "nccl")
 # the worker module (torch, Ignite), what every worker imports on first use (torch._dynamo, by the optimizer's
@@ -38,6 +41,15 @@ def start_method() -> str:
     return "forkserver"
 
 
+def launch_rank() -> int:
+    """This process's rank in a torchrun or srun launch, read before any process group exists (0 for a launcher
+    of spawned workers and for a single process)."""
+    for variable in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
+
+
 def start_early(config: Config) -> None:
     """A run that will spawn gloo/nccl workers through a forkserver starts the server now, before this process
     imports torch for its checks: both import at once (a launch from the command line starts its workers about
@@ -46,9 +58,23 @@ def start_early(config: Config) -> None:
     if config.backend not in NATIVE_BACKENDS or config.nproc_per_node is None or start_method() != "forkserver":
         return
     require_main_guard(config.nproc_per_node)
-    from multiprocessing import forkserver
+    start_forkserver()
 
-    forkserver.ensure_running()
+
+def start_forkserver() -> None:
+    """The forkserver, started with the stop signals blocked, as it keeps them: a SIGTERM sent to the whole process
+    group (a cluster's preemption reaches every process of a job) must not end it, for the launcher learns its
+    workers' exit codes through it (they would all read 255, a lost worker). The workers it forks unblock them
+    once they handle them (``stopping.StopRequest``). The resource tracker is started first: starting it unblocks
+    SIGINT and SIGTERM in the caller (multiprocessing's own doing), which would leave them open to the server."""
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def require_main_guard(workers: int | None) -> None:

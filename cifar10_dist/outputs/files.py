@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -14,6 +15,10 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from cifar10_dist.errors import OutputNotWritable, UserError
+
+# the temporary names ``write_file`` writes under (``.NAME.tmpPID``) and Ignite's atomic DiskSaver does
+# (``tempfile``'s ``tmp`` + 8 of [a-z0-9_]): a process killed mid-write leaves one behind
+TEMPORARY_NAMES = (re.compile(r"^\..+\.tmp\d+$"), re.compile(r"^tmp[a-z0-9_]{8}$"))
 
 # errno values that mean "this file cannot be written here" rather than a bug
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
@@ -31,7 +36,7 @@ def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> Non
     """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
     or absent. A full disk or a read-only folder ends the run with one line (``errors.OutputNotWritable``) and
     leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")  # TEMPORARY_NAMES[0]
     with writing(path):
         try:
             if callable(content):
@@ -51,6 +56,19 @@ def write_json(path: Path, content: Any) -> None:
 
 def write_yaml(path: Path, content: Mapping[str, Any]) -> None:
     write_file(path, yaml.safe_dump(dict(content), sort_keys=False))
+
+
+def remove_stale_temporaries(folder: Path) -> list[str]:
+    """Remove the partial files that writes killed mid-way left in ``folder`` (their temporary names alone, never
+    another file), returning what was removed with its size. Only for a folder no other process writes to (a run
+    folder its run holds locked)."""
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and not path.is_symlink() and any(name.match(path.name) for name in TEMPORARY_NAMES):
+            size = path.stat().st_size
+            path.unlink(missing_ok=True)
+            removed.append(f"{path.name} ({size} bytes)")
+    return removed
 
 
 def unwritable_cause(error: BaseException | None) -> OSError | None:

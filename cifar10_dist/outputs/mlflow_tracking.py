@@ -126,7 +126,7 @@ class MLflow:
         kept = read_run_file(run_dir)
         if kept is not None and kept["tracking_uri"] == uri and self._still_there(kept["run_id"]):
             self.client.update_run(kept["run_id"], status="RUNNING")
-            self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(config["resume_from"]))
+            self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(self.provenance.get("resumed_from")))
             self.run_id = kept["run_id"]
             self.logged = self._last_steps()
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import MISSING, dataclass, field, fields
@@ -46,7 +47,7 @@ class DataRecord:
 class RunRecord:
     """provenance.json: what produced a run, one field per fact."""
 
-    package: dict[str, Any]  # name, version, git_commit, git_dirty
+    package: dict[str, Any]  # name, version, release (False: a development build), git_commit, git_dirty
     versions: dict[str, str]  # python, torch, torchvision, pytorch-ignite
     backend: str | None  # the distributed backend (None: one process)
     world_size: int
@@ -59,6 +60,9 @@ class RunRecord:
     pretrained: dict[str, Any] | None = None  # the pretrained start: kind, name, url or path, sha256
     teacher: dict[str, Any] | None = None  # distillation's teacher (training.shipping.distillation)
     resumed_on_changed_data: dict[str, Any] | None = None  # resume_on_changed_data: what changed
+    config_file: dict[str, Any] | None = None  # the config file read: path, shipped (config.ConfigSource)
+    resumed_from: str | None = None  # the training checkpoint the run continued from
+    shuffle: str | None = None  # how each epoch's order is drawn (data.loaders.order_seed; older files: seed+epoch)
     extra: dict[str, Any] = field(default_factory=dict)  # an older file's keys that are no fields now
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,7 +92,8 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device, prec
     """The record for this run; every process must call it (device names are gathered from all ranks).
     ``precision`` is what training computes in (fp32, bf16, fp16), ``hardware`` this process's CPU and GPUs."""
     return RunRecord(
-        package={"name": PACKAGE, "version": package_version(), **git_state()},
+        package={"name": PACKAGE, "version": package_version(), "release": is_release(package_version()),
+                 **git_state()},
         versions={
             "python": platform.python_version(),
             "torch": str(torch.__version__),
@@ -110,13 +115,20 @@ def describe(record: RunRecord) -> str:
     git = "no git"
     if package["git_commit"]:
         git = f"git {package['git_commit'][:10]}" + (" (dirty)" if package["git_dirty"] else "")
-    return f"{package['name']} {package['version']}, {git}, data sha256 {record.dataset.sha256}"
+    build = "" if package.get("release", True) else " (a development build)"
+    return f"{package['name']} {package['version']}{build}, {git}, data sha256 {record.dataset.sha256}"
 
 
 def package_version() -> str:
     """The running package's version (``cifar10_dist.__version__``, the one place it is written; read from the
     package already imported, not from installed metadata, which a checkout on PYTHONPATH lacks)."""
     return sys.modules["cifar10_dist"].__version__
+
+
+def is_release(version: str) -> bool:
+    """Whether a version is a release (1.2.0, 1.2.0rc1), not a development build between releases (PEP 440's
+    ``.devN`` or a local ``+label``: the tree has changes the last release has not)."""
+    return re.fullmatch(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?", version) is not None
 
 
 def _installed_version(distribution: str) -> str:
@@ -140,7 +152,8 @@ def source_checkout() -> Path | None:
 
 def git_state() -> dict[str, Any]:
     """Commit of this project's checkout the package runs from and whether tracked files differ from it; None
-    for both when it runs from an installed copy (the version says what it is) or outside git."""
+    for both when it runs from an installed copy (the version says what it is), outside git, or from a copy of the
+    project (an unpacked sdist) inside another git repository, whose commits are not this project's."""
     folder = source_checkout()
     if folder is None:
         return {"git_commit": None, "git_dirty": None}
@@ -152,6 +165,9 @@ def git_state() -> dict[str, Any]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != folder.resolve():  # a copy inside another project's repository
+        return {"git_commit": None, "git_dirty": None}
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"git_commit": None, "git_dirty": None}

@@ -16,7 +16,7 @@ import ignite.distributed as idist
 
 from cifar10_dist.errors import OutputNotWritable, UserError, resume_hint
 from cifar10_dist.outputs import checkpoint_files, reading
-from cifar10_dist.outputs.files import write_json, write_yaml
+from cifar10_dist.outputs.files import remove_stale_temporaries, write_json, write_yaml
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
 
@@ -91,6 +91,10 @@ def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any
         _release(lock)
         folder.mkdir()
         lock = _lock(folder)
+    if existing and resuming:
+        removed = remove_stale_temporaries(folder)
+        if removed:
+            logger.info("removed what writes killed mid-way left in %s: %s", folder, ", ".join(removed))
     holder = {"host": platform.node(), "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
     write_json(folder / HOLDER_FILE, holder)
     return lock

@@ -9,10 +9,10 @@ from typing import Any, Mapping, Sequence
 
 from cifar10_dist.outputs.provenance import DataRecord, RunRecord
 from cifar10_dist.outputs.reading import epochs_and_evaluations, read_events, selection_split
-from cifar10_dist.results import BestResult, RunResult, RunSummary
+from cifar10_dist.results import BestResult, RunResult, RunSummary, TrialResult
 
 
-def summarize(run_dir: Path, result: RunResult, record: RunRecord | None, seconds: float,
+def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord | None, seconds: float,
               best_metric: str = "accuracy") -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions (from the run's ``record``, where given), checkpoint paths."""

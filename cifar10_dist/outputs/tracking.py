@@ -28,7 +28,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import Config, ConfigSource
 from cifar10_dist.outputs import files
 from cifar10_dist.system.ranks import on_rank_zero
 
@@ -94,8 +94,11 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
             "distributed: backend %s, world size %d, %d processes per node, %d nodes",
             idist.backend(), idist.get_world_size(), idist.get_nproc_per_node(), idist.get_nnodes(),
         )
+    source = config.get("config_source")
+    logger.info("config file: %s", ConfigSource(**source).describe() if source else "none (the defaults and the flags)")
     logger.info("config (what differs from the defaults; every key is in the run folder's config.yaml): %s",
-                ", ".join(f"{key}={value}" for key, value in changed_keys(config).items()) or "the defaults")
+                ", ".join(f"{key}={value}" for key, value in changed_keys(config).items()
+                          if key != "config_source") or "the defaults")
 
 
 def changed_keys(config: Mapping[str, Any]) -> dict[str, Any]:

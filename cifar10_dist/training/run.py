@@ -29,7 +29,7 @@ from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
-from cifar10_dist.results import RunResult, SplitMetrics
+from cifar10_dist.results import RunResult, TrialResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
@@ -71,11 +71,12 @@ def training(config: Config) -> dict[str, Any]:
                 run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
                                            resuming=resumption.asked, overwrite=config.overwrite) as run_dir:
             resume_from = checkpointing.checked_resume_path(the_plan.resume_from, config, data_setup.provenance)
-            with trackers.open_trackers(config.to_dict(), run_dir, data_setup.provenance.to_dict()) as opened:
+            checkpointing.continue_order(resume_from, data_setup)
+            with trackers.open_trackers(config.replayable(), run_dir, data_setup.provenance.to_dict()) as opened:
                 run_log.write_to(run_dir)
                 if sweep is not None:
                     ranks.on_rank_zero(lr_finding.write_files, run_dir, sweep)
-                run_folder.write_run_start(run_dir, config.to_dict(), data_setup.provenance,
+                run_folder.write_run_start(run_dir, config.replayable(), data_setup.provenance,
                                            data_setup.held_out_indices)
                 to_save = setup_checkpoints(config, run_dir, opened.saver(run_dir), network, optimization,
                                             engine_set, data_setup, stop)
@@ -106,6 +107,7 @@ def plan_the_run(config: Config, device: torch.device, precision: Precision, res
     settled = layouts.settle(settled, device, len(data_setup.info.classes), data_setup.provenance)
     if weights is not None:  # the file hashed once, on rank 0
         data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
+    data_setup.provenance.config_file, data_setup.provenance.resumed_from = config.config_source, resumption.checkpoint
     network = model_setup.setup_model(settled, data_setup, weights, precision, resumption)
     settled, sweep = lr_finding.settle_learning_rate(settled, network, data_setup, device, precision, resumption, stop)
     the_plan = plan.made(settled, config, device, precision)
@@ -251,7 +253,7 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
     the objects a checkpoint holds (for resuming)."""
-    meta = checkpoint_layout.RunMetadata(config.to_dict(), data_setup.provenance.to_dict(), idist.get_world_size())
+    meta = checkpoint_layout.RunMetadata(config.replayable(), data_setup.provenance.to_dict(), idist.get_world_size())
     to_save = checkpoint_layout.training_contents(
         engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
         optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema)
@@ -337,7 +339,7 @@ class Validation:
 
 def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet,
                    validation: Validation, data_setup: run_data.DataSetup, findings: run_end.RunFindings
-                   ) -> RunResult:
+                   ) -> RunResult | TrialResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run;
     the profile and the calibration go to ``findings``."""
     trainer = engine_set.trainer
@@ -361,11 +363,12 @@ def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, 
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
-    return RunResult(run_dir=str(run_dir), epochs=trainer.state.epoch, iterations=trainer.state.iteration,
-                     stopped_early=trainer.state.epoch if stopped_early else None,
-                     pruned_at=engine_set.trial_reporter.pruned_at if engine_set.trial_reporter else None,
-                     **{split: SplitMetrics(**latest[split]) if latest.get(split) else None
-                        for split in ("test", "val", "train")})
+    values = {"run_dir": str(run_dir), "epochs": trainer.state.epoch, "iterations": trainer.state.iteration,
+              "stopped_early": trainer.state.epoch if stopped_early else None,
+              **{split: latest[split] for split in ("test", "val", "train") if latest.get(split)}}
+    if engine_set.trial_reporter is not None:
+        return TrialResult.from_dict({**values, "pruned_at": engine_set.trial_reporter.pruned_at})
+    return RunResult.from_dict(values)
 
 
 def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validation) -> dict[str, Any]:

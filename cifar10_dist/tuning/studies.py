@@ -189,7 +189,7 @@ class Objective:
         logger.info("trial %d: %s%s", trial.number, format_params(params),
                     f" (retry of trial {history[0]}, from {resume})" if resume else "")
         try:
-            result = runs.train(self.trial_config(trial.number, params, resume))  # a refused combination fails too
+            result = runs.train_trial(self.trial_config(trial.number, params, resume))  # a refused one fails too
         except (Preempted, Interrupted):
             trial.set_user_attr(INTERRUPTED, True)  # Optuna fails it; the table says it was interrupted
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -116,14 +117,16 @@ def test_auto_resume_skips_a_truncated_newest_checkpoint(reference, tmp_path):
 # A linear model that writes, per rank and training step, a fingerprint of every image it is fed (no crop, no
 # flip: the fingerprint of an image is the same in every run)
 SEEN_MODEL = '''
+import os
+
 import torch.distributed as dist
 from torch import nn
 
 
 class Seen(nn.Module):
-    def __init__(self, folder):
+    def __init__(self):  # (the folder from the environment: a resume keeps the model's keyword arguments)
         super().__init__()
-        self.folder, self.net = folder, nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+        self.folder, self.net = os.environ["SEEN_FOLDER"], nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
 
     def forward(self, images):
         if self.training:
@@ -134,8 +137,8 @@ class Seen(nn.Module):
         return self.net(images)
 
 
-def seen(folder):
-    return Seen(folder)
+def seen():
+    return Seen()
 '''
 # 960 synthetic training images, global batch 96 (48 per process at 2, 32 at 3): 10 steps an epoch either way
 SEEN_RUN = ["--dataset=synthetic", "--synthetic_size=960", "--batch_size=96", "--num_epochs=2", "--num_warmup_epochs=0",
@@ -156,9 +159,12 @@ def run_seen(tmp_path, name, processes, *extra):
     """A run of the Seen model, in this process."""
     folder = tmp_path / f"seen-{name}"
     folder.mkdir()
-    return folder, run_in_process("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
-                           f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen",
-                           f'--model_kwargs={{"folder": "{folder}"}}', *extra)
+    os.environ["SEEN_FOLDER"] = str(folder)  # the spawned workers take the launcher's environment
+    try:
+        return folder, run_in_process("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
+                                      f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen", *extra)
+    finally:
+        del os.environ["SEEN_FOLDER"]
 
 
 @pytest.mark.slow

@@ -75,6 +75,28 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preemption", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(small_dataset, tmp_path, slow_cnn,
+                                                                            long_spawned_reference, preemption):
+    """As Slurm delivers a preemption to every process of a job: the launcher, its workers and the forkserver they
+    came from (which, ended by it, left the launcher reading exit code 255 for every worker: exit 4, a lost
+    worker)."""
+    code, stderr, _, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, preemption),
+                                         f"--model={slow_cnn}")
+    assert code == 75, stderr[-3000:]
+    match = re.fullmatch(rf"error: stopped at iteration (\d+) on {preemption.name}: checkpoint written; run the "
+                         r"same command with --resume_from=auto to continue", stderr.strip().splitlines()[-1])
+    assert match, stderr[-2000:]
+    assert (tmp_path / "job" / f"training_checkpoint_{match.group(1)}.pt").is_file()
+    assert "Traceback" not in stderr and gone(workers)
+    if preemption == signal.SIGTERM:
+        again = run_in_process("run", *RUN, *SPAWN, f"--model={slow_cnn}", f"--data_path={small_dataset}",
+                               f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto")
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
+
+
+@pytest.mark.slow
 def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path, slow_cnn):
     code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT),
                                                f"--model={slow_cnn}")

@@ -7,6 +7,7 @@ renamed (Ignite's DiskSaver with atomic=True), an old file is removed only after
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import checkpoint_layout, models
-from cifar10_dist.config import Config
-from cifar10_dist.data import cifar, run_data
+from cifar10_dist.config import MAY_CHANGE_ON_RESUME, Config
+from cifar10_dist.data import cifar, loaders, run_data
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import files, provenance, tracking
@@ -37,6 +38,7 @@ from cifar10_dist.training.loop.background_writes import BackgroundWrites
 logger = logging.getLogger(__name__)
 
 TRAINING_PREFIX = "training"
+WHERE_A_RUN_IS = ("output_path", "run_name", "resume_from", "overwrite")  # differ on a resume into another folder
 
 
 class KeepUntilSaved(BaseSaveHandler):
@@ -202,6 +204,7 @@ def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> 
     and ``record`` (this run's provenance) keeps what changed."""
     if path is not None:
         refuse_other_classes(path, record)
+        refuse_changed_training(path, config)
     change = ranks.from_rank_zero(data_change, path, record) if path is not None else None
     if change is None:
         return path
@@ -216,6 +219,49 @@ def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> 
                        "run (recorded in provenance.json: resumed_on_changed_data)", difference)
     record.resumed_on_changed_data = change
     return path
+
+
+def continue_order(path: str | None, data_setup: run_data.DataSetup) -> None:
+    """A resumed run draws its epochs' orders the way it began (its checkpoint's provenance says which; a
+    checkpoint of a release before it did drew them from seed + epoch); this run's provenance records it."""
+    if path is None:
+        return
+    recorded = ranks.from_rank_zero(lambda: provenance.of_checkpoint(load_checkpoint(path, mmap=True)).shuffle)
+    data_setup.provenance.shuffle = recorded or loaders.LEGACY_ORDER
+    loaders.keep_order(data_setup.loaders.train, data_setup.provenance.shuffle)
+
+
+def refuse_changed_training(path: str, config: Config) -> None:
+    """One line, before anything of the run folder is written, when a resume gives a key that shapes training
+    another value than the checkpoint's run had (its meta's config against this run's settled one): the run would
+    no longer be the one it continues. The keys that may change (``MAY_CHANGE_ON_RESUME``: how the run is launched,
+    kept, logged or made fast) are said in the log when they do. The model is ``restoring``'s to check."""
+    recorded = ranks.from_rank_zero(lambda: checkpoint_layout.recorded_config(load_checkpoint(path, mmap=True)))
+    present = config.replayable()
+    if recorded.get("model", config.model) != config.model:
+        return  # another model altogether: restoring says so, naming both
+    changed = {key: (recorded[key], value) for key, value in present.items()
+               if key in recorded and key != "model" and recorded[key] not in ("auto", "find")
+               and recorded[key] != value}
+    shaping = [key for key in changed if key not in MAY_CHANGE_ON_RESUME]
+    if shaping:
+        shown = ", ".join(f"{key} {_flag_value(changed[key][0])} then, {_flag_value(changed[key][1])} now"
+                          for key in shaping)
+        restore = " ".join(f"--{key}={_flag_value(changed[key][0])}" for key in shaping)
+        raise UserError(f"checkpoint '{path}' was trained with other values of keys that shape training ({shown}): "
+                        f"a resume continues the same run; resume with the checkpoint's values ({restore}), or "
+                        f"train a new run from its weights (--pretrained={path} with another --run_name and no "
+                        "--resume_from)")
+    said = {key: pair for key, pair in changed.items() if key not in WHERE_A_RUN_IS}
+    if said:
+        ranks.on_rank_zero(logger.info, "resuming with keys changed that may change on a resume: %s",
+                           ", ".join(f"{key} {_flag_value(now)} (was {_flag_value(then)})"
+                                     for key, (then, now) in said.items()))
+
+
+def _flag_value(value: Any) -> str:
+    """A value as a flag takes it: JSON for a mapping, None, and the rest as written."""
+    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def refuse_other_classes(path: str, record: RunRecord) -> None:

@@ -16,7 +16,7 @@ from cifar10_dist.outputs import evaluation_files, files, mistake_grid, plots, t
 from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.trackers import OpenTrackers
-from cifar10_dist.results import Mistake, RunResult
+from cifar10_dist.results import Mistake, RunResult, TrialResult
 from cifar10_dist.system import ranks
 from cifar10_dist.training.loop.evaluators import MistakeCollector, expected_calibration_error, reliability
 
@@ -32,7 +32,7 @@ class RunFindings:
     calibration: dict[str, Any] | None = None  # calibrate=temperature: the fitted temperature and its split
 
 
-def report_run_end(config: Config, run_dir: Path, result: RunResult, findings: RunFindings,
+def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResult, findings: RunFindings,
                    mistakes: MistakeCollector, data_setup: run_data.DataSetup, opened: OpenTrackers,
                    recorder: tracking.Recorder, seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
@@ -40,7 +40,7 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult, findings: R
     memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
     ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
                        "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
-    if result.test is not None:  # (every rank has the test numbers, or none has)
+    if isinstance(result, RunResult):  # tested (every rank has the test numbers; a trial's run is not tested)
         found = mistakes.gathered(list(data_setup.info.classes))
         ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
         bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's
@@ -68,7 +68,7 @@ def write_reliability(run_dir: Path, bins: Any, recorder: tracking.Recorder, res
     recorder.write_image("test/calibration", pixels, result.iterations)
 
 
-def write_run_end(run_dir: Path, result: RunResult, findings: RunFindings, config: Config, record: RunRecord,
+def write_run_end(run_dir: Path, result: RunResult | TrialResult, findings: RunFindings, config: Config, record: RunRecord,
                   tracker_fields: dict[str, Any], recorder: tracking.Recorder, seconds: float,
                   memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
@@ -77,8 +77,8 @@ def write_run_end(run_dir: Path, result: RunResult, findings: RunFindings, confi
                                   learning_rate_found=config.lr_found, profile=findings.profile or {},
                                   calibration=findings.calibration, **tracker_fields, trial=config.trial,
                                   private_memory_mib=memory,
-                                  pruned_at_epoch=result.pruned_at if config.trial is not None else None)
+                                  pruned_at_epoch=result.pruned_at if isinstance(result, TrialResult) else None)
     files.write_json(run_dir / "summary.json", summary.to_dict())
     files.write_file(run_dir / "curves.png", lambda path: plots.render_curves(run_dir, path))
-    recorder.write_hparams(config.to_dict(), summary_file.final_scalars(summary), result.iterations)
+    recorder.write_hparams(config.replayable(), summary_file.final_scalars(summary), result.iterations)
 
