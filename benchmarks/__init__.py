@@ -13,6 +13,7 @@ Recipes and accuracy, against peers
     calibration      test ECE and NLL before and after calibrate=temperature
     tta              what each test-time augmentation level buys and costs
     lr_find          what lr-find suggests against the recipes' own learning rates
+    bisect           on a GPU: the commit that cost fast.yaml its accuracy, and each suspect's A/B at this checkout
 Speed of training
     throughput       images per second: bare loop, our trainer, full epochs, a torchvision pipeline, evaluation
     overhead         microseconds per iteration our trainer adds to a bare loop, handler by handler

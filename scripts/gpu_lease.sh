@@ -5,6 +5,11 @@
 #   bash scripts/gpu_lease.sh bench OUT [--device=cpu] [--quick] [--seeds=N] [--parts=...] [--recipes=...]
 #                                                         benchmarks.gpu: ours and airbench94 over seeds, the
 #                                                         levers, ResNet-18 against its bare step, a profile
+#   bash scripts/gpu_lease.sh bisect OUT [--device=cpu] [--quick] [--good=SHA] [--bad=SHA] [--threshold=X]
+#                                                         benchmarks.bisect: the commit that lost fast.yaml's
+#                                                         accuracy (worktrees from .lease/history.bundle when the
+#                                                         copy has no .git: git bundle create it --all)
+#   bash scripts/gpu_lease.sh ab OUT [--device=cpu] [--quick]   benchmarks.bisect ab: each suspect alone
 # It installs the wheels in .lease/ (pytorch-ignite, fire, termcolor, airbench) into a folder of its own when the
 # machine lacks them, builds CIFAR-10 from .lease/cifar10-jpg.tar.xz with .lease/make_cifar10.py (the archive and
 # the tool are copied there from ../shared; .lease/ is ignored by git), and writes everything into OUT as it goes.
@@ -14,8 +19,8 @@ cd "$(dirname "$0")/.."
 
 mode=${1:-}
 out=${2:-}
-if [[ "$mode" != checks && "$mode" != bench ]] || [ -z "$out" ]; then
-  echo "usage: bash scripts/gpu_lease.sh checks|bench OUT [--device=cpu] [bench flags]" >&2
+if [[ "$mode" != checks && "$mode" != bench && "$mode" != bisect && "$mode" != ab ]] || [ -z "$out" ]; then
+  echo "usage: bash scripts/gpu_lease.sh checks|bench|bisect|ab OUT [--device=cpu] [their flags]" >&2
   exit 2
 fi
 shift 2
@@ -24,7 +29,7 @@ flags=()
 for arg in "$@"; do
   case "$arg" in
     --device=cpu) device=cpu ;;
-    --quick | --seeds=* | --parts=* | --recipes=*) flags+=("$arg") ;;
+    --quick | --seeds=* | --parts=* | --recipes=* | --good=* | --bad=* | --threshold=*) flags+=("$arg") ;;
     *) echo "gpu_lease.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +68,14 @@ if [ "$mode" = checks ]; then
   python3 -m benchmarks.gpu_report --out="$out" || status=1
   rm -rf "$out/tmp"
   exit "$status"
+fi
+if [ "$mode" = bisect ] || [ "$mode" = ab ]; then
+  history=()
+  [ -f .lease/history.bundle ] && history=(--history=.lease/history.bundle)
+  [ "$mode" = ab ] && history=()
+  python3 -m benchmarks.bisect "$mode" --data_path="$data" --device="$device" --json="$out/$mode.json" \
+    "${history[@]}" "${flags[@]}" 2>&1 | tee "$out/$mode.log"
+  exit "${PIPESTATUS[0]}"
 fi
 python3 -m benchmarks.gpu --data_path="$data" --device="$device" --json="$out/benchmark.json" "${flags[@]}" \
   2>&1 | tee "$out/benchmark.log"

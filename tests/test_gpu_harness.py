@@ -238,3 +238,37 @@ def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksu
     assert bench.table(bench.summarise([run, ours])).splitlines()[-1] == (
         "ours / tutorial: wall 0.500, training-only epoch 0.500; mean accuracy +30.00 points; ours' lowest seed "
         "+30.00 points from the tutorial's mean")
+
+
+@pytest.mark.parametrize("first_bad, expected", [(6, "first bad commit: c6"), (1, "first bad commit: c1"),
+                                                 (None, "the ends do not differ here")])
+def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_once(monkeypatch, tmp_path,
+                                                                                   first_bad, expected):
+    """benchmarks.bisect's search over 10 commits whose runs score 0.91 before the first bad one and 0.90 from it
+    (the runs themselves rehearsed with --device=cpu --quick: the real ones need a GPU)."""
+    import argparse
+
+    from benchmarks import bisect
+
+    order = [(f"c{index}", f"change {index}") for index in range(10)]
+    measured = []
+
+    def run(source, data_path, seed, flags, environment, quick):
+        index = int(source.name[1:])
+        measured.append((index, seed))
+        return {"seed": seed, "seconds": 1.0,
+                "accuracy": 0.90 if first_bad is not None and index >= first_bad else 0.91}
+
+    monkeypatch.setattr(bisect, "history", lambda bundle: REPO)
+    monkeypatch.setattr(bisect, "commits", lambda repo, good, bad: order)
+    monkeypatch.setattr(bisect, "checkout", lambda repo, sha, tree: tree)
+    monkeypatch.setattr(bisect, "run_fast", run)
+    args = argparse.Namespace(part="bisect", device="cpu", data_path="d", good="c0", bad="c9", seeds=[0, 1],
+                              threshold=0.9035, budget_minutes=5.0, history=None, json=str(tmp_path / "b.json"),
+                              quick=True)
+    bisect.bisect(args)
+    found = json.loads((tmp_path / "b.json").read_text())
+    assert found["conclusion"].startswith(expected), found["conclusion"]
+    commits_measured = [index for index, seed in measured if seed == 0]
+    assert len(commits_measured) == len(set(commits_measured)) <= 2 + math.ceil(math.log2(10))
+    assert [run["seed"] for run in found["runs"]] == [0, 1] * len(commits_measured)
