@@ -5,7 +5,8 @@ here (its key, where it is written, how it is read) and old files, which lack it
 
 - ``training_checkpoint_<iteration>.pt``: TRAINING_KEYS (the trainer's state: epoch and iteration, hence the
   sampler's position; the model; the optimizer; the LR schedule), and where the run has them SCALER (fp16's
-  GradScaler), LOOKAHEAD, EARLY_STOPPING, EMA_MODEL with EMA_WARMUP; META; TEMPERATURE once calibrated.
+  GradScaler), LOOKAHEAD, EARLY_STOPPING, EMA_MODEL with EMA_WARMUP, COMPRESSION (grad_compression's hook state:
+  PowerSGD's error feedback and Q matrices); META; TEMPERATURE once calibrated.
 - ``best_model_<epoch>_<split>_<metric>=<value>.pt``: MODEL (the EMA's weights in a run with ema_decay), META,
   PROGRESS (the epoch and iteration of the model it holds; not in older files), TEMPERATURE once calibrated.
 - META: the resolved config, the provenance (data checksum and classes, teacher, ...), the world size and the
@@ -36,6 +37,7 @@ EMA_WARMUP = "ema_warmup"
 META = "meta"
 TEMPERATURE = "temperature"
 PROGRESS = "progress"
+COMPRESSION = "grad_compression"
 
 TRAINING_KEYS = (TRAINER, MODEL, OPTIMIZER, LR_SCHEDULER)  # every training checkpoint has these
 
@@ -63,11 +65,12 @@ class RunMetadata:
 
 
 def training_contents(trainer: Any, model: Any, optimizer: Any, lr_scheduler: Any, scaler: Any = None,
-                      lookahead: Any = None, early_stopping: Any = None, ema: Any = None) -> dict[str, Any]:
+                      lookahead: Any = None, early_stopping: Any = None, ema: Any = None,
+                      compression: Any = None) -> dict[str, Any]:
     """The objects a training checkpoint saves and a resume restores (Ignite's ``to_save``), META aside;
     ``ema``: Ignite's EMAHandler, whose model and warm-up state are both kept."""
     contents = {TRAINER: trainer, MODEL: model, OPTIMIZER: optimizer, LR_SCHEDULER: lr_scheduler}
-    optional = {SCALER: scaler, LOOKAHEAD: lookahead, EARLY_STOPPING: early_stopping}
+    optional = {SCALER: scaler, LOOKAHEAD: lookahead, EARLY_STOPPING: early_stopping, COMPRESSION: compression}
     contents.update({key: value for key, value in optional.items() if value is not None})
     if ema is not None:
         contents[EMA_MODEL], contents[EMA_WARMUP] = ema.model, ema

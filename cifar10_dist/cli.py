@@ -33,11 +33,11 @@ def run(config: str | None = None, **overrides: Any) -> None:
     resolved = api.resolve(config, **overrides)  # bad values fail here, before torch is imported
     if resolved.seeds > 1:
         seeds = api.train_seeds(resolved)
-        if launch_rank() == 0:
+        if launch_rank(resolved.node_rank) == 0:
             print_seed_summary(seeds)
     else:
         result = api.train(resolved)
-        if launch_rank() == 0:
+        if launch_rank(resolved.node_rank) == 0:
             print_run_result(result)
 
 
@@ -49,7 +49,7 @@ def lr_find(config: str | None = None, **flags: Any) -> None:
 
     check_keys("lr-find", flags, commands.flags_of(LrSweep), [OUTPUT_DIR])
     result = api.lr_find(config, **flags)
-    if launch_rank() != 0:
+    if launch_rank(flags.get("node_rank")) != 0:
         return
     others = ", ".join(f"{name} {value:.3g}" for name, value in result.candidates.items() if name != result.rule)
     muon = f" --muon_lr={result.muon_lr:.3g}" if result.muon_lr is not None else ""
@@ -133,7 +133,7 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
     metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder,
                            **overrides)
-    if launch_rank() != 0:
+    if launch_rank(flags.get("node_rank")) != 0:
         return
     stem = evaluation_files.confusion_stem(Path(str(checkpoint)))
     if json:

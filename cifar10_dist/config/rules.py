@@ -190,7 +190,14 @@ def milestone_epochs(milestones: str | None) -> list[float]:
 
 
 def _validate_launch(c: Config) -> None:
-    """Spawning keys need a backend; several nodes need their rank and node 0's address."""
+    """Spawning keys need a backend; several nodes need their rank and node 0's address; gradient compression a
+    process group with DDP's hooks."""
+    _require(c.grad_compression == "none" or c.backend in ("gloo", "nccl"),
+             f"grad_compression={c.grad_compression} compresses the gradients processes exchange, through DDP's "
+             "communication hooks (backends gloo and nccl): " + (
+                 "this run is one process without a process group; leave grad_compression=none, or launch several "
+                 "(--backend=gloo --nproc_per_node=N, torchrun, srun)" if c.backend is None else
+                 f"backend={c.backend} has none; leave grad_compression=none"))
     if c.backend is None:
         for key in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port"):
             _require(getattr(c, key) is None, f"{key}={getattr(c, key)} needs a distributed backend: add "

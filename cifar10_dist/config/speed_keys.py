@@ -1,5 +1,5 @@
 """How fast a step runs on its hardware: precision, memory format, compilation, fused kernels, whole-pass augmentation,
-the warm-up. Fields of ``Config`` (``config.fields`` composes them; one flat set of keys for flags, YAML and the
+the warm-up, gradient compression for slow links. Fields of ``Config`` (``config.fields`` composes them; one flat set of keys for flags, YAML and the
 API)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from cifar10_dist.config.options import AT_LEAST_0, option
+from cifar10_dist.config.options import AT_LEAST_0, Bounds, option
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,11 @@ class SpeedKeys:
                                             "ones, then undone bit for bit (autotuning and compilation fall outside "
                                             "the training time); auto: 3 on a CUDA GPU, else 0", also=("auto",),
                                             bounds=AT_LEAST_0, tunable=False, may_change_on_resume=True)
+    grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = option(
+        "none", "compress the gradients processes exchange, for slow links between nodes (DDP's communication hooks; "
+        "docs/launching.md): none, fp16 or bf16 (half the bytes), powersgd (rank powersgd_rank, error feedback; "
+        "a fraction of the bytes)")
+    powersgd_rank: int = option(2, "powersgd: the rank of its low-rank approximation (higher: closer to the "
+                                "exact gradient, more bytes)", bounds=Bounds(1, 64, reads="in 1..64"))
+    powersgd_start_step: int = option(10, "powersgd: the steps exchanged uncompressed before it starts (its "
+                                      "warm start)", bounds=Bounds(2, reads="at least 2"))

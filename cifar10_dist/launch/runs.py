@@ -85,7 +85,7 @@ def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> 
     name = resolved.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(resolved.output_path) / f"seeds_{name}.json"
     result = SeedsResult(runs=runs, summary=summary, summary_file=str(path))
-    if start_method.launch_rank() == 0:
+    if start_method.launch_rank(resolved.node_rank) == 0:
         files.write_json(path, {"config": resolved.replayable(), **result.to_dict()})
     return result
 

@@ -234,7 +234,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on the port now: as torch's TCPStore binds it (SO_REUSEADDR), so that the
+    connections of a run that just ended there, waiting out TIME_WAIT, do not count as a server in use."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:

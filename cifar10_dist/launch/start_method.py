@@ -41,13 +41,13 @@ def start_method() -> str:
     return "forkserver"
 
 
-def launch_rank() -> int:
-    """This process's rank in a torchrun or srun launch, read before any process group exists (0 for a launcher
-    of spawned workers and for a single process)."""
+def launch_rank(node_rank: int | None = None) -> int:
+    """This process's rank in a torchrun or srun launch, read before any process group exists; for a launcher that
+    spawns its workers, its node's rank (``node_rank``: 0 on the first node and on one node)."""
     for variable in ("RANK", "SLURM_PROCID"):
         if os.environ.get(variable, "").isdigit():
             return int(os.environ[variable])
-    return 0
+    return node_rank or 0
 
 
 def start_early(config: Config) -> None:

@@ -62,6 +62,7 @@ class RunRecord:
     resumed_on_changed_data: dict[str, Any] | None = None  # resume_on_changed_data: what changed
     config_file: dict[str, Any] | None = None  # the config file read: path, shipped (config.ConfigSource)
     resumed_from: str | None = None  # the training checkpoint the run continued from
+    grad_compression: str | None = None  # the gradients exchanged compressed with (training.setup.compression)
     shuffle: str | None = None  # how each epoch's order is drawn (data.loaders.order_seed; older files: seed+epoch)
     extra: dict[str, Any] = field(default_factory=dict)  # an older file's keys that are no fields now
 

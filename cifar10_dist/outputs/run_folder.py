@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import platform
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -53,13 +54,14 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
     """
     held: list[Any] = []
 
-    def claim() -> str:
+    def claim() -> list[str]:
         name = run_name or default_run_name(model, backend, idist.get_world_size())
         held.append(_claim(Path(output_path), name, resuming, overwrite))
-        return name
+        return [name, (Path(output_path) / name / HOLDER_FILE).read_text()]
 
-    name = from_rank_zero(claim)
+    name, holder = from_rank_zero(claim)
     try:
+        refuse_an_unshared_folder(Path(output_path) / name, holder)
         yield Path(output_path) / name
     except OutputNotWritable as error:
         raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
@@ -68,6 +70,40 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
         for lock in held:
             if lock is not None:
                 lock.release()
+
+
+# how long a process looks for the run folder rank 0 made (a network filesystem's caches hide a new name for up to
+# tens of seconds); CIFAR10_DIST_SHARED_FOLDER_WAIT sets it in seconds
+SHARED_WAIT_VARIABLE, SHARED_WAIT_SECONDS = "CIFAR10_DIST_SHARED_FOLDER_WAIT", 30.0
+
+
+def refuse_an_unshared_folder(folder: Path, holder: str) -> None:
+    """Every process reads and writes the run folder (the checkpoints a resume loads, the best model): on several
+    nodes it must be one shared folder. Each rank looks for the holder file rank 0 wrote there (waiting a little for
+    a network filesystem to show it); where any does not see it, all stop with one line, before training."""
+    if idist.get_world_size() == 1:
+        return
+    deadline = time.monotonic() + float(os.environ.get(SHARED_WAIT_VARIABLE, SHARED_WAIT_SECONDS))
+    sees = _sees(folder, holder)
+    while not sees and time.monotonic() < deadline:
+        time.sleep(0.5)
+        sees = _sees(folder, holder)
+    seen = idist.all_gather(int(sees))
+    blind = [rank for rank, flag in enumerate(seen) if not flag]
+    if blind:
+        hosts = idist.all_gather(platform.node())
+        who = ", ".join(f"rank {rank} on {hosts[rank]}" for rank in blind)
+        raise UserError(f"output_path='{folder.parent}' is not one folder shared by every process: {who} cannot see "
+                        f"the run folder rank 0 made there ({folder / HOLDER_FILE}); every node reads and writes the "
+                        "run folder (checkpoints, the best model), so give them one shared folder (NFS, Lustre, a "
+                        f"cloud file share) as --output_path, and check it by listing {folder} from each node")
+
+
+def _sees(folder: Path, holder: str) -> bool:
+    try:
+        return (folder / HOLDER_FILE).read_text() == holder
+    except OSError:
+        return False
 
 
 def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any:

@@ -34,7 +34,7 @@ from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
 from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
-from cifar10_dist.training.setup import layouts, loss, model_setup, optimizers, process_setup, schedules
+from cifar10_dist.training.setup import compression, layouts, loss, model_setup, optimizers, process_setup, schedules
 from cifar10_dist.training.setup import plan
 from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.setup.resumption import Resumption
@@ -110,7 +110,9 @@ def plan_the_run(config: Config, device: torch.device, precision: Precision, res
     data_setup.provenance.config_file, data_setup.provenance.resumed_from = config.config_source, resumption.checkpoint
     network = model_setup.setup_model(settled, data_setup, weights, precision, resumption)
     settled, sweep = lr_finding.settle_learning_rate(settled, network, data_setup, device, precision, resumption, stop)
-    the_plan = plan.made(settled, config, device, precision)
+    network.compression = compression.attach(network.model, settled)  # (after the sweep, which runs uncompressed)
+    data_setup.provenance.grad_compression = compression.described(network.compression, settled)
+    the_plan = plan.made(settled, config, device, precision, data_setup.provenance.grad_compression)
     ranks.on_rank_zero(logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s",
                        the_plan.table())
     return the_plan, network, sweep
@@ -207,7 +209,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
         if data_setup.split == "val" else selection
     engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
     engine_set.warm_up = warm_up.WarmUp(optimization.step, prepare, data_setup.loaders.train,
-                                        int(config.warm_up_steps), device)
+                                        int(config.warm_up_steps), device, network.compression)
     engine_set.calibration = (new_evaluator(config.tta), scaled) if scaled is not None else None
     if config.ema_decay is not None:
         warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
@@ -256,7 +258,7 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     meta = checkpoint_layout.RunMetadata(config.replayable(), data_setup.provenance.to_dict(), idist.get_world_size())
     to_save = checkpoint_layout.training_contents(
         engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
-        optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema)
+        optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema, network.compression)
     best_model = engine_set.ema.model if engine_set.ema is not None else network.model
     checkpoint = checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver,
                                                           config.checkpoint_in_background)

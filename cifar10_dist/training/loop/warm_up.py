@@ -98,23 +98,34 @@ class WarmUp:
     loader: Any
     steps: int
     device: torch.device
+    compression: Any = None  # grad_compression's state (PowerSGD counts steps and keeps errors): put back too
 
     def run(self) -> float | None:
-        """Warm up and undo it; the seconds it took (None when there was nothing to do)."""
-        if self.steps <= 0:
+        """Warm up and undo it; the seconds it took (None when there was nothing to do). A run continuing PowerSGD
+        takes one step even without ``steps``: DDP lays its buckets out anew after its first step, and the
+        checkpoint's error feedback and Q matrices are laid out as they are after it."""
+        continued = self.compression is not None and self.compression.continued
+        steps = max(self.steps, 1 if continued else 0)
+        if steps <= 0:
             return None
         started = time.perf_counter()
         network = self.step.model  # (DDP's or a compiled module's state_dict: the same tensors)
         saved = save(self.step, network)
+        compressed = copy.deepcopy(self.compression.state_dict()) if self.compression is not None else None
+        if self.compression is not None:
+            self.compression.reset()  # the undone steps exchange their gradients uncompressed
         batch = first_batch(self.loader)
         for branch in branches(models.unwrap(network)):
             with branch:
-                for _ in range(self.steps):
+                for _ in range(steps):
                     self.step(*self.prepare(batch, 1))
         restore(saved, self.step, network)
+        if compressed is not None:
+            self.compression.load_state_dict(compressed)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
         ranks.on_rank_zero(logger.info, "warm-up: %d training steps on a batch of the real shapes in %.2f s, then "
-                           "undone (outside the training time; warm_up_steps=0 to skip it)", self.steps, seconds)
+                           "undone (outside the training time; %s)", steps, seconds,
+                           "warm_up_steps=0 to skip it" if self.steps else "for PowerSGD's bucket layout")
         return seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import ignite.distributed as idist
 import torch
@@ -25,6 +26,7 @@ logger = logging.getLogger("cifar10_dist")
 class Network:
     model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
     forward: nn.Module  # what the engines call: the model, compiled when compile=True
+    compression: Any = None  # grad_compression's hook and state (compression.GradientCompression), once attached
 
 
 def setup_pretrained(config: Config) -> pretrained.Weights | None:

@@ -28,6 +28,7 @@ class RunPlan:
     device: str
     precision: str  # the precision chosen and why, e.g. "bf16 autocast (with_amp=auto: ...)"
     given: dict[str, Any]  # the settled keys as the run was given them (auto, find, ...)
+    grad_compression: str = "none"  # what the gradients exchanged are compressed with (training.setup.compression)
 
     @property
     def resume_from(self) -> str | None:
@@ -36,7 +37,8 @@ class RunPlan:
 
     def table(self) -> str:
         """The settled keys, a line each: the value taken, and what was given where it differs."""
-        rows = [("device", self.device, ""), ("precision", self.precision, "")]
+        rows = [("device", self.device, ""), ("precision", self.precision, ""),
+                ("grad_compression", self.grad_compression, "")]
         for key in SETTLED:
             taken, given = getattr(self.config, key), self.given[key]
             rows.append((key, str(taken), "" if taken == given else f"(given: {given})"))
@@ -58,10 +60,11 @@ def settled_choices(config: Config, device: torch.device, precision: Precision, 
             **process_setup.settled_precision(config, precision)}
 
 
-def made(settled: Config, given: Config, device: torch.device, precision: Precision) -> RunPlan:
+def made(settled: Config, given: Config, device: torch.device, precision: Precision,
+         grad_compression: str = "none") -> RunPlan:
     """The plan of a run whose config was ``given`` and is now ``settled``."""
     return RunPlan(settled, str(device), precision.reason or precision.name,
-                   {key: getattr(given, key) for key in SETTLED})
+                   {key: getattr(given, key) for key in SETTLED}, grad_compression)
 
 
 AUTO_STEPS = 3  # warm_up_steps=auto on a GPU: cuDNN times its algorithms on the first pass of each shape
