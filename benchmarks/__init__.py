@@ -18,6 +18,7 @@ Speed of training
     throughput       images per second: bare loop, our trainer, full epochs, a torchvision pipeline, evaluation
     overhead         microseconds per iteration our trainer adds to a bare loop, handler by handler
     ddp              what DistributedDataParallel itself costs over gloo
+    compression      gradient compression between two nodes on a 1 Gbit/s and a 100 Mbit/s link, and the estimate
     checkpoint_writes what a training checkpoint holds the loop, written inline against in the background
     layouts          channels_last against the default layout, per model and precision
     gpu              bare loop vs trainer per speed setting, real epochs, fast.yaml vs airbench94 on a GPU
@@ -39,7 +40,8 @@ Tools and shipping
     tool_outputs     the real output of lr-find, batch-size and a profiled run, for the docs
     suite            README's two command lines timed on a fresh clone (CI's run and the demo)
 
-Shared pieces: ``runner`` (our run through ``api.train`` in a fresh process, read back through ``outputs.reading``),
+Shared pieces: ``two_hosts`` (two network namespaces joined by a rate-limited link), ``gpu_tables`` (the GPU
+benchmark's record and race table), ``runner`` (our run through ``api.train`` in a fresh process, read back through ``outputs.reading``),
 ``peer`` (airbench94's train94 in its own process, on a CPU or a GPU), ``steps`` (the bare training step and
 loops), ``records`` (the machine, the commit, JSON files).
 """

@@ -40,6 +40,7 @@ import torch
 
 from benchmarks import peer as peer_code
 from benchmarks import records, runner, steps
+from benchmarks.gpu_tables import Record, cells, epoch_seconds, print_race, side_of, summarise
 
 FAST = records.REPO / "configs" / "fast.yaml"
 PARTS = ("race", "levers", "resnet", "profile", "compile", "throughput", "accuracy")
@@ -64,41 +65,6 @@ COMPILED: dict[str, dict[str, Any]] = {  # the compiled step: minutes of compila
     "default + compile": {"compile": True},
     "default + compile reduce-overhead (CUDA graphs)": {"compile": True, "compile_mode": "reduce-overhead"},
 }
-
-
-class Record:
-    """The benchmark's JSON, written again after every run."""
-
-    def __init__(self, path: str | None, header: dict[str, Any]) -> None:
-        self.path, self.data = path, dict(header)
-
-    def put(self, key: str, value: Any) -> None:
-        self.data[key] = value
-        self.save()
-
-    def add(self, part: str, name: str, value: Any) -> None:
-        self.data.setdefault(part, {})[name] = value
-        self.save()
-
-    def save(self) -> None:
-        if self.path:
-            records.write(self.path, self.data)
-
-    def say(self, line: str) -> None:
-        """Print a line of the tables and keep it in the JSON's ``table`` (the GPU report shows it)."""
-        print(line, flush=True)
-        self.data["table"] = self.data.get("table", "") + line + "\n"
-        self.save()
-
-
-def epoch_seconds(curve: list[tuple[float, float]]) -> tuple[float | None, float | None]:
-    """(epoch 1's training seconds, the median of epochs 2+'s) from a curve evaluated after every epoch (training
-    seconds so far, accuracy): what is first-epoch cost (autotuning, first launches) and what is the steady step."""
-    ends = [seconds for seconds, _ in curve]
-    if not ends:
-        return None, None
-    steady = [later - earlier for earlier, later in zip(ends, ends[1:])]
-    return ends[0], statistics.median(steady) if steady else None
 
 
 def ours(data_path: str, device: torch.device, quick: dict[str, Any], recipe: str = "fast", **overrides: Any
@@ -160,48 +126,6 @@ def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any]
     out.say(f"race: {json.dumps(out.data['race_summary'])}")
 
 
-def side_of(recipe: str) -> str:
-    """The JSON key of a recipe's runs: "ours" for fast.yaml (as earlier records have it), "ours:NAME" else."""
-    return "ours" if recipe == "fast" else f"ours:{recipe}"
-
-
-def summarise(data: dict[str, Any]) -> dict[str, Any]:
-    """Means over the seeds that ran, and each of ours over the peer's training seconds and steady epoch."""
-    summary = {}
-    for side in ["peer", *(key for key in data if key == "ours" or key.startswith("ours:"))]:
-        done = [row for row in data.get(side, {}).values() if isinstance(row, dict) and "accuracy" in row]
-        if done:
-            summary[side] = {key: statistics.mean(row[key] for row in done) for key in
-                             ("accuracy", "training_seconds", "first_epoch_seconds", "steady_epoch_seconds")
-                             if all(row.get(key) is not None for row in done)}
-            summary[side]["seeds"] = len(done)
-    for side in [key for key in summary if key.startswith("ours")]:
-        for key in ("training_seconds", "steady_epoch_seconds"):
-            if "peer" in summary and key in summary[side] and key in summary["peer"]:
-                summary[f"{key}_{side.replace(':', '_')}_over_peer"] = summary[side][key] / summary["peer"][key]
-    return summary
-
-
-def print_race(out: Record) -> None:
-    out.say(f"{'run':<34}{'accuracy':>10}{'train s':>9}{'epoch 1 s':>11}{'steady s':>10}{'wall s':>8}")
-    for side in ["peer", *(key for key in out.data if key == "ours" or key.startswith("ours:"))]:
-        seeds = out.data.get(side, {})
-        if seeds:
-            seed, row = list(seeds.items())[-1]
-            out.say(f"{side + ' seed ' + seed:<34}" + _cells(row))
-
-
-def _cells(row: dict[str, Any] | str) -> str:
-    if not isinstance(row, dict) or "accuracy" not in row:
-        return f"  {row if isinstance(row, str) else row.get('failed', '?')[-200:]}"
-    return (f"{row['accuracy']:>10.4f}{row['training_seconds']:>9.2f}{_s(row.get('first_epoch_seconds'), 3):>11}"
-            f"{_s(row.get('steady_epoch_seconds'), 3):>10}{_s(row.get('wall_seconds'), 1):>8}")
-
-
-def _s(value: float | None, decimals: int) -> str:
-    return "-" if value is None else f"{value:.{decimals}f}"
-
-
 ACCURACY: dict[str, dict[str, Any]] = {  # fast.yaml + these, over the race's seeds: the accuracy gap's suspects
     "warm-up off": {"warm_up_steps": 0},
     "fp16 autocast (airbench's precision)": {"with_amp": True, "amp_dtype": "float16"},
@@ -220,7 +144,7 @@ def accuracy(data_path: str, device: torch.device, seeds: int, quick: dict[str, 
         for seed in range(seeds):
             row = ours(data_path, device, quick, seed=seed, **overrides)
             out.add("accuracy", f"{name}, seed {seed}", row)
-            out.say(f"{name + ', seed ' + str(seed):<50}" + _cells(row))
+            out.say(f"{name + ', seed ' + str(seed):<50}" + cells(row))
 
 
 def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Record,
@@ -231,7 +155,7 @@ def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Rec
         row = ours(data_path, device, quick, seed=0, **overrides)
         out.add("levers", name, row)
         recompiled = f"  recompilations {row['recompilations']}" if row.get("recompilations") else ""
-        out.say(f"{'lever: ' + name:<50}" + _cells(row) + recompiled)
+        out.say(f"{'lever: ' + name:<50}" + cells(row) + recompiled)
 
 
 RESNET_VARIANTS: dict[str, dict[str, Any]] = {  # the default config + these, after the default itself

@@ -15,9 +15,17 @@ from cifar10_dist.config.lr_sweep import OUTPUT_DIR
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
+from cifar10_dist.results import (
+    BatchSizeResult,
+    DoctorReport,
+    EvaluationResult,
+    ExportResult,
+    LrFindResult,
+    PreparedData,
+    ReportResult,
+    TuneResult,
+)
 from cifar10_dist.serve.export_flags import EXPORT_FLAGS
-from cifar10_dist.results import (BatchSizeResult, DoctorReport, EvaluationResult, ExportResult, LrFindResult,
-                                  PreparedData, ReportResult, TuneResult)
 
 __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size", "predict", "predict_files", "export",
            "tune", "doctor", "report", "prepare_data"]
@@ -130,9 +138,10 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = c
     ``report_only`` only reports an existing study."""
     from cifar10_dist.tuning import search_space, studies
 
-    options = studies.TuneOptions(study=str(study or ""), trials=trials, storage=storage, sampler=sampler,
-                                 sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
-                                 pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat)
+    options = studies.check_options(commands.TuneFlags(
+        space=None if space is None else str(space), study=str(study or ""), trials=trials, storage=storage,
+        sampler=sampler, sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
+        pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat, report_only=report_only))
     resolved = resolve(config, **overrides)
     if report_only:
         return studies.report_only(options.study, storage, resolved.output_path, final_test, echo)
@@ -152,19 +161,28 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = c
 
 def doctor(model: str = commands.default(commands.DOCTOR, "model"),
            batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
-           budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds")) -> DoctorReport:
+           budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds"),
+           link: str | None = commands.default(commands.DOCTOR, "link")) -> DoctorReport:
     """What this machine is and what will be fast on it (a ``DoctorReport``): versions, CPU and its native
     bf16, GPUs, backends, a measured probe of ``model``'s training steps in each precision and memory format
-    (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice."""
+    (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice; with ``link`` (1gbit, 100mbit,
+    ...), the model's throughput at 2-16 nodes over it, without and with gradient compression."""
     if batch_size < 1 or budget_seconds <= 0:
         raise UserError(f"doctor needs batch_size >= 1 and budget_seconds > 0, not {batch_size} and {budget_seconds}")
+    if link is not None:
+        from cifar10_dist.system.scaling import link_bytes_per_second
+
+        try:
+            link_bytes_per_second(str(link))
+        except ValueError as error:
+            raise UserError(str(error)) from error
     from cifar10_dist import models
     from cifar10_dist.config import absolute_model_reference
     from cifar10_dist.system.doctor import examine
 
     model = absolute_model_reference(str(model))
     models.check_model(model, None, models.NUM_CLASSES)
-    return examine(model, batch_size, budget_seconds)
+    return examine(model, batch_size, budget_seconds, None if link is None else str(link))
 
 
 def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,

@@ -317,7 +317,7 @@ def doctor(**flags: Any) -> None:
 
     values = commands.resolve("doctor", flags, commands.DOCTOR)
     report = api.doctor(model=str(values["model"]), batch_size=int(values["batch_size"]),
-                        budget_seconds=float(values["budget_seconds"]))
+                        budget_seconds=float(values["budget_seconds"]), link=values["link"])
     print(json_module.dumps(report.to_dict(), indent=2) if values["json"] else render(report))
 
 

@@ -9,6 +9,7 @@ from cifar10_dist.config.commands import flags_of, help_block, usage
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
+
 def flags_block(*declared: Any) -> str:
     """A page's flag lines (``config.commands.help_block``), its braces kept through the page's ``format``."""
     return help_block(*declared).replace("{", "{{").replace("}", "}}")

@@ -236,6 +236,7 @@ class DoctorReport:
     advice: list[str] = field(default_factory=list)
     seconds: float = 0.0
     layout_numerics: Optional[str] = None  # on a CPU: channels-last's fp32 error against the contiguous layout's
+    scaling: list[str] = field(default_factory=list)  # with a link: the throughput at N nodes (system.scaling)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -89,8 +89,8 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
 
     from cifar10_dist import api
     from cifar10_dist.data import augmentation, cifar
-    from cifar10_dist.outputs import checkpoint_files
     from cifar10_dist.models import restoring
+    from cifar10_dist.outputs import checkpoint_files
 
     result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
                             "--run_name=tempered", "--val_split=0.2", "--calibrate=temperature")

@@ -214,11 +214,10 @@ def test_no_default_of_a_commands_flag_is_written_twice():
     from cifar10_dist.cli_flags import declared_flags
     from cifar10_dist.serve import inference
     from cifar10_dist.system import doctor
-    from cifar10_dist.tuning import studies
 
     places = {"lr-find": [api.lr_find], "batch-size": [api.batch_size], "evaluate": [api.evaluate],
               "predict": [api.predict, api.predict_files, inference.probabilities], "export": [api.export],
-              "tune": [api.tune, studies.TuneOptions], "prepare-data": [api.prepare_data], "report": [api.report],
+              "tune": [api.tune], "prepare-data": [api.prepare_data], "report": [api.report],
               "doctor": [api.doctor, doctor.examine]}
     declared = declared_flags()
     twice = [f"{command}: {place.__qualname__}({name}={ast.unparse(default)})"

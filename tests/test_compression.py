@@ -70,3 +70,33 @@ def test_without_compression_nothing_is_registered_and_nothing_kept():
     model = nn.Linear(2, 2)
     assert compression.attach(model, load_config(None)) is None
     assert checkpoint_layout.COMPRESSION not in checkpoint_layout.training_contents(None, model, None, None)
+
+
+def test_the_scaling_estimate_counts_the_ring_and_each_compressions_bytes():
+    from torch import nn
+
+    from cifar10_dist.system import scaling
+
+    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 10))  # 131,584 + 5,130 floats
+    assert scaling.wire_bytes(model) == 4 * (256 * 512 + 512 + 512 * 10 + 10)
+    assert scaling.wire_bytes(model, "bf16") == scaling.wire_bytes(model, "fp16") == scaling.wire_bytes(model) // 2
+    # rank 2: P and Q of each matrix (each gains at least torch's min_compression_rate, 2); the biases whole
+    assert scaling.wire_bytes(model, "powersgd", rank=2) == 4 * (2 * (512 + 256) + 512 + 2 * (10 + 512) + 10)
+    assert scaling.wire_bytes(nn.Linear(8, 4), "powersgd", rank=2) == 4 * (8 * 4 + 4)  # too small to gain: whole
+    found = scaling.estimate(0.1, 12_500_000, scaling.link_bytes_per_second("100mbit"), 4, 64)
+    exchange = 1.5 / scaling.WIRE_EFFICIENCY + 6 * scaling.LATENCY_SECONDS  # 2 (N-1)/N of 1 s, and 2 (N-1) hops
+    assert found.seconds_per_step == pytest.approx(0.1 + exchange - scaling.OVERLAP * 0.1)
+    assert found.images_per_second == pytest.approx(4 * 64 / found.seconds_per_step)
+    with pytest.raises(ValueError, match="link='fast': give its speed as 100mbit, 1gbit"):
+        scaling.link_bytes_per_second("fast")
+
+
+def test_doctor_estimates_the_probed_model_over_a_link_and_refuses_a_link_it_cannot_read():
+    from cifar10_dist import api
+
+    report = api.doctor(model="simple_cnn", batch_size=8, budget_seconds=0.2, link="100mbit")
+    assert report.scaling[0].startswith("on a 100mbit link (12.5 MB/s), a step of ")
+    assert [line.split(":")[0].strip() for line in report.scaling[1:]] == ["2 nodes", "4 nodes", "8 nodes", "16 nodes"]
+    assert "bf16" in report.scaling[1] and "powersgd" in report.scaling[1]
+    with pytest.raises(UserError, match="link='10 gigs': give its speed as"):
+        api.doctor(model="simple_cnn", batch_size=8, budget_seconds=0.2, link="10 gigs")

@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
 import torch
+import yaml
 from PIL import Image
 from torch import nn
 

@@ -15,10 +15,10 @@ from cifar10_dist import models
 from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, cifar, loaders
 from cifar10_dist.data.records import ImageSet
+from cifar10_dist.models.viewing import tta_logits
+from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training.setup import optimizers, schedules
-from cifar10_dist.training.loop.averaging import Lookahead
-from cifar10_dist.models.viewing import tta_logits
 from tests.conftest import REPO, TINY, assert_same_training_state, cli_env, run_cli, run_in_process
 
 
@@ -132,9 +132,9 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
 
 def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn.Module, list[bool], list[bool]]:
     """A small airbench network trained ``iterations`` steps with fast_muon.yaml's optimizer and schedules (the
-    whitening bias trains for 3 iterations), with or without ``WhiteningBiasFreeze``. Returns the network, its
+    whitening bias trains for 3 iterations), with or without its recipe's freeze (``recipes.whitened``). Returns the network, its
     ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient."""
-    from cifar10_dist.training.loop.freezing import WhiteningBiasFreeze
+    from cifar10_dist import recipes
 
     config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), num_epochs=iterations,
                                  whitening_bias_epochs=3.0, whitening_bias_decay=decay)
@@ -157,9 +157,8 @@ def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn
 
     trainer = Engine(step)
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
-    if freeze:
-        WhiteningBiasFreeze.attach_where_whitened(trainer, model, optimizer, optimizers.whitening_bias_until(
-            config, iterations))
+    if freeze:  # the recipe's part, as the run attaches it
+        recipes.parts_of(model).attach(trainer, optimizer, config, iterations)
     trainer.run(range(iterations), max_epochs=1)
     return model, frozen, input_needed_grad
 

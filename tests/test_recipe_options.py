@@ -17,8 +17,8 @@ from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation
 from cifar10_dist.errors import UserError
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.setup import optimizers, schedules
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.setup import optimizers, schedules
 from tests.conftest import TINY, run_in_process
 
 

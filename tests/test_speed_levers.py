@@ -13,13 +13,13 @@ import warnings
 import pytest
 import torch
 
-from cifar10_dist import models
+from cifar10_dist import models, recipes
 from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, loaders
 from cifar10_dist.data.records import MEAN, STD, DatasetInfo, ImageSet
+from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop import warm_up
-from cifar10_dist.training.loop.averaging import Lookahead
 from cifar10_dist.training.loop.step import TrainStep
 from cifar10_dist.training.setup import model_setup, optimizers
 from tests.conftest import TINY, assert_same_training_state, run_in_process
@@ -168,8 +168,8 @@ def test_the_warm_up_runs_both_airbench_branches_compiled_and_leaves_the_flag_an
     step = TrainStep(forward, optimizer, torch.nn.CrossEntropyLoss(), Precision("cpu", None))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     before = {name: tensor.clone() for name, tensor in network.state_dict().items()}
-    assert len(warm_up.branches(network)) == 2
-    for branch in warm_up.branches(network):
+    assert len(recipes.parts_of(network).warm_up_branches()) == 2
+    for branch in recipes.parts_of(network).warm_up_branches():
         with branch:
             step(images, labels)
     assert network.whitening_bias_frozen is False
@@ -180,7 +180,8 @@ def test_the_warm_up_runs_both_airbench_branches_compiled_and_leaves_the_flag_an
     step(images, labels)
     assert counters["stats"]["unique_graphs"] == compiled >= 2
     assert any(not torch.equal(before[name], tensor) for name, tensor in network.state_dict().items())
-    assert warm_up.branches(models.build_model("simple_cnn", {"width": 8}))[0].__class__.__name__ == "nullcontext"
+    simple = recipes.parts_of(models.build_model("simple_cnn", {"width": 8})).warm_up_branches()
+    assert [branch.__class__.__name__ for branch in simple] == ["nullcontext"]
 
 
 def test_the_normalisation_constants_reach_the_device_through_the_pinned_upload(monkeypatch):

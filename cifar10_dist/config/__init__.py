@@ -16,10 +16,9 @@ from cifar10_dist.config.fields import (
     Config,
     choices,
 )
-from cifar10_dist.config.options import Bounds
-from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.loading import describe_options, load_config, note
-from cifar10_dist.config.yaml_files import ConfigSource, config_path, read_yaml_mapping, shipped_configs
+from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
+from cifar10_dist.config.options import Bounds
 from cifar10_dist.config.rules import (
     MODEL_REFERENCE,
     TIMM_PREFIX,
@@ -33,6 +32,7 @@ from cifar10_dist.config.rules import (
     validate,
 )
 from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
+from cifar10_dist.config.yaml_files import ConfigSource, config_path, read_yaml_mapping, shipped_configs
 
 __all__ = ["ConfigSource", "LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "MAY_CHANGE_ON_RESUME", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
            "load_config", "note", "read_yaml_mapping", "config_path", "shipped_configs", "MODEL_REFERENCE", "absolute_model_reference",

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 from cifar10_dist.errors import UserError
 
@@ -119,6 +119,8 @@ class DoctorFlags:
     model: str = flag("airbench", "the probe's model: a built-in name or package.module:factory / file.py:factory")
     batch_size: int = flag(32, "the probe's batch")
     budget_seconds: float = flag(2.0, "about how long each probed setting runs (a step starts only if it still fits)")
+    link: Optional[str] = flag(None, "the link between your nodes (100mbit, 1gbit, 25gbit, 1.5GB/s): estimate the "
+                               "probe model's throughput at 2-16 nodes over it, without and with gradient compression")
     json: bool = flag(False, "print the report as one JSON object")
 
 
@@ -174,7 +176,7 @@ class PrepareDataFlags:
 
 @dataclass(frozen=True)
 class TuneFlags:
-    """tune's own flags (its others are config keys; ``tuning.studies.TuneOptions`` takes its defaults here)."""
+    """tune's own flags (its others are config keys); the record ``tune`` is asked with (``tuning.studies``)."""
 
     space: str | None = flag(None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per "
                              "config key", shown="FILE", required=True)

@@ -14,7 +14,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Collection, Literal
 
-
 from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
 from cifar10_dist.config.trial import TrialSpec

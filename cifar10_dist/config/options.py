@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass(frozen=True)
 class Bounds:
     """A number field's accepted range, declared with the field: ``low``/``high`` (either may be None), each

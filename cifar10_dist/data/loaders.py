@@ -17,7 +17,6 @@ from cifar10_dist.data.records import ImageSet, MappedImages
 from cifar10_dist.data.uploads import upload
 from cifar10_dist.errors import UserError
 
-
 BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 images, epoch, iteration) -> images
 PassTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (uint8 images, their indices, epoch)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cifar10_dist.errors import UserError, first_line
-from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs import checkpoint_files, files
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 

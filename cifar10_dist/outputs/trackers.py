@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from cifar10_dist.outputs.tracker_guard import Guarded
 
+
 class Tracker(Protocol):
     """What a tracker is given and does. It is built on every rank with the resolved config, the run folder and the
     run's provenance, and does its work on rank 0 (``enabled`` there when its ``with_*`` key is on), except its

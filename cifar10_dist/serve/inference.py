@@ -19,10 +19,10 @@ from cifar10_dist.config import commands
 from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
-from cifar10_dist.outputs import checkpoint_files
-from cifar10_dist.system.hardware import usable_device
 from cifar10_dist.models.restoring import restore_model
 from cifar10_dist.models.viewing import TemperatureScaled, tta_logits
+from cifar10_dist.outputs import checkpoint_files
+from cifar10_dist.system.hardware import usable_device
 
 logger = logging.getLogger(__name__)
 

@@ -161,7 +161,13 @@ def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInf
     """Static int8 quantization of ``fp32`` into ``int8``, its activation ranges calibrated on ``calibration``
     (uint8 images) ``how``; ``signed_activations``: int8 activations instead of uint8 (S8S8: what
     benchmarks.int8 compares)."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     # batches of one size: ORT's histogram calibrators (Percentile, Entropy) stack them
     size = max(divisor for divisor in range(1, 33) if len(calibration) % divisor == 0)

@@ -28,7 +28,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import commands
 from cifar10_dist.results import DoctorReport, ProbeResult
-from cifar10_dist.system import hardware, layout_numerics
+from cifar10_dist.system import hardware, layout_numerics, scaling
 from cifar10_dist.system.precision import Precision, automatic_precision, make_grad_scaler
 
 MIN_STEPS = 3  # timed steps after the warm-up that a setting needs to be compared (and advised on)
@@ -38,8 +38,10 @@ MIN_BATCH = 2
 
 def examine(model: str = commands.default(commands.DOCTOR, "model"),
             batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
-            budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds")) -> DoctorReport:
-    """The whole report; the probe gives each setting about ``budget_seconds``."""
+            budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds"),
+            link: str | None = commands.default(commands.DOCTOR, "link")) -> DoctorReport:
+    """The whole report; the probe gives each setting about ``budget_seconds``; with ``link``, the estimate at N
+    nodes over it from the probe's fastest step."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     probe_batch_size, probes = probe(model, batch_size, device, budget_seconds)
@@ -51,7 +53,16 @@ def examine(model: str = commands.default(commands.DOCTOR, "model"),
         device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=probe_batch_size,
         probe_budget_seconds=budget_seconds, probes=probes, advice=advise(probes, auto, device, numerics),
         seconds=time.perf_counter() - started, layout_numerics=numerics and numerics.describe(),
+        scaling=over_a_link(model, probe_batch_size, probes, link) if link else [],
     )
+
+
+def over_a_link(model: str, batch_size: int, probes: list[ProbeResult], link: str) -> list[str]:
+    """``system.scaling``'s table for the probed model at its fastest probed setting's step time."""
+    fastest = max((result.images_per_second for result in probes), default=0.0)
+    if not fastest:
+        return [f"on a {link} link: no estimate (no probed setting was measurable)"]
+    return scaling.table(models.build_model(model), batch_size / fastest, batch_size, link)
 
 
 def versions() -> dict[str, str]:
@@ -261,5 +272,6 @@ def render(report: DoctorReport) -> str:
     if report.layout_numerics:
         lines.append(f"channels-last numerics of {report.probe_model}: {report.layout_numerics}")
     lines += [f"advice: {line}" for line in report.advice]
+    lines += [f"scaling: {line}" for line in report.scaling]
     lines.append(f"({report.seconds:.1f} s in all)")
     return "\n".join(lines)

@@ -23,26 +23,35 @@ from ignite.engine import Engine, Events
 from ignite.handlers import EarlyStopping
 from torch import nn
 
-from cifar10_dist import checkpoint_layout, models
+from cifar10_dist import checkpoint_layout, models, recipes
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
 from cifar10_dist.outputs.run_log import RunLog
+from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.results import RunResult, TrialResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding, profiling
 from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
-from cifar10_dist.training.setup import compression, layouts, loss, model_setup, optimizers, process_setup, schedules
-from cifar10_dist.training.setup import plan
+from cifar10_dist.training.loop.averaging import WeightAverage
+from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator, early_stopping
+from cifar10_dist.training.loop.freezing import BackboneFreeze
+from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.setup import (
+    compression,
+    layouts,
+    loss,
+    model_setup,
+    optimizers,
+    plan,
+    process_setup,
+    schedules,
+)
 from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.setup.resumption import Resumption
 from cifar10_dist.training.shipping import distillation, temperature
-from cifar10_dist.training.loop.averaging import Lookahead, WeightAverage
-from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator
-from cifar10_dist.training.loop.freezing import BackboneFreeze, WhiteningBiasFreeze
-from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -187,8 +196,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
                                            data_setup.cropped_in_loader, data_setup.augment_per_pass)
     trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
-    WhiteningBiasFreeze.attach_where_whitened(trainer, network.model, optimization.optimizer,
-                                           optimizers.whitening_bias_until(config, data_setup.total_iterations))
+    recipes.parts_of(network.model).attach(trainer, optimization.optimizer, config, data_setup.total_iterations)
     if config.freeze_epochs:
         BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch
                        ).attach(trainer)
@@ -216,34 +224,14 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
         engine_set.ema = WeightAverage(network.model, trainer, config.ema_decay, warmup,
                                                config.accumulation_steps)
         engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
-    engine_set.early_stopping = early_stopping(config, trainer, engine_set.choosing_evaluator)
+    engine_set.early_stopping = early_stopping(config.early_stopping_patience, config.early_stopping_min_delta,
+                                               config.best_metric, trainer, engine_set.choosing_evaluator)
     final_test = engine_set.test_evaluator if data_setup.split == "val" else engine_set.choosing_evaluator
     engine_set.mistakes = MistakeCollector(final_test, data_setup.loaders.test.batch_size)
     if config.trial is not None:
         engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer, config.best_metric)
         engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
     return engine_set
-
-
-def early_stopping(config: Config, trainer: Engine, selection: Engine) -> EarlyStopping | None:
-    """Ignite's EarlyStopping on the val best_metric after each validation (every rank sees the same all-reduced
-    value, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
-    if config.early_stopping_patience is None:
-        return None
-    metric = config.best_metric
-    stopper = EarlyStopping(config.early_stopping_patience, lambda engine: engine.state.metrics[metric], trainer,
-                            threshold=config.early_stopping_min_delta)
-    stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
-
-    def log_stop(engine: Engine) -> None:
-        at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
-        if stopper.counter >= stopper.patience and not at_the_end:
-            logger.info("early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
-                        engine.state.epoch, metric, stopper.best_score, stopper.threshold, stopper.patience)
-
-    selection.add_event_handler(Events.COMPLETED, stopper)
-    trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)
-    return stopper
 
 
 # ---------------------------------------------------------------- checkpoints and trackers

@@ -32,8 +32,14 @@ from cifar10_dist.training.loop.trials import (
     require_optuna,
     without_password,
 )
-from cifar10_dist.tuning.reporting import INTERRUPTED, format_params, format_trial_line, state_name, trial_table
-from cifar10_dist.tuning.reporting import write_plots
+from cifar10_dist.tuning.reporting import (
+    INTERRUPTED,
+    format_params,
+    format_trial_line,
+    state_name,
+    trial_table,
+    write_plots,
+)
 from cifar10_dist.tuning.search_space import Dimension, check_space
 
 logger = logging.getLogger("cifar10_dist")
@@ -45,33 +51,23 @@ RECORD = "cifar10_dist"  # the study's user attribute holding its base config, s
 # ---------------------------------------------------------------- options, storage and the study
 
 
-@dataclass(frozen=True)
-class TuneOptions:
-    """What ``tune`` is asked to do, validated before anything starts."""
+TuneOptions = commands.TuneFlags  # what tune is asked to do: its flags' record, declared once in config.commands
 
-    study: str
-    trials: int = commands.default(commands.TUNE, "trials")  # (tune's flags: their defaults declared once there)
-    storage: str | None = commands.default(commands.TUNE, "storage")
-    sampler: str = commands.default(commands.TUNE, "sampler")
-    sampler_seed: int | None = commands.default(commands.TUNE, "sampler_seed")
-    pruner: str = commands.default(commands.TUNE, "pruner")
-    pruner_startup_trials: int = commands.default(commands.TUNE, "pruner_startup_trials")
-    pruner_warmup_epochs: int = commands.default(commands.TUNE, "pruner_warmup_epochs")
-    final_test: bool = commands.default(commands.TUNE, "final_test")
-    heartbeat: int = commands.default(commands.TUNE, "heartbeat")
 
-    def __post_init__(self) -> None:
-        if not self.study or "/" in self.study or self.study in (".", ".."):
-            raise UserError(f"study='{self.study}' must be a plain name (it is also the folder under output_path)")
-        for name, value, minimum in (("trials", self.trials, 0), ("heartbeat", self.heartbeat, 1),
-                                     ("pruner_startup_trials", self.pruner_startup_trials, 0),
-                                     ("pruner_warmup_epochs", self.pruner_warmup_epochs, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
-        if self.sampler not in SAMPLERS:
-            raise UserError(f"sampler='{self.sampler}' is unknown: choose one of {', '.join(SAMPLERS)}")
-        if self.pruner not in PRUNERS:
-            raise UserError(f"pruner='{self.pruner}' is unknown: choose one of {', '.join(PRUNERS)}")
+def check_options(options: TuneOptions) -> TuneOptions:
+    """tune's flags checked before anything starts."""
+    if not options.study or "/" in options.study or options.study in (".", ".."):
+        raise UserError(f"study='{options.study}' must be a plain name (it is also the folder under output_path)")
+    for name, value, minimum in (("trials", options.trials, 0), ("heartbeat", options.heartbeat, 1),
+                                 ("pruner_startup_trials", options.pruner_startup_trials, 0),
+                                 ("pruner_warmup_epochs", options.pruner_warmup_epochs, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
+    if options.sampler not in SAMPLERS:
+        raise UserError(f"sampler='{options.sampler}' is unknown: choose one of {', '.join(SAMPLERS)}")
+    if options.pruner not in PRUNERS:
+        raise UserError(f"pruner='{options.pruner}' is unknown: choose one of {', '.join(PRUNERS)}")
+    return options
 
 
 def storage_url(storage: str | None, study_dir: Path) -> str:

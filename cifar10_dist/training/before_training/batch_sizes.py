@@ -28,8 +28,8 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.results import BatchSizeResult, BatchSpeed
 from cifar10_dist.system import doctor
 from cifar10_dist.system.precision import choose_precision
-from cifar10_dist.training.setup import layouts, optimizers
 from cifar10_dist.training.loop.step import TrainStep
+from cifar10_dist.training.setup import layouts, optimizers
 
 CPU_CANDIDATES = (32, 64, 128, 256, 512, 1024)
 MAX_STEPS = 20

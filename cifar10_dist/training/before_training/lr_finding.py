@@ -34,9 +34,9 @@ from cifar10_dist.outputs import checkpoint_files, files, plots, tracking
 from cifar10_dist.results import LrFindResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
+from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 from cifar10_dist.training.setup import loss, model_setup, optimizers, process_setup
 from cifar10_dist.training.setup.resumption import Resumption
-from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 
 logger = logging.getLogger("cifar10_dist")
 

@@ -9,11 +9,14 @@ from typing import Any, Callable
 import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
+from ignite.handlers import EarlyStopping
 from ignite.metrics import Accuracy, ConfusionMatrix, Loss, Metric, MetricsLambda, TopKCategoricalAccuracy
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
+
+logger = logging.getLogger("cifar10_dist")
 from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.outputs.mistake_grid import SHOWN
 from cifar10_dist.results import Mistake
@@ -193,3 +196,23 @@ def attach_validation(
         validate(engine)
 
     trainer.add_event_handler(Events.EPOCH_COMPLETED(every=every_epochs) | Events.COMPLETED, maybe_validate)
+
+
+def early_stopping(patience: int | None, min_delta: float, metric: str, trainer: Engine, selection: Engine
+                   ) -> EarlyStopping | None:
+    """Ignite's EarlyStopping on the val ``metric`` after each validation (every rank sees the same all-reduced
+    value, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
+    if patience is None:
+        return None
+    stopper = EarlyStopping(patience, lambda engine: engine.state.metrics[metric], trainer, threshold=min_delta)
+    stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
+
+    def log_stop(engine: Engine) -> None:
+        at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
+        if stopper.counter >= stopper.patience and not at_the_end:
+            logger.info("early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
+                        engine.state.epoch, metric, stopper.best_score, stopper.threshold, stopper.patience)
+
+    selection.add_event_handler(Events.COMPLETED, stopper)
+    trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)
+    return stopper

@@ -1,16 +1,11 @@
-"""Parameters frozen part-way through a run, each decided from the iteration alone, so a run resumed inside or after
-the frozen part is exact.
+"""A backbone frozen part-way through a fine-tuning run, decided from the iteration alone, so a run resumed inside or
+after the frozen part is exact (a recipe's own freezes are its parts: ``recipes``).
 
 - ``BackboneFreeze``: the first ``freeze_epochs`` of a fine-tuning run, the head (the model's last Linear) trains
   alone. The backbone's learning rate is 0 then (``schedules.GroupSchedule.train_from``, so its weights do not move,
-  exactly), and its BatchNorm layers are kept in eval mode, so their running statistics do not move either.
-- ``WhiteningBiasFreeze``: the airbench whitening bias after its ``whitening_bias_epochs``, when its learning rate
-  is 0 for good: its gradient is no longer computed (``whitening_bias_frozen``), which spares the
-  backward pass the first conv group's input gradient and the activation before it; every weight moves as before."""
+  exactly), and its BatchNorm layers are kept in eval mode, so their running statistics do not move either."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from ignite.engine import Engine, Events
 from torch import nn
@@ -42,27 +37,3 @@ class BackboneFreeze:
         self.step.frozen_norms = self.norms if frozen else []
         for norm in self.norms:
             norm.train(not frozen)
-
-
-class WhiteningBiasFreeze:
-    """Sets ``whitening_bias_frozen`` on a model whitened from data (``models.WhitenedFromData``) at each
-    iteration: true after iteration ``until`` where the bias's param group has lr 0 (its schedule keeps it 0 from
-    then on), read after the LR scheduler has set this iteration's lr."""
-
-    def __init__(self, network: models.WhitenedFromData, optimizer: Any, until: int) -> None:
-        bias = network.whiten.bias
-        self.index = next(index for index, group in enumerate(optimizer.param_groups)
-                          if any(p is bias for p in group["params"]))
-        self.optimizer, self.network, self.until = optimizer, network, until  # (a resume replaces the group dicts)
-
-    @classmethod
-    def attach_where_whitened(cls, trainer: Engine, model: nn.Module, optimizer: Any, until: int) -> None:
-        """Attached (after the LR scheduler) where the model is whitened from data with a trained bias."""
-        network = models.unwrap(model)
-        bias = models.whitening_bias(network)
-        if bias is not None and bias.requires_grad:
-            trainer.add_event_handler(Events.ITERATION_STARTED, cls(network, optimizer, until))
-
-    def __call__(self, engine: Engine) -> None:
-        lr = self.optimizer.param_groups[self.index]["lr"]
-        self.network.whitening_bias_frozen = engine.state.iteration > self.until and lr == 0

@@ -7,17 +7,16 @@ the run trains exactly as it would have without them. Its seconds are recorded a
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import recipes
 from cifar10_dist.data.batches import Batch, PrepareBatch
 from cifar10_dist.data.loaders import NumberedBatch, batch_size_of, unwrapped
 from cifar10_dist.system import ranks
@@ -69,26 +68,6 @@ def first_batch(loader: Any) -> Batch:
     return dataset.__getitems__(indices)
 
 
-def branches(network: nn.Module) -> list[contextlib.AbstractContextManager]:
-    """The training forwards a run will take, each a context to warm up in: the airbench network's with its
-    whitening bias trained and frozen (``whitening_bias_frozen``: another graph to compile, other kernels to
-    time), or the one forward of any other model."""
-    bias = models.whitening_bias(network)
-    if bias is None or not bias.requires_grad:
-        return [contextlib.nullcontext()]
-    return [frozen_whitening(network, False), frozen_whitening(network, True)]
-
-
-@contextlib.contextmanager
-def frozen_whitening(network: nn.Module, frozen: bool) -> Iterator[None]:
-    """``whitening_bias_frozen`` set to ``frozen`` inside, as it was after."""
-    before, network.whitening_bias_frozen = network.whitening_bias_frozen, frozen
-    try:
-        yield
-    finally:
-        network.whitening_bias_frozen = before
-
-
 @dataclass
 class WarmUp:
     """``run()``: the warm-up of a run's training (``steps`` of them; none: nothing done), then the undoing."""
@@ -115,7 +94,7 @@ class WarmUp:
         if self.compression is not None:
             self.compression.reset()  # the undone steps exchange their gradients uncompressed
         batch = first_batch(self.loader)
-        for branch in branches(models.unwrap(network)):
+        for branch in recipes.parts_of(network).warm_up_branches():
             with branch:
                 for _ in range(steps):
                     self.step(*self.prepare(batch, 1))

@@ -78,9 +78,9 @@ class GradientCompression:
         self.state.error_dict = {bucket: stacked[rank].to(device) for bucket, stacked in errors.items()}
 
 
-def attach(model: nn.Module, config: Config) -> GradientCompression | None:
+def attach(model: nn.Module, config: Config, process_group: Any = None) -> GradientCompression | None:
     """The hook ``grad_compression`` names, registered on the DDP model (None for none, and where the model is not
-    wrapped in DDP: one process, said once)."""
+    wrapped in DDP: one process, said once); ``process_group``: the DDP's, where it is not the default one."""
     if config.grad_compression == "none":
         return None
     if not isinstance(model, nn.parallel.DistributedDataParallel):
@@ -88,10 +88,10 @@ def attach(model: nn.Module, config: Config) -> GradientCompression | None:
                            "of gradients to compress", config.grad_compression, idist.get_world_size())
         return None
     if config.grad_compression in HALF_HOOKS:
-        model.register_comm_hook(None, HALF_HOOKS[config.grad_compression])
+        model.register_comm_hook(process_group, HALF_HOOKS[config.grad_compression])
         state = None
     else:
-        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=config.powersgd_rank,
+        state = powerSGD_hook.PowerSGDState(process_group, matrix_approximation_rank=config.powersgd_rank,
                                             start_powerSGD_iter=config.powersgd_start_step,
                                             use_error_feedback=True, warm_start=True, random_seed=config.seed)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)

@@ -12,9 +12,9 @@ import ignite.distributed as idist
 import torch
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import models, recipes
 from cifar10_dist.config import Config
-from cifar10_dist.data import augmentation, batches, run_data
+from cifar10_dist.data import batches, run_data
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.system.precision import Precision
@@ -37,18 +37,15 @@ def setup_pretrained(config: Config) -> pretrained.Weights | None:
 
 def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None,
                 precision: Precision | None = None, resumption: Resumption | None = None) -> Network:
-    """The model (started from ``weights`` unless resuming), whitening-initialised from training images if it has a
-    whitening layer, its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
+    """The model (started from ``weights`` unless resuming, else with what its recipe sets from training images),
+    its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
     format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
     if weights is not None and not (resumption is not None and resumption.continues):
         pretrained.load(model, weights, info.classes)  # (a resume loads its checkpoint's weights)
-    elif isinstance(model, models.WhitenedFromData):  # initialised from data, never over pretrained weights
-        first = augmentation.eval_view(data_setup.train.images[:models.whitening_images(model)].cpu(), info.image_size,
-                                       info.crop_fraction)
-        model.init_whitening(augmentation.normalize(first, info.mean,
-                                                    info.std))
+    else:  # what the model's recipe sets from data, never over pretrained weights
+        recipes.parts_of(model).init_from_data(data_setup.train.images, info)
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
     if config.half_weights:
         half_network(model, precision)

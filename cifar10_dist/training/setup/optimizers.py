@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import models, recipes
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 from cifar10_dist.models.pretrained import head_of
@@ -35,33 +35,27 @@ class ParamGroup:
 
 def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
                      leave_out: frozenset[int] = frozenset()) -> list[ParamGroup]:
-    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the airbench
-    whitening bias (lr x whitening_bias_lr_scale, trained for its first whitening_bias_epochs), and
-    everything else; parameters whose id is in ``leave_out`` are in none of them (another optimizer trains them)."""
+    """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the groups the
+    model's recipe trains apart (``recipes.parts_of``: their lr scale and schedule), and everything else; parameters
+    whose id is in ``leave_out`` are in none of them (another optimizer trains them)."""
     network = models.unwrap(model)
     norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
-    bias = models.whitening_bias(network)
-    frozen_later = {id(bias)} if bias is not None else set()
+    apart = recipes.parts_of(network).groups_apart(config, total_iterations)
+    set_apart = {id(p) for group in apart for p in group.params}
     lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
-    whitening_scale = config.whitening_bias_lr_scale
-    whitening_until = whitening_bias_until(config, total_iterations)
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in leave_out]
-    if scale == 1.0 and not frozen_later:
+    if scale == 1.0 and not set_apart:
         return [ParamGroup(trained, lr, decay)]
     groups = [
-        ParamGroup([p for p in trained if id(p) not in norm_biases | frozen_later], lr, decay),
+        ParamGroup([p for p in trained if id(p) not in norm_biases | set_apart], lr, decay),
         ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
                    schedules.GroupSchedule(lr_scale=scale)),
-        ParamGroup([p for p in trained if id(p) in frozen_later], lr * whitening_scale, decay / whitening_scale,
-                   schedules.GroupSchedule(whitening_scale, whitening_until, config.whitening_bias_decay)),
+        *(ParamGroup([p for p in trained if id(p) in {id(q) for q in group.params}], lr * group.lr_scale,
+                     decay / group.lr_scale, schedules.GroupSchedule(group.lr_scale, group.train_until,
+                                                                       group.decay_to_zero)) for group in apart),
     ]
     return [group for group in groups if group.params]
-
-
-def whitening_bias_until(config: Config, total_iterations: int) -> int:
-    """The last iteration the airbench whitening bias trains (its ``whitening_bias_epochs``)."""
-    return round(total_iterations * config.whitening_bias_epochs / config.num_epochs)
 
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)

@@ -20,9 +20,9 @@ from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance,
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
+from cifar10_dist.training.loop.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 from cifar10_dist.training.setup import layouts, model_setup, process_setup
 from cifar10_dist.training.shipping import temperature
-from cifar10_dist.training.loop.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 
 logger = logging.getLogger("cifar10_dist")
 

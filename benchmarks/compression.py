@@ -1,0 +1,185 @@
+"""Gradient compression on a slow link (issue 74): two nodes (network namespaces joined by a veth pair under tc tbf,
+benchmarks.two_hosts) of one process each, gloo, ResNet-18 and the fast recipe's network: the step time and the bytes
+each node sends per step for each ``grad_compression`` against none, at each link speed, in interleaved rounds; the
+scaling estimate (cifar10_dist.system.scaling) against each measured step; and the accuracy each setting reaches on
+a short real-data run (fast.yaml cut short, 2 gloo processes on loopback: the link changes the time, not the
+numbers). Last run: docs/launching.md, "Slow links between nodes" (2-core Zen 4; JSON compression_cpu_zen4.json).
+
+    python -m benchmarks.compression speed [--links=1gbit,100mbit] [--models=resnet18,airbench] [--rounds=2]
+        [--steps=4] [--json=PATH]
+    python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--json=PATH]
+    python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
+
+Each speed measurement is a worker pair (``worker``, one a namespace) that joins the group over the link, builds the
+model with the run's DDP wrapping and hook (training.setup.compression), times ``--steps`` training steps on
+synthetic images after 3 untimed ones (DDP's bucket rebuild and PowerSGD's uncompressed start fall there), and reads
+its interface's byte counter around the timed steps; first, each times the same steps in a DDP of its own process
+alone with the same hook (the step and the hook's own work, no link: what the estimate starts from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import records
+from benchmarks.two_hosts import two_hosts
+
+KINDS = ("none", "bf16", "fp16", "powersgd")
+BATCH = {"resnet18": 64, "airbench": 128}  # images per node and step
+WARM_STEPS = 3
+
+
+def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
+    """One node: compute-only steps, then steps through DDP and the hook over the link (run inside a namespace)."""
+    import ignite.distributed as idist
+    import torch
+
+    from cifar10_dist import models
+    from cifar10_dist.config import load_config
+    from cifar10_dist.training.setup import compression
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    network = models.build_model(model_name, None, 10)
+    images, labels = torch.randn(BATCH[model_name], 3, 32, 32), torch.randint(0, 10, (BATCH[model_name],))
+
+    def timed(model: torch.nn.Module, count: int) -> float:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        started = time.perf_counter()
+        for _ in range(count):
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+        return (time.perf_counter() - started) / max(count, 1)
+
+    idist.initialize("gloo")
+    try:
+        config = load_config(None, backend="gloo", nproc_per_node=1, nnodes=2, node_rank=idist.get_rank(),
+                             master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]),
+                             grad_compression=kind, powersgd_start_step=2)
+        alone = [torch.distributed.new_group([rank]) for rank in range(idist.get_world_size())][idist.get_rank()]
+        solo = torch.nn.parallel.DistributedDataParallel(models.build_model(model_name, None, 10),
+                                                         process_group=alone)  # the hook, no link
+        compression.attach(solo, config, process_group=alone)
+        timed(solo, WARM_STEPS)
+        local = timed(solo, steps)  # the step and the hook's own work: what one process measures
+        ddp = torch.nn.parallel.DistributedDataParallel(network)
+        compression.attach(ddp, config)
+        timed(ddp, WARM_STEPS)
+        counter = Path(f"/sys/class/net/{os.environ['GLOO_SOCKET_IFNAME']}/statistics/tx_bytes")
+        idist.barrier()
+        sent = int(counter.read_text())
+        step = timed(ddp, steps)
+        sent = int(counter.read_text()) - sent
+    finally:
+        idist.finalize()
+    return {"compute_seconds": local, "step_seconds": step, "sent_bytes_per_step": sent / steps}
+
+
+def measure(hosts: Any, model_name: str, kind: str, steps: int) -> dict[str, Any]:
+    """The worker pair on the hosts' link; node 0's figures."""
+    command = [sys.executable, "-m", "benchmarks.compression", "worker", f"--models={model_name}", f"--kind={kind}",
+               f"--steps={steps}"]
+    env = {**os.environ, "PYTHONPATH": str(records.REPO), "OMP_NUM_THREADS": "1"}
+    processes = [hosts.start(node, command, env={**env, "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [process.communicate(timeout=1800) for process in processes]
+    if any(process.returncode for process in processes):
+        raise SystemExit(f"{model_name} {kind}: {outputs[0][1][-1500:]} {outputs[1][1][-1500:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+def speed(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    for link in args.links:
+        with two_hosts(link) as hosts:
+            for round_index in range(args.rounds):
+                for model_name in args.models:
+                    for kind in KINDS:  # interleaved: each round runs every setting once
+                        found = measure(hosts, model_name, kind, args.steps)
+                        out["speed"].setdefault(link, {}).setdefault(model_name, {}).setdefault(kind, []).append(found)
+                        records.write(args.json, out) if args.json else None
+                        print(f"{link} {model_name} {kind} round {round_index}: {found['step_seconds']:.3f} s/step, "
+                              f"{found['sent_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+    summarise(out)
+
+
+def summarise(out: dict[str, Any]) -> None:
+    """Per link, model and setting: the median step, the estimate from the median local step, its error, the bytes
+    sent against the bytes predicted, and the step over none's."""
+    from cifar10_dist import models
+    from cifar10_dist.system import scaling
+
+    out["summary"] = {}
+    for link, by_model in out["speed"].items():
+        for model_name, by_kind in by_model.items():
+            network = models.build_model(model_name, None, 10)
+            for kind, runs in by_kind.items():
+                step = statistics.median(run["step_seconds"] for run in runs)
+                compute = statistics.median(run["compute_seconds"] for run in runs)
+                predicted = scaling.estimate(compute, scaling.wire_bytes(network, kind), scaling.link_bytes_per_second(
+                    link), 2, BATCH[model_name], kind).seconds_per_step
+                out["summary"].setdefault(link, {}).setdefault(model_name, {})[kind] = {
+                    "step_seconds": step, "compute_seconds": compute, "estimated_step_seconds": predicted,
+                    "estimate_error": predicted / step - 1,
+                    "sent_mb_per_step": statistics.median(run["sent_bytes_per_step"] for run in runs) / 1e6,
+                    "wire_mb_predicted": scaling.wire_bytes(network, kind) / 1e6,
+                    "over_none": step / statistics.median(r["step_seconds"] for r in by_kind["none"])}
+    errors = [abs(row["estimate_error"]) for by_model in out["summary"].values() for by_kind in by_model.values()
+              for row in by_kind.values()]
+    out["estimate_error_max"], out["estimate_error_mean"] = max(errors), statistics.mean(errors)
+
+
+def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """fast.yaml cut short (4 epochs of 16 steps, no TTA) on 2 gloo processes per setting and seed."""
+    from benchmarks import runner
+
+    for seed in args.seeds:
+        for kind in KINDS:
+            with tempfile.TemporaryDirectory() as output:
+                run = runner.train_ours(Path(output), records.REPO / "configs" / "fast.yaml", "cpu",
+                                        data_path=args.data_path, seed=seed, num_epochs=4, epoch_length=16,
+                                        tta=0, backend="gloo", nproc_per_node=2, grad_compression=kind)
+            out["accuracy"].setdefault(kind, {})[str(seed)] = run.accuracy
+            records.write(args.json, out) if args.json else None
+            print(f"accuracy {kind} seed {seed}: {run.accuracy:.4f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=("speed", "accuracy", "worker", "summarise"))
+    parser.add_argument("--links", default="1gbit,100mbit", type=lambda text: text.split(","))
+    parser.add_argument("--models", default="resnet18,airbench", type=lambda text: text.split(","))
+    parser.add_argument("--kind", default="none")
+    parser.add_argument("--rounds", default=2, type=int)
+    parser.add_argument("--steps", default=4, type=int)
+    parser.add_argument("--seeds", default="0,1,2", type=lambda text: [int(seed) for seed in text.split(",")])
+    parser.add_argument("--data_path", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.part == "worker":
+        print(json.dumps(worker(args.models[0], args.kind, args.steps)))
+        return
+    if args.part == "summarise":  # the estimate again, over the speed runs a JSON holds
+        recorded = json.loads(Path(args.json).read_text())
+        summarise(recorded)
+        Path(args.json).write_text(json.dumps(recorded, indent=2) + "\n")
+        return
+    out: dict[str, Any] = {"command": " ".join(sys.argv), "machine": records.machine("cpu"), "speed": {},
+                           "summary": {}, "accuracy": {}, "batch_per_node": BATCH}
+    speed(args, out) if args.part == "speed" else accuracy(args, out)
+    if args.json:
+        records.write(args.json, out)
+    print(json.dumps(out["summary"] or out["accuracy"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
