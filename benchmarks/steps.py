@@ -18,8 +18,8 @@ from cifar10_dist import models
 from cifar10_dist.outputs import tracking
 from cifar10_dist.system import doctor, stopping
 from cifar10_dist.system.precision import choose_precision
-from cifar10_dist.training.setup import schedules
 from cifar10_dist.training.loop.step import TrainStep, create_trainer
+from cifar10_dist.training.setup import schedules
 
 CPU = torch.device("cpu")
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -144,7 +144,7 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = c
         pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat, report_only=report_only))
     resolved = resolve(config, **overrides)
     if report_only:
-        return studies.report_only(options.study, storage, resolved.output_path, final_test, echo)
+        return studies.report_only(str(options.study), storage, resolved.output_path, final_test, echo)
     if space is None:
         raise UserError("tune needs --space=SPACE.yaml: the config keys to search and their ranges "
                         "(see configs/space_fast.yaml)")

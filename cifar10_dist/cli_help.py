@@ -200,7 +200,7 @@ PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP
 def page(command: str) -> str:
     """The help page of ``command`` (its ``{options}`` not yet filled)."""
     found = PAGES[command]
-    return found() if callable(found) else found
+    return str(found() if callable(found) else found)
 
 
 def shipped_list() -> str:

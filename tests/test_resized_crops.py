@@ -32,7 +32,7 @@ def test_boxes_lie_in_the_image_within_the_area_and_ratio_bounds():
     assert float(area.mean()) == pytest.approx(float((theirs[:, 0] * theirs[:, 1]).mean()) / 64**2, abs=0.015)
     assert float(torch.log(ratio).mean()) == pytest.approx(float(torch.log(theirs[:, 1] / theirs[:, 0]).mean()),
                                                            abs=0.015)
-    assert len({(int(t), int(l)) for t, l in zip(top, left)}) > 300  # positions vary, to both edges
+    assert len({(int(row), int(column)) for row, column in zip(top, left)}) > 300  # positions vary, to both edges
     assert (top == 0).any() and (left == 0).any() and (top + height == 64).any() and (left + width == 64).any()
 
 

@@ -177,11 +177,11 @@ def _normalization(device: torch.device, mean: tuple[float, ...], std: tuple[flo
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
-def policy(name: str, magnitude: int | None = None) -> Transform | None:
+def policy(name: str | None, magnitude: int | None = None) -> Transform | None:
     """torchvision.transforms.v2's augmentation policy for one uint8 image (3, H, W), or None for "none":
     TrivialAugmentWide (``magnitude``: its number of bins, default 31), RandAugment (magnitude, default 9) or
     AutoAugment with its CIFAR-10 policy."""
-    if name == "none":
+    if name in (None, "none"):
         return None
     from torchvision.transforms import v2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
@@ -52,7 +52,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 PrepareBatch = Callable[[Batch, int], Batch]  # (batch, iteration) -> (inputs, targets) on the device
 
 
-def memory_format(channels_last: bool) -> torch.memory_format:
+def memory_format(channels_last: bool | str) -> torch.memory_format:
+    """The layout ``channels_last`` names (an unsettled auto, where a tool builds a model before the plan's
+    ``layouts`` settles it, reads as channels-last, as it always has)."""
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
@@ -271,7 +273,7 @@ def batch_cropper(config: TrainAugmentation, info: DatasetInfo, device: torch.de
     return crop
 
 
-def eval_batch_preparer(device: torch.device, channels_last: bool, info: DatasetInfo) -> PrepareBatch:
+def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: DatasetInfo) -> PrepareBatch:
     layout = memory_format(channels_last)
 
     def prepare(batch: Batch, iteration: int) -> Batch:
@@ -288,7 +290,7 @@ def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLo
 
     Skipping is exact when an epoch is one pass over the loader (epoch_length unset).
     """
-    sampler = loaders.batch_sampler_of(loader).sampler
+    sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
 
     @trainer.on(Events.EPOCH_STARTED)

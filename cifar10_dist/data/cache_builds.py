@@ -242,7 +242,7 @@ def allocated_memmap(path: Path, shape: tuple[int, ...], dtype: Any) -> np.ndarr
 def _save_progress(folder: Path, arrays: dict[str, np.ndarray], done: int, bad: list[list[str]]) -> None:
     """The first ``done`` images are on disk: the maps flushed, then the count written (atomically)."""
     for array in arrays.values():
-        array.flush()
+        array.flush()  # type: ignore[attr-defined]  # (a numpy memmap)
     first = arrays["images"]
     partial = folder / f"{PROGRESS}.partial"
     partial.write_text(json.dumps({"images": len(first), "size": first.shape[-1], "done": done, "bad": bad}))

@@ -158,7 +158,7 @@ def _read_batch(path: Path, label_key: str = "labels", classes: int = NUM_CLASSE
 
 
 def _concat(parts: list[ImageSet]) -> ImageSet:
-    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]))
+    return ImageSet(torch.cat([torch.as_tensor(p.images) for p in parts]), torch.cat([p.labels for p in parts]))
 
 
 def read_cifar10(folder: Path) -> tuple[ImageSet, ImageSet]:
@@ -170,7 +170,7 @@ def _write_batch(path: Path, images: ImageSet, label: str) -> None:
     entry = {
         "batch_label": label,
         "labels": images.labels.tolist(),
-        "data": images.images.reshape(len(images), -1).numpy(),
+        "data": torch.as_tensor(images.images).reshape(len(images), -1).numpy(),
         "filenames": [f"image_{i:06d}.png" for i in range(len(images))],
     }
     temporary = path.with_name(path.name + ".tmp")
@@ -204,7 +204,7 @@ def write_cifar100(folder: Path, train: ImageSet, test: ImageSet) -> None:
     for name, images in (("train", train), ("test", test)):
         entry = {"filenames": [f"image_{i:06d}.png" for i in range(len(images))], "batch_label": name,
                  "fine_labels": images.labels.tolist(), "coarse_labels": (images.labels // 5).tolist(),
-                 "data": images.images.reshape(len(images), -1).numpy()}
+                 "data": torch.as_tensor(images.images).reshape(len(images), -1).numpy()}
         (folder / name).write_bytes(pickle.dumps(entry, protocol=4))
     meta = {"fine_label_names": list(CIFAR100_FINE), "coarse_label_names": list(CIFAR100_COARSE)}
     (folder / "meta").write_bytes(pickle.dumps(meta, protocol=4))

@@ -66,8 +66,8 @@ def scan(root: Path) -> FolderScan:
                         "(and optionally DIR/test/ and DIR/val/ alike)")
     classes = class_folders(root / "train")
     if len(classes) < 2:
-        found = f"only '{classes[0]}'" if classes else "none"
-        raise UserError(f"{root / 'train'} holds {found} of the class folders a classifier needs (at least 2): "
+        held = f"only '{classes[0]}'" if classes else "none"
+        raise UserError(f"{root / 'train'} holds {held} of the class folders a classifier needs (at least 2): "
                         "one folder per class, named for it")
     files: dict[str, list[tuple[str, int]]] = {}
     for split in SPLITS:

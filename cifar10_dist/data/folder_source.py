@@ -117,7 +117,8 @@ def _named(files: list[list[str]]) -> str:
 
 def card(loaded: FolderData, root: Path) -> str:
     """The dataset's card: classes with counts per split, image sizes, checks, cache size and build time."""
-    meta = loaded.meta
+    meta, checks, cache = loaded.meta, loaded.checks, loaded.cache
+    assert meta is not None and checks is not None and cache is not None  # (a folder's load sets them)
     splits = {"train": loaded.train, "val": loaded.val, "test": loaded.test}
     present = {name: images for name, images in splits.items() if images is not None}
     width = max(12, *(len(name) for name in loaded.info.classes))
@@ -134,10 +135,10 @@ def card(loaded: FolderData, root: Path) -> str:
                      "(shorter side scaled, centre crop)")
     lines.append("normalisation (train): mean " + ", ".join(f"{v:.4f}" for v in meta.mean) + "; std "
                  + ", ".join(f"{v:.4f}" for v in meta.std))
-    lines.append(f"duplicates across splits: {loaded.checks['duplicates_across_splits']} "
-                 f"(dropped {loaded.checks['duplicates_dropped']}); unreadable files: {len(meta.bad_files)}; "
-                 f"largest/smallest class: {loaded.checks['imbalance_ratio']:.2f}")
-    size = sum(path.stat().st_size for path in loaded.cache.iterdir() if path.is_file()) / 2**20
+    lines.append(f"duplicates across splits: {checks['duplicates_across_splits']} "
+                 f"(dropped {checks['duplicates_dropped']}); unreadable files: {len(meta.bad_files)}; "
+                 f"largest/smallest class: {checks['imbalance_ratio']:.2f}")
+    size = sum(path.stat().st_size for path in cache.iterdir() if path.is_file()) / 2**20
     resumed = f" (resumed at image {meta.resumed_at})" if meta.resumed_at else ""
     lines.append(f"cache: {loaded.cache} ({size:.1f} MiB), "
                  + (f"built now in {meta.build_seconds:.1f} s{resumed}" if loaded.built else

@@ -65,12 +65,13 @@ class BatchTensorDataset(Dataset):
     def from_pass(self, batch: NumberedBatch, index: torch.Tensor) -> torch.Tensor:
         """The batch's images, sliced from its pass, which is augmented once, at its first batch (a batch of no
         pass, such as the warm-up's, is augmented alone, with the same draws for the same images)."""
-        order = batch.pass_order
+        order, transform = batch.pass_order, self.pass_transform
+        assert transform is not None  # (batches from a pass exist only where it is cut per pass)
         if order is None:
-            return self.pass_transform(self.images[index], index, batch.epoch)
+            return transform(self.images[index], index, batch.epoch)
         if self.prepared_pass is None or self.prepared_pass[0] is not order:
             self.prepared_pass = None  # (its memory free before the next pass takes its own)
-            self.prepared_pass = (order, self.pass_transform(self.images[order], order, batch.epoch))
+            self.prepared_pass = (order, transform(self.images[order], order, batch.epoch))
         return self.prepared_pass[1][batch.pass_offset:batch.pass_offset + len(batch)]
 
     def __repr__(self) -> str:
@@ -122,7 +123,8 @@ class ResumableSampler(DistributedSampler):
 
 def keep_order(loader: Any, order: str) -> None:
     """Draw the training loader's epoch orders ``order``'s way (a resumed run keeps the way it began)."""
-    batch_sampler_of(loader).sampler.order = order
+    sampler: Any = batch_sampler_of(loader).sampler
+    sampler.order = order
 
 
 class NumberedBatches(BatchSampler):
@@ -136,8 +138,9 @@ class NumberedBatches(BatchSampler):
         self.device = device
 
     def __iter__(self) -> Iterator[NumberedBatch]:
-        epoch = self.sampler.epoch
-        first = epoch * len(self) + self.sampler.start // self.batch_size + 1  # read before the pass resets start
+        sampler: Any = self.sampler  # a ResumableSampler
+        epoch = sampler.epoch
+        first = epoch * len(self) + sampler.start // self.batch_size + 1  # read before the pass resets start
         order = list(self.sampler)
         batches = len(order) // self.batch_size
         on_device = upload(torch.as_tensor(order), self.device) if self.device is not None else None
@@ -156,7 +159,9 @@ def batch_size_of(loader: Any) -> int:
 
 
 def batch_sampler_of(loader: Any) -> BatchSampler:
-    return unwrapped(loader).batch_sampler
+    found = unwrapped(loader).batch_sampler
+    assert isinstance(found, BatchSampler)
+    return found
 
 
 def unwrapped(loader: Any) -> DataLoader:
@@ -187,19 +192,23 @@ class ShardSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-        self.total_size = len(dataset)
+        size = len(dataset)  # type: ignore[arg-type]  # (our datasets have a length)
+        self.num_samples = len(range(rank, size, num_replicas))
+        self.total_size = size
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
+Loader = Any  # a DataLoader, or the XLA wrapper of one that Ignite's auto_dataloader returns on a TPU
+
+
 @dataclass
 class Loaders:
-    train: DataLoader
-    train_eval: DataLoader | None
-    test: DataLoader
-    val: DataLoader | None = None
+    train: Loader
+    train_eval: Loader | None
+    test: Loader
+    val: Loader | None = None
 
     def close(self) -> None:
         """End the worker processes the loaders keep between passes (persistent_workers). Left to the garbage
@@ -370,7 +379,7 @@ def pre_flip(images: ImageSet, seed: int) -> ImageSet:
     return ImageSet(mirrored, images.labels)
 
 
-def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> DataLoader:
+def _eval_loader(images: ImageSet, batch_size: int, common: dict, world_size: int, rank: int) -> Loader:
     import ignite.distributed as idist
 
     dataset = BatchTensorDataset(images)

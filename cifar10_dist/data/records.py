@@ -128,7 +128,7 @@ class MappedImages:
         return {"path": self.path, "rows": self.rows, "flipped": self.flipped}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["rows"], state["flipped"])
+        self.__init__(state["path"], state["rows"], state["flipped"])  # type: ignore[misc]  # (unpickling)
 
     def __repr__(self) -> str:
         return f"MappedImages({len(self)} images of {self.path})"

@@ -57,7 +57,7 @@ def preflight(config: Config) -> None:
 
 
 def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, str] | None:
-    return make_synthetic(1, limit, seed=0)[1].images, f"{limit} synthetic images"
+    return torch.as_tensor(make_synthetic(1, limit, seed=0)[1].images), f"{limit} synthetic images"
 
 
 def prepare(config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0

@@ -113,7 +113,7 @@ def caller_state_kept() -> Iterator[None]:
 def _join_started_processes(worker: Worker, config: Config, exchange: Path) -> None:
     """A process started by torchrun/srun: join the process group itself (Parallel passes no timeout there)."""
     with _torchrun_over_slurm(), _gpus_shared_by_local_ranks():
-        idist.initialize(config.backend, **_native_options(config))
+        idist.initialize(str(config.backend), **_native_options(config))
     try:
         _process_entry(idist.get_local_rank(), worker, config, exchange)
     finally:
@@ -140,7 +140,7 @@ def _gpus_shared_by_local_ranks() -> Iterator[None]:
         yield
         return
     set_device = torch.cuda.set_device
-    torch.cuda.set_device = lambda index: set_device(shared_gpu_index(index, torch.cuda.device_count()))
+    torch.cuda.set_device = lambda index: set_device(shared_gpu_index(int(index), torch.cuda.device_count()))  # type: ignore[assignment, arg-type]
     try:
         yield
     finally:

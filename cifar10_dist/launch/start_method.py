@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
@@ -95,13 +96,14 @@ def require_main_guard(workers: int | None) -> None:
 def _main_script_call() -> tuple[str | None, int]:
     """The file of the __main__ module and the line of it that led here (its outermost frame), or (None, 0) when
     __main__ is no file (a REPL, python -c)."""
-    frame, found = sys._getframe(), None
+    frame: Any = sys._getframe()
+    found = None
     while frame is not None:
         if frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>":
             found = frame
         frame = frame.f_back
     script = found.f_globals.get("__file__") if found is not None else None
-    return (script, found.f_lineno) if script and Path(script).is_file() else (None, 0)
+    return (script, found.f_lineno) if found is not None and script and Path(script).is_file() else (None, 0)
 
 
 def _is_guarded(script: str, line: int) -> bool:

@@ -54,7 +54,7 @@ def patch_removed_xm_functions(xm: Any, xr: Any) -> bool:
     return bool(missing)
 
 
-def patch_xla_spawn(xla_dist_model: type) -> bool:
+def patch_xla_spawn(xla_dist_model: Any) -> bool:  # (a class, patched)
     """Replace Ignite's ``_XlaDistModel.spawn`` by one that asks xmp.spawn for N devices the supported way."""
     if getattr(xla_dist_model.spawn, "_cifar10_dist_patch", False):
         return False
@@ -93,7 +93,7 @@ def xla_spawn_nprocs(nproc_per_node: int, environ: MutableMapping[str, str]) -> 
     return None
 
 
-def patch_xla_optimizer(xla_optimizer: type) -> bool:
+def patch_xla_optimizer(xla_optimizer: Any) -> bool:  # (a class, patched)
     """Give Ignite's XLA optimizer wrapper an ``__init__`` that works in the class Ignite builds from it."""
     if getattr(xla_optimizer.__init__, "_cifar10_dist_patch", False):
         return False
@@ -101,7 +101,7 @@ def patch_xla_optimizer(xla_optimizer: type) -> bool:
     def __init__(self: Any, optimizer: Any) -> None:
         # Ignite copies this class's __dict__ into type(name, (type(optimizer),), ...): call that base directly
         base = type(self).__mro__[1]
-        base.__init__(self, optimizer.param_groups)
+        base.__init__(self, optimizer.param_groups)  # type: ignore[misc]  # (the class Ignite made)
         self.wrapped_optimizer = optimizer
         self.param_groups = optimizer.param_groups  # the lr scheduler edits these
         self.state = optimizer.state  # momentum lives here: checkpoints must see it

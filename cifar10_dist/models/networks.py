@@ -177,6 +177,7 @@ def _import_source(reference: str, source: str) -> Any:
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None  # (a .py file: checked by the caller)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
@@ -296,7 +297,7 @@ class AirbenchNet(nn.Module):
         whitened = 2 * 3 * whitening_kernel**2
         self.whiten = nn.Conv2d(3, whitened, kernel_size=whitening_kernel, padding=0, bias=True)
         self.whiten.weight.requires_grad = False
-        nn.init.zeros_(self.whiten.bias)
+        nn.init.zeros_(self.whiten.bias)  # type: ignore[arg-type]  # (bias=True)
         self.layers = nn.Sequential(
             act(),
             _conv_group(whitened, widths[0], act),
@@ -311,6 +312,7 @@ class AirbenchNet(nn.Module):
         if not (self.whitening_bias_frozen and torch.is_grad_enabled()):
             return self.head(self.layers(self.whiten(images))) / 9
         bias = self.whiten.bias
+        assert bias is not None
         whitened = nn.functional.conv2d(images, self.whiten.weight, bias.detach())
         return self.head(self.layers(whitened)) / 9 + 0 * bias.sum()  # exactly the same logits
 

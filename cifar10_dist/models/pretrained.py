@@ -134,7 +134,7 @@ def fetch(weights: Weights) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.part{os.getpid()}")
     try:
-        with urllib.request.urlopen(weights.url, timeout=DOWNLOAD_TIMEOUT) as answer, partial.open("wb") as file:
+        with urllib.request.urlopen(str(weights.url), timeout=DOWNLOAD_TIMEOUT) as answer, partial.open("wb") as file:
             while chunk := answer.read(1 << 20):
                 file.write(chunk)
         check_hash_prefix(partial, target.name, weights)

@@ -34,4 +34,4 @@ def whitening_images(model: nn.Module) -> int:
 
 def whitening_bias(model: nn.Module) -> nn.Parameter | None:
     """The trained bias of a model whitened from data, or None for any other model."""
-    return model.whiten.bias if isinstance(model, WhitenedFromData) else None
+    return model.whiten.bias if isinstance(model, WhitenedFromData) else None  # type: ignore[return-value]

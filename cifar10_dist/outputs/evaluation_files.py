@@ -49,4 +49,4 @@ def write(folder: Path, checkpoint: Path, result: EvaluationResult, test_images:
     mistake_grid.write(folder, mistakes_stem(checkpoint), test_images, result.mistakes, checkpoint.name,
                        {"checkpoint": str(checkpoint), "test_images": result.num_samples})
     if result.reliability:
-        write_calibration(folder, calibration_stem(checkpoint), result.ece, result.reliability, checkpoint.name)
+        write_calibration(folder, calibration_stem(checkpoint), result.ece or 0.0, result.reliability, checkpoint.name)

@@ -113,11 +113,11 @@ class MLflow:
         self.logged: dict[str, int] = {}  # a continued run: each metric's last step the store had at the start
         self.enabled = bool(config["with_mlflow"]) and is_rank_zero()
         self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance
-        self.store = tracking_uri(config["mlflow_tracking_uri"], config["output_path"]) if self.enabled else None
+        self.store = tracking_uri(config["mlflow_tracking_uri"], config["output_path"]) if self.enabled else ""
         self.bounded: dict[str, str | None] = {}
         if config["with_mlflow"]:
             require_mlflow()
-        if self.enabled and self.store.startswith(("http:", "https:")):
+        if self.store.startswith(("http:", "https:")):
             self.bounded = bound_http_retries()
 
     def _start(self) -> None:

@@ -77,8 +77,9 @@ class RunRecord:
         names = {one.name for one in fields(cls)} - {"extra", "dataset"}
         data_names = {one.name for one in fields(DataRecord)}
         dataset = dict(recorded.get("dataset") or {})
-        return cls(**{key: recorded.get(key) for key in names},
-                   dataset=DataRecord(**{key: dataset.get(key) for key in data_names if key in dataset or
+        present: dict[str, Any] = {key: recorded.get(key) for key in names}
+        return cls(**present,
+                   dataset=DataRecord(**{key: dataset.get(key) for key in data_names if key in dataset or  # type: ignore[arg-type]
                                          key in ("name", "sha256")}),
                    extra={key: value for key, value in recorded.items() if key not in names | {"dataset"}})
 
@@ -184,7 +185,7 @@ def device_names(device: torch.device) -> dict[str, int]:
         name = f"cpu: {hardware.cpu_model()}"
     else:
         name = str(device.type)
-    names = idist.all_gather(name) if idist.get_world_size() > 1 else [name]
+    names: Any = idist.all_gather(name) if idist.get_world_size() > 1 else [name]
     return {each: names.count(each) for each in sorted(set(names))}
 
 

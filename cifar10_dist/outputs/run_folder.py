@@ -89,10 +89,10 @@ def refuse_an_unshared_folder(folder: Path, holder: str) -> None:
         time.sleep(0.5)
         sees = _sees(folder, holder)
     seen = idist.all_gather(int(sees))
-    blind = [rank for rank, flag in enumerate(seen) if not flag]
+    blind = [rank for rank, flag in enumerate(list(seen)) if not flag]  # type: ignore[arg-type]  # (ints)
     if blind:
         hosts = idist.all_gather(platform.node())
-        who = ", ".join(f"rank {rank} on {hosts[rank]}" for rank in blind)
+        who = ", ".join(f"rank {rank} on {hosts[rank]}" for rank in blind)  # type: ignore[index]  # (names)
         raise UserError(f"output_path='{folder.parent}' is not one folder shared by every process: {who} cannot see "
                         f"the run folder rank 0 made there ({folder / HOLDER_FILE}); every node reads and writes the "
                         "run folder (checkpoints, the best model), so give them one shared folder (NFS, Lustre, a "

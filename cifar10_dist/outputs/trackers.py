@@ -23,7 +23,10 @@ class Tracker(Protocol):
     ``saver``, which every rank uses."""
 
     enabled: bool
-    store: str | None  # where it sends, for messages
+
+    @property
+    def store(self) -> str | None:
+        """Where it sends, for messages."""
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
         """A scalar by name and step, kept locally until ``flush`` (never sent from here)."""

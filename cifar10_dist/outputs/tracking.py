@@ -107,6 +107,12 @@ def changed_keys(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key not in defaults or defaults[key] != value}
 
 
+def step_output(engine: Engine) -> Any:
+    """What the trainer's step returned (training.loop.step.StepOutput: the loss and grad norm, on the device);
+    Ignite types ``state.output`` as an int."""
+    return engine.state.output
+
+
 def indexed(device: torch.device) -> torch.device:
     """cuda -> cuda:N (the current device), so the log says which GPU; other devices as they are."""
     if device.type == "cuda" and device.index is None:
@@ -174,7 +180,7 @@ def _attach_progress(trainer: Engine, optimizer: torch.optim.Optimizer, log_ever
 
         @trainer.on(Events.ITERATION_COMPLETED(every=log_every))
         def read_loss(engine: Engine) -> None:
-            shown["loss"] = float(engine.state.output.loss)
+            shown["loss"] = float(step_output(engine).loss)
 
         ProgressBar(persist=False, bar_format=None).attach(
             trainer, output_transform=lambda _: {"loss": shown["loss"], "lr": current_lr(optimizer)}
@@ -208,7 +214,7 @@ def _attach_progress_lines(
         remaining = num_epochs * epoch_length - engine.state.iteration
         logger.info(
             "epoch %d/%d iter %d/%d: loss %.4f, lr %.4g, %.0f img/s, ETA %s",
-            engine.state.epoch, num_epochs, in_epoch, epoch_length, float(engine.state.output.loss), current_lr(optimizer),
+            engine.state.epoch, num_epochs, in_epoch, epoch_length, float(step_output(engine).loss), current_lr(optimizer),
             images_per_iteration / max(seconds_per_iteration, 1e-9), format_duration(remaining * seconds_per_iteration),
         )
 
@@ -271,12 +277,12 @@ class Recorder:
 
         @trainer.on(Events.ITERATION_COMPLETED)
         def collect_loss(engine: Engine) -> None:
-            epoch_losses.append(engine.state.output.loss)
+            epoch_losses.append(step_output(engine).loss)
 
         @trainer.on(Events.ITERATION_COMPLETED(every=every))
         def write_batch(engine: Engine) -> None:
             epoch_losses[:] = [torch.stack(epoch_losses).sum()]
-            output = engine.state.output  # training.loop.step.StepOutput
+            output = step_output(engine)
             values = {"batch_loss": float(output.loss), "lr": current_lr(optimizer)}
             if output.grad_norm is not None:  # clip_grad_norm: the last step's, pre-clip
                 values["grad_norm"] = float(output.grad_norm)

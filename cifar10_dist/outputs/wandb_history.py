@@ -34,7 +34,7 @@ def records(path: Path) -> list[Any]:
         pieces += data[position + 7:position + 7 + length]
         position += 7 + length
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # (generated protobuf)
             record.ParseFromString(pieces)
             found.append(record)
             pieces = b""

@@ -55,18 +55,19 @@ class Whitening:
     """The parts of a model whitened from data (its bias trained apart and frozen where it trains at all)."""
 
     def __init__(self, network: models.WhitenedFromData) -> None:
-        self.network = network
-        self.bias_trains = network.whiten.bias.requires_grad
+        self.network, self.bias = network, models.whitening_bias(network)  # type: ignore[arg-type]
+        self.bias_trains = self.bias is not None and self.bias.requires_grad
 
     def init_from_data(self, images: torch.Tensor, info: DatasetInfo) -> None:
-        first = augmentation.eval_view(images[: models.whitening_images(self.network)].cpu(), info.image_size,
+        first = augmentation.eval_view(images[: models.whitening_images(self.network)].cpu(),  # type: ignore[arg-type]
+                                       info.image_size,
                                        info.crop_fraction)
         self.network.init_whitening(augmentation.normalize(first, info.mean, info.std))
 
     def groups_apart(self, config: Config, total_iterations: int) -> list[GroupApart]:
-        if not self.bias_trains:
+        if self.bias is None or not self.bias_trains:
             return []
-        return [GroupApart([self.network.whiten.bias], config.whitening_bias_lr_scale,
+        return [GroupApart([self.bias], config.whitening_bias_lr_scale,
                            bias_until(config, total_iterations), config.whitening_bias_decay)]
 
     def attach(self, trainer: Engine, optimizer: Any, config: Config, total_iterations: int) -> None:

@@ -160,6 +160,7 @@ def check_images(config: dict[str, Any], info: DatasetInfo) -> tuple[torch.Tenso
     found = source.implementation().sample_images(config, CHECK_IMAGES) if source is not None else None
     images, described = found if found is not None else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images,
                                                          f"{CHECK_IMAGES} synthetic images")
+    images = torch.as_tensor(images)
     if images.shape[-1] not in (info.image_size, info.stored_size):  # synthetic check images: 32 px
         images = torch.nn.functional.interpolate(images.float(), size=info.stored_size).to(torch.uint8)
     view = augmentation.eval_view(images, info.image_size, info.crop_fraction)
@@ -248,6 +249,7 @@ def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, 
         try:
             program = torch.onnx.export(trained.scaled, (images[:2],), None, dynamo=True, input_names=["images"],
                                         output_names=["logits"], dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+            assert program is not None  # (dynamo=True returns the program)
             proto = program.model_proto
         except Exception as error:
             raise cannot_export(trained, "onnx", error) from error

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class TrainedModel:
     """A checkpoint's model in eval mode on ``device``, with what it was trained with."""
 
-    model: nn.Module
+    model: Any  # an nn.Module, or an ONNX file's runtime session behind the same call (quantizing.OnnxModel)
     checkpoint: Path
     config: dict[str, Any]  # the config recorded in the checkpoint
     classes: tuple[str, ...]

@@ -237,7 +237,7 @@ def choose(fp32: Path, calibration: torch.Tensor, choosing: torch.Tensor, info: 
         quantize(fp32, paths[-1], calibration, info, work, how=candidate)
         agreed = decided_agreement(reference, logits_of(OnnxModel(paths[-1]), choosing, info))
         table.append({"calibration": candidate.name, "agreement": float(agreed.float().mean())})
-    best = max(range(len(table)), key=lambda index: table[index]["agreement"])
+    best = max(range(len(table)), key=lambda index: float(table[index]["agreement"]))  # type: ignore[arg-type]
     return paths[best], candidates[best], table
 
 

@@ -52,7 +52,7 @@ def examine(model: str = commands.default(commands.DOCTOR, "model"),
         gpus=[asdict(gpu) for gpu in hardware.gpus()], nccl=hardware.nccl_version(), backends=hardware.backends(),
         device=device.type, auto_precision=auto.reason, probe_model=model, probe_batch_size=probe_batch_size,
         probe_budget_seconds=budget_seconds, probes=probes, advice=advise(probes, auto, device, numerics),
-        seconds=time.perf_counter() - started, layout_numerics=numerics and numerics.describe(),
+        seconds=time.perf_counter() - started, layout_numerics=numerics.describe() if numerics is not None else None,
         scaling=over_a_link(model, probe_batch_size, probes, link) if link else [],
     )
 
@@ -136,7 +136,7 @@ def time_setting(model_name: str, batch_size: int, device: torch.device, dtype: 
     started = time.perf_counter()
     torch.manual_seed(0)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    model = models.build_model(model_name).to(device, memory_format=layout)
+    model = models.build_model(model_name).to(device).to(memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
     inputs = torch.randn(batch_size, 3, 32, 32, device=device).contiguous(memory_format=layout)
     targets = torch.randint(0, 10, (batch_size,), device=device)
@@ -216,7 +216,8 @@ def advise(probes: list[ProbeResult], auto: Precision, device: torch.device,
     low = next((result for result in probes if "autocast" in result.setting), None)
     if device.type == "cpu" and low is not None and not hardware.native_bf16_cpu():
         measured = (f"with_amp=True trained {1 / low.relative_to_fp32:.1f}x slower than fp32 in the probe"
-                    if low.verdict == "slower" else "bf16 autocast is emulated, many times slower than fp32")
+                    if low.verdict == "slower" and low.relative_to_fp32 else
+                    "bf16 autocast is emulated, many times slower than fp32")
         advice.append(f"this CPU has no native bf16: {measured}; keep with_amp=auto or False")
     layout = by_name.get("fp32 + channels_last")
     if numerics is not None and not numerics.within_noise:

@@ -92,7 +92,7 @@ def layer_inputs(model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tens
 def results(model: nn.Module, images: torch.Tensor, inputs: dict[str, torch.Tensor], dtype: torch.dtype,
             layout: torch.memory_format) -> list[torch.Tensor]:
     """The model's output, then each checked layer's output and gradients, in ``dtype`` and ``layout``."""
-    copied = copy.deepcopy(model).to(dtype=dtype, memory_format=layout)
+    copied = copy.deepcopy(model).to(dtype=dtype).to(memory_format=layout)
     with torch.no_grad():
         found = [copied(images.to(dtype).contiguous(memory_format=layout)).double()]
     modules = dict(copied.named_modules())
@@ -104,7 +104,7 @@ def results(model: nn.Module, images: torch.Tensor, inputs: dict[str, torch.Tens
 def layer_results(layer: nn.Module, tensor: torch.Tensor, dtype: torch.dtype, layout: torch.memory_format
                   ) -> list[torch.Tensor]:
     """A layer's output, input gradient and parameter gradients for a fixed output gradient."""
-    copied = copy.deepcopy(layer).to(dtype=dtype, memory_format=layout)
+    copied = copy.deepcopy(layer).to(dtype=dtype).to(memory_format=layout)
     given = tensor.to(dtype=dtype, copy=True).contiguous(memory_format=layout).requires_grad_()
     output = copied(given)
     generator = torch.Generator().manual_seed(1)

@@ -35,7 +35,7 @@ def from_rank_zero(compute: Callable[..., Any], *args: Any) -> Any:
                 raise
             outcome = {"error": type(error).__name__, "message": str(error)}
     if idist.get_world_size() > 1:
-        outcome = json.loads(idist.broadcast(json.dumps(outcome), src=0, safe_mode=True))
+        outcome = json.loads(str(idist.broadcast(json.dumps(outcome), src=0, safe_mode=True)))
     if "error" in outcome:
         raise KINDS.get(outcome["error"], UserError)(outcome["message"])
     return outcome["value"]

@@ -90,7 +90,7 @@ class LossWatch:
         self.pending: list[torch.Tensor] = []
         self.first_iteration = 0
 
-    def add(self, loss: torch.Tensor | float, iteration: int) -> None:
+    def add(self, loss: torch.Tensor, iteration: int) -> None:
         if not self.pending:
             self.first_iteration = iteration
         self.pending.append(loss)
@@ -125,7 +125,7 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
     @trainer.on(Events.ITERATION_COMPLETED)
     def check(engine: Engine) -> None:
         iteration, epoch = engine.state.iteration, engine.state.epoch
-        watch.add(engine.state.output.loss, iteration)
+        watch.add(engine.state.output.loss, iteration)  # type: ignore[union-attr]  # (a StepOutput)
         reading = reads_at(iteration)
         if not (reading or agrees_every_iteration):
             return
@@ -167,7 +167,7 @@ def agree(*flags: bool) -> list[bool]:
     if idist.get_world_size() == 1:
         return list(flags)
     summed = idist.all_reduce(torch.tensor([float(flag) for flag in flags], device=idist.device()))
-    return [value > 0 for value in summed.tolist()]
+    return [value > 0 for value in torch.as_tensor(summed).tolist()]
 
 
 def raise_if_diverged(watch: LossWatch, iteration: int, epoch: int) -> None:

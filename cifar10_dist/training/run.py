@@ -145,11 +145,11 @@ def setup_optimization(config: Config, network: model_setup.Network, data_setup:
     warmup = round(config.num_warmup_epochs * per_epoch)
     drops = tuple(round(epoch * per_epoch) - warmup for epoch in milestone_epochs(config.lr_milestones))
     lr_scheduler = schedules.create_lr_scheduler(
-        optimizer, config.learning_rate, warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
+        optimizer, float(config.learning_rate), warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
         start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
         shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
     )
-    loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device,
+    loss_fn = loss.training_loss(config, data_setup.class_counts or [], data_setup.info.classes, device,
                                  data_setup.provenance)
     teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
     chooser = selection.from_config(config.select_fraction, config.select_until, network.forward, precision,
@@ -304,7 +304,7 @@ class Validation:
     calibration: dict[str, Any] | None = None  # calibrate=temperature: T and val's NLL and ECE before and after
 
     def __call__(self, trainer: Engine) -> None:
-        if trainer.state.output is not None and not math.isfinite(float(trainer.state.output.loss)):
+        if trainer.state.output is not None and not math.isfinite(float(trainer.state.output.loss)):  # type: ignore[attr-defined]
             return  # training stopped on NaN: nothing worth measuring
         epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
         results: dict[str, Any] = {"epoch": epoch, "train": None}
@@ -341,7 +341,8 @@ def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, 
         warmed = engine_set.warm_up.run() if engine_set.warm_up is not None else None
         if warmed is not None:
             validation.recorder.write_event({"event": "warm_up", "iteration": trainer.state.iteration,
-                                             "steps": engine_set.warm_up.steps, "seconds": warmed})
+                                             "steps": engine_set.warm_up.steps if engine_set.warm_up else 0,
+                                             "seconds": warmed})
         profiler = profiling.attach(config.profile, run_dir, trainer)
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
         if profiler is not None:
@@ -382,7 +383,7 @@ def evaluate_best_on_test(model: nn.Module, run_dir: Path, validation: Validatio
     if validation.engine_set.calibration is not None:  # T fitted on val, the test evaluated with it
         evaluator, scaled = validation.engine_set.calibration
         validation.calibration = temperature.calibrate(evaluator, validation.loaders.val, run_dir, name)
-        scaled.temperature.fill_(validation.calibration["temperature"])
+        scaled.temperature.fill_(validation.calibration["temperature"])  # type: ignore[operator]  # (a buffer)
     epoch = validation.latest["epoch"] if validation.latest else 0
     metrics = validation.measure("test", validation.engine_set.test_evaluator, validation.loaders.test, epoch)
     calibrated = {"temperature": validation.calibration["temperature"]} if validation.calibration else {}

@@ -26,11 +26,17 @@ class Dimension:
     step: int | float | None = None
     choices: tuple[Any, ...] = ()
 
+    def bounds(self) -> tuple[float, float]:
+        """low and high of a range (a categorical dimension has none)."""
+        assert self.low is not None and self.high is not None
+        return self.low, self.high
+
     def suggest(self, trial: Any) -> Any:
         if self.type == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+            return trial.suggest_int(self.name, int(self.bounds()[0]), int(self.bounds()[1]), step=int(self.step or 1),
+                                     log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
 
     def extremes(self) -> list[Any]:
@@ -38,14 +44,14 @@ class Dimension:
         if self.type == "categorical":
             return list(self.choices)
         if self.type == "int":
-            return [int(self.low), int(self.high)]
+            return [int(self.bounds()[0]), int(self.bounds()[1])]
         return [self.low, self.high]
 
     def grid(self) -> list[Any]:
         if self.type == "categorical":
             return list(self.choices)
         if self.type == "int" and not self.log:
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+            return list(range(int(self.bounds()[0]), int(self.bounds()[1]) + 1, int(self.step or 1)))
         raise UserError(f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
                         f"(give it choices: {{type: categorical, choices: [...]}})")
 
@@ -81,7 +87,9 @@ def _dimension(name: str, entry: Any, path: Path) -> Dimension:
         if not isinstance(choices, list) or not choices:
             raise UserError(f"{where}: choices must be a non-empty list, e.g. choices: [128, 256, 512]")
         return Dimension(name, "categorical", choices=tuple(choices))
-    low, high, step = entry.get("low"), entry.get("high"), entry.get("step")
+    low: Any = entry.get("low")
+    high: Any = entry.get("high")
+    step = entry.get("step")
     numbers = [value for value in (low, high) if isinstance(value, (int, float)) and not isinstance(value, bool)]
     if len(numbers) != 2 or not low < high:
         raise UserError(f"{where}: low and high must be numbers with low < high (got low={low}, high={high})")

@@ -113,7 +113,7 @@ def study_record(base: Config, space: Mapping[str, Dimension]) -> dict[str, Any]
 def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension]) -> tuple[Any, str]:
     """Create the study, or join it when another worker made it with the same base config and space."""
     optuna = require_optuna()
-    study_dir = Path(base.output_path) / options.study
+    study_dir = Path(base.output_path) / str(options.study)
     url = storage_url(options.storage, study_dir)
     sampler, pruner = make_sampler(options, space), make_pruner(pruner_spec(options, base.num_epochs))
     study = optuna.create_study(storage=open_storage(url, options.heartbeat), study_name=options.study,
@@ -121,7 +121,7 @@ def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension
     record = json_roundtrip({**study_record(base, space), "study_dir": str(study_dir.resolve())})
     if RECORD not in study.user_attrs:  # one attribute, written at once: a worker joining now sees all or none
         study.set_user_attr(RECORD, record)
-    _check_same_study(study_of(study), record, options.study)  # also catches a different worker writing at once
+    _check_same_study(study_of(study), record, str(options.study))  # also catches a different worker writing at once
     held = len(study.get_trials(deepcopy=False))
     if held and options.sampler_seed is not None:
         study.sampler = make_sampler(options, space, held)
@@ -292,7 +292,7 @@ def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: Tune
     params = {"study": options.study, "sampler": options.sampler, "pruner": options.pruner,
               "best_metric": base.best_metric, **{f"space.{name}": dim for name, dim in space.items()}}
     run_id = mlflow_tracking.for_the_study("its own run (the trials' parent)", uri, lambda: mlflow_tracking.study_run(
-        uri, base.mlflow_experiment, options.study, params))
+        uri, base.mlflow_experiment, str(options.study), params))
     return (uri, run_id) if run_id is not None else None
 
 

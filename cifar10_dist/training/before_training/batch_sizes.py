@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -38,11 +38,11 @@ GPU_LIMIT = 1 << 16
 ROUND_TO = 8
 
 
-def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[], None]:
+def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[], Any]:
     """One training step of the config's run on ``batch_size`` random images, as a callable."""
     torch.manual_seed(0)
     layout = batches.memory_format(config.channels_last)  # settled once by find_batch_size
-    model = models.build_model(config.model, config.model_kwargs).to(device, memory_format=layout)
+    model = models.build_model(config.model, config.model_kwargs).to(device).to(memory_format=layout)
     numeric = dataclasses.replace(config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
     train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), choose_precision(device, config.with_amp, config.amp_dtype))

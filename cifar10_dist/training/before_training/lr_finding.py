@@ -133,7 +133,7 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
                                        muon_lr=None if config.muon_lr is None else config.muon_lr / _numeric(config))
     optimizer, group_schedules = optimizers.build_optimizer(model, swept_config, data_setup.total_iterations)
     ratios = [schedule.lr_scale for schedule in group_schedules]
-    loss_fn = loss.training_loss(config, data_setup.class_counts, data_setup.info.classes, device)
+    loss_fn = loss.training_loss(config, data_setup.class_counts or [], data_setup.info.classes, device)
     step = TrainStep(forward, optimizer, loss_fn, precision, Accumulation(config.accumulation_steps, model),
                      config.clip_grad_norm)
     augment = batches.TrainAugmentation.of(config)

@@ -57,7 +57,7 @@ class RunProfiler:
     def _plan(self, engine: Engine) -> None:
         """A launch too short for the warm-up and the window shortens the warm-up (to none at the least), so that
         as many of the asked iterations as it has are traced, and says so."""
-        self.launch_iterations = max(engine.state.max_epochs * (engine.state.epoch_length or 0)
+        self.launch_iterations = max((engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
                                      - engine.state.iteration, 0)
         self.warmup = WARMUP if self.launch_iterations > WARMUP else 0
         if self.launch_iterations < WARMUP + self.iterations:
@@ -89,6 +89,7 @@ class RunProfiler:
 
     def _stop(self) -> None:
         """End the trace and write it (every rank its own file; rank 0 the table of top operators)."""
+        assert self.profiler is not None  # (started)
         self.profiler.__exit__(None, None, None)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace = self.folder / f"rank{idist.get_rank()}.pt.trace.json"

@@ -30,8 +30,10 @@ class WeightAverage:
         return self.handler.ema_model
 
     def state_dict(self) -> dict[str, Any]:
-        return {"warmup_events": self.handler.momentum_scheduler.event_index if self.warm else 0}
+        scheduler = getattr(self.handler, "momentum_scheduler", None) if self.warm else None  # (only when warmed up)
+        return {"warmup_events": scheduler.event_index if scheduler is not None else 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.warm:
-            self.handler.momentum_scheduler.event_index = state["warmup_events"]
+        scheduler = getattr(self.handler, "momentum_scheduler", None) if self.warm else None
+        if scheduler is not None:
+            scheduler.event_index = state["warmup_events"]

@@ -33,10 +33,10 @@ def host_copy(value: Any, copied: dict[int, torch.Tensor] | None = None) -> Any:
             copied[id(value)] = value.detach().to("cpu", copy=True)
         return copied[id(value)]
     if isinstance(value, Mapping):
-        rebuilt = type(value)() if type(value) in (dict, OrderedDict) else {}
+        rebuilt: dict[Any, Any] = OrderedDict() if type(value) is OrderedDict else {}
         rebuilt.update((key, host_copy(item, copied)) for key, item in value.items())
         if isinstance(rebuilt, OrderedDict) and hasattr(value, "_metadata"):
-            rebuilt._metadata = copy.deepcopy(value._metadata)
+            setattr(rebuilt, "_metadata", copy.deepcopy(value._metadata))
         return rebuilt
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(host_copy(item, copied) for item in value)

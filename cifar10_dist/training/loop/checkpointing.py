@@ -84,7 +84,7 @@ def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver:
     tracker's saver (ClearML's hooks on torch.save are process-wide) and XLA's (every process saves together)
     write inline.
     """
-    writes = _saver(run_dir, saver)
+    writes: BaseSaveHandler = _saver(run_dir, saver)
     if in_background and saver is None and not idist.has_xla_support:
         writes = BackgroundWrites(writes)
     handler = Checkpoint(

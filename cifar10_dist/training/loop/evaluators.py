@@ -15,12 +15,12 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from torch import nn
 
 from cifar10_dist.data.batches import Batch, PrepareBatch
-
-logger = logging.getLogger("cifar10_dist")
 from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.outputs.mistake_grid import SHOWN
 from cifar10_dist.results import Mistake
 from cifar10_dist.system.precision import Precision
+
+logger = logging.getLogger("cifar10_dist")
 
 
 class NumSamples(Metric):
@@ -160,7 +160,7 @@ class MistakeCollector:
         evaluator.add_event_handler(Events.ITERATION_COMPLETED, self.update)
 
     def update(self, engine: Engine) -> None:
-        logits, targets = engine.state.output
+        logits, targets = engine.state.output  # type: ignore[misc]  # (Ignite types it as an int)
         confidence, predicted = logits.softmax(dim=1).max(dim=1)
         first = (engine.state.iteration - 1) * self.batch_size
         index = idist.get_rank() + idist.get_world_size() * torch.arange(first, first + len(targets),
@@ -176,7 +176,8 @@ class MistakeCollector:
         rows = (torch.stack([values.float() for values in self.kept], dim=1) if self.kept  # indices exact to 2^24
                 else torch.zeros(0, 4, device=idist.device()))
         padding = torch.full((self.count - len(rows), 4), -1.0, device=rows.device)
-        everyone = idist.all_gather(torch.cat([rows, padding])).cpu()
+        everyone: Any = idist.all_gather(torch.cat([rows, padding]))
+        everyone = everyone.cpu()
         wrong = everyone[everyone[:, 0] >= 0]
         wrong = wrong[wrong[:, 0].argsort(descending=True, stable=True)][: self.count]
         return [Mistake(int(index), classes[int(true)], classes[int(predicted)], round(float(confidence), 4))
@@ -208,7 +209,7 @@ def early_stopping(patience: int | None, min_delta: float, metric: str, trainer:
     stopper.logger.setLevel(logging.WARNING)  # the run logs the stop itself
 
     def log_stop(engine: Engine) -> None:
-        at_the_end = engine.state.iteration >= engine.state.max_epochs * engine.state.epoch_length
+        at_the_end = engine.state.iteration >= (engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
         if stopper.counter >= stopper.patience and not at_the_end:
             logger.info("early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
                         engine.state.epoch, metric, stopper.best_score, stopper.threshold, stopper.patience)

@@ -33,14 +33,15 @@ class RunFindings:
 
 
 def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResult, findings: RunFindings,
-                   mistakes: MistakeCollector, data_setup: run_data.DataSetup, opened: OpenTrackers,
+                   mistakes: MistakeCollector | None, data_setup: run_data.DataSetup, opened: OpenTrackers,
                    recorder: tracking.Recorder, seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
     run's files for the trackers."""
-    memory = [round(value, 1) for value in idist.all_gather(tracking.private_memory_mib())]
+    memory = [round(float(value), 1) for value in idist.all_gather(tracking.private_memory_mib())]  # type: ignore[union-attr]
     ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
                        "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
-    if isinstance(result, RunResult):  # tested (every rank has the test numbers; a trial's run is not tested)
+    if isinstance(result, RunResult) and mistakes is not None:  # tested (every rank has the test numbers; a trial's
+        # run is not)
         found = mistakes.gathered(list(data_setup.info.classes))
         ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
         bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's

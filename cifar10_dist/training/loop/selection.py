@@ -57,7 +57,7 @@ class HardestSelection:
         finally:
             for norm, momentum, count in zip(self.norms, momenta, counts):
                 norm.momentum = momentum
-                if count is not None:
+                if count is not None and norm.num_batches_tracked is not None:
                     norm.num_batches_tracked.copy_(count)
 
 

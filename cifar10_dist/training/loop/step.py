@@ -78,7 +78,7 @@ class TrainStep:
             for norm in self.frozen_norms:
                 norm.eval()
         if select:
-            inputs, targets = self.selection(inputs, targets)
+            inputs, targets = self.selection(inputs, targets)  # type: ignore[misc]  # (where selecting)
         with contextlib.nullcontext() if stepping else self.accumulation.without_gradient_sync():
             with self.precision.autocast():
                 outputs = self.model(inputs)
@@ -112,7 +112,7 @@ def create_trainer(step: TrainStep, prepare_batch: PrepareBatch) -> Engine:
     def train_iteration(engine: Engine, batch: Batch) -> StepOutput:
         iteration = engine.state.iteration
         inputs, targets = prepare_batch(batch, iteration)
-        total = engine.state.max_epochs * engine.state.epoch_length
+        total = (engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
         select = step.selection is not None and step.selection.applies(iteration)
         return step(inputs, targets, step.accumulation.steps_at(iteration, total), select)
 

@@ -50,7 +50,7 @@ def restore(saved: Saved, step: TrainStep, network: nn.Module) -> None:
             value.copy_(saved.weights[name])
     step.optimizer.load_state_dict(saved.optimizer)
     step.optimizer.zero_grad(set_to_none=True)
-    if saved.scaler is not None:
+    if saved.scaler is not None and step.scaler is not None:
         step.scaler.load_state_dict(saved.scaler)
     torch.set_rng_state(saved.cpu_random)
     if saved.cuda_random:
@@ -65,7 +65,7 @@ def first_batch(loader: Any) -> Batch:
     dataset = unwrapped(loader).dataset
     indices = NumberedBatch(range(batch_size_of(loader)))
     indices.epoch, indices.iteration = 0, 1
-    return dataset.__getitems__(indices)
+    return dataset.__getitems__(indices)  # type: ignore[attr-defined]  # (the training datasets of data.loaders)
 
 
 @dataclass

@@ -37,9 +37,8 @@ class GradientCompression:
         (every rank calls this when a checkpoint is taken: Ignite's Checkpoint builds it on all of them)."""
         if self.state is None:
             return {"kind": self.kind}
-        errors = {bucket: idist.all_gather(error.unsqueeze(0)).cpu() if idist.get_world_size() > 1
-                  else error.unsqueeze(0).cpu() for bucket, error in sorted(self.state.error_dict.items())}
-        generator = self.state.rng.get_state()
+        errors = {bucket: gathered(error) for bucket, error in sorted(self.state.error_dict.items())}
+        generator: Any = self.state.rng.get_state()
         return {"kind": self.kind, "iter": int(self.state.iter), "errors": errors,
                 "p": {bucket: p.cpu() for bucket, p in self.state.p_memory_dict.items()},
                 "q": {bucket: q.cpu() for bucket, q in self.state.q_memory_dict.items()},
@@ -76,6 +75,15 @@ class GradientCompression:
             self.state.error_dict = {}
             return
         self.state.error_dict = {bucket: stacked[rank].to(device) for bucket, stacked in errors.items()}
+
+
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor``, stacked by rank, on the CPU."""
+    if idist.get_world_size() == 1:
+        return tensor.unsqueeze(0).cpu()
+    found = idist.all_gather(tensor.unsqueeze(0))
+    assert isinstance(found, torch.Tensor)
+    return found.cpu()
 
 
 def attach(model: nn.Module, config: Config, process_group: Any = None) -> GradientCompression | None:

@@ -52,7 +52,8 @@ def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrai
     if config.sync_bn and idist.get_world_size() > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
-    return Network(model, torch.compile(model, mode=config.compile_mode) if config.compile else model)
+    compiled: nn.Module = torch.compile(model, mode=config.compile_mode) if config.compile else model  # type: ignore[assignment]
+    return Network(model, compiled)
 
 
 def wrapped_for_backend(model: nn.Module) -> nn.Module:

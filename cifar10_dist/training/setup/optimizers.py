@@ -43,7 +43,7 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
     norm_biases = {id(m.bias) for m in network.modules() if isinstance(m, norm_types) and m.bias is not None}
     apart = recipes.parts_of(network).groups_apart(config, total_iterations)
     set_apart = {id(p) for group in apart for p in group.params}
-    lr, decay, scale = config.learning_rate, config.weight_decay, config.bias_lr_scale
+    lr, decay, scale = float(config.learning_rate), config.weight_decay, config.bias_lr_scale  # (find: settled)
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in leave_out]
     if scale == 1.0 and not set_apart:
         return [ParamGroup(trained, lr, decay)]
@@ -80,7 +80,7 @@ def with_decay_overrides(groups: list[ParamGroup], overrides: dict[int, float]) 
     schedule)."""
     if not overrides:
         return groups
-    split = []
+    split: list[ParamGroup] = []
     for group in groups:
         decays = sorted({overrides.get(id(p), group.weight_decay) for p in group.params})
         split.extend(ParamGroup([p for p in group.params if overrides.get(id(p), group.weight_decay) == decay],
@@ -124,18 +124,19 @@ def build_optimizer(model: nn.Module, config: Config,
     """SGD (Nesterov when asked), or with ``muon_lr`` SGD for everything but the convolution filters and Muon for
     those; with the schedule of each param group in the optimizer's order."""
     fused = {"fused": True} if config.fused_optimizer is True else {}  # (auto is settled per device: fused_on)
-    sgd_options = dict(lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
-                       nesterov=config.nesterov and config.momentum > 0, **fused)
+    learning_rate = float(config.learning_rate)  # (find: settled before an optimizer is built)
+    sgd_options: dict[str, Any] = dict(lr=learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
+                                       nesterov=config.nesterov and config.momentum > 0, **fused)
     fine_tuning = config.freeze_epochs > 0 or config.backbone_lr_scale != 1.0
     head = head_parameters(model, config) if fine_tuning else set()
     if config.muon_lr is None:
         groups = with_decay_overrides(parameter_groups(model, config, total_iterations), decay_overrides(model, config))
         groups = with_backbone_schedule(groups, head, config, total_iterations)
         if config.optimizer == "adamw":
-            optimizer = torch.optim.AdamW([g.for_optimizer() for g in groups], lr=config.learning_rate,
+            adamw = torch.optim.AdamW([g.for_optimizer() for g in groups], lr=learning_rate,
                                           betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
                                           weight_decay=config.weight_decay, **fused)
-            return optimizer, [g.schedule for g in groups]
+            return adamw, [g.schedule for g in groups]
         return torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options), [g.schedule for g in groups]
     filters = convolution_filters(model)
     if not filters:
@@ -146,7 +147,7 @@ def build_optimizer(model: nn.Module, config: Config,
     groups = with_backbone_schedule(groups, head, config, total_iterations)
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)
     optimizer = SGDWithMuon(sgd, filters, config.muon_lr, config.muon_momentum, config.muon_ns_steps)
-    muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / config.learning_rate)  # filters: backbone
+    muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / learning_rate)  # filters: backbone
     if fine_tuning:
         muon_schedule = dataclasses.replace(muon_schedule, lr_scale=muon_schedule.lr_scale * config.backbone_lr_scale,
                                             train_from=frozen_iterations(config, total_iterations))
@@ -215,7 +216,7 @@ class SGDWithMuon(torch.optim.Optimizer):
         return self.param_groups[-1]
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # (no closure: refused below)
         if closure is not None:
             raise ValueError("SGDWithMuon.step takes no closure")
         self.muon.param_groups[0]["lr"] = self.filter_group["lr"]

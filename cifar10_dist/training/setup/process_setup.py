@@ -60,7 +60,8 @@ def settled_precision(config: Config, precision: Precision) -> dict[str, object]
     config.yaml: what the run used, not what it was told to choose from."""
     if not precision.enabled:
         return {"with_amp": False}
-    return {"with_amp": True, "amp_dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}[precision.dtype]}
+    names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return {"with_amp": True, "amp_dtype": names[precision.dtype] if precision.dtype is not None else "auto"}
 
 
 def configure_device_speed(config: Config, device: torch.device) -> None:

@@ -110,7 +110,7 @@ def create_lr_scheduler(
         return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
     if len(group_schedules) != len(optimizer.param_groups):
         raise ValueError(f"{len(group_schedules)} group schedules for {len(optimizer.param_groups)} param groups")
-    schedulers = [
+    schedulers: list[Any] = [
         PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule),
                         param_group_index=index)
         for index, schedule in enumerate(group_schedules)

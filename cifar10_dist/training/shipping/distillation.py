@@ -111,9 +111,9 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
             raise _other_classes(weights.name, weights.classes, classes)
         model = models.build_model(config.teacher, None, len(classes))
         pretrained.load(model, weights, classes)
-        own = weights.normalisation or normalisation
+        own = weights.normalisation or normalisation  # type: ignore[assignment]
         record = {"model": config.teacher, **ranks.from_rank_zero(weights.describe)}  # the file hashed once
-    model = model.to(device, memory_format=layout).eval()
+    model = model.to(device).to(memory_format=layout).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     ranks.on_rank_zero(logger.info, "teacher %s (%s): %.2fM parameters, distill_alpha %g, distill_temperature %g",

@@ -66,7 +66,7 @@ class LogitsKept:
         self.handle = evaluator.add_event_handler(Events.ITERATION_COMPLETED, self.keep)
 
     def keep(self, engine: Engine) -> None:
-        logits, targets = engine.state.output
+        logits, targets = engine.state.output  # type: ignore[misc]  # (Ignite types it as an int)
         self.parts.append((logits.detach().float(), targets))
 
     def gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,10 +74,10 @@ class LogitsKept:
         logits = torch.cat([part[0] for part in self.parts])
         targets = torch.cat([part[1] for part in self.parts])
         count = torch.tensor([len(targets)], device=logits.device)
-        longest = int(idist.all_reduce(count.clone(), op="MAX").item())
+        longest = int(torch.as_tensor(idist.all_reduce(count.clone(), op="MAX")).item())
         padded = torch.cat([torch.cat([logits, targets[:, None].float()], dim=1),
                             torch.full((longest - len(targets), logits.shape[1] + 1), -1.0, device=logits.device)])
-        rows = idist.all_gather(padded).cpu()
+        rows = torch.as_tensor(idist.all_gather(padded)).cpu()
         rows = rows[rows[:, -1] >= 0]
         return rows[:, :-1], rows[:, -1].long()
 
@@ -121,7 +121,7 @@ def store_temperature(run_dir: Path, temperature: float, chosen: str) -> list[st
         if fitted is not None and path != best and not holds_the_same_model(checkpoint, fitted):
             continue  # the newest checkpoint holds a later model than the one chosen on val
         checkpoint = checkpoint_layout.with_temperature(checkpoint, temperature)
-        files.write_file(path, lambda target, content=checkpoint: torch.save(content, target))
+        files.write_file(path, lambda target: torch.save(checkpoint, target))
         written.append(path.name)
     return written
 
