@@ -25,11 +25,12 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
                 **overrides: Any) -> Config:
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
-    from_file = read_yaml_mapping(config_path(config_file)) if config_file is not None else {}
+    path = config_path(config_file) if config_file is not None else None
+    from_file = read_yaml_mapping(path) if path is not None else {}
     values = {**from_file, **overrides}
-    if config_file is not None:  # where the values came from: the file read, never one a file names
-        values["config_source"] = source_of(config_path(config_file)).to_dict()
-        _note_an_unread_namesake(config_file)
+    if path is not None:  # where the values came from: the file read, never one a file names
+        values["config_source"] = source_of(path).to_dict()
+        _note_an_unread_namesake(str(config_file), path)
     for key in values:
         _check_known(key, source=f"in {config_file}" if key not in overrides else "")
     typed = {key: _coerce(key, value) for key, value in values.items()}
@@ -47,9 +48,10 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
     return config
 
 
-def _note_an_unread_namesake(given: str | Path) -> None:
-    """One line when ``--config=demo`` reads the shipped demo while a demo.yaml lies in the working folder."""
-    namesake = unread_namesake(given, config_path(given))
+def _note_an_unread_namesake(given: str, path: Path) -> None:
+    """One line when ``--config=demo`` reads the shipped demo (``path``) while a demo.yaml lies in the working
+    folder."""
+    namesake = unread_namesake(given, path)
     if namesake is not None:
         note(f"--config={given} is the shipped config of that name; the {namesake} in this folder is not read "
              f"(--config=./{namesake} reads it)")
