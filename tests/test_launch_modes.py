@@ -180,3 +180,24 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
     (run_dir,) = (tmp_path / "out").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and trained.stdout.strip().splitlines()[-1] == str(summary["final"]["test"]["num_samples"])
+
+
+def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_dataset, tmp_path):
+    """Two nodes on loopback, each given a folder of its own as output_path (what nodes without a shared
+    filesystem see): both stop with exit 2 before training, node 0 with one line naming the folder and rank 1."""
+    port, wait = free_port(), {**ONE_THREAD, "CIFAR10_DIST_SHARED_FOLDER_WAIT": "1"}
+    nodes = [start_cli("run", *TINY, "--backend=gloo", f"--data_path={small_dataset}", "--run_name=apart",
+                       f"--output_path={tmp_path / f'node{rank}'}", "--nnodes=2", f"--node_rank={rank}",
+                       "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", env=wait)
+             for rank in (0, 1)]
+    results = []
+    try:
+        results = [(node.communicate(timeout=300), node.returncode) for node in nodes]
+    finally:
+        for node in nodes:
+            stop_all(node)
+    for (_, stderr), code in results:
+        assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert results[0][0][1].strip().splitlines()[-1].startswith(
+        f"error: output_path='{tmp_path / 'node0'}' is not one folder shared by every process: rank 1 on ")
+    assert not list((tmp_path / "node0" / "apart").glob("*.pt")) and not (tmp_path / "node1" / "apart").exists()

@@ -1,7 +1,7 @@
 """Two nodes for real (issue 74): two network namespaces joined by a rate-limited veth pair (benchmarks.two_hosts), a
 process in each, cifar10-dist's own multi-node launch across them: a run from the start and a run resumed mid-epoch
-end bit-identical to the 2-process reference with the same test numbers; nodes without one shared output folder are
-refused in one line before training; and nothing the harness made outlives it, also when a test fails inside it."""
+end bit-identical to the 2-process reference with the same test numbers; and nothing the harness made outlives it,
+also when a test fails inside it. (Nodes without one shared output folder: tests/test_launch_modes.py, on loopback.)"""
 
 from __future__ import annotations
 
@@ -20,15 +20,14 @@ from tests.conftest import LONG, assert_same_training_state, cli_env
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"two hosts cannot be made here: {unavailable()}")
 
 
-def run_two_nodes(hosts, *args: str, output: list[Path], env: dict[str, str] | None = None
-                  ) -> list[subprocess.CompletedProcess]:
-    """``cifar10-dist run ARGS`` as two nodes, node N writing to output[N] (one shared folder, or one each)."""
+def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.CompletedProcess]:
+    """``cifar10-dist run ARGS`` as two nodes, node N writing to output[N]."""
     logs = Path(tempfile.mkdtemp(prefix="two-nodes-"))
     streams = [(open(logs / f"out{node}", "w+"), open(logs / f"err{node}", "w+")) for node in (0, 1)]  # not pipes:
     # a node blocked on a full pipe would hold the other in its collectives
     processes = [hosts.start(node, [sys.executable, "-m", "cifar10_dist", "run", *args, *hosts.node_flags(node),
                                     f"--output_path={output[node]}"],
-                             env={**cli_env(), "OMP_NUM_THREADS": "1", **(env or {})},  # as 2 processes of one node
+                             env={**cli_env(), "OMP_NUM_THREADS": "1"},  # as 2 processes of one node
                              stdout=streams[node][0], stderr=streams[node][1]) for node in (0, 1)]
     finished = []
     for process, (out, err) in zip(processes, streams):
@@ -56,19 +55,6 @@ def test_two_nodes_train_and_resume_exactly_as_two_local_processes(small_dataset
         assert_same_training_state(long_spawned_reference, tmp_path / name / "training_checkpoint_72.pt")
         assert json.loads((tmp_path / name / "summary.json").read_text())["final"]["test"] == expected
     assert whole[0].stdout.count("final test:") == 1 and "final test:" not in whole[1].stdout  # node 0 reports
-
-
-def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_dataset, tmp_path):
-    with two_hosts("1gbit") as hosts:
-        results = run_two_nodes(hosts, *LONG, f"--data_path={small_dataset}", "--run_name=apart",
-                                output=[tmp_path / "node0", tmp_path / "node1"],
-                                env={"CIFAR10_DIST_SHARED_FOLDER_WAIT": "1"})
-    for result in results:
-        assert result.returncode == 2, result.stderr[-3000:]
-        assert "Traceback" not in result.stderr
-    assert results[0].stderr.strip().splitlines()[-1].startswith(
-        f"error: output_path='{tmp_path / 'node0'}' is not one folder shared by every process: rank 1 on ")
-    assert not list((tmp_path / "node0" / "apart").glob("*.pt")) and not (tmp_path / "node1" / "apart").exists()
 
 
 def test_the_harness_leaves_no_namespace_link_or_process_behind_even_when_the_body_fails():
