@@ -251,9 +251,9 @@ def prepare_data(data_path: str | Path = commands.default(commands.PREPARE_DATA,
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""
-    from cifar10_dist import sources
+    from cifar10_dist.data import records
 
     config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size, crop_fraction=crop_fraction,
                      skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
                      cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
-    return sources.source_of(dataset).implementation().prepare(config, synthetic, synthetic_test, seed)
+    return records.implementation(dataset).prepare(config, synthetic, synthetic_test, seed)

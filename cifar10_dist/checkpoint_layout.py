@@ -13,7 +13,8 @@ here (its key, where it is written, how it is read) and old files, which lack it
   library versions (``RunMetadata``).
 - A bare state dict (a user's file) reads as MODEL.
 
-Plain data and torch: no package below this one but ``errors``.
+Plain data and torch: no package below this one but ``config`` (a recorded config is read back as a ``Config``) and
+``errors``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
+from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 
 TRAINER = "trainer"
@@ -128,9 +130,19 @@ def meta(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def recorded_config(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """The config recorded in a checkpoint's META (empty when the file has none)."""
-    return dict(meta(checkpoint).get("config", {}))
+def recorded_config(checkpoint: Mapping[str, Any]) -> Config | None:
+    """The config recorded in a checkpoint's META, as a ``Config`` (``Config.from_record``: a file of an older
+    release reads with today's defaults for the keys it lacks); None when the file records none (a bare state
+    dict)."""
+    values = meta(checkpoint).get("config")
+    return Config.from_record(values) if isinstance(values, Mapping) and values else None
+
+
+def recorded_keys(checkpoint: Mapping[str, Any]) -> frozenset[str]:
+    """The config keys a checkpoint's META records (an older release's file lacks the keys added since): where a
+    reader must tell a recorded value from a default."""
+    values = meta(checkpoint).get("config")
+    return frozenset(values) if isinstance(values, Mapping) else frozenset()
 
 
 def recorded_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:

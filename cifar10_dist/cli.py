@@ -25,7 +25,6 @@ from cifar10_dist.launch.start_method import launch_rank  # (every process of a 
 from cifar10_dist.results import RunResult, SeedsResult, SplitMetrics
 from cifar10_dist.serve import formats
 
-DEFAULT_TOP_K = 3  # classes shown per image by predict, fewer when the model has fewer
 
 def run(config: str | None = None, **overrides: Any) -> None:
     """Train; print the final metrics and the run folder."""
@@ -126,8 +125,6 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     check_keys("evaluate", flags, commands.EVALUATE)
     own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
     checkpoint, json, output_dir = own["checkpoint"], own["json"], own["output_dir"]
-    if checkpoint is None:
-        raise UserError("evaluate needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     from cifar10_dist.outputs import evaluation_files
 
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
@@ -160,8 +157,6 @@ def predict(*paths: str, **flags: Any) -> None:
     """Classify image files and folders; one line (or JSON object) per image (its flags: config.commands.PREDICT)."""
     values = commands.resolve("predict", flags, commands.PREDICT)
     checkpoint, top_k, json, batch_size = values["checkpoint"], values["top_k"], values["json"], values["batch_size"]
-    if checkpoint is None:
-        raise UserError("predict needs --checkpoint=PATH (a training_checkpoint_*.pt or best_model_*.pt file)")
     if not paths:
         raise UserError("predict needs image files or folders: cifar10-dist predict --checkpoint=FILE PATH [PATH ...]")
     _require_whole("batch_size", batch_size, 1)
@@ -170,7 +165,7 @@ def predict(*paths: str, **flags: Any) -> None:
     predictions = api.predict_files(str(checkpoint), paths, batch_size=batch_size, tta=values["tta"],
                                     device=values["device"], raw_weights=bool(values["raw_weights"]))
     if top_k is None:
-        top_k = min(DEFAULT_TOP_K, len(predictions.classes))  # a two-class model shows both
+        top_k = min(commands.DEFAULT_TOP_K, len(predictions.classes))  # a two-class model shows both
     elif top_k > len(predictions.classes):
         raise UserError(f"top_k={top_k} is more than the model's {len(predictions.classes)} classes "
                         f"({', '.join(predictions.classes[:12])}{', ...' if len(predictions.classes) > 12 else ''})")
@@ -215,8 +210,6 @@ def export(**flags: Any) -> None:
     from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
     values = commands.resolve("export", flags, EXPORT_FLAGS, commands.flags_of(Quantization))
-    if values["checkpoint"] is None or values["format"] is None:
-        raise UserError(f"export needs --checkpoint=PATH and --format={formats.NAMES}")
     result = api.export(str(values.pop("checkpoint")), str(values.pop("format")), **values)
     runtime = formats.FORMATS[result.format].verified_by
     if result.tensors_equal is not None:
@@ -293,8 +286,6 @@ def tune(config: str | None = None, **flags: Any) -> None:
     config keys); prints a line per trial, the table and the best."""
     check_keys("tune", flags, commands.TUNE)
     own, overrides = commands.split("tune", flags, commands.TUNE)
-    if own["study"] is None:
-        raise UserError("tune needs --study=NAME (the study's name and its folder under output_path)")
     api.tune(config, **{**own, "study": str(own["study"])}, **overrides)
 
 

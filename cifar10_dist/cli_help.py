@@ -15,23 +15,20 @@ def flags_block(*declared: Any) -> str:
     return help_block(*declared).replace("{", "{{").replace("}", "}}")
 
 
-RUN_HELP = f"""\
-{usage("run", before=["[--config=FILE.yaml|NAME]", "[--KEY=VALUE ...]", "[--debug]"])}
+def command_page(command: str, text: str, *declared: Any, keys: bool = True, paths: tuple[str, ...] = ()) -> str:
+    """A command's help page: the usage (its config file and config keys where it takes ``keys``, the ``paths``,
+    its flags, --debug), ``text``, its flag lines with --config and --debug, then (``keys``) every config key."""
+    common = [(commands.CONFIG_FILE,)] if keys else []
+    words = usage(command, *common, *declared, before=paths, after=[*([commands.KEYS] if keys else []), "[--debug]"])
+    flags = flags_block(*declared, *common, (commands.DEBUG,))
+    return f"{words}\n\n{text}\n\n{flags}\n" + ("{options}\n" if keys else "")
 
+
+RUN_HELP = command_page("run", """\
 Train a CIFAR-10 classifier; prints the final metrics and the run folder.
-Values come from the defaults below, then the YAML file, then the command line.
+Values come from the defaults below, then the YAML file, then the command line.""")
 
-  --config=None              a YAML file with any of the keys below, or a shipped config by name: demo, default,
-                             fast, fast_muon, ... (cifar10-dist config --list)
-  --debug                    show tracebacks for errors
-{{options}}
-"""
-
-LR_FIND_FLAGS = flags_block(flags_of(LrSweep), [OUTPUT_DIR])
-
-LR_FIND_HELP = f"""\
-{usage("lr-find", flags_of(LrSweep), [OUTPUT_DIR], before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
-
+LR_FIND_HELP = command_page("lr-find", """\
 Sweep the learning rate before training (Ignite's FastaiLRFinder): the run these flags describe (model,
 pretrained start, data, augmentation, optimizer with its param groups, precision, processes) trains num_iter
 iterations at learning rates rising on a log scale from start_lr to end_lr, stopping early when the smoothed loss
@@ -39,17 +36,10 @@ passes diverge_threshold times its lowest or is not finite. Every rank sees the 
 agree. The model and optimizer are left as they were. Prints the suggested learning_rate (the schedule's peak:
 each other param group keeps its ratio to it: bias_lr_scale, backbone_lr_scale, muon_lr / learning_rate) and
 writes lr_find.png (loss against learning rate, the suggestion marked) and lr_find.json. `run
---learning_rate=find` runs this sweep (the defaults below) first and trains with its suggestion.
+--learning_rate=find` runs this sweep (the defaults below) first and trains with its suggestion.""",
+                            flags_of(LrSweep), [OUTPUT_DIR])
 
-{LR_FIND_FLAGS}
-  --config=None              YAML file with any of run's keys
-  --debug                    show tracebacks for errors
-{{options}}
-"""
-
-BATCH_SIZE_HELP = f"""\
-{usage("batch-size", commands.BATCH_SIZE, before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
-
+BATCH_SIZE_HELP = command_page("batch-size", """\
 Which batch the run these flags describe should take on this machine, measured with its own training step
 (model, optimizer with its groups, precision, memory format, image size) on random images, in this process.
 On a GPU: the largest batch that fits (doubled until out of memory, then bisected back), less a 10% margin.
@@ -57,111 +47,66 @@ On a CPU: each size timed (a warm-up step, then at least 3 steps within budget_s
 the step times as the band); the fastest is suggested only where its band clears the config's own batch's,
 else "no difference measurable" and the config's batch is kept. Sizes are per process; the suggestion is
 global (times the planned world size), with learning_rate scaled to it by the optimizer's rule (linear for
-SGD, square root for AdamW).
+SGD, square root for AdamW).""", commands.BATCH_SIZE)
 
-{flags_block(commands.BATCH_SIZE)}
-  --config=None              YAML file with any of run's keys
-  --debug                    show tracebacks for errors
-{{options}}
-"""
-
-EVALUATE_HELP = f"""\
-{usage("evaluate", commands.EVALUATE, before=["[--config=FILE.yaml|NAME]"], after=["[--KEY=VALUE ...]", "[--debug]"])}
-
+EVALUATE_HELP = command_page("evaluate", """\
 Test-set accuracy, loss and per-class accuracy of a saved model (training_checkpoint_*.pt or best_model_*.pt);
 writes the confusion matrix as confusion_<checkpoint name>.json and .png into output_dir.
 The checkpoint's recorded model (and model_kwargs), dataset, data_path and synthetic_size are used unless
 given here.
-Batch and launch keys as for run.
+Batch and launch keys as for run.""", commands.EVALUATE)
 
-{flags_block(commands.EVALUATE)}
-  --config=None              YAML file with any of the keys below
-  --debug                    show tracebacks for errors
-{{options}}
-"""
-
-PREDICT_HELP = f"""\
-{usage("predict", commands.PREDICT, before=["PATH [PATH ...]"], after=["[--debug]"])}
-
+PREDICT_HELP = command_page("predict", """\
 Classify image files with a saved model: one line per image with its top-k classes and probabilities.
 PATH is an image file (PNG, JPEG, anything Pillow opens) or a folder (searched recursively). Images are
 converted to RGB; those that are not 32x32 are resized (shorter side to 32 pixels, then the centre 32x32).
-A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.
+A file that cannot be read gets one error line, the others are still classified, and the exit code is 2.""",
+                            commands.PREDICT, keys=False, paths=("PATH [PATH ...]",))
 
-{flags_block(commands.PREDICT)}
-  --debug                    show tracebacks for errors
-"""
 
 def export_help() -> str:
     """export's page: its flags are ``serve.exporting``'s, imported (with torch) only when this page is asked
     for."""
     from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
-    return f"""\
-{usage("export", EXPORT_FLAGS, flags_of(Quantization), after=["[--debug]"])}
-
+    needs = ", ".join(f.name for f in FORMATS.values() if f.needs)
+    return command_page("export", f"""\
 Write a saved model in a form that needs neither this package nor pickle: normalised float32 images
 (N, 3, 32, 32) in, logits out. A JSON sidecar (PATH.json) holds the model reference, class names,
 normalisation mean/std, input shape and provenance. The file is loaded back with its own runtime and
 compared with the PyTorch model before it appears: logits within 1e-3 of their scale (the largest absolute
 logit) and the same top-1 class, or no file.
-Needs: {INSTALL_HINT} for {", ".join(f.name for f in FORMATS.values() if f.needs)}; the others need torch alone
+Needs: {INSTALL_HINT} for {needs}; the others need torch alone""", EXPORT_FLAGS, flags_of(Quantization), keys=False)
 
-{flags_block(EXPORT_FLAGS, flags_of(Quantization))}
-  --debug                    show tracebacks for errors
-"""
 
-TUNE_HELP = f"""\
-{usage("tune", commands.TUNE, before=["--config=FILE.yaml|NAME"], after=["[--KEY=VALUE ...]", "[--debug]"])}
-
+TUNE_HELP = command_page("tune", """\
 Tune hyperparameters with Optuna. Each trial is an ordinary run in output_path/NAME/trial-<number> (launch keys as
 for run), ranked on its best val accuracy (val_split > 0 is required: no trial sees the test set). Several tune
 processes given the same study and storage share the work. At the end: a table of the trials, best_config.yaml
-and plots in output_path/NAME, and the best trial's best model evaluated once on the test set.
-Needs: pip install 'cifar10-dist[tune]'
+and plots in output_path/NAME, and the best trial's best model evaluated once on the test set. --config (or the
+keys below) is the base config every trial starts from.
+Needs: pip install 'cifar10-dist[tune]'""", commands.TUNE)
 
-{flags_block(commands.TUNE)}
-  --config=None              YAML file with the keys of the base config (see run --help)
-  --debug                    show tracebacks for errors
-{{options}}
-"""
-
-PREPARE_HELP = f"""\
-{usage("prepare-data", commands.PREPARE_DATA, after=["[--debug]"])}
-
+PREPARE_HELP = command_page("prepare-data", """\
 Download, extract and verify CIFAR-10 into DIR/cifar-10-batches-py (CIFAR-100: DIR/cifar-100-python), or write
 a synthetic dataset in the same on-disk format; with --dataset=folder, decode an image folder
 (DIR/train/<class>/..., optionally test/ and val/) into its cache, check it and print its card: classes with
-counts per split, image sizes, normalisation, duplicates across splits, unreadable files, cache size and time.
+counts per split, image sizes, normalisation, duplicates across splits, unreadable files, cache size and time.""",
+                            commands.PREPARE_DATA, keys=False)
 
-{flags_block(commands.PREPARE_DATA)}
-  --debug                    show tracebacks for errors
-"""
-
-DOCTOR_HELP = f"""\
-{usage("doctor", commands.DOCTOR, after=["[--debug]"])}
-
+DOCTOR_HELP = command_page("doctor", """\
 What this machine is and what will be fast on it: versions; CPU model, cores, threads, kernels (AVX2/AVX512)
 and native bf16 (AMX, AVX512-BF16); GPUs (memory, compute capability, bf16) and NCCL; the distributed backends;
 a measured probe (training steps of --model in fp32, fp32 + channels_last and bf16/fp16 autocast +
 channels_last, each timed over at least 3 steps after a warm-up, with the spread); what with_amp=auto picks
 here, and advice only where a difference is beyond the spread ("not measurable here" otherwise). The probe
 takes about budget_seconds per setting (about 6 s on a CPU), at most (settings + 1) x budget_seconds when a
-slow machine needs a smaller batch. Attach --json's output to bug reports.
+slow machine needs a smaller batch. Attach --json's output to bug reports.""", commands.DOCTOR, keys=False)
 
-{flags_block(commands.DOCTOR)}
-  --debug                    show tracebacks for errors
-"""
-
-REPORT_HELP = f"""\
-{usage("report", commands.REPORT, before=["RUN_DIR [RUN_DIR ...]"], after=["[--debug]"])}
-
+REPORT_HELP = command_page("report", """\
 Compare runs: prints a table (best accuracy and its split, final test accuracy, training time) from
-each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.
-
-{flags_block(commands.REPORT)}
-  --debug                    show tracebacks for errors
-"""
+each folder's summary.json and metrics.jsonl, and writes one plot overlaying their curves.""",
+                           commands.REPORT, keys=False, paths=("RUN_DIR [RUN_DIR ...]",))
 
 MAIN_HELP = f"""\
 Usage: cifar10-dist COMMAND [--KEY=VALUE ...]     (cifar10-dist --version: the installed version)
@@ -182,19 +127,14 @@ Commands:
   config         print the resolved config as YAML (what run would use with the same flags)
 """
 
-CONFIG_HELP = f"""\
-{usage("config", commands.CONFIG, before=["[--config=FILE.yaml|NAME]", "[--KEY=VALUE ...]"], after=["[--debug]"])}
-
+CONFIG_HELP = command_page("config", """\
 Print the config that `cifar10-dist run` with the same flags would use, resolved (defaults < FILE < flags) and
 validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config=my.yaml`. A bad value is
-refused in one line, exactly as `run` refuses it. The keys are those of `cifar10-dist run --help`.
+refused in one line, exactly as `run` refuses it.""", commands.CONFIG)
 
-{flags_block(commands.CONFIG)}
-"""
-
-PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP, "predict": PREDICT_HELP, "export": export_help,
-        "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
-        "doctor": DOCTOR_HELP, "config": CONFIG_HELP}
+PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP,
+         "predict": PREDICT_HELP, "export": export_help, "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
+         "doctor": DOCTOR_HELP, "config": CONFIG_HELP}
 
 
 def page(command: str) -> str:

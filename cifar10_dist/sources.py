@@ -2,16 +2,17 @@
 ``cifar10_dist.data`` implements it. The rest of the code asks this registry; none of it compares dataset names.
 
 Light on purpose (the config is checked before torch is imported): a source names its module, which is imported
-when the source is used, as timm's reader factory defers each reader's imports. The module provides, each taking
-the resolved ``Config``:
+when the source is used (``data.records.implementation``), as timm's reader factory defers each reader's imports.
+The module is a ``data.records.DataSource`` (mypy checks each registered one), each function taking the resolved
+``Config``:
 
 - ``info(config)`` -> ``data.records.DatasetInfo``: the classes (and the default normalisation and size), before
   any image is read (a model is built from it);
 - ``load(config)`` -> ``data.records.LoadedData``: the run's images, downloaded or cached first where that is
   needed (by one process per node while the others wait: ``idist.one_rank_first(local=True)``);
 - ``preflight(config)``: checks against the filesystem before any process starts (one line for a bad layout);
-- ``sample_images(values, limit)`` -> (uint8 images (N, 3, S, S), what they are), or None: up to ``limit``
-  images of the data a checkpoint's recorded config (``values``, a mapping) names, for ``export``'s check;
+- ``sample_images(config, limit)`` -> (uint8 images (N, 3, S, S), what they are), or None: up to ``limit``
+  images of the data a checkpoint's recorded config names, for ``export``'s check;
 - ``prepare(config, synthetic, synthetic_test, seed)`` -> ``results.PreparedData``: the ``prepare-data``
   command.
 

@@ -225,3 +225,31 @@ def test_no_default_of_a_commands_flag_is_written_twice():
              for name, default in written_defaults(place).items()
              if name in {one.name for one in declared[command]} and isinstance(default, ast.Constant)]
     assert twice == []
+
+
+@pytest.mark.parametrize("command, line", [
+    (["evaluate"], "error: evaluate needs --checkpoint=PATH (cifar10-dist evaluate --help)"),
+    (["predict", "x.png"], "error: predict needs --checkpoint=FILE (cifar10-dist predict --help)"),
+    (["export"], "error: export needs --checkpoint=FILE and --format=safetensors|pt2|onnx|torchscript "
+                 "(cifar10-dist export --help)"),
+    (["tune", "--val_split=0.2"], "error: tune needs --space=FILE and --study=NAME (cifar10-dist tune --help)"),
+    (["tune", "--report_only", "--study=s"], None),  # --report_only waives --space
+])
+def test_a_required_flag_left_out_is_one_line_naming_every_one_missing(command, line, tmp_path):
+    """The flags declared required=True (their usage shows them outside brackets) are checked where every command's
+    flags are resolved, not by hand in each command."""
+    result = run_in_process(*command, f"--output_path={tmp_path}") if command[0] == "tune" else \
+        run_in_process(*command)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == line if line else "needs --" not in last, last
+
+
+def test_every_page_shows_debug_and_the_commands_with_config_keys_show_config_once():
+    from cifar10_dist import cli_help
+
+    for command in cli_help.PAGES:
+        flags = page_flags(command)
+        assert flags["debug"] is None, command
+        assert ("{options}" in cli_help.page(command)) == ("config" in flags), command
+        assert cli_help.page(command).count("  --config=FILE.yaml|NAME ") <= 1

@@ -235,3 +235,22 @@ def test_a_trial_spec_is_typed_and_survives_config_yaml(tmp_path):
     assert again.trial == spec and isinstance(again.trial.pruner, PrunerSpec) and again.trial.pruner.max_epochs == 4
     with pytest.raises(UserError, match=r"^trial=\{'study': 's'\} is not a tuning trial: expected study, storage"):
         load_config(None, val_split=0.1, trial={"study": "s"})
+
+
+def test_a_recorded_config_reads_back_as_a_config_whatever_release_wrote_it():
+    """A checkpoint's meta holds ``Config.replayable()``; ``Config.from_record`` reads it back typed: this release's
+    record as it was, an older release's (a key added since missing, a key since removed present) with the new key
+    at its default, a trial's spec as a TrialSpec again."""
+    import dataclasses
+
+    from cifar10_dist.config import PrunerSpec, TrialSpec
+
+    trial = TrialSpec("s", "sqlite:///s.db", 3, {"learning_rate": 0.1}, PrunerSpec("hyperband", 2, 1, 4))
+    now = dataclasses.replace(load_config(None, model="simple_cnn", num_epochs=3, grad_compression="bf16",
+                                          backend="gloo", nproc_per_node=2),
+                              trial=trial)
+    assert Config.from_record(now.replayable()) == dataclasses.replace(now, resume_from=None)
+    older = {key: value for key, value in now.replayable().items() if key != "grad_compression"}
+    read = Config.from_record({**older, "a_key_since_removed": 1})
+    assert read.grad_compression == Config().grad_compression and read.num_epochs == 3
+    assert read.trial == trial and isinstance(read.trial.pruner, PrunerSpec)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cifar10_dist import api
+from cifar10_dist.config import Config
 from cifar10_dist.data import cifar
 from cifar10_dist.serve import quantizing
 from tests.conftest import run_in_process
@@ -132,10 +133,10 @@ def test_a_run_with_a_val_split_chooses_its_calibration_on_the_val_images():
 
     images = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 2, 2).contiguous()
     data = SimpleNamespace(train=ImageSet(images, torch.zeros(100, dtype=torch.long)), val=None)
-    calibration, choosing, kind = quantizing.calibration_and_choice(data, {"val_split": 0.2, "val_seed": 3}, 30, 50)
+    calibration, choosing, kind = quantizing.calibration_and_choice(data, Config(val_split=0.2, val_seed=3), 30, 50)
     held = loaders.hold_out(data.train, 0.2, 3)
     assert kind == "validation" and sorted(choosing[:, 0, 0, 0].tolist()) == held.indices.tolist()
     assert not set(calibration[:, 0, 0, 0].tolist()) & set(held.indices.tolist()) and len(calibration) == 30
-    calibration, choosing, kind = quantizing.calibration_and_choice(data, {"val_split": 0.0}, 30, 50)
+    calibration, choosing, kind = quantizing.calibration_and_choice(data, Config(val_split=0.0), 30, 50)
     assert kind == "held-out training" and len(choosing) == 50
     assert not set(calibration[:, 0, 0, 0].tolist()) & set(choosing[:, 0, 0, 0].tolist())

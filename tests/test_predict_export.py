@@ -295,7 +295,7 @@ def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tm
                           "torchscript"),
     (["--format=onnx", "--output=/no/such/folder/m.onnx"], "error: output='/no/such/folder/m.onnx': the folder "
                                                            "/no/such/folder does not exist"),
-    ([], "error: export needs --checkpoint=PATH and --format=safetensors|pt2|onnx|torchscript"),
+    ([], "error: export needs --format=safetensors|pt2|onnx|torchscript (cifar10-dist export --help)"),
 ])
 def test_bad_export_arguments_are_one_line(trained, args, expected):
     result = run_in_process("export", f"--checkpoint={trained}", *args)
@@ -305,7 +305,7 @@ def test_bad_export_arguments_are_one_line(trained, args, expected):
 def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trained, tmp_path):
     """docs/models-in-and-out.md's --json example: as many top_k entries as its command line gives (the default
     where it gives none), with the keys a real run prints."""
-    from cifar10_dist.cli import DEFAULT_TOP_K
+    from cifar10_dist.config.commands import DEFAULT_TOP_K
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "models-in-and-out.md").read_text()
     command, output = re.search(r"\n\$ (cifar10-dist predict [^\n]*--json[^\n]*)\n(\{[^\n]*\})\n", doc).groups()

@@ -45,7 +45,7 @@ def preflight(config: Config) -> None:
         raise UserError(f"synthetic_size={config.synthetic_size}: stripes come in pairs, give an even number")
 
 
-def sample_images(values: dict, limit: int) -> tuple[torch.Tensor, str]:
+def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str]:
     return _stripes(limit, 3).images, f"{limit} stripe images"
 
 

@@ -28,6 +28,7 @@ class Flag:
     help: str
     shown: str | None = None
     required: bool = False  # the command cannot run without it (its usage line shows it outside brackets)
+    waived_by: str | None = None  # a switch of the same command that makes it needless (tune's --report_only)
 
     def usage(self) -> str:
         """The flag in a usage line: ``--name=SHOWN`` when required, else ``[--name=default]`` (``[--name]`` for a
@@ -56,17 +57,18 @@ def default(declared: Iterable[Flag], name: str) -> Any:
     return next(one.default for one in declared if one.name == name)
 
 
-def flag(default: Any, help: str, shown: str | None = None, name: str | None = None, required: bool = False) -> Any:
+def flag(default: Any, help: str, shown: str | None = None, name: str | None = None, required: bool = False,
+         waived_by: str | None = None) -> Any:
     """A dataclass field that is also a command's flag (``name``: the flag's, where it differs from the field's):
     how every command's flags are declared (the records above ``others``, lr-find's ``LrSweep``, export's)."""
     return dataclasses.field(default=default, metadata={"help": help, "shown": shown, "flag": name,
-                                                        "required": required})
+                                                        "required": required, "waived_by": waived_by})
 
 
 def flags_of(record: type) -> tuple[Flag, ...]:
     """The flags a dataclass declares (its fields made with ``flag``), in field order."""
     return tuple(Flag(field.metadata["flag"] or field.name, field.default, field.metadata["help"],
-                      field.metadata["shown"], field.metadata.get("required", False))
+                      field.metadata["shown"], field.metadata["required"], field.metadata["waived_by"])
                  for field in dataclasses.fields(record) if "help" in field.metadata)
 
 
@@ -88,6 +90,13 @@ def typed(default: Any, value: Any) -> Any:
     numeric = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
     return float(value) if numeric else value
 
+
+# the flags every command's page shows: the config file (commands that take config keys) and --debug
+CONFIG_FILE = Flag("config", None, "a YAML file of config keys (run --help lists them), or a shipped config by name: "
+                   "demo, default, fast, fast_muon, ... (cifar10-dist config --list)", shown="FILE.yaml|NAME")
+DEBUG = Flag("debug", False, "show tracebacks for errors")
+KEYS = "[--KEY=VALUE ...]"  # a usage's config keys
+DEFAULT_TOP_K = 3  # predict's classes per image when --top_k is not given (fewer when the model has fewer)
 
 JSON_HELP = "print the result as one JSON object"
 RAW_WEIGHTS_HELP = "a run with ema_decay: use the trained weights, not the EMA (training checkpoints)"
@@ -149,8 +158,8 @@ class PredictFlags:
     checkpoint: str | None = flag(None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is "
                                   "rebuilt), or an ONNX file of export (int8 too), run by ONNX Runtime on the CPU",
                                   shown="FILE", required=True)
-    top_k: int | None = flag(None, "classes shown per image (default: 3, or all of a model's classes when it has "
-                             "fewer)", shown="N")
+    top_k: int | None = flag(None, f"classes shown per image (default: {DEFAULT_TOP_K}, or all of a model's classes "
+                             "when it has fewer)", shown="N")
     json: bool = flag(False, "one JSON object per line: path and top-k classes with probabilities")
     batch_size: int = flag(256, "images per forward pass")
     tta: int | None = flag(None, "test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)")
@@ -179,7 +188,7 @@ class TuneFlags:
     """tune's own flags (its others are config keys); the record ``tune`` is asked with (``tuning.studies``)."""
 
     space: str | None = flag(None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per "
-                             "config key", shown="FILE", required=True)
+                             "config key", shown="FILE", required=True, waived_by="report_only")
     study: str | None = flag(None, "study name (also the folder under output_path)", shown="NAME", required=True)
     trials: int = flag(10, "trials this process runs (workers sharing a study add theirs up)")
     storage: str | None = flag(None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL "
@@ -219,7 +228,17 @@ def resolve(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -
     refuse_unknown(command, given, *declared)
     values = defaults(*declared)
     values.update({key: typed(values[key], value) for key, value in given.items()})
+    refuse_missing(command, values, *declared)
     return values
+
+
+def refuse_missing(command: str, values: Mapping[str, Any], *declared: Iterable[Flag]) -> None:
+    """One line naming every required flag without a value (unless the switch that waives it is on)."""
+    missing = [one for flags in declared for one in flags
+               if one.required and values.get(one.name) is None and not (one.waived_by and values.get(one.waived_by))]
+    if missing:
+        raise UserError(f"{command} needs {' and '.join(f'--{one.name}={one.shown}' for one in missing)} "
+                        f"(cifar10-dist {command} --help)")
 
 
 def split(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -253,8 +272,8 @@ def refuse_unknown_keys(command: str, given: Mapping[str, Any], *declared: Itera
 
 
 def usage(command: str, *declared: Iterable[Flag], before: Iterable[str] = (), after: Iterable[str] = ()) -> str:
-    """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths, the
-    config file), every other flag with its default, then ``after``; wrapped under the command."""
+    """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths), every
+    other flag with its default, then ``after``; wrapped under the command."""
     flags = [one for group in declared for one in group]
     words = [*(one.usage() for one in flags if one.required), *before,
              *(one.usage() for one in flags if not one.required), *after]

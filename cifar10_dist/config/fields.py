@@ -45,6 +45,17 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_record(cls, values: typing.Mapping[str, Any]) -> Config:
+        """A config as a run recorded it (``to_dict``/``replayable``: a checkpoint's meta, config.yaml), read back
+        as it was, not validated again: keys of this release's that an older record lacks take their defaults
+        (a key is added with the default that does what releases before it did), keys this release no longer has
+        are left out, and the trial is a ``TrialSpec`` again."""
+        known = {name: value for name, value in values.items() if name in _FIELD_NAMES}
+        if known.get("trial") is not None:
+            known["trial"] = TrialSpec.from_mapping(dict(known["trial"]))
+        return cls(**known)
+
     def replayable(self) -> dict[str, Any]:
         """What a run records as its config (config.yaml, a checkpoint's meta, the trackers' parameters): what a
         new run should do, so that replaying it trains the same run from the start. Where the run came from (the
@@ -56,6 +67,7 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+_FIELD_NAMES = frozenset(FIELDS)
 # the keys by role, from the fields (``option``): never written by hand
 UNTUNABLE = tuple(name for name, f in FIELDS.items()
                   if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"])

@@ -107,8 +107,8 @@ def checkpoint_info(checkpoint: Mapping[str, Any]) -> DatasetInfo:
     recorded = checkpoint_layout.recorded_data_info(checkpoint)
     if recorded:
         return DatasetInfo.from_dict(recorded)
-    config = checkpoint_layout.recorded_config(checkpoint)
-    return cifar_info(config.get("dataset", "cifar10"), config.get("label_mode", "fine"))
+    config = checkpoint_layout.recorded_config(checkpoint) or Config()  # a bare state dict: CIFAR-10's
+    return cifar_info(config.dataset, config.label_mode)
 
 
 # ---------------------------------------------------------------- reading and writing the on-disk format
@@ -345,11 +345,11 @@ def preflight(config: Config) -> None:
     """Nothing to check before the launch: a missing dataset is downloaded (or refused) by the run itself."""
 
 
-def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, str] | None:
+def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str] | None:
     """The first ``limit`` test images of the dataset a checkpoint's config names, while they are readable."""
-    folder = Path(str(values.get("data_path", ""))) / LAYOUTS[values["dataset"]].folder
+    folder = Path(config.data_path) / LAYOUTS[config.dataset].folder
     try:
-        test = read_test_set(values["dataset"], folder, values.get("label_mode", "fine")) if folder.is_dir() else None
+        test = read_test_set(config.dataset, folder, config.label_mode) if folder.is_dir() else None
     except UserError:
         return None
     return None if test is None else (test.images[:limit], f"{min(limit, len(test))} test images of {folder}")

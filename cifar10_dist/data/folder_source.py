@@ -8,7 +8,6 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
 
 import ignite.distributed as idist
 import numpy as np
@@ -152,12 +151,11 @@ def card(loaded: FolderData, root: Path) -> str:
 # ---------------------------------------------------------------- the folder source (sources.py)
 
 
-def stored_size(config: Config | Mapping[str, Any]) -> int:
-    """The side a folder's images are cached at (a config, or a checkpoint's recorded one): image_size, or larger
-    by 1 / crop_fraction (evaluation's central crop is then image_size, and random-resized crops have the whole
-    picture to choose from)."""
-    values = config.to_dict() if isinstance(config, Config) else config
-    return round(int(values.get("image_size", 32)) / float(values.get("crop_fraction", 1.0)))
+def stored_size(config: Config) -> int:
+    """The side a folder's images are cached at (a run's config, or a checkpoint's recorded one): image_size, or
+    larger by 1 / crop_fraction (evaluation's central crop is then image_size, and random-resized crops have the
+    whole picture to choose from)."""
+    return round(config.image_size / config.crop_fraction)
 
 
 def info(config: Config) -> DatasetInfo:
@@ -189,15 +187,15 @@ def preflight(config: Config) -> None:
     folder_scan.scan(Path(config.data_path))
 
 
-def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, str] | None:
+def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str] | None:
     """The first ``limit`` images of test/ (else train/) of the folder a checkpoint's config names, at its size."""
-    root = Path(str(values.get("data_path", "")))
+    root = Path(config.data_path)
     try:
         found = folder_scan.scan(root)
     except UserError:
         return None
     files = [root / path for path, _ in found.files["test" if found.files.get("test") else "train"][:limit]]
-    images = [folder_scan.read_fitted(path, stored_size(values)) for path in files]
+    images = [folder_scan.read_fitted(path, stored_size(config)) for path in files]
     images = [torch.from_numpy(image).permute(2, 0, 1) for image in images if image is not None]
     return (torch.stack(images), f"{len(images)} images of {root}") if images else None
 

@@ -1,17 +1,23 @@
 """The records every dataset source produces: images with their labels (``ImageSet``), what a model needs to
-see them as it was trained (``DatasetInfo``: classes, normalisation, size), and a run's splits (``LoadedData``).
+see them as it was trained (``DatasetInfo``: classes, normalisation, size), and a run's splits (``LoadedData``);
+and what a source's module provides (``DataSource``, found by ``implementation``).
 The defaults are CIFAR-10's: 32x32 images and its channel statistics."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, cast
 
 import numpy as np
 import torch
 
+from cifar10_dist import sources
 from cifar10_dist.sources import CIFAR10_CLASSES, NUM_CLASSES  # noqa: F401 (NUM_CLASSES: for the data modules)
+
+if TYPE_CHECKING:
+    from cifar10_dist.config import Config
+    from cifar10_dist.results import PreparedData
 
 CLASSES = CIFAR10_CLASSES  # the names of the CIFAR-10 source's classes, as the data modules know them
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -149,3 +155,33 @@ class ImageSet:
         """The images at ``index``: copied when in memory, still on demand when mapped."""
         images = self.images.select(index) if isinstance(self.images, MappedImages) else self.images[index]
         return ImageSet(images, self.labels[index])
+
+
+class DataSource(Protocol):
+    """What the module of a dataset source (``sources.Source.module``) provides, each taking the resolved config
+    (a checkpoint's recorded one for ``sample_images``); mypy checks every registered module against it
+    (``run_data``'s ``_SOURCE_MODULES``)."""
+
+    def info(self, config: Config) -> DatasetInfo:
+        """The classes (and the default normalisation and size), before any image is read."""
+
+    def load(self, config: Config) -> LoadedData:
+        """The run's images, downloaded or cached first where needed (one process per node while the others
+        wait)."""
+
+    def preflight(self, config: Config) -> None:
+        """Checks against the filesystem before any process starts (one line for a bad layout)."""
+
+    def sample_images(self, config: Config, limit: int) -> tuple[torch.Tensor, str] | None:
+        """Up to ``limit`` uint8 images (N, 3, S, S) of the data ``config`` names and what they are (export's
+        check), or None where they cannot be read."""
+
+    def prepare(self, config: Config, synthetic: int | None = None, synthetic_test: int | None = None,
+                seed: int = 0) -> PreparedData:
+        """The ``prepare-data`` command."""
+
+
+def implementation(dataset: str) -> DataSource:
+    """The module of the source ``dataset=NAME`` names (imported when first asked), or one line listing the
+    sources there are."""
+    return cast(DataSource, sources.source_of(dataset).implementation())

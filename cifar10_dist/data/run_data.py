@@ -9,19 +9,23 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import sources
 from cifar10_dist.config import Config, per_batch_augmentations
-from cifar10_dist.data import batches, loaders
+from cifar10_dist.data import batches, loaders, records
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
 from cifar10_dist.outputs import files, provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
+
+if TYPE_CHECKING:  # every registered source's module is a DataSource: mypy checks each against the protocol
+    from cifar10_dist.data import cifar, folder_source, synthetic
+
+    _SOURCE_MODULES: tuple[records.DataSource, ...] = (cifar, folder_source, synthetic)
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -166,7 +170,7 @@ def _rounded(values: tuple[float, ...]) -> str:
 def load_datasets(config: Config) -> LoadedData:
     """The images of the run's dataset source (``sources``): downloaded, or a folder's cache built, by one process
     per node first where that is needed."""
-    loaded = sources.source_of(config.dataset).implementation().load(config)
+    loaded = records.implementation(config.dataset).load(config)
     loaded.info = dataclasses.replace(loaded.info, crop_fraction=config.crop_fraction,
                                       stored=int(loaded.train.images.shape[-1]))  # what evaluation's view is cut from
     return loaded

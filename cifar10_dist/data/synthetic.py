@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import torch
 
 from cifar10_dist.config import Config
@@ -56,7 +54,7 @@ def preflight(config: Config) -> None:
     """Nothing on disk to check."""
 
 
-def sample_images(values: Mapping[str, Any], limit: int) -> tuple[torch.Tensor, str] | None:
+def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str] | None:
     return torch.as_tensor(make_synthetic(1, limit, seed=0)[1].images), f"{limit} synthetic images"
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist import checkpoint_layout, models, sources
+from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config, class_weights, planned_world_size
-from cifar10_dist.data import resizing
+from cifar10_dist.data import records, resizing
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files, trackers
@@ -26,7 +26,7 @@ from cifar10_dist.training.setup import optimizers
 
 def check_before_launch(config: Config) -> None:
     """Everything that would crash or hang later, refused now with a message saying what to do instead."""
-    source = sources.source_of(config.dataset).implementation()
+    source = records.implementation(config.dataset)
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
     info = source.info(config)
     classes = info.classes

@@ -96,9 +96,10 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
     from cifar10_dist import checkpoint_layout
     from cifar10_dist.outputs import checkpoint_files
 
-    recorded = checkpoint_layout.recorded_config(checkpoint_files.load_checkpoint(checkpoint))
-    inherited = {key: recorded[key] for key in INHERITED_BY_EVALUATE if key in recorded}
-    if overrides.get("model", recorded.get("model")) != recorded.get("model"):
+    loaded = checkpoint_files.load_checkpoint(checkpoint)
+    recorded, keys = checkpoint_layout.recorded_config(loaded), checkpoint_layout.recorded_keys(loaded)
+    inherited = {key: getattr(recorded, key) for key in INHERITED_BY_EVALUATE if key in keys}
+    if "model" in overrides and overrides["model"] != inherited.get("model"):
         inherited.pop("model_kwargs", None)
     if isinstance(config, Config):
         return resolve(config, **{**inherited, **overrides})

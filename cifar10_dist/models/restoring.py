@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 def check_recorded_model(checkpoint: Mapping[str, Any], model: str | None, path: str | Path) -> None:
     """The model the checkpoint was made by (recorded in its meta) against the model this run builds."""
-    recorded = checkpoint_layout.recorded_config(checkpoint).get("model")
+    recorded_config = checkpoint_layout.recorded_config(checkpoint)
+    recorded = recorded_config.model if recorded_config is not None else None
     if model is not None and recorded is not None and recorded != model:
         raise UserError(f"checkpoint '{path}' was made by model={recorded}, and this run builds model={model}: "
                         f"use --model={recorded}, or a checkpoint of {model}")
@@ -63,10 +64,10 @@ def restore_model(checkpoint: Mapping[str, Any], path: str | Path, num_classes: 
     a run hold the EMA's)."""
     recorded = checkpoint_layout.recorded_config(checkpoint)
     check_recorded_model(checkpoint, model, path)
-    name = model or recorded.get("model")
+    name = model or (recorded.model if recorded is not None else None)
     if name is None:
         raise UserError(f"checkpoint '{path}' does not record its model: give --model")
-    kwargs = model_kwargs if model is not None else recorded.get("model_kwargs")
+    kwargs = model_kwargs if model is not None else recorded.model_kwargs if recorded is not None else None
     built = build_model(name, dict(kwargs) if kwargs else None, num_classes)
     load_model_weights(built, checkpoint_layout.model_weights(checkpoint, prefer_ema=not raw_weights), str(path))
     if checkpoint_layout.has_ema(checkpoint):

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 
 from cifar10_dist import models, sources
-from cifar10_dist.data import augmentation
+from cifar10_dist.config import Config
+from cifar10_dist.data import augmentation, records
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import OutputNotWritable, UserError
@@ -131,8 +132,8 @@ def resize_rule(info: DatasetInfo) -> str:
 def describe(trained: inference.TrainedModel) -> dict[str, Any]:
     """What a user of the exported model needs: input layout and normalisation, class names, where it came from."""
     return {
-        "model": trained.config.get("model"),
-        "model_kwargs": trained.config.get("model_kwargs"),
+        "model": trained.config.model,
+        "model_kwargs": trained.config.model_kwargs,
         "classes": list(trained.classes),
         "input": {"shape": ["N", 3, trained.info.image_size, trained.info.image_size], "dtype": "float32",
                   "layout": "RGB, channels first",
@@ -153,11 +154,11 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
     }
 
 
-def check_images(config: dict[str, Any], info: DatasetInfo) -> tuple[torch.Tensor, str]:
+def check_images(config: Config, info: DatasetInfo) -> tuple[torch.Tensor, str]:
     """Normalised images for the check (with the model's normalisation): the first test images of the data the
     model was trained on when that is still readable (its source says), else synthetic images of its size."""
-    source = sources.SOURCES.get(str(config.get("dataset")))
-    found = source.implementation().sample_images(config, CHECK_IMAGES) if source is not None else None
+    known = config.dataset in sources.SOURCES  # (a checkpoint of a source this installation lacks: synthetic ones)
+    found = records.implementation(config.dataset).sample_images(config, CHECK_IMAGES) if known else None
     images, described = found if found is not None else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images,
                                                          f"{CHECK_IMAGES} synthetic images")
     images = torch.as_tensor(images)
@@ -193,7 +194,7 @@ def write_safetensors(trained: inference.TrainedModel, path: Path, metadata: dic
 
     model = trained.model
     save_model(model, str(path), metadata={"cifar10_dist": json.dumps(metadata)})
-    rebuilt = models.build_model(trained.config["model"], trained.config.get("model_kwargs"),
+    rebuilt = models.build_model(trained.config.model, trained.config.model_kwargs,
                                  len(trained.classes)).eval()
     load_model(rebuilt, str(path), strict=True)
     state, loaded = model.state_dict(), rebuilt.state_dict()
@@ -280,7 +281,7 @@ def describe_difference(result: dict[str, Any]) -> str:
 
 
 def cannot_export(trained: inference.TrainedModel, format: str, error: BaseException) -> UserError:
-    return UserError(f"model={trained.config.get('model')} cannot be exported to {format}: {failure_reason(error)}")
+    return UserError(f"model={trained.config.model} cannot be exported to {format}: {failure_reason(error)}")
 
 
 def failure_reason(error: BaseException) -> str:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from cifar10_dist import checkpoint_layout
-from cifar10_dist.config import commands
+from cifar10_dist.config import Config, commands
 from cifar10_dist.data import augmentation, cifar, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
@@ -34,7 +34,7 @@ class TrainedModel:
 
     model: Any  # an nn.Module, or an ONNX file's runtime session behind the same call (quantizing.OnnxModel)
     checkpoint: Path
-    config: dict[str, Any]  # the config recorded in the checkpoint
+    config: Config  # the config recorded in the checkpoint (an ONNX file's: its model, tta 0)
     classes: tuple[str, ...]
     device: torch.device
     provenance: dict[str, Any]  # recorded in the checkpoint (code version, data hash)
@@ -48,7 +48,7 @@ class TrainedModel:
 
     @property
     def tta(self) -> int:
-        return int(self.config.get("tta", 0))
+        return int(self.config.tta)
 
 
 def default_device() -> torch.device:
@@ -68,12 +68,14 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
             raise UserError(f"checkpoint '{checkpoint}' does not exist")
         metadata = quantizing.onnx_metadata(checkpoint)
         info = quantizing.info_of(metadata)
-        return TrainedModel(quantizing.OnnxModel(checkpoint), Path(checkpoint), {"tta": 0, "model": metadata["model"]},
+        return TrainedModel(quantizing.OnnxModel(checkpoint), Path(checkpoint),
+                            Config.from_record({"model": metadata["model"], "tta": 0}),
                             info.classes, torch.device("cpu"), metadata.get("provenance") or {}, info)
     loaded = checkpoint_files.load_checkpoint(checkpoint)
     info = cifar.checkpoint_info(loaded)
     model = restore_model(loaded, checkpoint, len(info.classes), raw_weights=raw_weights)
-    return TrainedModel(model.eval().to(chosen), Path(checkpoint), checkpoint_layout.recorded_config(loaded),
+    config = checkpoint_layout.recorded_config(loaded) or Config.from_record({})  # (restore_model found its model)
+    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config,
                         info.classes, chosen, checkpoint_layout.recorded_provenance(loaded), info,
                         checkpoint_layout.temperature(loaded))
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from cifar10_dist.config import INHERITED_BY_EVALUATE, load_config
+from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, load_config
 from cifar10_dist.data import augmentation, loaders, run_data
 from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.errors import UserError
@@ -105,10 +105,9 @@ def info_of(metadata: dict[str, Any]) -> DatasetInfo:
                        float(metadata.get("crop_fraction", 1.0)), metadata.get("stored_size"))
 
 
-def trained_data(config: dict[str, Any]) -> Any:
+def trained_data(config: Config) -> Any:
     """The data a checkpoint's model was trained on (its recorded dataset keys): the LoadedData."""
-    recorded = {key: config[key] for key in INHERITED_BY_EVALUATE if key in config}
-    return run_data.load_datasets(load_config(None, **recorded))
+    return run_data.load_datasets(load_config(None, **{key: getattr(config, key) for key in INHERITED_BY_EVALUATE}))
 
 
 def model_inputs(images: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
@@ -129,15 +128,15 @@ def held_out_split(train: torch.Tensor, calibrating: int, choosing: int) -> tupl
     return train[first.sort().values], train[rest.sort().values]
 
 
-def calibration_and_choice(data: Any, config: dict[str, Any], calibrating: int, choosing: int
+def calibration_and_choice(data: Any, config: Config, calibrating: int, choosing: int
                            ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The training images that calibrate, the images that choose the calibration and what they are: the run's
     validation images where it had them (a val/ folder, or the val_split its config records: never trained on),
     else training images the calibration does not use."""
     val = data.val
     train = data.train
-    if val is None and float(config.get("val_split") or 0) > 0:
-        held = loaders.hold_out(data.train, float(config["val_split"]), int(config.get("val_seed") or 0))
+    if val is None and config.val_split > 0:
+        held = loaders.hold_out(data.train, config.val_split, config.val_seed)
         train, val = held.train, held.val
     if val is not None and len(val):
         calibration = held_out_split(train.images, calibrating, 0)[0]

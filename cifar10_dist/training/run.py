@@ -93,7 +93,7 @@ def training(config: Config) -> dict[str, Any]:
                     validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder,
                                             config.best_metric)
                     attach_validation(engine_set.trainer, config.validate_every, validation)
-                    resumed = checkpointing.resume_if_asked(to_save, resume_from, config.to_dict())
+                    resumed = checkpointing.resume_if_asked(to_save, resume_from, config)
                     checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
                     logger.info("run folder: %s", run_dir)
                     findings = run_end.RunFindings()

@@ -214,9 +214,10 @@ def settle_learning_rate(config: Config, network: Any, data_setup: run_data.Data
 
 def _recorded_learning_rate(path: str) -> dict[str, Any]:
     recorded = checkpoint_layout.recorded_config(checkpoint_files.load_checkpoint(path, mmap=True))
-    found = recorded.get("lr_found")
+    found = recorded.lr_found if recorded is not None else None
     if not isinstance(found, dict) or "suggestion" not in found:
-        found = {"suggestion": recorded.get("learning_rate"), "rule": "given", "note": "the checkpoint's own"}
+        rate = recorded.learning_rate if recorded is not None else None
+        found = {"suggestion": rate, "rule": "given", "note": "the checkpoint's own"}
     return found
 
 

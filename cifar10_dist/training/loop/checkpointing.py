@@ -158,7 +158,7 @@ class Resumed:
     batch_size: int | None
 
 
-def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, Any] | None = None) -> Resumed:
+def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None = None) -> Resumed:
     """Restore every object in ``to_load`` from a training checkpoint. A checkpoint that does not fit this run
     (another model, optimizer or number of param groups) is one line naming what it records against what this
     run builds."""
@@ -169,7 +169,7 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
             f"checkpoint '{path}' is not a training checkpoint: missing {', '.join(missing)} "
             f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
         )
-    restoring.check_recorded_model(checkpoint, (config or {}).get("model"), path)
+    restoring.check_recorded_model(checkpoint, config.model if config is not None else None, path)
     restoring.check_fits(models.unwrap(to_load[checkpoint_layout.MODEL]).state_dict(),
                          checkpoint_layout.model_weights(checkpoint), path)
     check_optimizer_fits(to_load[checkpoint_layout.OPTIMIZER].state_dict(),
@@ -180,12 +180,12 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Mapping[str, An
         raise UserError(f"checkpoint '{path}' does not match this run: {first_line(error)}") from error
     iteration = checkpoint_layout.iteration(checkpoint)
     logger.info("Resumed from %s at iteration %d", path, iteration)
+    recorded = checkpoint_layout.recorded_config(checkpoint)
     return Resumed(str(path), iteration, checkpoint_layout.recorded_world_size(checkpoint),
-                   checkpoint_layout.recorded_config(checkpoint).get("batch_size"))
+                   recorded.batch_size if recorded is not None else None)
 
 
-def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Mapping[str, Any]
-                    ) -> Resumed | None:
+def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Config) -> Resumed | None:
     """``resume`` from path, when there is one (a fresh run otherwise: None)."""
     return resume(to_load, path, config) if path is not None else None
 
@@ -231,18 +231,26 @@ def continue_order(path: str | None, data_setup: run_data.DataSetup) -> None:
     loaders.keep_order(data_setup.loaders.train, data_setup.provenance.shuffle)
 
 
+def _recorded_settings(path: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """A checkpoint's recorded config as the run records it (``Config.replayable``, JSON-able for the other
+    ranks) and the keys the file has (an older release's lacks the keys added since: none of those is compared)."""
+    checkpoint = load_checkpoint(path, mmap=True)
+    recorded = checkpoint_layout.recorded_config(checkpoint)
+    return (recorded.replayable() if recorded is not None else None,
+            sorted(checkpoint_layout.recorded_keys(checkpoint)))
+
+
 def refuse_changed_training(path: str, config: Config) -> None:
     """One line, before anything of the run folder is written, when a resume gives a key that shapes training
     another value than the checkpoint's run had (its meta's config against this run's settled one): the run would
     no longer be the one it continues. The keys that may change (``MAY_CHANGE_ON_RESUME``: how the run is launched,
     kept, logged or made fast) are said in the log when they do. The model is ``restoring``'s to check."""
-    recorded = ranks.from_rank_zero(lambda: checkpoint_layout.recorded_config(load_checkpoint(path, mmap=True)))
+    then, keys = ranks.from_rank_zero(_recorded_settings, path)
+    if then is None or then["model"] != config.model:
+        return  # nothing recorded, or another model altogether: restoring says so, naming both
     present = config.replayable()
-    if recorded.get("model", config.model) != config.model:
-        return  # another model altogether: restoring says so, naming both
-    changed = {key: (recorded[key], value) for key, value in present.items()
-               if key in recorded and key != "model" and recorded[key] not in ("auto", "find")
-               and recorded[key] != value}
+    changed = {key: (then[key], value) for key, value in present.items()
+               if key in keys and key != "model" and then[key] not in ("auto", "find") and then[key] != value}
     shaping = [key for key in changed if key not in MAY_CHANGE_ON_RESUME]
     if shaping:
         shown = ", ".join(f"{key} {_flag_value(changed[key][0])} then, {_flag_value(changed[key][1])} now"

@@ -99,7 +99,8 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
         model = temperature.with_temperature(restoring.restore_model(checkpoint, path, len(info.classes)), checkpoint)
         own = (info.mean, info.std)
         described = pretrained.Weights("file", str(path.resolve()), str(path.resolve()))
-        record = {"kind": "checkpoint", "model": checkpoint_layout.recorded_config(checkpoint).get("model"),
+        recorded = checkpoint_layout.recorded_config(checkpoint)
+        record = {"kind": "checkpoint", "model": recorded.model if recorded is not None else None,
                   **{key: value for key, value in ranks.from_rank_zero(described.describe).items() if key != "kind"}}
     else:
         weights = pretrained.resolve(config.teacher, config.teacher_pretrained)
