@@ -120,6 +120,16 @@ def test_cosine_and_step_schedules_match_torchs_own_schedulers_step_by_step(warm
         assert step[:warmup] == pytest.approx([lr * i / warmup for i in range(warmup)])
 
 
+def test_the_schedule_registry_and_the_configs_lr_schedule_choices_are_the_same_names():
+    """A schedule is one registered function (training.setup.schedules.SHAPES) and its name among the config's
+    choices; a name in one list only would be refused by the config or fail in the middle of a run."""
+    from cifar10_dist.config import choices
+
+    assert sorted(schedules.SHAPES) == sorted(choices("lr_schedule"))
+    linear = lrs_over(lambda o: schedules.create_lr_scheduler(o, 0.8, 4, 12, end=0.25), 12)
+    assert linear == pytest.approx([0.8 * i / 4 for i in range(4)] + [0.8 - 0.6 * i / 8 for i in range(8)])
+
+
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradient(accumulate):
     torch.manual_seed(0)

@@ -1,11 +1,11 @@
-"""The learning-rate schedule of a run: a warmup, then linear, cosine or step (the last two with torch's own
-schedulers' values), set per iteration by Ignite's PiecewiseLinear, whose state checkpoints keep (exact across
-resume); per parameter group scaled or frozen part-way (``GroupSchedule``)."""
+"""The learning-rate schedule of a run: a warmup, then a shape from the registry ``SHAPES`` (linear, cosine or step,
+the last two with torch's own schedulers' values), set per iteration by Ignite's PiecewiseLinear, whose state
+checkpoints keep (exact across resume); per parameter group scaled or frozen part-way (``GroupSchedule``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -22,22 +22,54 @@ class Shape:
     gamma: float = 0.1
 
 
+Corners = list[tuple[int, float]]  # (iteration, lr), linear between them
+# a shape's corners after the warmup, from its step 0 (the warmup's end) to ``steps``: (shape, lr, steps, end lr)
+ShapeCorners = Callable[[Shape, float, int, float], Corners]
+SHAPES: dict[str, ShapeCorners] = {}  # lr_schedule=NAME -> its corners (config.training_keys lists the same names)
+
+
+def register_shape(name: str) -> Callable[[ShapeCorners], ShapeCorners]:
+    """Make ``lr_schedule=name`` the decorated function's corners (a new schedule: one function here and its name
+    in the config's ``lr_schedule`` choices; tests/test_training.py checks that the two lists agree)."""
+
+    def register(corners: ShapeCorners) -> ShapeCorners:
+        SHAPES[name] = corners
+        return corners
+
+    return register
+
+
+@register_shape("linear")
+def linear_corners(shape: Shape, learning_rate: float, steps: int, end: float) -> Corners:
+    """Linear decay from the peak to the end lr."""
+    return [(0, learning_rate), (steps, end)]
+
+
+@register_shape("cosine")
+def cosine_corners(shape: Shape, learning_rate: float, steps: int, end: float) -> Corners:
+    """torch's CosineAnnealingLR (T_max=steps, eta_min=end), one corner per iteration."""
+    return list(enumerate(torch_schedule(shape, learning_rate, steps, end)))
+
+
+@register_shape("step")
+def step_corners(shape: Shape, learning_rate: float, steps: int, end: float) -> Corners:
+    """torch's MultiStepLR (times ``gamma`` at each of ``drops``), a corner only where the value changes: before
+    and at each drop, and the end."""
+    corners = list(enumerate(torch_schedule(shape, learning_rate, steps, end)))
+    return [c for i, c in enumerate(corners) if i in (0, len(corners) - 1)
+            or c[1] != corners[i + 1][1] or c[1] != corners[i - 1][1]]
+
+
 def lr_milestones(
     learning_rate: float, warmup_iterations: int, total_iterations: int, start: float = 0.0, end: float = 0.0,
     shape: Shape = Shape(),
-) -> list[tuple[int, float]]:
-    """(iteration, lr) corners, linear between them: start*lr, linear warmup to lr, then the shape to the last
-    iteration. Cosine and step take their values from torch's own schedulers, one corner per iteration where
-    they change (the scheduler is evaluated at whole iterations only, so the lr is theirs exactly)."""
+) -> Corners:
+    """(iteration, lr) corners, linear between them: start*lr, linear warmup to lr, then the shape (``SHAPES``) to
+    the last iteration. Cosine and step take their values from torch's own schedulers, at whole iterations (the
+    scheduler is evaluated at whole iterations only, so the lr is theirs exactly)."""
     warmup = [(0, start * learning_rate)] if warmup_iterations > 0 else []
-    if shape.name == "linear":
-        return [*warmup, (warmup_iterations, learning_rate), (total_iterations, end * learning_rate)]
-    values = torch_schedule(shape, learning_rate, total_iterations - warmup_iterations, end * learning_rate)
-    corners = [(warmup_iterations + step, value) for step, value in enumerate(values)]
-    if shape.name == "step":  # only where the value changes: before and at each drop, and the end
-        corners = [c for i, c in enumerate(corners) if i in (0, len(corners) - 1)
-                   or c[1] != corners[i + 1][1] or c[1] != corners[i - 1][1]]
-    return [*warmup, *corners]
+    after = SHAPES[shape.name](shape, learning_rate, total_iterations - warmup_iterations, end * learning_rate)
+    return [*warmup, *((warmup_iterations + step, value) for step, value in after)]
 
 
 def torch_schedule(shape: Shape, learning_rate: float, steps: int, eta_min: float) -> list[float]:
