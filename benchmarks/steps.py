@@ -15,7 +15,7 @@ from ignite.engine import Events
 from torch import nn
 
 from cifar10_dist import models
-from cifar10_dist.outputs import tracking
+from cifar10_dist.outputs import progress, scalars
 from cifar10_dist.system import doctor, stopping
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training.loop.step import TrainStep, create_trainer
@@ -112,10 +112,11 @@ def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels
     trainer.add_event_handler(Events.ITERATION_STARTED, schedules.create_lr_scheduler(optimizer, 0.01, 5, total))
     stopping.attach_stop_checks(trainer, stopping.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()),
                                 reads_at=lambda iteration: iteration % 15 == 0)
-    tracking.attach_progress_logging(trainer, optimizer, 15, len(batch[1]), 1)
+    clock = progress.EpochClock(len(batch[1])).attach(trainer)
+    progress.attach_progress_logging(trainer, optimizer, 15, clock, 1)
     with tempfile.TemporaryDirectory() as folder:
-        recorder = tracking.Recorder(Path(folder))
-        recorder.attach_training(trainer, optimizer, 15, len(batch[1]))
+        recorder = scalars.Recorder(Path(folder))
+        recorder.attach_training(trainer, optimizer, 15, clock)
         started = time.perf_counter()
         trainer.run([batch] * warmup, max_epochs=1)
         warmup_seconds = time.perf_counter() - started

@@ -41,7 +41,7 @@ import sys, time
 from pathlib import Path
 import ignite.distributed as idist
 from cifar10_dist.data import folder_source, loaders
-from cifar10_dist.outputs.tracking import private_memory_mib
+from cifar10_dist.outputs.memory_use import private_memory_mib
 
 root, size, barrier, name = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 before = private_memory_mib()

@@ -30,7 +30,7 @@ from cifar10_dist.config import Config
 from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost, resume_hint
 from cifar10_dist.launch import preflight, xla_compat
 from cifar10_dist.launch import start_method as start_methods
-from cifar10_dist.outputs import tracking
+from cifar10_dist.outputs import log_lines
 from cifar10_dist.system import cpu, ranks, stopping
 
 Worker = Callable[[Config], dict[str, Any]]
@@ -77,7 +77,7 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
     xla_compat.apply()  # no-op without torch_xla
     if config.deterministic:  # read when cuBLAS starts: before any process touches CUDA
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    tracking.quiet_ignite_loggers()
+    log_lines.quiet_ignite_loggers()
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-") as folder, caller_state_kept():
         exchange = Path(folder)
         if config.backend in NATIVE_BACKENDS and config.nproc_per_node is not None:

@@ -1,5 +1,5 @@
 """ClearML tracking (rank 0; ``with_clearml``): a task named after the run folder; scalars reach it through
-``tracking.Recorder``, checkpoints through Ignite's ClearMLSaver."""
+``scalars.Recorder``, checkpoints through Ignite's ClearMLSaver."""
 
 from __future__ import annotations
 

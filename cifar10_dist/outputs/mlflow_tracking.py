@@ -1,7 +1,7 @@
 """MLflow tracking (rank 0; ``with_mlflow``): one MLflow run per run folder, kept across resumes.
 
 The run's parameters are the resolved config, its tags the provenance (git commit, data checksum, hardware,
-precision, world size), its metrics the scalars ``tracking.Recorder`` writes to TensorBoard (same names, same
+precision, world size), its metrics the scalars ``scalars.Recorder`` writes to TensorBoard (same names, same
 steps), its artifacts config.yaml, provenance.json, summary.json, curves.png and the mistakes picture (and the best
 model file with ``mlflow_log_model``). The MLflow run's id is kept in the run folder (``mlflow.json``), so a
 resumed run continues the same MLflow run. A tuning trial's run is a child of its study's run

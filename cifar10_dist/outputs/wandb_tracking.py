@@ -1,7 +1,7 @@
 """Weights & Biases tracking (rank 0; ``with_wandb``): one W&B run per run folder, kept across resumes (its id in
 ``wandb.json`` in the run folder, W&B's ``resume="allow"``), started through Ignite's ``WandBLogger`` as the
 code-generator starts it. The run's config is the resolved config with the provenance under ``provenance``; its
-metrics the scalars ``tracking.Recorder`` writes to TensorBoard, same names, each against its own step (a custom
+metrics the scalars ``scalars.Recorder`` writes to TensorBoard, same names, each against its own step (a custom
 ``step`` axis: W&B's own step only grows, while epochs and iterations both count from 1); at the end the run's
 record files as an artifact and, with ``wandb_log_model``, the best model file as another. A tuning trial's run is in the
 group of its study. ``wandb_mode``: online, or offline without WANDB_API_KEY (the run kept in the run folder's

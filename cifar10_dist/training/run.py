@@ -27,7 +27,7 @@ from cifar10_dist import checkpoint_layout, models, recipes
 from cifar10_dist.config import Config, milestone_epochs
 from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.models import restoring
-from cifar10_dist.outputs import checkpoint_files, run_folder, trackers, tracking
+from cifar10_dist.outputs import checkpoint_files, log_lines, memory_use, progress, run_folder, scalars, trackers
 from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.results import RunResult, TrialResult
@@ -65,7 +65,7 @@ def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
     second_interrupt = process_setup.second_interrupt_ends_at_once()
-    with tracking.package_logging(), RunLog() as run_log, \
+    with log_lines.package_logging(), RunLog() as run_log, \
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
         device = process_setup.setup_process(config)
         precision = process_setup.setup_precision(config, device)
@@ -101,7 +101,7 @@ def training(config: Config) -> dict[str, Any]:
                     run_end.report_run_end(config, run_dir, result, findings, engine_set.mistakes, data_setup, opened,
                                            recorder,
                                            time.perf_counter() - started)
-        tracking.log_peak_memory()
+        memory_use.log_peak_memory()
         return result.to_dict()
 
 
@@ -275,14 +275,14 @@ def reading_iterations(config: Config, data_setup: run_data.DataSetup) -> Callab
 
 
 def setup_recorder(config: Config, run_dir: Path, opened: trackers.OpenTrackers, optimization: Optimization,
-                   engine_set: EngineSet, data_setup: run_data.DataSetup) -> tracking.Recorder:
+                   engine_set: EngineSet, data_setup: run_data.DataSetup) -> scalars.Recorder:
     """TensorBoard, metrics.jsonl and the trackers that are on through one Recorder, and progress on the
     console."""
-    recorder = tracking.Recorder(run_dir, *opened.guarded)
-    recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters,
-                             data_setup.images_per_iteration)
-    tracking.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters,
-                                     data_setup.images_per_iteration, config.num_epochs)
+    recorder = scalars.Recorder(run_dir, *opened.guarded)
+    clock = progress.EpochClock(data_setup.images_per_iteration).attach(engine_set.trainer)
+    recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters, clock)
+    progress.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters, clock,
+                                     config.num_epochs)
     return recorder
 
 
@@ -297,7 +297,7 @@ class Validation:
     engine_set: EngineSet
     split: str  # "val" or "test"
     loaders: loaders.Loaders
-    recorder: tracking.Recorder
+    recorder: scalars.Recorder
     best_metric: str = "accuracy"
     latest: dict[str, Any] | None = None
     iteration: int = 0
@@ -322,7 +322,7 @@ class Validation:
         metrics = dict(evaluator.run(loader).metrics)
         metrics.pop("calibration_bins", None)  # (the run's end draws the final test's)
         seconds = time.perf_counter() - start
-        tracking.log_metrics(epoch, split, metrics, seconds, self.best_metric)
+        log_lines.log_metrics(epoch, split, metrics, seconds, self.best_metric)
         self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
         return metrics
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, TrialSpec, commands, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
-from cifar10_dist.outputs import reading, tracking
+from cifar10_dist.outputs import log_lines, reading
 from cifar10_dist.results import TuneResult
 from cifar10_dist.training.loop.trials import (
     JOURNAL_PREFIX,
@@ -247,7 +247,7 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
     if base.resume_from is not None or base.seeds != 1:
         raise UserError("tune sets resume_from and runs one seed per trial: drop resume_from and seeds")
     check_space(base, space)
-    with tracking.package_logging():  # the study's own warnings (a store that does not answer) as a run's show
+    with log_lines.package_logging():  # the study's own warnings (a store that does not answer) as a run's show
         return run_study(base, space, options, echo)
 
 

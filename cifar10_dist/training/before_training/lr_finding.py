@@ -30,7 +30,7 @@ from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import SUGGESTION_RULES, Config, LrSweep
 from cifar10_dist.data import batches, run_data
 from cifar10_dist.errors import UserError
-from cifar10_dist.outputs import checkpoint_files, files, plots, tracking
+from cifar10_dist.outputs import checkpoint_files, files, log_lines, plots
 from cifar10_dist.results import LrFindResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -229,7 +229,7 @@ class LrFindWorker:
         self.settings, self.folder = settings, folder
 
     def __call__(self, config: Config) -> dict[str, Any]:
-        with tracking.package_logging(), stopping.StopRequest() as stop:
+        with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = process_setup.setup_process(config)
             precision = process_setup.setup_precision(config, device)
             weights = model_setup.setup_pretrained(config)

@@ -24,7 +24,7 @@ from cifar10_dist.config import MAY_CHANGE_ON_RESUME, Config
 from cifar10_dist.data import cifar, loaders, run_data
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
-from cifar10_dist.outputs import files, provenance, tracking
+from cifar10_dist.outputs import files, provenance, scalars
 from cifar10_dist.outputs.checkpoint_files import (
     BEST_PATTERN,
     TRAINING_PATTERN,
@@ -304,7 +304,7 @@ def _counts(images: Mapping[str, int] | None) -> str:
 
 
 def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: run_data.DataSetup,
-                           recorder: tracking.Recorder) -> None:
+                           recorder: scalars.Recorder) -> None:
     """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
     metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
     process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the

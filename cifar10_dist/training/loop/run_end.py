@@ -12,7 +12,7 @@ import ignite.distributed as idist
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import run_data
-from cifar10_dist.outputs import evaluation_files, files, mistake_grid, plots, tracking
+from cifar10_dist.outputs import evaluation_files, files, memory_use, mistake_grid, plots, scalars
 from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.trackers import OpenTrackers
@@ -34,10 +34,10 @@ class RunFindings:
 
 def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResult, findings: RunFindings,
                    mistakes: MistakeCollector | None, data_setup: run_data.DataSetup, opened: OpenTrackers,
-                   recorder: tracking.Recorder, seconds: float) -> None:
+                   recorder: scalars.Recorder, seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
     run's files for the trackers."""
-    memory = [round(float(value), 1) for value in idist.all_gather(tracking.private_memory_mib())]  # type: ignore[union-attr]
+    memory = [round(float(value), 1) for value in idist.all_gather(memory_use.private_memory_mib())]  # type: ignore[union-attr]
     ranks.on_rank_zero(logger.info, "private memory per process at the end: %s MiB (anonymous resident; mapped cache "
                        "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
     if isinstance(result, RunResult) and mistakes is not None:  # tested (every rank has the test numbers; a trial's
@@ -52,7 +52,7 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResul
     opened.send_artifacts(run_dir)
 
 
-def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.DataSetup, recorder: tracking.Recorder,
+def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.DataSetup, recorder: scalars.Recorder,
                    result: RunResult) -> None:
     """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
     images = data_setup.loaders.test.dataset.images
@@ -62,7 +62,7 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.Dat
     recorder.write_image("test/mistakes", pixels, result.iterations)
 
 
-def write_reliability(run_dir: Path, bins: Any, recorder: tracking.Recorder, result: RunResult) -> None:
+def write_reliability(run_dir: Path, bins: Any, recorder: scalars.Recorder, result: RunResult) -> None:
     """Rank 0: the final test evaluation's reliability diagram, calibration.png and .json, and in TensorBoard."""
     pixels = evaluation_files.write_calibration(run_dir, "calibration", expected_calibration_error(bins),
                                                 reliability(bins), f"{run_dir.name}, {result.test.model or 'final model'}")
@@ -70,7 +70,7 @@ def write_reliability(run_dir: Path, bins: Any, recorder: tracking.Recorder, res
 
 
 def write_run_end(run_dir: Path, result: RunResult | TrialResult, findings: RunFindings, config: Config, record: RunRecord,
-                  tracker_fields: dict[str, Any], recorder: tracking.Recorder, seconds: float,
+                  tracker_fields: dict[str, Any], recorder: scalars.Recorder, seconds: float,
                   memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())

@@ -4,7 +4,7 @@ step, unscale, clipping, the optimizer step and zero_grad; it returns a typed ``
 the trackers and ``training.run`` read by field. ``create_trainer`` wraps it in an Ignite Engine.
 
 Nothing here waits for the device: the loss and the gradient norm stay device tensors, read by the handlers
-that log (``system.stopping.LossWatch``, ``outputs.tracking``).
+that log (``system.stopping.LossWatch``, ``outputs.progress``, ``outputs.scalars``).
 """
 
 from __future__ import annotations

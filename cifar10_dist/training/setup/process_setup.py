@@ -14,7 +14,7 @@ from ignite.utils import manual_seed
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted
-from cifar10_dist.outputs import tracking
+from cifar10_dist.outputs import log_lines
 from cifar10_dist.system import cpu, ranks
 from cifar10_dist.system.precision import Precision, choose_precision
 
@@ -37,7 +37,7 @@ def second_interrupt_ends_at_once() -> Callable[[], None] | None:
 def setup_process(config: Config) -> torch.device:
     """Device, seeds and the numerics settings of this process; logs the environment."""
     device = idist.device()
-    tracking.log_environment(config.to_dict(), device)
+    log_lines.log_environment(config.to_dict(), device)
     manual_seed(config.seed)
     if config.deterministic:
         use_deterministic_algorithms()

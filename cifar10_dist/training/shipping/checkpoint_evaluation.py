@@ -16,7 +16,7 @@ from cifar10_dist.data import batches, cifar, run_data
 from cifar10_dist.data.records import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import restoring
-from cifar10_dist.outputs import checkpoint_files, evaluation_files, provenance, tracking
+from cifar10_dist.outputs import checkpoint_files, evaluation_files, log_lines, provenance
 from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
@@ -36,7 +36,7 @@ class EvaluationWorker:
         self.checkpoint, self.raw_weights, self.output_dir = checkpoint, raw_weights, output_dir
 
     def __call__(self, config: Config) -> dict[str, Any]:
-        with tracking.package_logging(), stopping.StopRequest() as stop:
+        with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = idist.device()
             loaded, batch_loaders = run_data.setup_evaluation_data(config, device)
             precision = process_setup.setup_precision(config, device)
