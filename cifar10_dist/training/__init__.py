@@ -3,8 +3,9 @@ layered so that each imports only the ones below it (each subpackage's ``__init_
 
 - ``setup`` (lowest): the process, the resume decision, the model, the memory layout, the optimizer, its schedule
   and the loss, built once;
-- ``loop``: one training step, the evaluators, weight averages, freezing, data selection, the warm-up,
-  checkpoints written and resumed, a trial's in-run reporting, and the run's end;
+- ``loop``: one training step, the evaluators, the run's engines and the validation after an epoch, weight
+  averages, freezing, data selection, the warm-up, checkpoints written and resumed, a trial's in-run reporting,
+  and the run's end;
 - ``before_training``: the tools run before a run: the learning-rate sweep, the batch-size finder, the profiler;
 - ``shipping``: what makes a trained model ready to ship or check: distillation, temperature scaling, and
   evaluating a saved model in every process.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any, Callable
 import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
-from ignite.handlers import EarlyStopping
 from torch import nn
 
 from cifar10_dist import checkpoint_layout, models, recipes
@@ -39,6 +37,7 @@ from cifar10_dist.training.loop.averaging import WeightAverage
 from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator, early_stopping
 from cifar10_dist.training.loop.freezing import BackboneFreeze
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.loop.validation import EngineSet, Validation
 from cifar10_dist.training.setup import (
     compression,
     layouts,
@@ -67,42 +66,73 @@ def training(config: Config) -> dict[str, Any]:
     second_interrupt = process_setup.second_interrupt_ends_at_once()
     with log_lines.package_logging(), RunLog() as run_log, \
             stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
-        device = process_setup.setup_process(config)
-        precision = process_setup.setup_precision(config, device)
-        resumption = resumption_of.decide(config)
-        weights = model_setup.setup_pretrained(config)
-        data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-        the_plan, network, sweep = plan_the_run(config, device, precision, resumption, data_setup, weights, stop)
-        config = the_plan.config  # settled: read from here on, never rebuilt
-        optimization = setup_optimization(config, network, data_setup, device, precision)
-        engine_set = setup_engines(config, device, network, optimization, data_setup)
-        with contextlib.closing(data_setup.loaders), \
-                run_folder.claimed_run_dir(config.output_path, config.run_name, config.model, config.backend,
-                                           resuming=resumption.asked, overwrite=config.overwrite) as run_dir:
-            resume_from = checkpointing.checked_resume_path(the_plan.resume_from, config, data_setup.provenance)
-            checkpointing.continue_order(resume_from, data_setup)
-            with trackers.open_trackers(config.replayable(), run_dir, data_setup.provenance.to_dict()) as opened:
-                run_log.write_to(run_dir)
-                if sweep is not None:
-                    ranks.on_rank_zero(lr_finding.write_files, run_dir, sweep)
-                run_folder.write_run_start(run_dir, config.replayable(), data_setup.provenance,
-                                           data_setup.held_out_indices)
-                to_save = setup_checkpoints(config, run_dir, opened.saver(run_dir), network, optimization,
-                                            engine_set, data_setup, stop)
-                with setup_recorder(config, run_dir, opened, optimization, engine_set, data_setup) as recorder:
-                    validation = Validation(engine_set, data_setup.split, data_setup.loaders, recorder,
-                                            config.best_metric)
-                    attach_validation(engine_set.trainer, config.validate_every, validation)
-                    resumed = checkpointing.resume_if_asked(to_save, resume_from, config)
-                    checkpointing.note_world_size_change(resumed, config, data_setup, recorder)
-                    logger.info("run folder: %s", run_dir)
-                    findings = run_end.RunFindings()
-                    result = run_to_the_end(config, run_dir, network, engine_set, validation, data_setup, findings)
-                    run_end.report_run_end(config, run_dir, result, findings, engine_set.mistakes, data_setup, opened,
-                                           recorder,
-                                           time.perf_counter() - started)
+        built = build_training(config, stop)
+        result = train_in_run_folder(built, run_log, started)
         memory_use.log_peak_memory()
         return result.to_dict()
+
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """What the training process builds before it claims its run folder: the settled config (read from here on,
+    never rebuilt) and every part that trains, with what the plan decided about resuming and the lr sweep."""
+
+    config: Config
+    device: torch.device
+    precision: Precision
+    data: run_data.DataSetup
+    network: model_setup.Network
+    optimization: Optimization
+    engines: EngineSet
+    stop: stopping.StopRequest
+    resumption: Resumption
+    resume_from: str | None  # the plan's checkpoint, checked against the data once the run folder is claimed
+    sweep: Any  # learning_rate=find's sweep (its files go to the run folder), or None
+
+
+def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
+    """The process, precision, data, plan, model, optimisation and engines, in the order they need each other."""
+    device = process_setup.setup_process(config)
+    precision = process_setup.setup_precision(config, device)
+    resumption = resumption_of.decide(config)
+    weights = model_setup.setup_pretrained(config)
+    data = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
+    the_plan, network, sweep = plan_the_run(config, device, precision, resumption, data, weights, stop)
+    settled = the_plan.config
+    optimization = setup_optimization(settled, network, data, device, precision)
+    engines = setup_engines(settled, device, network, optimization, data)
+    return TrainingParts(settled, device, precision, data, network, optimization, engines, stop, resumption,
+                         the_plan.resume_from, sweep)
+
+
+def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -> RunResult | TrialResult:
+    """Claim the run folder, open the trackers, write the run's start, checkpoints and record, resume where asked,
+    train to the end and report it; the loaders, folder, trackers and record are closed whatever happens."""
+    config, data = built.config, built.data
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(contextlib.closing(data.loaders))
+        run_dir = scope.enter_context(run_folder.claimed_run_dir(
+            config.output_path, config.run_name, config.model, config.backend, resuming=built.resumption.asked,
+            overwrite=config.overwrite))
+        resume_from = checkpointing.checked_resume_path(built.resume_from, config, data.provenance)
+        checkpointing.continue_order(resume_from, data)
+        opened = scope.enter_context(trackers.open_trackers(config.replayable(), run_dir, data.provenance.to_dict()))
+        run_log.write_to(run_dir)
+        if built.sweep is not None:
+            ranks.on_rank_zero(lr_finding.write_files, run_dir, built.sweep)
+        run_folder.write_run_start(run_dir, config.replayable(), data.provenance, data.held_out_indices)
+        to_save = setup_checkpoints(built, run_dir, opened.saver(run_dir))
+        recorder = scope.enter_context(setup_recorder(built, run_dir, opened))
+        validation = Validation(built.engines, data.split, data.loaders, recorder, config.best_metric)
+        attach_validation(built.engines.trainer, config.validate_every, validation)
+        resumed = checkpointing.resume_if_asked(to_save, resume_from, config)
+        checkpointing.note_world_size_change(resumed, config, data, recorder)
+        logger.info("run folder: %s", run_dir)
+        findings = run_end.RunFindings()
+        result = run_to_the_end(built, run_dir, validation, findings)
+        run_end.report_run_end(config, run_dir, result, findings, data=data, opened=opened, recorder=recorder,
+                               mistakes=built.engines.mistakes, seconds=time.perf_counter() - started)
+    return result
 
 
 def plan_the_run(config: Config, device: torch.device, precision: Precision, resumption: Resumption,
@@ -163,31 +193,6 @@ def setup_optimization(config: Config, network: model_setup.Network, data_setup:
 # ---------------------------------------------------------------- engines
 
 
-@dataclass
-class EngineSet:
-    trainer: Engine
-    train_evaluator: Engine  # the fixed train subset, without test-time augmentation
-    selection_evaluator: Engine  # val (held out) or test: chooses the best model
-    test_evaluator: Engine  # with a held-out split, the one test evaluation; else the selection evaluator
-    lookahead: Lookahead | None
-    ema: WeightAverage | None = None
-    ema_evaluator: Engine | None = None  # the EMA weights on the selection split
-    early_stopping: EarlyStopping | None = None
-    trial_reporter: Any = None  # a tuning trial: reports to its Optuna trial and may prune (trials.TrialReporter)
-    mistakes: MistakeCollector | None = None  # on the evaluation that gives the final test numbers
-    calibration: tuple[Engine, temperature.TemperatureScaled] | None = None  # calibrate: val logits, the test's T
-    warm_up: warm_up.WarmUp | None = None  # steps before the timed training, undone (``warm_up_steps``)
-
-    @property
-    def choosing_evaluator(self) -> Engine:
-        """The evaluation that chooses the best model and drives early stopping: the EMA's when there is one."""
-        return self.ema_evaluator or self.selection_evaluator
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.early_stopping is not None and self.early_stopping.counter >= self.early_stopping.patience
-
-
 def setup_engines(config: Config, device: torch.device, network: model_setup.Network, optimization: Optimization,
                   data_setup: run_data.DataSetup) -> EngineSet:
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
@@ -237,12 +242,12 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
 # ---------------------------------------------------------------- checkpoints and trackers
 
 
-def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_setup.Network,
-                      optimization: Optimization, engine_set: EngineSet, data_setup: run_data.DataSetup,
-                      stop_request: stopping.StopRequest) -> dict[str, Any]:
+def setup_checkpoints(built: TrainingParts, run_dir: Path, saver: Any) -> dict[str, Any]:
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
     the objects a checkpoint holds (for resuming)."""
+    config, data_setup, network, optimization, engine_set = (built.config, built.data, built.network,
+                                                            built.optimization, built.engines)
     meta = checkpoint_layout.RunMetadata(config.replayable(), data_setup.provenance.to_dict(), idist.get_world_size())
     to_save = checkpoint_layout.training_contents(
         engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
@@ -251,7 +256,7 @@ def setup_checkpoints(config: Config, run_dir: Path, saver: Any, network: model_
     checkpoint = checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver,
                                                           config.checkpoint_in_background)
     save_training_checkpoint = stopping.finite_weights_only(checkpoint, network.model)
-    stopping.attach_stop_checks(engine_set.trainer, stop_request,
+    stopping.attach_stop_checks(engine_set.trainer, built.stop,
                                 checkpointing.saved_and_written(save_training_checkpoint, checkpoint), run_dir,
                                 step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
     checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every,
@@ -274,64 +279,25 @@ def reading_iterations(config: Config, data_setup: run_data.DataSetup) -> Callab
     return reads_at
 
 
-def setup_recorder(config: Config, run_dir: Path, opened: trackers.OpenTrackers, optimization: Optimization,
-                   engine_set: EngineSet, data_setup: run_data.DataSetup) -> scalars.Recorder:
+def setup_recorder(built: TrainingParts, run_dir: Path, opened: trackers.OpenTrackers) -> scalars.Recorder:
     """TensorBoard, metrics.jsonl and the trackers that are on through one Recorder, and progress on the
-    console."""
+    console, both reading one EpochClock."""
+    config, trainer, optimizer = built.config, built.engines.trainer, built.optimization.optimizer
     recorder = scalars.Recorder(run_dir, *opened.guarded)
-    clock = progress.EpochClock(data_setup.images_per_iteration).attach(engine_set.trainer)
-    recorder.attach_training(engine_set.trainer, optimization.optimizer, config.log_every_iters, clock)
-    progress.attach_progress_logging(engine_set.trainer, optimization.optimizer, config.log_every_iters, clock,
-                                     config.num_epochs)
+    clock = progress.EpochClock(built.data.images_per_iteration).attach(trainer)
+    recorder.attach_training(trainer, optimizer, config.log_every_iters, clock)
+    progress.attach_progress_logging(trainer, optimizer, config.log_every_iters, clock, config.num_epochs)
     return recorder
 
 
 # ---------------------------------------------------------------- running and reporting
 
 
-@dataclass
-class Validation:
-    """Evaluates on the train subset (if any) and the selection split (held-out val, else test); logs and
-    records the metrics and keeps the latest."""
-
-    engine_set: EngineSet
-    split: str  # "val" or "test"
-    loaders: loaders.Loaders
-    recorder: scalars.Recorder
-    best_metric: str = "accuracy"
-    latest: dict[str, Any] | None = None
-    iteration: int = 0
-    calibration: dict[str, Any] | None = None  # calibrate=temperature: T and val's NLL and ECE before and after
-
-    def __call__(self, trainer: Engine) -> None:
-        if trainer.state.output is not None and not math.isfinite(float(trainer.state.output.loss)):  # type: ignore[attr-defined]
-            return  # training stopped on NaN: nothing worth measuring
-        epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
-        results: dict[str, Any] = {"epoch": epoch, "train": None}
-        if self.loaders.train_eval is not None:
-            results["train"] = self.measure("train_subset", self.engine_set.train_evaluator, self.loaders.train_eval, epoch)
-        loader = self.loaders.val if self.split == "val" else self.loaders.test
-        results[self.split] = self.measure(self.split, self.engine_set.selection_evaluator, loader, epoch)
-        if self.engine_set.ema_evaluator is not None:
-            results[f"{self.split}_ema"] = self.measure(f"{self.split}_ema", self.engine_set.ema_evaluator, loader,
-                                                        epoch)
-        self.latest = results
-
-    def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:
-        start = time.perf_counter()
-        metrics = dict(evaluator.run(loader).metrics)
-        metrics.pop("calibration_bins", None)  # (the run's end draws the final test's)
-        seconds = time.perf_counter() - start
-        log_lines.log_metrics(epoch, split, metrics, seconds, self.best_metric)
-        self.recorder.write_metrics(split, metrics, epoch, self.iteration, seconds)
-        return metrics
-
-
-def run_to_the_end(config: Config, run_dir: Path, network: model_setup.Network, engine_set: EngineSet,
-                   validation: Validation, data_setup: run_data.DataSetup, findings: run_end.RunFindings
+def run_to_the_end(built: TrainingParts, run_dir: Path, validation: Validation, findings: run_end.RunFindings
                    ) -> RunResult | TrialResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run;
     the profile and the calibration go to ``findings``."""
+    config, network, engine_set, data_setup = built.config, built.network, built.engines, built.data
     trainer = engine_set.trainer
     if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
         logger.info("the checkpoint is from the end of training%s: evaluating only",

@@ -2,8 +2,9 @@
 
 - ``step``: one training step (``TrainStep``: forward, backward, accumulation, clipping, the optimizer step);
 - ``evaluators``: the evaluation engines and their metrics (the mistakes kept in passing);
-- ``averaging``: weight averages (EMA, lookahead);
-- ``freezing``: freezing a backbone, or the whitening bias, for some epochs;
+- ``validation``: the run's engines (``EngineSet``) and the evaluation after an epoch (``Validation``);
+- ``averaging``: weight averages (EMA);
+- ``freezing``: freezing a backbone for some epochs;
 - ``selection``: training on the hardest part of each batch (data selection);
 - ``checkpointing``: checkpoints written, pruned and resumed, and the checks before a resume;
 - ``background_writes``: training checkpoints copied to host memory and written on a thread of their own;

@@ -32,9 +32,9 @@ class RunFindings:
     calibration: dict[str, Any] | None = None  # calibrate=temperature: the fitted temperature and its split
 
 
-def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResult, findings: RunFindings,
-                   mistakes: MistakeCollector | None, data_setup: run_data.DataSetup, opened: OpenTrackers,
-                   recorder: scalars.Recorder, seconds: float) -> None:
+def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResult, findings: RunFindings, *,
+                   data: run_data.DataSetup, opened: OpenTrackers, recorder: scalars.Recorder,
+                   mistakes: MistakeCollector | None, seconds: float) -> None:
     """Every rank's memory, the test set's mistakes, metrics.json, summary.json, curves (rank 0), and the
     run's files for the trackers."""
     memory = [round(float(value), 1) for value in idist.all_gather(memory_use.private_memory_mib())]  # type: ignore[union-attr]
@@ -42,12 +42,12 @@ def report_run_end(config: Config, run_dir: Path, result: RunResult | TrialResul
                        "pages are shared, not counted)", ", ".join(f"{m:.0f}" for m in memory))
     if isinstance(result, RunResult) and mistakes is not None:  # tested (every rank has the test numbers; a trial's
         # run is not)
-        found = mistakes.gathered(list(data_setup.info.classes))
-        ranks.on_rank_zero(write_mistakes, run_dir, found, data_setup, recorder, result)
+        found = mistakes.gathered(list(data.info.classes))
+        ranks.on_rank_zero(write_mistakes, run_dir, found, data, recorder, result)
         bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's
         if bins is not None:
             ranks.on_rank_zero(write_reliability, run_dir, bins, recorder, result)
-    ranks.on_rank_zero(write_run_end, run_dir, result, findings, config, data_setup.provenance,
+    ranks.on_rank_zero(write_run_end, run_dir, result, findings, config, data.provenance,
                        opened.summary_fields(), recorder, seconds, memory)
     opened.send_artifacts(run_dir)
 
