@@ -546,10 +546,14 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
 
 
 @pytest.mark.slow
-def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_its_own(small_dataset, tmp_path):
+def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_its_own(small_dataset, tmp_path,
+                                                                                        monkeypatch):
     """with_mlflow against a loopback port nobody listens on: the study's own calls (its parent run, its best value)
-    are bounded and warned about once; the trial runs (its run's tracker warns as a run's does)."""
+    are warned about once; the trial runs (its run's tracker warns as a run's does). A user's own MLflow retry
+    setting wins over ours (mlflow_tracking.HTTP_BOUNDS): no retries here, so no request waits out a backoff."""
     import socket
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
