@@ -1,10 +1,12 @@
-"""A tracking server that stops answering never ends a run: a real ``mlflow server`` on a loopback port, stopped
-mid-run (the run paused meanwhile with SIGSTOP, so that the order of events is the test's, not the clock's),
-started again, stopped for good. One warning per outage naming the store, metrics.jsonl complete, what the store
+"""A tracking server that stops answering never ends a run: a real ``mlflow server`` on a loopback port, reached
+through a gate (a relay on a port of its own) that is shut mid-run, as a stopped server is: connections refused and
+those open cut (the run paused meanwhile with SIGSTOP, so that the order of events is the test's, not the
+clock's), opened again, shut for good. One warning per outage naming the store, metrics.jsonl complete, what the store
 missed sent once it answers again, and what it never got noted in summary.json and by ``report``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -12,13 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from cifar10_dist.outputs.tracker_guard import RETRY_SECONDS
+from cifar10_dist.outputs.tracker_guard import RETRY_VARIABLE
 from tests.conftest import TINY, kill_when, run_cli, start_cli, stop_all, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
@@ -64,6 +67,55 @@ class MlflowServer:
             self.process = None
 
 
+class Gate:
+    """A loopback port in front of the MLflow server. Open, each connection to it is relayed to the server; shut,
+    it refuses connections and cuts the open ones, as a stopped server does, while the server itself keeps running
+    (an outage that ends at once, without a restart's seconds)."""
+
+    def __init__(self, server: MlflowServer) -> None:
+        self.target, self.port = server.port, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.listener: socket.socket | None = None
+        self.relayed: list[socket.socket] = []
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def shut(self) -> None:
+        listener, self.listener = self.listener, None
+        for one in [*([listener] if listener is not None else []), *self.relayed]:
+            with contextlib.suppress(OSError):
+                one.shutdown(socket.SHUT_RDWR)  # (wakes the accept, ends both directions of a relayed connection)
+            one.close()
+        self.relayed.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return  # shut
+            self.relayed += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
 def evaluations(run_dir: Path) -> list[int]:
     path = run_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
@@ -96,20 +148,23 @@ def go_on(run: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def module_server(tmp_path_factory):
-    """One MlflowServer for this file's tests (its start costs about 10 s), killed at the end whatever they did (it
-    runs in a session of its own)."""
+    """One MlflowServer for this file's tests (its start costs about 10 s) behind one Gate; the server is killed at
+    the end whatever they did (it runs in a session of its own)."""
     shared = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    gate = Gate(shared)
     try:
-        yield shared
+        shared.start()
+        yield gate
     finally:
+        gate.shut()
         shared.kill()
 
 
 @pytest.fixture
 def server(module_server):
-    """The file's MlflowServer, started if a test before this one stopped it (the outage test does)."""
-    if module_server.process is None:
-        module_server.start()
+    """The file's server through its gate, opened if a test before this one shut it (the outage test does)."""
+    if module_server.listener is None:
+        module_server.open()
     return module_server
 
 
@@ -183,24 +238,28 @@ def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(serve
         in report.stdout
 
 
-def train_through_outages(server: MlflowServer, output: Path, name: str, comes_back: bool
+RETRY = 1.0  # seconds between the run's tries of a store that did not answer (CIFAR10_DIST_TRACKER_RETRY_SECONDS)
+
+
+def train_through_outages(server: Gate, output: Path, name: str, comes_back: bool
                           ) -> tuple[subprocess.CompletedProcess, Path]:
     """A run whose store stops after epoch 1 and, ``comes_back``, answers again two or more epochs later (the test
-    waits RETRY_SECONDS meanwhile, so the run's next flush tries it; MLflow retries no request there, so the outage
-    is seen before MLflow's own retries could hide it). ``took``: seconds from the kill to the end."""
+    waits RETRY seconds meanwhile, so the run's next flush tries it; MLflow retries no request there, so the outage
+    is seen before MLflow's own retries could hide it). ``took``: seconds from the outage to the end."""
     run_dir = output / name
+    env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", RETRY_VARIABLE: str(RETRY)} if comes_back else None
     run = start_cli("run", *RUN, f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}",
-                    f"--run_name={name}", env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"} if comes_back else None)
+                    f"--run_name={name}", env=env)
     try:
         paused_after_epoch(run, run_dir, 1)
-        server.kill()
+        server.shut()
         killed_at = time.monotonic()
         go_on(run)
         if comes_back:
             assert paused_after_the_warning(run, run_dir) < EPOCHS
             paused_at = time.monotonic()
-            server.start()
-            time.sleep(max(0.0, RETRY_SECONDS - (time.monotonic() - paused_at)))
+            server.open()
+            time.sleep(max(0.0, RETRY - (time.monotonic() - paused_at)))
             go_on(run)
         stdout, stderr = run.communicate(timeout=300)
     finally:

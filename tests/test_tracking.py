@@ -352,3 +352,15 @@ def test_the_config_line_of_the_log_names_only_what_differs_from_the_defaults(ca
     assert ("config (what differs from the defaults; every key is in the run folder's config.yaml): model=airbench, "
             "batch_size=1024") in caplog.text
     assert log_lines.changed_keys(Config().to_dict()) == {}
+
+
+@pytest.mark.parametrize("given, seconds, warned", [(None, 10.0, False), ("2.5", 2.5, False), ("0", 0.0, False),
+                                                    ("-1", 10.0, True), ("soon", 10.0, True)])
+def test_the_seconds_between_tries_of_a_store_come_from_the_environment_or_the_default(given, seconds, warned,
+                                                                                       monkeypatch, caplog):
+    from cifar10_dist.outputs import tracker_guard
+
+    if given is not None:
+        monkeypatch.setenv(tracker_guard.RETRY_VARIABLE, given)
+    assert tracker_guard.retry_seconds() == seconds
+    assert (f"{tracker_guard.RETRY_VARIABLE}={given!r} is not a number of seconds >= 0" in caplog.text) == warned

@@ -3,7 +3,8 @@ which makes every call that may go over the network in one background thread, in
 for a store.
 
 A store that stops answering is one warning naming it; the training goes on and metrics.jsonl keeps every value.
-The tracker keeps what it could not send, and the next flush at least ``RETRY_SECONDS`` later tries again; when
+The tracker keeps what it could not send, and the next flush at least ``RETRY_SECONDS`` later (or the seconds
+``CIFAR10_DIST_TRACKER_RETRY_SECONDS`` gives) tries again; when
 the store answers again one line says so. At the end the run's last sends (metrics, artifacts, status) get
 ``END_WAIT_SECONDS`` in all; what the store still lacks then is one warning and a note in summary.json
 (``trackers``) that ``report`` shows.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,8 +28,26 @@ from cifar10_dist.system.ranks import is_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
 
+RETRY_VARIABLE = "CIFAR10_DIST_TRACKER_RETRY_SECONDS"  # sets RETRY_SECONDS (a store you know to be back sooner)
 RETRY_SECONDS = 10.0  # a store that did not answer is tried again at the first flush this long after
 END_WAIT_SECONDS = 30.0  # the longest the end of a run waits for a store
+
+
+def retry_seconds() -> float:
+    """RETRY_SECONDS, or the seconds ``CIFAR10_DIST_TRACKER_RETRY_SECONDS`` gives (a number >= 0; anything else is
+    one warning and the default)."""
+    given = os.environ.get(RETRY_VARIABLE)
+    if given is None:
+        return RETRY_SECONDS
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        logger.warning("%s=%r is not a number of seconds >= 0: %.0f s between tries of a store", RETRY_VARIABLE,
+                       given, RETRY_SECONDS)
+        return RETRY_SECONDS
+    return seconds
 
 
 class Guarded:
@@ -62,7 +82,7 @@ class Guarded:
         takes what arrived meanwhile) and, unless ``force``, within RETRY_SECONDS of a failure."""
         if not self.enabled or self.jobs.unfinished_tasks:
             return
-        if self.error is not None and not force and time.monotonic() - self.failed_at < RETRY_SECONDS:
+        if self.error is not None and not force and time.monotonic() - self.failed_at < retry_seconds():
             return
         self.send("metrics", self.tracker.flush)
 
@@ -96,7 +116,7 @@ class Guarded:
         if self.error is None:
             logger.warning("%s: the store at %s does not answer (%s): training goes on and metrics.jsonl keeps every "
                            "value; the store gets what it missed when it answers again (tried every %.0f s and at the "
-                           "end of the run)", self.name, self.tracker.store, first_line(error), RETRY_SECONDS)
+                           "end of the run)", self.name, self.tracker.store, first_line(error), retry_seconds())
         self.error, self.failed_at = first_line(error), time.monotonic()
 
     def _answered(self) -> None:
