@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import ignite.distributed as idist
 import torch
 
-from cifar10_dist.config import Config, per_batch_augmentations
+from cifar10_dist.config import Config
 from cifar10_dist.data import batches, loaders, records
 from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
@@ -47,14 +47,28 @@ class DataSetup:
     images_per_iteration: int  # what all processes together train on per step
     cropped_in_loader: bool = False  # the train loader's workers cut the random-resized crops (batches.TrainCrops)
     class_counts: list[int] | None = None  # training images per class (after holding out), e.g. for class weights
-    data_on_device: bool = False  # the images are on the training device (data_on_device, auto settled)
-    augment_per_pass: bool = False  # training batches arrive augmented, sliced from their pass (auto settled)
-    num_workers: int = 0  # DataLoader workers per node (auto settled; none with the images on the device)
 
 
-def setup_data(config: Config, device: torch.device, precision: Precision,
-               normalisation: Normalisation | None = None) -> DataSetup:
-    """The run's data on every rank; ``normalisation`` (mean, std) replaces the data's own (a pretrained start's:
+@dataclass
+class RunImages:
+    """A run's images before any choice about how they are fed: the data as loaded (its normalisation a pretrained
+    start's where there is one), the training and held-out splits, the training images as the loader reads them
+    (flipped in place for flip=alternating) and the run's provenance record."""
+
+    loaded: LoadedData
+    held_out: loaders.HeldOut
+    train_images: ImageSet
+    record: provenance.RunRecord
+
+    @property
+    def image_sets(self) -> list[ImageSet | None]:
+        """Every split's images (what data_on_device would move to the device)."""
+        return [self.train_images, self.loaded.test, self.held_out.val]
+
+
+def load_run_images(config: Config, device: torch.device, precision: Precision,
+                    normalisation: Normalisation | None = None) -> RunImages:
+    """The run's images on every rank; ``normalisation`` (mean, std) replaces the data's own (a pretrained start's:
     images as its weights learned them)."""
     loaded = load_datasets(config)
     if normalisation is not None:
@@ -62,29 +76,27 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
         loaded.info = dataclasses.replace(loaded.info, mean=mean, std=std)
         ranks.on_rank_zero(logger.info, "normalisation: the pretrained weights' own, mean %s, std %s (not the "
                            "data's)", _rounded(mean), _rounded(std))
-    train_set, test_set = loaded.train, loaded.test
     record = describe_run(config.dataset, loaded, device, precision)
     if loaded.val is not None:  # a val/ folder replaces val_split
-        held_out = loaders.HeldOut(train_set, loaded.val, torch.empty(0, dtype=torch.long))
+        held_out = loaders.HeldOut(loaded.train, loaded.val, torch.empty(0, dtype=torch.long))
     else:
-        held_out = loaders.hold_out(train_set, config.val_split, config.val_seed)
+        held_out = loaders.hold_out(loaded.train, config.val_split, config.val_seed)
     train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    on_device = settle_data_on_device(config.data_on_device, device, [train_images, test_set, held_out.val])
-    workers = loaders.workers_for(config.num_workers, device, train_images.images)
-    if config.num_workers == "auto" and not on_device:
-        ranks.on_rank_zero(logger.info, "num_workers=auto: %d per node (%s)", workers, "training on the CPU from "
-                           "memory: batches are read in the training process" if workers == 0 else
-                           "reads overlap the step" if device.type == "cpu" else
-                           "each process's cores but the one that drives the device, 2 to 8 per process")
+    return RunImages(loaded, held_out, train_images, record)
+
+
+def setup_data(config: Config, device: torch.device, precision: Precision, images: RunImages) -> DataSetup:
+    """The run's loaders and the numbers derived from them, the same on every rank, with the plan's choices
+    (``training.setup.plan``: data_on_device, num_workers and augment_per_pass settled, never auto here)."""
+    on_device, workers, per_pass = bool(config.data_on_device), int(config.num_workers), bool(config.augment_per_pass)
+    loaded, held_out, train_images = images.loaded, images.held_out, images.train_images
     augment = dataclasses.replace(batches.TrainAugmentation.of(config), data_on_device=on_device)
     crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
-    per_pass = batches.settle_augment_per_pass(config.augment_per_pass, device, on_device,
-                                               per_batch_augmentations(config))
     if per_pass:
         ranks.on_rank_zero(logger.info, "augment_per_pass: each pass's crops and flips cut at its start, normalised "
                            "in %s", precision.name if precision.enabled else "fp32")
     batch_loaders = loaders.make_loaders(
-        train_images, test_set, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
+        train_images, loaded.test, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
         train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(on_device, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
@@ -101,23 +113,19 @@ def setup_data(config: Config, device: torch.device, precision: Precision,
     return DataSetup(
         train=held_out.train, info=loaded.info, loaders=batch_loaders, split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
-        provenance=record,
+        provenance=images.record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
-        data_on_device=on_device, augment_per_pass=per_pass, num_workers=0 if on_device else workers,
     )
 
 
-def setup_evaluation_data(config: Config, device: torch.device) -> tuple[LoadedData, loaders.Loaders]:
-    """The images and the test loader of a saved model's evaluation (``evaluate``), by a run's own rules: the same
-    sources, worker count and data_on_device as ``setup_data``."""
-    loaded = load_datasets(config)
-    on_device = settle_data_on_device(config.data_on_device, device, [loaded.train, loaded.test])
-    batch_loaders = loaders.make_loaders(
+def evaluation_loaders(config: Config, device: torch.device, loaded: LoadedData) -> loaders.Loaders:
+    """The test loader of a saved model's evaluation (``evaluate``), by a run's own rules, with the plan's
+    data_on_device and num_workers (``training.setup.plan.settle_evaluation``)."""
+    return loaders.make_loaders(
         loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
-        num_workers=loaders.workers_for(config.num_workers, device, loaded.test.images),
-        train_eval_size=0, seed=config.seed, device=loader_device(on_device, device))
-    return loaded, batch_loaders
+        num_workers=int(config.num_workers), train_eval_size=0, seed=config.seed,
+        device=loader_device(bool(config.data_on_device), device))
 
 
 AUTO_DEVICE_SHARE = 0.25  # data_on_device=auto: of the GPU's free memory the images may take (the model, its

@@ -96,8 +96,9 @@ def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     precision = process_setup.setup_precision(config, device)
     resumption = resumption_of.decide(config)
     weights = model_setup.setup_pretrained(config)
-    data = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
-    the_plan, network, sweep = plan_the_run(config, device, precision, resumption, data, weights, stop)
+    fed, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
+    the_plan, network, sweep = plan_the_run(config, fed, data, device=device, precision=precision,
+                                            resumption=resumption, weights=weights, stop=stop)
     settled = the_plan.config
     optimization = setup_optimization(settled, network, data, device, precision)
     engines = setup_engines(settled, device, network, optimization, data)
@@ -135,14 +136,14 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
     return result
 
 
-def plan_the_run(config: Config, device: torch.device, precision: Precision, resumption: Resumption,
-                 data_setup: run_data.DataSetup, weights: Any, stop: stopping.StopRequest
+def plan_the_run(config: Config, fed: Config, data_setup: run_data.DataSetup, *, device: torch.device,
+                 precision: Precision, resumption: Resumption, weights: Any, stop: stopping.StopRequest
                  ) -> tuple[plan.RunPlan, model_setup.Network, Any]:
-    """Every choice the run makes for itself, settled here and only here, in the order they need each other:
-    what the data, device and precision decide (``plan.settled_choices``), the memory layout (``layouts``), then
-    the model built with them and, with learning_rate=find, the sweep on it. Returns the plan (logged once),
-    the model and the sweep (for its files)."""
-    settled = dataclasses.replace(config, **plan.settled_choices(config, device, precision, resumption, data_setup))
+    """The rest of the planner's choices for a run (``fed``: ``config`` with the data's already settled by
+    ``plan.plan_data``), in the order they need each other: what the device, precision and classes decide
+    (``plan.settled_choices``), the memory layout (``layouts``), then the model built with them and, with
+    learning_rate=find, the sweep on it. Returns the plan (logged once), the model and the sweep (its files)."""
+    settled = dataclasses.replace(fed, **plan.settled_choices(config, device, precision, resumption, data_setup))
     settled = layouts.settle(settled, device, len(data_setup.info.classes), data_setup.provenance)
     if weights is not None:  # the file hashed once, on rank 0
         data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
@@ -198,7 +199,7 @@ def setup_engines(config: Config, device: torch.device, network: model_setup.Net
     """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
     prepare = batches.train_batch_preparer(device, batches.TrainAugmentation.of(config),
                                            data_setup.iterations_per_epoch, data_setup.info,
-                                           data_setup.cropped_in_loader, data_setup.augment_per_pass)
+                                           data_setup.cropped_in_loader, bool(config.augment_per_pass))
     trainer = create_trainer(optimization.step, prepare)
     trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
     recipes.parts_of(network.model).attach(trainer, optimization.optimizer, config, data_setup.total_iterations)

@@ -29,7 +29,7 @@ from cifar10_dist.results import BatchSizeResult, BatchSpeed
 from cifar10_dist.system import doctor
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training.loop.step import TrainStep
-from cifar10_dist.training.setup import layouts, optimizers
+from cifar10_dist.training.setup import optimizers, plan
 
 CPU_CANDIDATES = (32, 64, 128, 256, 512, 1024)
 MAX_STEPS = 20
@@ -165,7 +165,7 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     """Measure, choose and explain (per process sizes; the suggestion is global: times the planned world size)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = layouts.settle(config, device, models.NUM_CLASSES)  # channels_last=auto: once, not per batch tried
+    config = plan.settle_measurement(config, device, models.NUM_CLASSES)  # once, not per batch tried
     world = planned_world_size(config) or 1
     own = max(1, config.batch_size // world)
     limit, limit_note = per_process_limit(config, world)

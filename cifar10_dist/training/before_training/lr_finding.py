@@ -35,7 +35,7 @@ from cifar10_dist.results import LrFindResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
-from cifar10_dist.training.setup import loss, model_setup, optimizers, process_setup
+from cifar10_dist.training.setup import loss, model_setup, optimizers, plan, process_setup
 from cifar10_dist.training.setup.resumption import Resumption
 
 logger = logging.getLogger("cifar10_dist")
@@ -139,7 +139,7 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     augment = batches.TrainAugmentation.of(config)
     trainer = create_trainer(step, batches.train_batch_preparer(device, augment, data_setup.iterations_per_epoch,
                                                                 data_setup.info, data_setup.cropped_in_loader,
-                                                                data_setup.augment_per_pass))
+                                                                bool(config.augment_per_pass)))
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
     if stop is not None:
         stopping.attach_stop_without_checkpoint(trainer, stop, "lr-find")
@@ -233,7 +233,8 @@ class LrFindWorker:
             device = process_setup.setup_process(config)
             precision = process_setup.setup_precision(config, device)
             weights = model_setup.setup_pretrained(config)
-            data_setup = run_data.setup_data(config, device, precision, weights.normalisation if weights else None)
+            config, data_setup = plan.plan_data(config, device, precision,
+                                                weights.normalisation if weights else None)
             network = model_setup.setup_model(config, data_setup, weights, precision)
             with contextlib.closing(data_setup.loaders):
                 result = find(config, network.model, network.forward, data_setup, device, precision, self.settings,

@@ -1,21 +1,34 @@
-"""A run's plan: every choice the run makes for itself (``auto``, ``find``), settled once before its first step
-into one frozen record, ``RunPlan``: the config with each choice written as the value taken, so that config.yaml
-and every checkpoint's meta say what ran (a run started from that config.yaml makes the same choices), and the
-few facts beside it (device, precision and why, the checkpoint continued). Logged once as a short table; read,
-never rebuilt, by everything after it."""
+"""The planner: every choice a run makes for itself (``auto``, ``find``) is decided here, from what the machine
+and the data are (the device, the precision, the images, their classes), by the rule each key's module declares
+(``data.run_data.settle_data_on_device``, ``data.loaders.workers_for``, ``data.batches.settle_augment_per_pass``,
+``optimizers.fused_on``, ``process_setup``'s precision, ``layouts``' memory format, ``lr_finding``'s sweep), and
+nowhere else: ``run``, ``lr-find`` (``plan_data``), ``evaluate`` (``settle_evaluation``) and ``batch-size``
+(``settle_measurement``) ask it, and the code after it reads the settled config only.
+
+A run's choices end in one frozen record, ``RunPlan``: the config with each choice written as the value taken,
+so that config.yaml and every checkpoint's meta say what ran (a run started from that config.yaml makes the same
+choices), and the few facts beside it (device, precision and why, the checkpoint continued). Logged once as a
+short table; read, never rebuilt, by everything after it."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cifar10_dist.config import Config, class_weights
-from cifar10_dist.data.run_data import DataSetup
+from cifar10_dist.config import Config, class_weights, per_batch_augmentations
+from cifar10_dist.data import batches, loaders, run_data
+from cifar10_dist.data.records import LoadedData
+from cifar10_dist.data.run_data import DataSetup, Normalisation
+from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.setup import optimizers, process_setup
+from cifar10_dist.training.setup import layouts, optimizers, process_setup
 from cifar10_dist.training.setup.resumption import Resumption
+
+logger = logging.getLogger("cifar10_dist")
 
 # the keys a run settles, in the order the table shows them (channels_last and learning_rate: by their modules)
 SETTLED = ("with_amp", "amp_dtype", "data_on_device", "augment_per_pass", "num_workers", "channels_last",
@@ -46,18 +59,58 @@ class RunPlan:
         return "\n".join(f"  {key:<{width}}  {value} {note}".rstrip() for key, value, note in rows)
 
 
+def plan_data(config: Config, device: torch.device, precision: Precision,
+              normalisation: Normalisation | None = None) -> tuple[Config, DataSetup]:
+    """A run's data: its images loaded, then how they are fed decided (``data_choices``), then their loaders
+    built with those choices; returns the config with them settled, and the data."""
+    images = run_data.load_run_images(config, device, precision, normalisation)
+    settled = dataclasses.replace(config, **data_choices(config, device, images))
+    return settled, run_data.setup_data(settled, device, precision, images)
+
+
+def data_choices(config: Config, device: torch.device, images: run_data.RunImages) -> dict[str, Any]:
+    """data_on_device (the images' size against the device's free memory), num_workers (none with the images on
+    the device) and augment_per_pass (the device, where the images are, the augmentations drawn per batch)."""
+    on_device = run_data.settle_data_on_device(config.data_on_device, device, images.image_sets)
+    workers = loaders.workers_for(config.num_workers, device, images.train_images.images)
+    if config.num_workers == "auto" and not on_device:
+        ranks.on_rank_zero(logger.info, "num_workers=auto: %d per node (%s)", workers, "training on the CPU from "
+                           "memory: batches are read in the training process" if workers == 0 else
+                           "reads overlap the step" if device.type == "cpu" else
+                           "each process's cores but the one that drives the device, 2 to 8 per process")
+    per_pass = batches.settle_augment_per_pass(config.augment_per_pass, device, on_device,
+                                               per_batch_augmentations(config))
+    return {"data_on_device": on_device, "num_workers": 0 if on_device else workers, "augment_per_pass": per_pass}
+
+
 def settled_choices(config: Config, device: torch.device, precision: Precision, resumption: Resumption,
                     data_setup: DataSetup) -> dict[str, Any]:
-    """The values of the keys the data, the device and the precision decide, as taken: for
-    ``dataclasses.replace`` (channels_last and learning_rate are settled by ``layouts`` and ``lr_finding``)."""
+    """The values of the keys the device, the precision, the resume and the data's classes decide, as taken: for
+    ``dataclasses.replace`` (channels_last and learning_rate follow: ``layouts``, then ``lr_finding``'s sweep on
+    the model built with them)."""
     weights = class_weights(config.class_weights)
     counts = data_setup.class_counts or []
     taken = weights.for_counts(counts, data_setup.info.classes) if weights is not None and weights.auto else None
-    return {"data_on_device": data_setup.data_on_device, "augment_per_pass": data_setup.augment_per_pass,
-            "num_workers": data_setup.num_workers, "fused_optimizer": optimizers.fused_on(config.fused_optimizer, device),
+    return {"fused_optimizer": optimizers.fused_on(config.fused_optimizer, device),
             "warm_up_steps": warm_up_steps_for(config.warm_up_steps, device), "resume_from": resumption.checkpoint,
             **({"class_weights": ",".join(str(weight) for weight in taken)} if taken is not None else {}),
             **process_setup.settled_precision(config, precision)}
+
+
+def settle_evaluation(config: Config, device: torch.device, loaded: LoadedData) -> tuple[Config, Precision]:
+    """``evaluate``'s choices, by a run's rules: precision, data_on_device and num_workers (from the test images),
+    the memory layout."""
+    precision = process_setup.setup_precision(config, device)
+    on_device = run_data.settle_data_on_device(config.data_on_device, device, [loaded.train, loaded.test])
+    workers = 0 if on_device else loaders.workers_for(config.num_workers, device, loaded.test.images)
+    settled = dataclasses.replace(config, data_on_device=on_device, num_workers=workers)
+    return layouts.settle(settled, device, len(loaded.info.classes)), precision
+
+
+def settle_measurement(config: Config, device: torch.device, num_classes: int) -> Config:
+    """``batch-size``'s choices: the memory layout, once for every batch it times (its precision is each timed
+    step's own, by ``process_setup``'s rule)."""
+    return layouts.settle(config, device, num_classes)
 
 
 def made(settled: Config, given: Config, device: torch.device, precision: Precision,

@@ -21,7 +21,7 @@ from cifar10_dist.results import EvaluationResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
-from cifar10_dist.training.setup import layouts, model_setup, process_setup
+from cifar10_dist.training.setup import model_setup, plan
 from cifar10_dist.training.shipping import temperature
 
 logger = logging.getLogger("cifar10_dist")
@@ -38,9 +38,9 @@ class EvaluationWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = idist.device()
-            loaded, batch_loaders = run_data.setup_evaluation_data(config, device)
-            precision = process_setup.setup_precision(config, device)
-            config = layouts.settle(config, device, len(loaded.info.classes))
+            loaded = run_data.load_datasets(config)
+            config, precision = plan.settle_evaluation(config, device, loaded)
+            batch_loaders = run_data.evaluation_loaders(config, device, loaded)
             model, info = self.load_model(config, loaded, device, precision)
             evaluator = create_evaluator(
                 model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
