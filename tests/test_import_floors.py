@@ -263,3 +263,34 @@ def test_no_training_or_data_code_names_a_recipe_or_its_parts():
              for name in [getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)]
              if isinstance(name, str) and any(word in name.lower() for word in ("airbench", "whiten"))]
     assert named == []
+
+
+# the rules that settle an auto (or find) key, each declared in its own module: training.setup.plan alone calls them
+SETTLING_RULES = {"settle_data_on_device", "workers_for", "settle_augment_per_pass", "fused_on", "warm_up_steps_for",
+                  "setup_precision", "settled_precision", "decide", "settle"}
+PLANNER = "training.setup.plan"
+
+
+def calls_of(path: Path, names: set[str]) -> set[str]:
+    """The names among ``names`` that the file calls, as ``name(...)`` or ``module.name(...)``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if called in names:
+                found.add(called)
+    return found
+
+
+def test_every_auto_is_settled_by_the_planner_alone():
+    """run, lr-find, evaluate and batch-size ask training.setup.plan; a module that settled a key itself (as
+    setup_data once settled data_on_device from the config it was given) would decide apart from the plan the run
+    records; not even the module that declares the rule calls it."""
+    elsewhere = [f"{dotted(path, PACKAGE)} calls {name}" for path in sources()
+                 for name in sorted(calls_of(path, SETTLING_RULES)) if dotted(path, PACKAGE) != PLANNER]
+    assert elsewhere == []
+
+
+def test_the_planner_check_sees_a_rule_called_outside_the_planner(tmp_path):
+    (tmp_path / "loader.py").write_text("from x import loaders\n\ndef f(c, d):\n    return loaders.workers_for(c, d)\n")
+    assert calls_of(tmp_path / "loader.py", SETTLING_RULES) == {"workers_for"}

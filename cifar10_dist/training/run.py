@@ -40,7 +40,6 @@ from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trai
 from cifar10_dist.training.loop.validation import EngineSet, Validation
 from cifar10_dist.training.setup import (
     compression,
-    layouts,
     loss,
     model_setup,
     optimizers,
@@ -48,7 +47,6 @@ from cifar10_dist.training.setup import (
     process_setup,
     schedules,
 )
-from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.setup.resumption import Resumption
 from cifar10_dist.training.shipping import distillation, temperature
 
@@ -93,8 +91,7 @@ class TrainingParts:
 def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     """The process, precision, data, plan, model, optimisation and engines, in the order they need each other."""
     device = process_setup.setup_process(config)
-    precision = process_setup.setup_precision(config, device)
-    resumption = resumption_of.decide(config)
+    precision, resumption = plan.process_choices(config, device)
     weights = model_setup.setup_pretrained(config)
     fed, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
     the_plan, network, sweep = plan_the_run(config, fed, data, device=device, precision=precision,
@@ -144,7 +141,7 @@ def plan_the_run(config: Config, fed: Config, data_setup: run_data.DataSetup, *,
     (``plan.settled_choices``), the memory layout (``layouts``), then the model built with them and, with
     learning_rate=find, the sweep on it. Returns the plan (logged once), the model and the sweep (its files)."""
     settled = dataclasses.replace(fed, **plan.settled_choices(config, device, precision, resumption, data_setup))
-    settled = layouts.settle(settled, device, len(data_setup.info.classes), data_setup.provenance)
+    settled = plan.settle_layout(settled, device, data_setup)
     if weights is not None:  # the file hashed once, on rank 0
         data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
     data_setup.provenance.config_file, data_setup.provenance.resumed_from = config.config_source, resumption.checkpoint

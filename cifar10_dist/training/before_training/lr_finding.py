@@ -231,7 +231,7 @@ class LrFindWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = process_setup.setup_process(config)
-            precision = process_setup.setup_precision(config, device)
+            precision = plan.precision_for(config, device)
             weights = model_setup.setup_pretrained(config)
             config, data_setup = plan.plan_data(config, device, precision,
                                                 weights.normalisation if weights else None)

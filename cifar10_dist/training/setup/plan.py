@@ -2,8 +2,11 @@
 and the data are (the device, the precision, the images, their classes), by the rule each key's module declares
 (``data.run_data.settle_data_on_device``, ``data.loaders.workers_for``, ``data.batches.settle_augment_per_pass``,
 ``optimizers.fused_on``, ``process_setup``'s precision, ``layouts``' memory format, ``lr_finding``'s sweep), and
-nowhere else: ``run``, ``lr-find`` (``plan_data``), ``evaluate`` (``settle_evaluation``) and ``batch-size``
-(``settle_measurement``) ask it, and the code after it reads the settled config only.
+nowhere else: ``run``, ``lr-find`` (``precision_for``, ``plan_data``), ``evaluate`` (``settle_evaluation``)
+and ``batch-size`` (``settle_measurement``) ask it, and the code after it reads the settled config only. One
+choice is made after it, on what it built: learning_rate=find, the sweep on the model (``run.plan_the_run``
+calls ``before_training.lr_finding``, a floor above this one). tests/test_import_floors.py checks that no other
+module calls the rules.
 
 A run's choices end in one frozen record, ``RunPlan``: the config with each choice written as the value taken,
 so that config.yaml and every checkpoint's meta say what ran (a run started from that config.yaml makes the same
@@ -26,6 +29,7 @@ from cifar10_dist.data.run_data import DataSetup, Normalisation
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.setup import layouts, optimizers, process_setup
+from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.setup.resumption import Resumption
 
 logger = logging.getLogger("cifar10_dist")
@@ -57,6 +61,17 @@ class RunPlan:
             rows.append((key, str(taken), "" if taken == given else f"(given: {given})"))
         width = max(len(key) for key, _, _ in rows)
         return "\n".join(f"  {key:<{width}}  {value} {note}".rstrip() for key, value, note in rows)
+
+
+def process_choices(config: Config, device: torch.device) -> tuple[Precision, Resumption]:
+    """What is decided before the data: the precision (with_amp=auto: what trains fastest on this device) and
+    whether and from where the run continues (resume_from=auto: the run folder's newest checkpoint)."""
+    return precision_for(config, device), resumption_of.decide(config)
+
+
+def precision_for(config: Config, device: torch.device) -> Precision:
+    """with_amp and amp_dtype (auto: bf16 or fp16 autocast where the device computes it fast, else fp32)."""
+    return process_setup.setup_precision(config, device)
 
 
 def plan_data(config: Config, device: torch.device, precision: Precision,
@@ -97,10 +112,16 @@ def settled_choices(config: Config, device: torch.device, precision: Precision, 
             **process_setup.settled_precision(config, precision)}
 
 
+def settle_layout(config: Config, device: torch.device, data_setup: DataSetup) -> Config:
+    """channels_last (auto: by the device and the model built for the data's classes), kept with its reason in the
+    run's provenance."""
+    return layouts.settle(config, device, len(data_setup.info.classes), data_setup.provenance)
+
+
 def settle_evaluation(config: Config, device: torch.device, loaded: LoadedData) -> tuple[Config, Precision]:
     """``evaluate``'s choices, by a run's rules: precision, data_on_device and num_workers (from the test images),
     the memory layout."""
-    precision = process_setup.setup_precision(config, device)
+    precision = precision_for(config, device)
     on_device = run_data.settle_data_on_device(config.data_on_device, device, [loaded.train, loaded.test])
     workers = 0 if on_device else loaders.workers_for(config.num_workers, device, loaded.test.images)
     settled = dataclasses.replace(config, data_on_device=on_device, num_workers=workers)
