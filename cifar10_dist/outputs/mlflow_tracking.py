@@ -80,14 +80,14 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
 def provenance_tags(recorded: Mapping[str, Any]) -> dict[str, str]:
     """The provenance worth filtering runs by, as MLflow tags (read through ``RunRecord``)."""
     record = RunRecord.from_dict(recorded)
-    package, versions = record.package or {}, record.versions or {}
+    package, versions = record.package, record.versions or {}
     tags = {
-        "git_commit": package.get("git_commit"), "git_dirty": package.get("git_dirty"),
-        "package_version": package.get("version"), "dataset": record.dataset.name,
+        "git_commit": package.git_commit, "git_dirty": package.git_dirty,
+        "package_version": package.version, "dataset": record.dataset.name,
         "dataset_sha256": record.dataset.sha256, "precision": record.precision,
         "backend": record.backend, "world_size": record.world_size,
         "devices": ", ".join(f"{count} x {name}" for name, count in (record.devices or {}).items()),
-        "cpu": ((record.hardware or {}).get("cpu") or {}).get("model"), "torch": versions.get("torch"),
+        "cpu": record.cpu_model, "torch": versions.get("torch"),
     }
     return {f"cifar10_dist.{key}": str(value) for key, value in tags.items() if value is not None}
 

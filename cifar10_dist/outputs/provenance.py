@@ -44,10 +44,33 @@ class DataRecord:
 
 
 @dataclass(slots=True)
+class PackageRecord:
+    """The package that ran: its name and version, whether that is a release (False: a development build; None in
+    files from before it was recorded), and its checkout's git commit and whether tracked files differed from it
+    (None where it ran from an installed copy)."""
+
+    name: str = PACKAGE
+    version: str | None = None
+    release: bool | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As provenance.json holds it (``release`` only where it was recorded)."""
+        return {one.name: getattr(self, one.name) for one in fields(self)
+                if one.name != "release" or self.release is not None}
+
+    @classmethod
+    def from_dict(cls, recorded: Mapping[str, Any] | None) -> PackageRecord:
+        names = {one.name for one in fields(cls)}
+        return cls(**{key: value for key, value in (recorded or {}).items() if key in names})
+
+
+@dataclass(slots=True)
 class RunRecord:
     """provenance.json: what produced a run, one field per fact."""
 
-    package: dict[str, Any]  # name, version, release (False: a development build), git_commit, git_dirty
+    package: PackageRecord
     versions: dict[str, str]  # python, torch, torchvision, pytorch-ignite
     backend: str | None  # the distributed backend (None: one process)
     world_size: int
@@ -69,19 +92,25 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         """provenance.json's content: every fact that is set, the dataset as its own object."""
         found = {key: value for key, value in _set_items(self).items() if key != "extra"}
-        return {**self.extra, **found, "dataset": self.dataset.to_dict()}
+        return {**self.extra, **found, "package": self.package.to_dict(), "dataset": self.dataset.to_dict()}
 
     @classmethod
     def from_dict(cls, recorded: Mapping[str, Any]) -> RunRecord:
         """A record read back (provenance.json, a checkpoint's meta); keys it no longer has go to ``extra``."""
-        names = {one.name for one in fields(cls)} - {"extra", "dataset"}
+        names = {one.name for one in fields(cls)} - {"extra", "dataset", "package"}
         data_names = {one.name for one in fields(DataRecord)}
         dataset = dict(recorded.get("dataset") or {})
         present: dict[str, Any] = {key: recorded.get(key) for key in names}
-        return cls(**present,
+        return cls(**present, package=PackageRecord.from_dict(recorded.get("package")),
                    dataset=DataRecord(**{key: dataset.get(key) for key in data_names if key in dataset or  # type: ignore[arg-type]
                                          key in ("name", "sha256")}),
-                   extra={key: value for key, value in recorded.items() if key not in names | {"dataset"}})
+                   extra={key: value for key, value in recorded.items() if key not in names | {"dataset", "package"}})
+
+    @property
+    def cpu_model(self) -> str | None:
+        """The CPU the run's rank 0 ran on, as ``system.hardware.describe`` names it (None where not recorded)."""
+        cpu = (self.hardware or {}).get("cpu")
+        return cpu.get("model") if isinstance(cpu, Mapping) else None
 
 
 def _set_items(record: Any) -> dict[str, Any]:
@@ -94,8 +123,7 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device, prec
     """The record for this run; every process must call it (device names are gathered from all ranks).
     ``precision`` is what training computes in (fp32, bf16, fp16), ``hardware`` this process's CPU and GPUs."""
     return RunRecord(
-        package={"name": PACKAGE, "version": package_version(), "release": is_release(package_version()),
-                 **git_state()},
+        package=PackageRecord(PACKAGE, package_version(), is_release(package_version()), **git_state()),
         versions={
             "python": platform.python_version(),
             "torch": str(torch.__version__),
@@ -115,10 +143,10 @@ def describe(record: RunRecord) -> str:
     """One log line: package version, git state and data checksum."""
     package = record.package
     git = "no git"
-    if package["git_commit"]:
-        git = f"git {package['git_commit'][:10]}" + (" (dirty)" if package["git_dirty"] else "")
-    build = "" if package.get("release", True) else " (a development build)"
-    return f"{package['name']} {package['version']}{build}, {git}, data sha256 {record.dataset.sha256}"
+    if package.git_commit:
+        git = f"git {package.git_commit[:10]}" + (" (dirty)" if package.git_dirty else "")
+    build = " (a development build)" if package.release is False else ""
+    return f"{package.name} {package.version}{build}, {git}, data sha256 {record.dataset.sha256}"
 
 
 def package_version() -> str:
@@ -207,7 +235,7 @@ def of_checkpoint(checkpoint: Mapping[str, Any]) -> RunRecord:
 def differences(recorded: RunRecord, present: RunRecord) -> list[str]:
     """What differs between a checkpoint's record and the present run: package version, dataset checksum."""
     found = []
-    then, now = (recorded.package or {}).get("version"), present.package["version"]
+    then, now = recorded.package.version, present.package.version
     if then is not None and then != now:
         found.append(f"it was made with {PACKAGE} {then}, this is {now}")
     then, now = recorded.dataset.sha256, present.dataset.sha256

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cifar10_dist.outputs.provenance import DataRecord, RunRecord
+from cifar10_dist.outputs.provenance import DataRecord, PackageRecord, RunRecord
 from cifar10_dist.outputs.reading import epochs_and_evaluations, read_events, selection_split
 from cifar10_dist.results import BestResult, RunResult, RunSummary, TrialResult
 
@@ -16,7 +16,7 @@ def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord 
               best_metric: str = "accuracy") -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions (from the run's ``record``, where given), checkpoint paths."""
-    record = record or RunRecord({}, {}, None, 0, {}, "", {}, DataRecord("", None))
+    record = record or RunRecord(PackageRecord(), {}, None, 0, {}, "", {}, DataRecord("", None))
     events = read_events(run_dir)
     epochs, evaluations = epochs_and_evaluations(events)
     selection, _, best = selection_split(evaluations, best_metric)
@@ -35,7 +35,7 @@ def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord 
                                                          "same_images")} for event in resumes],
         backend=record.backend, devices=record.devices, precision=record.precision or None,
         hardware=record.hardware, data_checks=record.dataset.checks or {},
-        versions={**record.versions, "cifar10-dist": record.package.get("version")},
+        versions={**record.versions, "cifar10-dist": record.package.version},
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),
     )
