@@ -26,7 +26,8 @@ def cases(size: int) -> dict[str, Callable[[torch.Tensor, torch.Tensor], object]
     mix = augmentation.mixing(0.2, 1.0, 10)
     return {
         "crop + flip (ours, batched)": lambda x, y: augmentation.augment(x, generator),
-        **{f"{name} (per image)": (lambda p: lambda x, y: augmentation.per_image(p, x))(p) for name, p in policies.items()},
+        **{f"{name} (per image)": (lambda p: lambda x, y: augmentation.per_image(p, x))(p) for name,
+           p in policies.items()},
         "normalise": lambda x, y: augmentation.normalize(x),
         "random erasing p=1 (per image)": lambda x, y: augmentation.per_image(erasing, augmentation.normalize(x)),
         "mixup/cutmix (batched)": lambda x, y: mix(augmentation.normalize(x), y),

@@ -36,7 +36,8 @@ started = time.perf_counter()
 folder, meta, found, how = cache_builds.ensure_cache(Path(sys.argv[1]), 32, Path(sys.argv[2]))
 seconds = time.perf_counter() - started
 peak = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-print(json.dumps({"seconds": seconds, "decode_seconds": meta.build_seconds, "images": sum(c for _, c in meta.splits.values()),
+images = sum(count for _, count in meta.splits.values())
+print(json.dumps({"seconds": seconds, "decode_seconds": meta.build_seconds, "images": images,
                   "workers": folder_scan.default_workers(), "peak_rss_mib": peak, "built": how == "built"}))
 """
 
@@ -57,7 +58,8 @@ def fast_run(output: Path, seed: int, quick: bool, **data: Any) -> dict[str, Any
                             **{**data, "seed": seed, **(QUICK if quick else {})})
     seconds = [row["epoch_time"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
     later = seconds[1:] or seconds  # the first epoch pays one-time costs
-    return {"accuracy": run.accuracy, "epoch_seconds": seconds, "mean_epoch_seconds_after_first": sum(later) / len(later),
+    return {"accuracy": run.accuracy, "epoch_seconds": seconds,
+            "mean_epoch_seconds_after_first": sum(later) / len(later),
             "training_seconds": run.summary.training_time, "wall_seconds": run.wall_seconds,
             "precision": run.summary.precision, "data_checks": run.summary.data_checks}
 
@@ -79,7 +81,8 @@ def main() -> None:
         if "cache" in entries:
             results["cache"] = build_cache(args.folder, cache_under)
             print(f"cache: {results['cache']['images']} images in {results['cache']['seconds']:.1f} s "
-                  f"({results['cache']['workers']} decoding processes), peak {results['cache']['peak_rss_mib']:.0f} MiB",
+                  f"({results['cache']['workers']} decoding processes), "
+                  f"peak {results['cache']['peak_rss_mib']:.0f} MiB",
                   flush=True)
         for entry in ("pickle", "folder"):
             if entry not in entries:
@@ -87,7 +90,8 @@ def main() -> None:
             data = ({"data_path": args.data_path} if entry == "pickle" else
                     {"dataset": "folder", "data_path": args.folder, "cache_dir": str(cache_under)})
             results[entry] = fast_run(Path(temporary) / entry, args.seed, args.quick, **data)
-            print(f"{entry}: accuracy {results[entry]['accuracy']:.4f}, {results[entry]['mean_epoch_seconds_after_first']:.1f}"
+            print(f"{entry}: accuracy {results[entry]['accuracy']:.4f}, "
+                  f"{results[entry]['mean_epoch_seconds_after_first']:.1f}"
                   f" s per epoch after the first", flush=True)
     if {"pickle", "folder"} <= set(results):
         pickle_run, folder_run = results["pickle"], results["folder"]

@@ -28,7 +28,8 @@ from benchmarks import records, runner
 from benchmarks.transfer import extract
 from cifar10_dist.data.cifar import CLASSES
 
-VARIANTS = {"as it is": {}, "class_weights=auto": {"class_weights": "auto"}, "sampler=balanced": {"sampler": "balanced"}}
+VARIANTS = {"as it is": {}, "class_weights=auto": {"class_weights": "auto"},
+            "sampler=balanced": {"sampler": "balanced"}}
 
 
 def long_tail_counts(ratio: float, largest: int = 5000) -> dict[str, int]:

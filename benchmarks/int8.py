@@ -55,7 +55,8 @@ def speeds(name: str, rounds: int, work: Path) -> dict[str, Any]:
     size, batch, steps = SHAPES[name]
     fp32, int8 = work / f"{name}.onnx", work / f"{name}.int8.onnx"
     export_fp32(name, size, fp32)
-    calibration = torch.randint(0, 256, (64, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    calibration = torch.randint(0, 256, (64, 3, size, size), dtype=torch.uint8,
+                                generator=torch.Generator().manual_seed(0))
     info = DatasetInfo(tuple(str(i) for i in range(10)), image_size=size)
     signed = work / f"{name}.s8s8.onnx"
     quantizing.quantize(fp32, int8, calibration, info, work)

@@ -117,7 +117,8 @@ def handler_costs(iterations: int) -> dict[str, float]:
             continue  # epoch-level handlers (validation, epoch logs): not a per-iteration cost
         for name, times in handlers.items():
             costs[name] = costs.get(name, 0.0) + sum(times) / iterations * 1e6
-    costs["(the step: batch preparation, forward, backward, optimizer)"] = sum(profiler.processing_times) / iterations * 1e6
+    step = "(the step: batch preparation, forward, backward, optimizer)"
+    costs[step] = sum(profiler.processing_times) / iterations * 1e6
     costs["(the data: the next batch from the loader)"] = sum(profiler.dataflow_times) / iterations * 1e6
     return dict(sorted(costs.items(), key=lambda item: -item[1]))
 

@@ -12,10 +12,12 @@ Earlier, Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
                  the peer's network and ours (also with the whitening bias frozen) on the CPU, interleaved in rounds
 
 Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7, muon6, muon5 (the
-same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive resizing), select
+same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize
+(progressive resizing), select
 (data selection); variants of lean: lean_lookahead (Lookahead), lean_ls009 (label smoothing 0.09, the record's),
 lean_select10 (selection in all of 10 epochs), lean_record (the Muon lr, momentum and label smoothing of hiverge's
-record), lean_silu (its SiLU), lean_jitter (its brightness and contrast jitter). The default runs peer, muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+record), lean_silu (its SiLU), lean_jitter (its brightness and contrast jitter). The default runs peer, muon and
+lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
 epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
 start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
 the same invocation (this machine's speed drifts up to 2x between hours).
@@ -165,7 +167,8 @@ def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
         together = {name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation
                                  and r["recipe"] == name]) for name in ENTRIES}
         pairs = [(a, b) for a in OURS for b in ("fast", "muon", "peer")
-                 if a != b and not (a == "fast" and b == "muon") and together[a] is not None and together[b] is not None]
+                 if a != b and not (a == "fast" and b == "muon")
+                 and together[a] is not None and together[b] is not None]
         if pairs:
             ratios = ", ".join(f"{a}/{b} {together[a] / together[b]:.2f}" for a, b in pairs)
             lines.append(f"training-time ratios in invocation {invocation}: {ratios}")
@@ -190,7 +193,8 @@ def run_entries(args: argparse.Namespace, entries: list[str], path: Path) -> Non
                                       "commit": records.commit(), "machine": records.machine(args.device),
                                       "hardware": records.hardware_record(args.device), "torch": torch.__version__,
                                       "quick": args.quick, **result})
-            print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training {result['training_seconds']:.0f} s,"
+            print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training "
+                  f"{result['training_seconds']:.0f} s,"
                   f" outside {sum(result['outside'].values()):.0f} s", flush=True)
     print(table(json.loads(path.read_text())["runs"], quick=args.quick))
 

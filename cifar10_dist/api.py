@@ -1,5 +1,7 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``batch_size``, ``predict``,
-``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing below calls up into it.
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``batch_size``,
+``predict``,
+``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing
+below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second).
@@ -27,7 +29,8 @@ from cifar10_dist.results import (
 )
 from cifar10_dist.serve.export_flags import EXPORT_FLAGS
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size", "predict", "predict_files", "export",
+__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size",
+           "predict", "predict_files", "export",
            "tune", "doctor", "report", "prepare_data"]
 
 
@@ -253,7 +256,8 @@ def prepare_data(data_path: str | Path = commands.default(commands.PREPARE_DATA,
     check the image folder's cache and describe it in a card."""
     from cifar10_dist.data import records
 
-    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size, crop_fraction=crop_fraction,
+    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size,
+                     crop_fraction=crop_fraction,
                      skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
                      cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
     return records.implementation(dataset).prepare(config, synthetic, synthetic_test, seed)

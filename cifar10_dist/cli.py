@@ -1,4 +1,5 @@
-"""The command line: ``cifar10-dist run | lr-find | batch-size | evaluate | predict | export | tune | prepare-data | report |
+"""The command line: ``cifar10-dist run | lr-find | batch-size | evaluate | predict | export | tune | prepare-data |
+report |
 doctor | config``, a thin fire layer
 over the API.
 
@@ -216,7 +217,8 @@ def export(**flags: Any) -> None:
         print(f"read back: {result.tensors_equal} of {result.tensors_equal} tensors torch.equal to the model's")
     print(f"{runtime} vs PyTorch on {result.images}: logits max abs difference {result.max_abs_difference:.2e} "
           f"({result.relative_difference:.1e} of their scale {result.logit_scale:.3g}; accepted: "
-          f"{result.accepted_relative_difference:.0e} of it), same top-1 class on {result.same_top1} of {result.num_images}")
+          f"{result.accepted_relative_difference:.0e} of it), same top-1 class on {result.same_top1} of "
+          f"{result.num_images}")
     if result.quantization is not None:
         print(int8_summary(result.quantization))
     print(f"wrote {result.path} ({Path(result.path).stat().st_size / 1e6:.1f} MB) and {result.sidecar}")
@@ -312,7 +314,8 @@ def doctor(**flags: Any) -> None:
     print(json_module.dumps(report.to_dict(), indent=2) if values["json"] else render(report))
 
 
-COMMANDS = {"run": run, "lr-find": lr_find, "batch-size": batch_size, "evaluate": evaluate, "predict": predict, "export": export, "tune": tune,
+COMMANDS = {"run": run, "lr-find": lr_find, "batch-size": batch_size, "evaluate": evaluate, "predict": predict,
+            "export": export, "tune": tune,
             "prepare-data": prepare_data, "report": report, "doctor": doctor, "config": show_config}
 def _help_text(argv: list[str]) -> str | None:
     """Our own help (fire's cannot list options passed through **overrides)."""

@@ -133,7 +133,8 @@ validated, as YAML: save it (`> my.yaml`), edit it, and train with `run --config
 refused in one line, exactly as `run` refuses it.""", commands.CONFIG)
 
 PAGES = {"run": RUN_HELP, "lr-find": LR_FIND_HELP, "batch-size": BATCH_SIZE_HELP, "evaluate": EVALUATE_HELP,
-         "predict": PREDICT_HELP, "export": export_help, "tune": TUNE_HELP, "prepare-data": PREPARE_HELP, "report": REPORT_HELP,
+         "predict": PREDICT_HELP, "export": export_help, "tune": TUNE_HELP, "prepare-data": PREPARE_HELP,
+             "report": REPORT_HELP,
          "doctor": DOCTOR_HELP, "config": CONFIG_HELP}
 
 

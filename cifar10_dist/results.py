@@ -1,4 +1,5 @@
-"""What ``train``, ``evaluate``, ``export``, ``tune``, ``lr_find``, ``batch_size``, ``doctor``, ``report`` and ``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
+"""What ``train``, ``evaluate``, ``export``, ``tune``, ``lr_find``, ``batch_size``, ``doctor``, ``report`` and
+``prepare_data`` return: typed results shared by the API, the CLI, notebooks and the
 processes that produce them (they travel between processes as JSON). Plain data: no torch here."""
 
 from __future__ import annotations
@@ -319,7 +320,8 @@ class RunSummary:
     checkpoints: list[str] = field(default_factory=list)
     best_models: list[str] = field(default_factory=list)
     clearml_offline_folder: Optional[str] = None
-    private_memory_mib: list[float] = field(default_factory=list)  # per rank, at the end (memory_use.private_memory_mib)
+    private_memory_mib: list[float] = field(default_factory=list)  # per rank, at the end
+    # (memory_use.private_memory_mib)
     data_checks: dict[str, Any] = field(default_factory=dict)  # dataset=folder: what its checks found
     trackers: dict[str, Any] = field(default_factory=dict)  # an outside store that missed something: what and why
     trial: Optional[TrialSpec] = None  # set by tune: study, storage, number, params, pruner

@@ -305,7 +305,8 @@ def wait_for_file(pattern_dir: Path, glob: str, process: subprocess.Popen, timeo
         if found:
             return found[0]
         if process.poll() is not None:
-            raise AssertionError(f"process ended ({process.returncode}) before {glob} appeared: {process.stderr.read()}")
+            raise AssertionError(f"process ended ({process.returncode}) before {glob} appeared: "
+                                 f"{process.stderr.read()}")
         time.sleep(0.02)
     raise AssertionError(f"{glob} did not appear in {pattern_dir} within {timeout} s")
 

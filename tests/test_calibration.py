@@ -59,7 +59,8 @@ def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(smal
     [best] = sorted(run_dir.glob("best_model_*.pt"))
     evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert f"calibration: ECE {metrics['test']['ece']:.4f} (15 bins), NLL {metrics['test']['loss']:.4f}" in evaluated.stdout
+    test = metrics["test"]
+    assert f"calibration: ECE {test['ece']:.4f} (15 bins), NLL {test['loss']:.4f}" in evaluated.stdout
     assert (run_dir / f"calibration_{best.stem}.png").is_file()
 
 

@@ -52,7 +52,8 @@ def test_without_a_process_group_compression_is_refused_in_one_line():
 
 def test_at_world_size_one_compression_says_it_does_nothing(small_dataset, tmp_path):
     result = run_in_process("run", *TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--backend=gloo",
-                            "--nproc_per_node=1", "--grad_compression=fp16", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
+                            "--nproc_per_node=1", "--grad_compression=fp16", f"--data_path={small_dataset}",
+                                f"--output_path={tmp_path}",
                             "--run_name=one")
     assert result.returncode == 0, result.stderr[-3000:]
     log = run_log(result, tmp_path / "one")

@@ -17,15 +17,17 @@ from tests.conftest import TINY, run_in_process
 
 def test_defaults_are_the_ignite_tutorials():
     config = load_config()
-    assert (config.seed, config.data_path, config.output_path, config.model) == (543, "cifar10", "output-cifar10/", "resnet18")
+    assert (config.seed, config.data_path, config.output_path, config.model) == (543, "cifar10", "output-cifar10/",
+                                                                                 "resnet18")
     assert (config.batch_size, config.momentum, config.nesterov, config.weight_decay) == (512, 0.9, True, 1e-4)
     assert (config.learning_rate, config.num_epochs, config.num_warmup_epochs, config.validate_every) == (0.4, 5, 1, 3)
     assert (config.checkpoint_every, config.log_every_iters) == (200, 15)
     # the tutorial's 2 DataLoader workers where it trains (a GPU); none on a CPU, where reading in the training
     # process is faster (the batches are the same either way)
     assert config.num_workers == "auto"
-    assert (loaders.workers_for("auto", torch.device("cuda"), None, 3, 1), loaders.workers_for("auto", torch.device("cpu"))) == (2, 0)
-    assert loaders.workers_for(3, torch.device("cpu")) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (loaders.workers_for("auto", cuda, None, 3, 1), loaders.workers_for("auto", cpu)) == (2, 0)
+    assert loaders.workers_for(3, cpu) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
     assert (config.with_amp, config.backend, config.resume_from, config.epoch_length) == (False, None, None, None)
 
 
@@ -117,7 +119,8 @@ def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
 def test_unknown_key_in_yaml_names_the_file(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("learning_rat: 0.1\n")
-    with pytest.raises(UserError, match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean 'learning_rate'"):
+    with pytest.raises(UserError, match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean "
+                                        r"'learning_rate'"):
         load_config(path)
 
 
@@ -151,7 +154,8 @@ def test_help_lists_every_key_with_default_and_meaning_but_the_internal_ones():
 
 def test_docs_list_the_options_exactly_as_help_does():
     readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    assert describe_options() in readme, "regenerate the option block of docs/configuration.md from config.describe_options()"
+    assert describe_options() in readme, ("regenerate the option block of docs/configuration.md from "
+                                          "config.describe_options()")
 
 
 def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optimizer_steps(capsys):
@@ -174,7 +178,8 @@ def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
                             "--accumulation_steps=3", "--epoch_length=6", "--train_eval_size=0",
                             f"--output_path={tmp_path}", "--run_name=acc")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"INFO checkpoint_every=4 (from {config}) rounded up to 6, a multiple of accumulation_steps=3" in result.stderr
+    rounded = f"INFO checkpoint_every=4 (from {config}) rounded up to 6, a multiple of accumulation_steps=3"
+    assert rounded in result.stderr
     assert sorted(path.name for path in (tmp_path / "acc").glob("training_checkpoint_*.pt")) == [
         "training_checkpoint_12.pt", "training_checkpoint_6.pt"]
 

@@ -232,7 +232,8 @@ def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host
         for epoch in (0, 1):
             sampler.sampler.set_epoch(epoch)
             sampler.sampler.start_next_pass_at(start if epoch else 0)
-            seen += [(batch.epoch, batch.iteration, batch, *made.train.dataset.__getitems__(batch)) for batch in sampler]
+            seen += [(batch.epoch, batch.iteration, batch,
+                      *made.train.dataset.__getitems__(batch)) for batch in sampler]
         return seen
 
     on_host = passes(host)

@@ -61,7 +61,10 @@ for line in Path("/proc/self/smaps").read_text().splitlines():
         inside = line.endswith("images.npy")
     elif inside and line.startswith(("Rss:", "Pss:")):
         value = int(line.split()[1])
-        resident, proportional = (resident + value, proportional) if line.startswith("Rss") else (resident, proportional + value)
+        if line.startswith("Rss"):
+            resident += value
+        else:
+            proportional += value
 print(after - before, resident, proportional)
 """
 

@@ -61,11 +61,13 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     assert sum(map(sum, matrix)) == 301 and sum(matrix[i][i] for i in range(10)) == round(results[1]["accuracy"] * 301)
     assert results[1]["per_class_accuracy"] == results[2]["per_class_accuracy"] == results[3]["per_class_accuracy"]
     saved = json.loads((run_dir / "confusion_training_checkpoint_36.json").read_text())
-    assert saved["confusion_matrix"] == matrix and (run_dir / "confusion_training_checkpoint_36.png").stat().st_size > 10_000
+    assert saved["confusion_matrix"] == matrix
+    assert (run_dir / "confusion_training_checkpoint_36.png").stat().st_size > 10_000
     assert results[2]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     assert results[3]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     # the calibration bins count the same images at every world size; the ECE agrees to float rounding
-    assert results[1]["reliability"]["images"] == results[2]["reliability"]["images"] == results[3]["reliability"]["images"]
+    assert results[1]["reliability"]["images"] == results[2]["reliability"]["images"] \
+        == results[3]["reliability"]["images"]
     assert results[2]["ece"] == pytest.approx(results[1]["ece"], abs=1e-5)
     assert results[3]["ece"] == pytest.approx(results[1]["ece"], abs=1e-5)
 

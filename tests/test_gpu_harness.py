@@ -47,8 +47,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.gpu.test_gpu_paths" name="test_no_backend_run" time="12.5"/>
 <testcase classname="tests.gpu.test_gpu_paths" name="test_fp16" time="30.1"><failure message="assert 0.61 &lt; 0.03">
 trace</failure></testcase>
-<testcase classname="tests.gpu.test_gpu_paths" name="test_two_gpus" time="0.01"><skipped message="needs 2 GPUs, 1 visible"/>
-</testcase></testsuite></testsuites>"""
+<testcase classname="tests.gpu.test_gpu_paths" name="test_two_gpus" time="0.01">
+<skipped message="needs 2 GPUs, 1 visible"/></testcase></testsuite></testsuites>"""
 
 
 def test_the_report_lists_every_check_with_its_outcome_and_figures(tmp_path):
@@ -154,7 +154,8 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     assert lines[4].split() == ["muon7", "1", "1", "90.50%", "-", "22.5", "15", "no"]
     assert lines[5].split() == ["lean_record", "1", "1", "89.80%", "-", "4.0", "15", "no"]
     assert lines[0].index("runs") + 3 == lines[1].index("1") == lines[5].index(" 1") + 1  # the columns line up
-    assert lines[6:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/muon 0.75, muon7/peer 0.50"]  # none across A and B
+    # none across A and B
+    assert lines[6:] == ["training-time ratios in invocation A: muon/peer 0.67, muon7/muon 0.75, muon7/peer 0.50"]
     assert recipes.table(runs, quick=True).splitlines()[1].split()[:4] == ["muon", "1", "1", "10.00%"]
 
 

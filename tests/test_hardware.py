@@ -69,7 +69,8 @@ def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
         load_config(with_amp="fast")
     with pytest.raises(UserError, match="^amp_dtype=float16 with with_amp=auto: auto chooses the type itself"):
         load_config(with_amp="auto", amp_dtype="float16")
-    assert load_config("configs/fast.yaml").with_amp == "auto" and load_config("configs/fast_muon.yaml").with_amp == "auto"
+    assert load_config("configs/fast.yaml").with_amp == "auto"
+    assert load_config("configs/fast_muon.yaml").with_amp == "auto"
 
 
 def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records_why(monkeypatch, tmp_path):
@@ -143,10 +144,11 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
     fp32, layout, bf16 = report.probes
     assert fp32.steps >= 3 and fp32.relative_to_fp32 == 1.0 and fp32.verdict == "the reference"
     assert bf16.steps < 3 and bf16.relative_to_fp32 is None and bf16.images_per_second == 0.0
-    assert re.fullmatch(r"not measurable here: [0-2] steps after a (0\.[3-9]\d|[1-9]\d*\.\d\d) s warm-up fit in its budget, 3 needed",
+    assert re.fullmatch(r"not measurable here: [0-2] steps after a (0\.[3-9]\d|[1-9]\d*\.\d\d) s warm-up fit in its "
+                        r"budget, 3 needed",
                         bf16.verdict)
-    assert "this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto or " \
-           "False" in report.advice
+    assert ("this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto "
+            "or False") in report.advice
     assert not any("x slower" in line for line in report.advice)
     assert "bf16 autocast + channels_last not measurable" in report.advice[0]
     text = doctor.render(report)
@@ -178,8 +180,10 @@ def test_channels_last_beyond_fp32_noise_is_advised_against_however_fast_it_is()
 
 
 @pytest.mark.parametrize(("steps", "verdict", "advice"), [
-    ((0.010, 0.011, 0.010, 0.012), "faster", "use channels_last=True for this model in fp32 (1.90x, beyond the spread)"),
-    ((0.030, 0.031, 0.030, 0.029), "slower", "keep channels_last=False for this model in fp32 (0.67x, beyond the spread)"),
+    ((0.010, 0.011, 0.010, 0.012), "faster",
+     "use channels_last=True for this model in fp32 (1.90x, beyond the spread)"),
+    ((0.030, 0.031, 0.030, 0.029), "slower", "keep channels_last=False for this model in fp32 (0.67x, beyond the "
+                                             "spread)"),
     ((0.015, 0.025, 0.040, 0.020), "no difference measurable here",
      "channels_last: no difference measurable here in fp32 (0.89x within the spread of 4 steps)"),
 ])

@@ -242,7 +242,8 @@ def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2
     middle = tmp_path / "whole" / "training_checkpoint_10.pt"  # iteration 10 of 18: inside epoch 2
     resumed = run_in_process("run", *common, "--run_name=resumed", "--checkpoint_every=10", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ends = [torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True) for name in ("whole", "resumed")]
+    ends = [torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True)
+            for name in ("whole", "resumed")]
     assert all(torch.equal(ends[0]["model"][key], ends[1]["model"][key]) for key in ends[0]["model"])
     checkpoint = tmp_path / "whole" / "training_checkpoint_18.pt"
     results = []

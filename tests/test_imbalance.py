@@ -137,7 +137,8 @@ def test_best_metric_chooses_the_best_model_file_and_the_summary_by_itself(tmp_p
         best = summary_file.summarize(run_dir, result, None, 1.0, metric).best
         assert (best.epoch, best.metric, best.value) == ((1, "accuracy", 0.80) if metric == "accuracy"
                                                          else (2, "macro_f1", 0.65))
-    assert chosen == {"accuracy": "best_model_1_val_accuracy=0.8000.pt", "macro_f1": "best_model_2_val_macro_f1=0.6500.pt"}
+    assert chosen == {"accuracy": "best_model_1_val_accuracy=0.8000.pt",
+                      "macro_f1": "best_model_2_val_macro_f1=0.6500.pt"}
 
 
 def test_the_tuning_objective_is_the_best_metric(tmp_path):

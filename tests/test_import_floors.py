@@ -63,12 +63,14 @@ def package_imports(path: Path, package: Path = PACKAGE) -> set[str]:
 
 
 def sources(package: Path = PACKAGE) -> list[Path]:
-    return sorted(path for path in package.rglob("*.py") if path.name != "__main__.py" and path != package / "__init__.py")
+    return sorted(path for path in package.rglob("*.py")
+                  if path.name != "__main__.py" and path != package / "__init__.py")
 
 
 def test_every_unit_has_a_floor():
     units = {unit_of(dotted(path, PACKAGE)) for path in sources()}
-    assert units == set(FLOOR), "place new packages and top-level modules on a floor (and in docs/development.md's layout)"
+    assert units == set(FLOOR), ("place new packages and top-level modules on a floor (and in docs/development.md's "
+                                 "layout)")
 
 
 def test_every_import_goes_down_a_floor_so_no_package_reaches_up():

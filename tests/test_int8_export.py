@@ -97,9 +97,11 @@ def test_an_int8_tie_at_the_top_is_no_agreement():
 def test_quantize_is_for_onnx_and_int8_only(trained, tmp_path):
     for flags, message in ((["--format=pt2", "--quantize=int8"], "quantize=int8 is for format=onnx"),
                            (["--format=onnx", "--quantize=int4"], "quantize='int4' is not accepted: int8"),
-                           (["--format=onnx", "--quantize=int8", "--min_agreement=2"], "min_agreement=2.0 must be in (0, 1]"),
-                           (["--format=onnx", "--quantise=int8"], "export does not take --quantise (did you mean "
-                                                                   "--quantize?): its flags are --checkpoint, --format"),
+                           (["--format=onnx", "--quantize=int8", "--min_agreement=2"],
+                            "min_agreement=2.0 must be in (0, 1]"),
+                           (["--format=onnx", "--quantise=int8"],
+                            "export does not take --quantise (did you mean --quantize?): its flags are --checkpoint, "
+                            "--format"),
                            (["--format=onnx", "--quantize=int8", "--calibration_method=kl"],
                             "calibration_method='kl' is not accepted: auto (choose on held-out training images) or one "
                             "of minmax, percentile, entropy")):

@@ -164,7 +164,8 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
     assert result.returncode == 1
     quoted = script.read_text().splitlines()[2][:57] + "..."
     assert result.stderr.splitlines()[-1] == (
-        f"cifar10_dist.errors.UserError: unguarded.py line 3 ({quoted}) starts 2 worker processes without `if __name__ == \"__main__\":`: each worker "
+        f"cifar10_dist.errors.UserError: unguarded.py line 3 ({quoted}) starts 2 worker processes without `if "
+        "__name__ == \"__main__\":`: each worker "
         "imports unguarded.py again and would run that line itself; put the call under "
         "`if __name__ == \"__main__\":` (Python's rule for spawned processes)")
     assert "WorkerLost" not in result.stderr and "Timeout" not in result.stderr
@@ -179,7 +180,8 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and trained.stdout.strip().splitlines()[-1] == str(summary["final"]["test"]["num_samples"])
+    assert summary["world_size"] == 2
+    assert trained.stdout.strip().splitlines()[-1] == str(summary["final"]["test"]["num_samples"])
 
 
 def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_dataset, tmp_path):

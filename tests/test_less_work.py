@@ -115,7 +115,8 @@ def test_a_selecting_step_trains_exactly_as_a_step_on_the_selected_images():
                          selection=HardestSelection(model, precision, 0.5, until=3))
         generator = torch.Generator().manual_seed(1)
         for _ in range(3):
-            inputs, targets = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+            inputs = torch.randn(16, 3, 32, 32, generator=generator)
+            targets = torch.randint(0, 10, (16,), generator=generator)
             if not select:  # what the selection would pick, given by hand
                 inputs, targets = step.selection(inputs, targets)
             step(inputs, targets, select=select)
@@ -151,7 +152,8 @@ def test_resizing_and_selection_with_two_processes_resume_exactly_and_evaluate_a
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54), still selecting
     resumed = run_in_process(*common, "--run_name=resumed", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ends = [torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True) for name in ("whole", "resumed")]
+    ends = [torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True)
+            for name in ("whole", "resumed")]
     assert all(torch.equal(ends[0]["model"][key], ends[1]["model"][key]) for key in ends[0]["model"])
     checkpoint = tmp_path / "whole" / "training_checkpoint_54.pt"
     results = [json.loads(run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0",

@@ -151,7 +151,8 @@ def test_lr_find_writes_its_plot_and_record_and_prints_the_suggestion(tmp_path):
 
 
 def test_param_groups_are_swept_at_their_ratios_and_muon_lr_keeps_its_own(tmp_path):
-    result = api.lr_find(None, num_iter=10, rule="minimum", output_dir=tmp_path / "sweep", dataset="synthetic", synthetic_size=320,
+    result = api.lr_find(None, num_iter=10, rule="minimum", output_dir=tmp_path / "sweep", dataset="synthetic",
+                         synthetic_size=320,
                          model="simple_cnn", model_kwargs={"width": 8}, batch_size=32, num_workers=0,
                          learning_rate=0.2, muon_lr=0.05, bias_lr_scale=4.0, backbone_lr_scale=0.1,
                          freeze_epochs=1, num_epochs=3, output_path=str(tmp_path))

@@ -129,7 +129,7 @@ def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     resumed = run_in_process("run", *MUON_TINY, *launch, "--run_name=resumed",
                              f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final_a, final_b = tmp_path / "ref" / "training_checkpoint_30.pt", tmp_path / "resumed" / "training_checkpoint_30.pt"
+    final_a, final_b = (tmp_path / name / "training_checkpoint_30.pt" for name in ("ref", "resumed"))
     assert_same_training_state(final_a, final_b)
     muon_state = torch.load(final_a, weights_only=True)["optimizer"]["muon"]["state"]
     assert len(muon_state) == 6 and all(s["momentum_buffer"].abs().sum() > 0 for s in muon_state.values())
@@ -157,5 +157,6 @@ def test_muon_refuses_in_one_line(tmp_path, monkeypatch):
         assert (bad.returncode, bad.stderr) == (2, f"error: {message}\n")
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(UserError, match=r"^muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
-                                        r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr unset$"):
+                                        r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr "
+                                        r"unset$"):
         preflight.check_before_launch(load_config(MUON_YAML))

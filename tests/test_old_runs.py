@@ -63,7 +63,8 @@ def test_the_run_record_reads_an_old_provenance_back_whole_and_refuses_a_field_i
     assert record.to_dict() == old and record.dataset.sha256 == old["dataset"]["sha256"]
     with_found = {**old, "learning_rate_found": {"suggestion": 0.1}, "memory_format": "channels_last: faster"}
     again = RunRecord.from_dict(with_found)
-    assert again.memory_format == "channels_last: faster" and again.extra == {"learning_rate_found": {"suggestion": 0.1}}
+    assert again.memory_format == "channels_last: faster"
+    assert again.extra == {"learning_rate_found": {"suggestion": 0.1}}
     assert again.to_dict() == with_found
     with pytest.raises(AttributeError):
         record.memory_fromat = "a misspelt fact"

@@ -79,7 +79,8 @@ def test_the_installed_wheel_trains_the_shipped_demo_from_another_folder_and_rec
 
 def test_the_api_the_readme_names_imports_from_the_package_and_the_docs_list_what_it_exports():
     readme = (REPO / "README.md").read_text()
-    paragraph = readme[readme.index("The same from Python"):readme.index("```python", readme.index("The same from Python"))]
+    start = readme.index("The same from Python")
+    paragraph = readme[start:readme.index("```python", start)]
     named = re.findall(r"`(\w+)`", paragraph)
     assert {"train", "evaluate", "lr_find", "tune", "report", "prepare_data"} <= set(named)
     for name in named:

@@ -162,7 +162,8 @@ def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoi
     summary = json.loads((tmp_path / "tuned" / "summary.json").read_text())
     assert list(evaluated.classes) == ["cat", "dog", "eel"]
     assert evaluated.accuracy == pytest.approx(summary["final"]["test"]["accuracy"])
-    sidecar = json.loads(Path(api.export(checkpoint, "safetensors", tmp_path / "tuned.safetensors").sidecar).read_text())
+    sidecar = json.loads(Path(api.export(checkpoint, "safetensors",
+                                         tmp_path / "tuned.safetensors").sidecar).read_text())
     assert sidecar["mean"] == [0.4914, 0.4822, 0.4465] and sidecar["classes"] == ["cat", "dog", "eel"]  # for predict
     image = next((root / "test" / "eel").iterdir())
     assert api.predict(checkpoint, [image]).shape == (1, 3)

@@ -132,7 +132,8 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
 
 def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn.Module, list[bool], list[bool]]:
     """A small airbench network trained ``iterations`` steps with fast_muon.yaml's optimizer and schedules (the
-    whitening bias trains for 3 iterations), with or without its recipe's freeze (``recipes.whitened``). Returns the network, its
+    whitening bias trains for 3 iterations), with or without its recipe's freeze (``recipes.whitened``). Returns the
+    network, its
     ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient."""
     from cifar10_dist import recipes
 
@@ -344,7 +345,7 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     resumed = run_in_process("run", *FAST_TINY, *launch, "--run_name=resumed",
                       f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final_a, final_b = tmp_path / "ref" / "training_checkpoint_30.pt", tmp_path / "resumed" / "training_checkpoint_30.pt"
+    final_a, final_b = (tmp_path / name / "training_checkpoint_30.pt" for name in ("ref", "resumed"))
     assert_same_training_state(final_a, final_b)
     averages = [torch.load(path, weights_only=True)["lookahead"]["average"] for path in (final_a, final_b)]
     assert averages[0].keys() == averages[1].keys() and len(averages[0]) > 10

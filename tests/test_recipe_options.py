@@ -187,7 +187,8 @@ def test_every_option_together_with_two_processes_resumes_exactly_and_evaluates_
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54)
     resumed = run_in_process(*common, "--run_name=resumed", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ends = [torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True) for name in ("whole", "resumed")]
+    ends = [torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True)
+            for name in ("whole", "resumed")]
     assert all(torch.equal(ends[0]["model"][key], ends[1]["model"][key]) for key in ends[0]["model"])
     assert ends[0]["optimizer"]["param_groups"][0]["lr"] == ends[1]["optimizer"]["param_groups"][0]["lr"]
     events = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]

@@ -34,7 +34,8 @@ def held_out_runs(small_dataset, tmp_path_factory):
 
 
 def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
-    chosen = {ws: json.loads((run_dir / "held_out_indices.json").read_text()) for ws, (_, run_dir) in held_out_runs.items()}
+    chosen = {ws: json.loads((run_dir / "held_out_indices.json").read_text())
+              for ws, (_, run_dir) in held_out_runs.items()}
     assert len(chosen[1]) == 60 and chosen[1] == sorted(set(chosen[1]))
     assert chosen[1] == chosen[3]
     full = ImageSet(torch.zeros(600, 1, 1, 1, dtype=torch.uint8), torch.zeros(600, dtype=torch.long))
@@ -48,7 +49,8 @@ def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_ru
         if world_size == 1:
             log = result.stderr
         assert len(re.findall(r"epoch \d+ test: accuracy", log)) == 1, world_size
-        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", log)) == 2
+        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images",
+                              log)) == 2
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 301
         best = metrics["test"]["model"]

@@ -133,7 +133,8 @@ def test_a_cache_copied_to_a_full_disk_is_the_same_one_line(tmp_path, small_file
 def test_a_memory_mapped_array_on_a_full_disk_fails_with_an_error_not_a_sigbus(small_filesystem):  # noqa: F811
     fill(small_filesystem)
     code = ("import errno, sys\nfrom cifar10_dist.data.cache_builds import allocated_memmap\n"
-            "try:\n    allocated_memmap(__import__('pathlib').Path(sys.argv[1]) / 'x.npy', (4096, 3, 64, 64), 'uint8')\n"
+            "try:\n    allocated_memmap(__import__('pathlib').Path(sys.argv[1]) / 'x.npy', (4096, 3, 64, 64), "
+            "'uint8')\n"
             "except OSError as error:\n    print(errno.errorcode[error.errno])")
     done = subprocess.run([sys.executable, "-c", code, str(small_filesystem)], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=120)

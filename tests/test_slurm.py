@@ -61,7 +61,8 @@ def test_job_scripts_cover_every_documented_mode():
 def job_environment(tmp_path: Path, data: Path, job_id: str, model: str) -> dict[str, str]:
     """The job's variables, with a config of 3 epochs of ``model`` (slow_cnn, SLOWLY: time to signal it)."""
     tiny = {"model": model, "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
-            "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 100, "checkpoint_every": 5,
+            "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 100,
+                "checkpoint_every": 5,
             "log_every_iters": 50}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     return {

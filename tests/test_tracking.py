@@ -140,10 +140,12 @@ def test_summary_json_tells_the_whole_story(tracked_run):
                                "metric": "accuracy", "value": best["accuracy"]}
     assert summary["final"]["test"] == json.loads((run_dir / "metrics.json").read_text())["test"]
     assert (summary["world_size"], summary["backend"], summary["epochs"], summary["iterations"]) == (2, "gloo", 2, 36)
-    assert summary["training_time"] == pytest.approx(sum(line["epoch_time"] for line in jsonl(run_dir) if line["event"] == "epoch"))
+    epochs = [line for line in jsonl(run_dir) if line["event"] == "epoch"]
+    assert summary["training_time"] == pytest.approx(sum(line["epoch_time"] for line in epochs))
     assert 0 < summary["training_time"] < summary["total_time"]
     assert sum(summary["devices"].values()) == 2 and summary["versions"]["torch"]
-    assert summary["checkpoints"] and all(Path(path).is_file() for path in summary["checkpoints"] + summary["best_models"])
+    assert summary["checkpoints"]
+    assert all(Path(path).is_file() for path in summary["checkpoints"] + summary["best_models"])
 
 
 def test_curves_png_is_rendered(tracked_run):
@@ -207,7 +209,8 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
         "cut reported from metrics.jsonl alone",
         f"error: {broken / 'metrics.jsonl'} is damaged at line {lines}: not valid JSON (Unterminated string starting "
         "at): '{\"event\": \"epo': broken left out"]
-    names = [line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(("*", "plot:", "mistakes"))]
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:]
+             if not line.startswith(("*", "plot:", "mistakes"))]
     assert names == ["cut", other.name]  # in the order given, the unreadable one left out
     assert result.stdout.splitlines()[1].startswith("cut *")  # numbers so far, as for an unfinished run
     assert png_size(tmp_path / "cmp.png") == (1000, 400)
@@ -219,7 +222,8 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
 
 def test_progress_in_a_log_is_a_line_every_n_iterations_with_the_eta(tracked_run):
     result, _ = tracked_run  # stderr is a pipe there, as in a Slurm log
-    lines = re.findall(r"epoch (\d)/2 iter (\d+)/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:\d\d:\d\d", result.stderr)
+    lines = re.findall(r"epoch (\d)/2 iter (\d+)/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:\d\d:\d\d",
+                       result.stderr)
     assert [(int(epoch), int(step)) for epoch, step in lines] == [
         (1, 5), (1, 10), (1, 15), (2, 2), (2, 7), (2, 12), (2, 17)]  # every 5 iterations of 36
     assert len(re.findall(r"epoch \d done in [0-9.]+ s \(\d+ img/s\)", result.stderr)) == 2
@@ -301,7 +305,8 @@ def test_summary_json_is_written_and_read_through_one_record(tracked_run, tmp_pa
     assert "trial" not in written and summary.best.split == "test" and summary.final["test"].num_samples > 0
     older = tmp_path / "older"
     older.mkdir()
-    (older / "summary.json").write_text(json.dumps({key: written[key] for key in ("run_dir", "best", "final", "epochs")}))
+    kept = ("run_dir", "best", "final", "epochs")
+    (older / "summary.json").write_text(json.dumps({key: written[key] for key in kept}))
     old = reading.read_summary(older)
     assert (old.precision, old.hardware, old.world_size_changes, old.best) == (None, {}, [], summary.best)
     (older / "summary.json").write_text(json.dumps({"best": {"split": "test"}}))

@@ -368,7 +368,8 @@ def test_shipped_spaces_fit_their_configs():
 
 
 def test_the_recipe_options_are_searchable_and_their_bounds_checked(tmp_path):
-    """lr_schedule, mixup_alpha, auto_augment ... are ordinary keys of a space; a bound the config refuses is one line."""
+    """lr_schedule, mixup_alpha, auto_augment ... are ordinary keys of a space; a bound the config refuses is one
+    line."""
     from cifar10_dist.tuning import search_space
 
     base = load_config(None, val_split=0.1)
@@ -426,7 +427,8 @@ def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
     result = run_in_process(*tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid",
                                        "--clip_grad_norm=None"))  # unclipped, 1e4 diverges
     assert result.returncode == 2
-    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch \d\): "
+    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch "
+                     r"\d\): "
                      "the (loss|weights) became", result.stdout), result.stdout
     assert result.stderr.splitlines()[-1] == ("error: no trial of study f has completed (1 failed, the reasons are "
                                               "above): no best config")
@@ -536,7 +538,8 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
             engine.dispose()
         raise AssertionError(f"no error from {statements}")
 
-    duplicate_type = error_of(postgresql, "CREATE TYPE direction AS ENUM ('up')", "CREATE TYPE direction AS ENUM ('up')")
+    duplicate_type = error_of(postgresql, "CREATE TYPE direction AS ENUM ('up')",
+                              "CREATE TYPE direction AS ENUM ('up')")
     duplicate_table = error_of(postgresql, "CREATE TABLE twice (x int)", "CREATE TABLE twice (x int)")
     missing = error_of(postgresql.rpartition("/")[0] + "/absent", "SELECT 1")
     assert type(duplicate_type).__name__ == "ProgrammingError" and "already exists" in str(duplicate_type)

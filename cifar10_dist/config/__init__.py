@@ -3,7 +3,8 @@ roles (``fields`` composes them from their topics: ``data_keys``, ``augmentation
 ``speed_keys``, ``output_keys``, ``launch_keys``, each field declared with ``options``; a tuning trial's spec:
 ``trial``; lr-find's sweep: ``lr_sweep``), the rules that tie keys
 together and the typed values parsed from text (``rules``), building one from defaults, a YAML file and overrides,
-and the options' help (``loading``), which file a ``--config`` names and reading it strictly (``yaml_files``), and every command's own flags, declared once (``commands``). Plain data: it
+and the options' help (``loading``), which file a ``--config`` names and reading it strictly (``yaml_files``), and
+every command's own flags, declared once (``commands``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
 against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
 
@@ -34,7 +35,11 @@ from cifar10_dist.config.rules import (
 from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 from cifar10_dist.config.yaml_files import ConfigSource, config_path, read_yaml_mapping, shipped_configs
 
-__all__ = ["ConfigSource", "LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "MAY_CHANGE_ON_RESUME", "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices", "describe_options",
-           "load_config", "note", "read_yaml_mapping", "config_path", "shipped_configs", "MODEL_REFERENCE", "absolute_model_reference",
-           "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs", "per_batch_augmentations", "planned_world_size",
+__all__ = ["ConfigSource", "LrSweep", "SUGGESTION_RULES", "FIELDS", "INHERITED_BY_EVALUATE", "MAY_CHANGE_ON_RESUME",
+           "PER_WORKER", "PRUNERS", "UNTUNABLE", "Bounds", "Config", "PrunerSpec", "TrialSpec", "choices",
+               "describe_options",
+           "load_config", "note", "read_yaml_mapping", "config_path", "shipped_configs", "MODEL_REFERENCE",
+               "absolute_model_reference",
+           "ClassWeights", "class_weights", "is_model_reference", "TIMM_PREFIX", "milestone_epochs",
+               "per_batch_augmentations", "planned_world_size",
            "validate"]

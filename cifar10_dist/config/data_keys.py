@@ -50,7 +50,8 @@ class DataKeys:
                               bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"), tunable=False)
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)", tunable=False)
     data_on_device: Union[bool, str] = option("auto", "all images kept on the training device, batches sliced there; "
-                                              "auto: on a CUDA GPU if under 25% of its free memory", also=("auto",), may_change_on_resume=True)
+                                              "auto: on a CUDA GPU if under 25% of its free memory", also=("auto",),
+                                                  may_change_on_resume=True)
     sampler: Literal["shuffle", "balanced"] = option(
         "shuffle", "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
         "every class equally likely, with replacement: for imbalanced classes)")

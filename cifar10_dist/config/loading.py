@@ -164,7 +164,8 @@ def _json_object(name: str, value: Any) -> dict[str, Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
-            raise UserError(f"{name}={value!r} is not valid JSON ({error.msg}): give an object, e.g. '{{\"width\": 64}}'"
+            raise UserError(f"{name}={value!r} is not valid JSON ({error.msg}): give an object, "
+                            "e.g. '{\"width\": 64}'"
                             ) from error
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise UserError(f"{name}={value!r} must be a JSON object with string keys, e.g. '{{\"width\": 64}}'")

@@ -45,9 +45,11 @@ class LrSweep:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise UserError(f"{name}={value!r} must be a number, e.g. --{name}={getattr(LrSweep, name)}")
         if not 0 < self.start_lr < self.end_lr:
-            raise UserError(f"start_lr={self.start_lr} and end_lr={self.end_lr}: the sweep needs 0 < start_lr < end_lr, "
+            raise UserError(f"start_lr={self.start_lr} and end_lr={self.end_lr}: the sweep needs 0 < start_lr < "
+                            "end_lr, "
                             "e.g. --start_lr=1e-6 --end_lr=1")
-        if isinstance(self.num_iter, bool) or not isinstance(self.num_iter, int) or not 5 <= self.num_iter <= MAX_ITERATIONS:
+        if isinstance(self.num_iter, bool) or not isinstance(self.num_iter,
+                                                             int) or not 5 <= self.num_iter <= MAX_ITERATIONS:
             raise UserError(f"num_iter={self.num_iter!r} must be a whole number in 5..{MAX_ITERATIONS} (iterations of "
                             "the sweep)")
         if not self.diverge_threshold > 1:

@@ -17,14 +17,16 @@ class OutputKeys:
     validate_every: int = option(3, "validate every N epochs (and always once at the end)", bounds=AT_LEAST_1,
                                  may_change_on_resume=True)
     early_stopping_patience: Optional[int] = option(None, "stop after this many validations without a val "
-                                                    "best_metric gain above early_stopping_min_delta (needs val_split > 0)",
+                                                    "best_metric gain above early_stopping_min_delta (needs "
+                                                    "val_split > 0)",
                                                     bounds=Bounds(1, note=" (or None: off)"))
     early_stopping_min_delta: float = option(0.0, "smallest val best_metric gain that counts as an improvement",
                                              bounds=AT_LEAST_0)
     best_metric: Literal["accuracy", "balanced_accuracy", "macro_f1"] = option(
         "accuracy", "what chooses the best model, drives early stopping and ranks tuning trials: accuracy, "
         "balanced_accuracy (the mean of per-class recalls) or macro_f1 (the mean of per-class F1)")
-    tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel "
+    tta: Literal[0, 1, 2] = option(0, "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror "
+                                      "and 1-pixel "
                       "shifts (6 views)", choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)",
                       inherited_by_evaluate=True)
     calibrate: Optional[Literal["temperature"]] = option(
@@ -38,11 +40,14 @@ class OutputKeys:
                                             "waits for a copy of the state in host memory, not for the disk (a "
                                             "tracker that uploads checkpoints, ClearML, writes inline)",
                                             tunable=False, may_change_on_resume=True)
-    log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1, may_change_on_resume=True)
-    output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False, may_change_on_resume=True)
+    log_every_iters: int = option(15, "log the training loss every N iterations", bounds=AT_LEAST_1,
+                                  may_change_on_resume=True)
+    output_path: str = option("output-cifar10/", "parent folder of run folders", tunable=False,
+                              may_change_on_resume=True)
     run_name: Optional[str] = option(None, "run folder name under output_path (default: model_backend-B-N_time)",
                                      tunable=False, may_change_on_resume=True)
-    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run folder",
+    resume_from: Optional[str] = option(None, "training checkpoint to resume from, or auto: the newest in the run "
+                                              "folder",
                                         tunable=False, may_change_on_resume=True)
     resume_on_changed_data: bool = option(False, "resume even when the data is not what the checkpoint was made with "
                                           "(another checksum): the run goes on, no longer the same run; recorded in "
@@ -78,4 +83,5 @@ class OutputKeys:
                                    per_worker=True)
     profile: int = option(0, "profile N training iterations (after 5 of warm-up) with torch.profiler: a trace for "
                           "TensorBoard or Perfetto in RUN/profile/, the top operators and each handler's share of the "
-                          "time in the log (0: off)", bounds=Bounds(0, reads="0 (off) or more"), tunable=False, may_change_on_resume=True)
+                          "time in the log (0: off)", bounds=Bounds(0, reads="0 (off) or more"), tunable=False,
+                              may_change_on_resume=True)

@@ -50,15 +50,18 @@ def validate(config: Config) -> None:
              f"adam_beta1={c.adam_beta1} and adam_beta2={c.adam_beta2} must be in [0, 1)")
     sources.check(c.dataset, c.label_mode, c.image_size)
     _require(c.seeds == 1 or c.resume_from in (None, "auto"),
-             f"seeds={c.seeds} with resume_from='{c.resume_from}': one checkpoint cannot continue several runs; use auto")
+             f"seeds={c.seeds} with resume_from='{c.resume_from}': one checkpoint cannot continue several runs; use "
+             "auto")
     _require(c.with_amp != "auto" or c.amp_dtype == "auto",
-             f"amp_dtype={c.amp_dtype} with with_amp=auto: auto chooses the type itself; give with_amp=True to choose it")
+             f"amp_dtype={c.amp_dtype} with with_amp=auto: auto chooses the type itself; give with_amp=True to "
+             "choose it")
     _require(not (c.compile and c.backend == "xla-tpu"),
              "compile=True is not supported with backend xla-tpu (XLA compiles the graph itself): leave compile off")
     _require(c.resume_from != "auto" or c.run_name is not None,
              "resume_from=auto needs run_name: the run folder (output_path/run_name) to continue")
     _require(not (c.overwrite and c.resume_from is not None),
-             f"overwrite=True and resume_from='{c.resume_from}' contradict each other: continue or start afresh, not both")
+             f"overwrite=True and resume_from='{c.resume_from}' contradict each other: continue or start afresh, "
+             "not both")
     _validate_training_options(c)
     _validate_launch(c)
 
@@ -71,7 +74,8 @@ def _validate_training_options(c: Config) -> None:
              f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
              "checkpoints are taken after optimizer steps")
     _require(c.freeze_epochs < c.num_epochs,
-             f"freeze_epochs={c.freeze_epochs} must be less than num_epochs={c.num_epochs}: the whole model trains after")
+             f"freeze_epochs={c.freeze_epochs} must be less than num_epochs={c.num_epochs}: the whole model trains "
+             "after")
     _require(not (c.lookahead and c.accumulation_steps > 1),
              f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
              f"accumulation_steps={c.accumulation_steps}")
@@ -103,7 +107,8 @@ def _validate_training_options(c: Config) -> None:
              f"and num_epochs={c.num_epochs}")
     magnitude, ranges = c.auto_augment_magnitude, {"randaugment": (0, 30), "trivialaugment": (2, 31)}
     _require(magnitude is None or c.auto_augment in ranges,
-             f"auto_augment_magnitude={magnitude} is for randaugment or trivialaugment, not auto_augment={c.auto_augment}")
+             f"auto_augment_magnitude={magnitude} is for randaugment or trivialaugment, not "
+             f"auto_augment={c.auto_augment}")
     low, high = ranges.get(c.auto_augment, (0, 0))
     _require(magnitude is None or low <= magnitude <= high,
              f"auto_augment_magnitude={magnitude} is out of range for {c.auto_augment}: {low}..{high}")

@@ -1,5 +1,6 @@
 """How fast a step runs on its hardware: precision, memory format, compilation, fused kernels, whole-pass augmentation,
-the warm-up, gradient compression for slow links. Fields of ``Config`` (``config.fields`` composes them; one flat set of keys for flags, YAML and the
+the warm-up, gradient compression for slow links. Fields of ``Config`` (``config.fields`` composes them; one flat
+set of keys for flags, YAML and the
 API)."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ class SpeedKeys:
     with_amp: Union[bool, str] = option(False, "mixed precision: auto (what the hardware runs fast: bf16 on CPUs with "
                                         "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "
                                         "8.0+, else fp16 + GradScaler; bf16 on XLA), True (fp16 + GradScaler on CUDA, "
-                                        "bf16 elsewhere, even where slow) or False (fp32)", also=("auto",), may_change_on_resume=True)
+                                        "bf16 elsewhere, even where slow) or False (fp32)", also=("auto",),
+                                            may_change_on_resume=True)
     amp_dtype: Literal["auto", "float16", "bfloat16"] = option(
         "auto", "with_amp=True's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 (with a "
         "GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)", may_change_on_resume=True)
@@ -26,8 +28,10 @@ class SpeedKeys:
                                              "config.yaml), True or False", also=("auto",), may_change_on_resume=True)
     keep_freed_memory: bool = option(True, "CPU training on Linux (glibc): freed memory stays in the process for reuse "
                                      "instead of going back to the OS after every step (wide batches train up to "
-                                     "1.4x faster; the process keeps its peak memory until it exits)", may_change_on_resume=True)
-    compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)", may_change_on_resume=True)
+                                     "1.4x faster; the process keeps its peak memory until it exits)",
+                                         may_change_on_resume=True)
+    compile: bool = option(False, "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)",
+                           may_change_on_resume=True)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = option(
         "default", "compile=True's mode: default, reduce-overhead (the forward and backward replayed as CUDA graphs), "
         "max-autotune or max-autotune-no-cudagraphs", may_change_on_resume=True)
@@ -40,8 +44,11 @@ class SpeedKeys:
         also=("auto",), may_change_on_resume=True)
     half_weights: bool = option(False, "keep the network's weights in bf16 (with_amp's dtype), BatchNorm in fp32, as "
                                 "airbench's .half() net, instead of casting fp32 weights at every step")
-    tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)", may_change_on_resume=True)
-    cudnn_benchmark: bool = option(True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)", may_change_on_resume=True)
+    tf32: bool = option(True, "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)",
+                        may_change_on_resume=True)
+    cudnn_benchmark: bool = option(True,
+                                   "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)",
+                                       may_change_on_resume=True)
     warm_up_steps: Union[int, str] = option("auto", "training steps on a batch of the real shapes before the timed "
                                             "ones, then undone bit for bit (autotuning and compilation fall outside "
                                             "the training time); auto: 3 on a CUDA GPU, else 0", also=("auto",),

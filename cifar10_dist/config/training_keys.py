@@ -29,7 +29,8 @@ class TrainingKeys:
     teacher: Optional[str] = option(None, "distil from this teacher: one of our checkpoints or best-model files (its "
                                     "model rebuilt), or a model name whose weights teacher_pretrained gives; it must "
                                     "have the run's classes (docs/ship-it.md)", tunable=False)
-    teacher_pretrained: Optional[str] = option(None, "the teacher's weights when teacher is a model name: a torchvision "
+    teacher_pretrained: Optional[str] = option(None, "the teacher's weights when teacher is a model name: a "
+                                                     "torchvision "
                                                "weights name, true for timm, or a file that records its classes",
                                                also=("true",), tunable=False)
     distill_alpha: float = option(0.5, "with a teacher: the weight of its softened targets in the loss (the run's "
@@ -41,7 +42,9 @@ class TrainingKeys:
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
     seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max",
                         bounds=AT_LEAST_1, tunable=False)
-    deterministic: bool = option(False, "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists", may_change_on_resume=True)
+    deterministic: bool = option(False,
+                                 "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists",
+                                     may_change_on_resume=True)
     batch_size: int = option(512, "global batch size, split evenly over all processes", bounds=AT_LEAST_1)
     accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
                                      "one optimizer step: effective batch = batch_size x N; the LR schedule, "

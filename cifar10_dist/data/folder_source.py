@@ -1,5 +1,6 @@
 """The folder source (``dataset=folder``): a labelled image folder as a run's images, read on demand from its
-memory-mapped cache (``folder_scan``; ``records.MappedImages``), its checks applied (unreadable files, duplicates across splits, imbalanced classes) and
+memory-mapped cache (``folder_scan``; ``records.MappedImages``), its checks applied (unreadable files, duplicates
+across splits, imbalanced classes) and
 its card (``prepare-data``)."""
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     hashes = np.load(folder / "hashes.npy")
     good = np.load(folder / "good.npy")
     paths = (folder / "paths.txt").read_text().split("\n")
-    indices = {split: [i for i in range(first, first + count) if good[i]] for split, (first, count) in meta.splits.items()}
+    indices = {split: [i for i in range(first, first + count) if good[i]]
+               for split, (first, count) in meta.splits.items()}
     duplicates = cross_split_duplicates(indices, hashes, paths)
-    warnings = [f"{len(meta.bad_files)} unreadable image file(s) skipped: {_named(meta.bad_files)}"] if meta.bad_files else []
+    warnings = ([f"{len(meta.bad_files)} unreadable image file(s) skipped: {_named(meta.bad_files)}"]
+                if meta.bad_files else [])
     dropped = 0
     if duplicates:
         pairs = "; ".join(f"{a} = {b}" for a, b in duplicates[:folder_scan.SHOWN])

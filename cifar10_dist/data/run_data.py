@@ -111,7 +111,8 @@ def setup_data(config: Config, device: torch.device, precision: Precision, image
         ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
                            "%d per step", config.batch_size, idist.get_world_size(), per_process, images_per_iteration)
     return DataSetup(
-        train=held_out.train, info=loaded.info, loaders=batch_loaders, split="val" if held_out.val is not None else "test",
+        train=held_out.train, info=loaded.info, loaders=batch_loaders,
+            split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=images.record,
         iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,

@@ -1,4 +1,5 @@
-"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint, ``lr_find``. The layer below
+"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint, ``lr_find``. The
+layer below
 ``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
 
 Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
@@ -122,7 +123,8 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     preflight.check_before_launch(resolved)
     if output_dir is not None:
         files.make_folder(Path(output_dir))
-    worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights, None if output_dir is None else str(output_dir))
+    worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights,
+                                                    None if output_dir is None else str(output_dir))
     return EvaluationResult.from_dict(reported_by(spawn.run(worker, resolved)))
 
 

@@ -3,7 +3,8 @@
 Three ways in: one plain process (backend None), spawning (backend + nproc_per_node), or a process already
 started by torchrun/srun (backend set, nproc_per_node unset). Spawned gloo/nccl workers are supervised here:
 the first that fails ends the others within seconds (a stopped or hung one too), and its one-line error comes
-back with its exit code. Rank 0's result (JSON, handed to every rank) and any worker's error travel back to the caller through files,
+back with its exit code. Rank 0's result (JSON, handed to every rank) and any worker's error travel back to the
+caller through files,
 so spawned and in-process runs return the same way. An in-process run leaves the caller's process as it found
 it (signal handlers, torch threads and deterministic flags, logging).
 """
@@ -98,7 +99,8 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
 def caller_state_kept() -> Iterator[None]:
     """Restore what a run changes in its process: torch threads, deterministic algorithms, cuDNN flags."""
     threads = torch.get_num_threads()
-    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
     cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
         yield
@@ -308,6 +310,7 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
         silent = stopping.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
         WorkerReport.of(silent).write(exchange)
         raise silent from error
-    shared = ranks.from_rank_zero(lambda: result)  # every rank returns rank 0's result (a collective: all leave together)
+    shared = ranks.from_rank_zero(lambda: result)  # every rank returns rank 0's result (a collective: all leave
+    # together)
     (exchange / f"{RESULT_PREFIX}{idist.get_rank()}.json").write_text(json.dumps(shared))
 

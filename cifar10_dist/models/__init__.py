@@ -24,6 +24,7 @@ from cifar10_dist.models.networks import (
 )
 from cifar10_dist.models.traits import WhitenedFromData, whitening_bias, whitening_images
 
-__all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "REGISTRY", "register_model", "AirbenchNet", "available_models", "build_model", "check_model",
+__all__ = ["CIFAR_RESNETS", "NUM_CLASSES", "REGISTRY", "register_model", "AirbenchNet", "available_models",
+           "build_model", "check_model",
            "check_model_name", "cifar_resnet", "count_parameters", "import_factory", "simple_cnn",
            "torchvision_models", "unwrap", "WhitenedFromData", "whitening_bias", "whitening_images"]

@@ -198,7 +198,8 @@ def _check_fit(state: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tens
                weights: Weights) -> None:
     missing = [name for name in state if name not in found and name not in new]
     unexpected = [name for name in found if name not in state]
-    mismatched = [name for name in state if name in found and name not in new and found[name].shape != state[name].shape]
+    mismatched = [name for name in state
+                  if name in found and name not in new and found[name].shape != state[name].shape]
     if not (missing or unexpected or mismatched):
         return
     parts = []

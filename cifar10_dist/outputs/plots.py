@@ -1,5 +1,6 @@
 """The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot), a confusion
-matrix (``evaluate``), a reliability diagram (calibration) and lr-find's sweep. Drawn on matplotlib Figures directly (no pyplot), so the caller's matplotlib backend and
+matrix (``evaluate``), a reliability diagram (calibration) and lr-find's sweep. Drawn on matplotlib Figures directly
+(no pyplot), so the caller's matplotlib backend and
 open figures are left alone."""
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def render_lr_sweep(learning_rates: Sequence[float], losses: Sequence[float], su
     figure = _figure(7, 4.2)
     axes = figure.subplots()
     axes.plot(learning_rates, losses, "-", color="tab:blue", label="training loss (smoothed, all ranks' mean)")
-    axes.axvline(suggestion, color="tab:red", linestyle="--", label=f"suggested learning_rate {suggestion:.3g} ({rule})")
+    axes.axvline(suggestion, color="tab:red", linestyle="--",
+                 label=f"suggested learning_rate {suggestion:.3g} ({rule})")
     axes.set_xscale("log")
     axes.set_xlabel("learning_rate (the schedule's peak; other groups keep their ratios)")
     axes.set_ylabel("training loss")

@@ -64,7 +64,8 @@ def epochs_and_evaluations(events: Sequence[dict[str, Any]]) -> tuple[list[dict[
             epochs[record["epoch"]] = record
         elif record["event"] == "evaluation":
             evaluations[(record["split"], record["epoch"])] = record
-    return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in sorted(evaluations, key=lambda k: (k[1], k[0]))]
+    by_epoch = sorted(evaluations, key=lambda key: (key[1], key[0]))
+    return [epochs[key] for key in sorted(epochs)], [evaluations[key] for key in by_epoch]
 
 
 def read_summary(run_dir: Path) -> RunSummary | None:
@@ -133,7 +134,8 @@ def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence
         cells = []
         for target in targets:
             hit = row["reached"][target]
-            cells.append("never" if hit is None else f"{minutes(hit['training_time'])} ({minutes(hit['with_evaluation'])})")
+            cells.append("never" if hit is None else f"{minutes(hit['training_time'])} "
+                                                     f"({minutes(hit['with_evaluation'])})")
         final = "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.4f} ({row['split']})"
         lines.append(f"{row['run']:<{width}}  " + "  ".join(f"{c:>13}" for c in cells)
                      + f"  {final:>15}  {minutes(row['total_time']):>7}")

@@ -171,9 +171,11 @@ def describe_existing_run(folder: Path) -> str | None:
     """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
     checkpoints = checkpoint_files.training_checkpoints(folder)  # newest first
     has_metrics = (folder / "metrics.jsonl").exists()
-    if not (checkpoints or has_metrics or checkpoint_files.best_model_file(folder) or (folder / "config.yaml").exists()):
+    if not (checkpoints or has_metrics or checkpoint_files.best_model_file(folder)
+            or (folder / "config.yaml").exists()):
         return None
-    parts = [f"{len(checkpoints)} training checkpoint(s)" + (f", the newest {checkpoints[0].name}" if checkpoints else "")]
+    newest = f", the newest {checkpoints[0].name}" if checkpoints else ""
+    parts = [f"{len(checkpoints)} training checkpoint(s){newest}"]
     epochs = reading.read_metrics(folder)[0] if has_metrics else []
     parts.append(f"last epoch recorded {epochs[-1]['epoch']}" if epochs else "no epoch recorded")
     if (folder / "summary.json").exists():

@@ -92,7 +92,8 @@ class Recorder:
         self._append({"event": "epoch", "epoch": engine.state.epoch, "iteration": engine.state.iteration,
                       "lr": current_lr(self.optimizer), **values})
 
-    def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float) -> None:
+    def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int,
+                      seconds: float) -> None:
         if self.writer is None:
             return
         optional = {name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1", "ece")

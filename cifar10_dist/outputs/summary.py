@@ -24,7 +24,8 @@ def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord 
     warm_ups = [event for event in events if event["event"] == "warm_up"]
     return RunSummary(
         run_dir=str(run_dir),
-        best=BestResult(selection, best["accuracy"], best["epoch"], best_metric, best.get(best_metric, best["accuracy"]))
+        best=BestResult(selection, best["accuracy"], best["epoch"], best_metric,
+                        best.get(best_metric, best["accuracy"]))
         if best else None,
         final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
         epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,

@@ -1,4 +1,5 @@
-"""The trackers: outside stores a run also reports to (ClearML, MLflow, Weights & Biases), behind one interface (``Tracker``) and one
+"""The trackers: outside stores a run also reports to (ClearML, MLflow, Weights & Biases), behind one interface
+(``Tracker``) and one
 opener (``open_trackers``) that the training worker calls once; the local record (TensorBoard, metrics.jsonl,
 summary.json) is ``scalars.Recorder``'s and the run folder's, not a tracker's. Adding a tracker is one module
 implementing ``Tracker`` plus its fields in ``config.fields`` and one line in ``TRACKERS``.

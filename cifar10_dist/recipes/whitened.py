@@ -1,4 +1,5 @@
-"""airbench's whitening, for a model whitened from data (``models.WhitenedFromData``): its filters are set from the first
+"""airbench's whitening, for a model whitened from data (``models.WhitenedFromData``): its filters are set from the
+first
 training images' patches (as evaluation sees them, normalised) before training; its bias trains in a group
 of its own (lr x ``whitening_bias_lr_scale``, weight decay divided by it) for its first ``whitening_bias_epochs``,
 then its lr is 0 for good and its gradient is no longer computed (``whitening_bias_frozen``: the backward pass

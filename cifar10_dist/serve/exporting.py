@@ -178,7 +178,8 @@ def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:
     best_two = reference.topk(min(2, reference.shape[1]), dim=1).values
     decided = best_two[:, 0] - best_two[:, -1] > 2 * RELATIVE_TOLERANCE * scale
     return {"max_abs_difference": difference, "relative_difference": difference / scale, "logit_scale": scale,
-            "accepted_relative_difference": RELATIVE_TOLERANCE, "same_top1": int(same.sum()), "num_images": len(reference),
+            "accepted_relative_difference": RELATIVE_TOLERANCE, "same_top1": int(same.sum()),
+                "num_images": len(reference),
             "agrees": difference <= RELATIVE_TOLERANCE * scale and bool(same[decided].all())}
 
 

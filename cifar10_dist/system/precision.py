@@ -69,7 +69,8 @@ def automatic_precision(device: torch.device) -> Precision:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if major >= 8:
-            return Precision("cuda", torch.bfloat16, f"bf16 autocast (with_amp=auto: compute capability {major}.{minor} "
+            return Precision("cuda", torch.bfloat16, "bf16 autocast (with_amp=auto: compute capability "
+                                                     f"{major}.{minor} "
                                                      "has bf16 tensor cores)")
         return Precision("cuda", torch.float16, f"fp16 autocast with a GradScaler (with_amp=auto: compute capability "
                                                 f"{major}.{minor} has no bf16)")

@@ -2,7 +2,8 @@
 step, the bytes its gradients put on the wire (per ``grad_compression``), and the link's bandwidth. A ring
 all-reduce sends 2 (N - 1) / N times the buffer from every node, so on a link of B bytes/s a step takes
 
-    compute + exchange - min(exchange, 0.25 x compute),  exchange = 2 (N - 1) / N x bytes / (0.95 B) + 2 (N - 1) x latency
+    compute + exchange - min(exchange, 0.25 x compute),  exchange = 2 (N - 1) / N x bytes / (0.95 B) + 2 (N - 1) x
+    latency
 
 (0.95: TCP/IP's headers; 0.25: the part of the step DDP's exchange overlaps, sending a bucket while the backward pass
 goes on, fitted to the two-node measurements).

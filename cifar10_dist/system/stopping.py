@@ -6,7 +6,8 @@ arrived somewhere; a Ctrl-C arrived somewhere), and at log, checkpoint and epoch
 loss became NaN/inf somewhere since the last such check), so they all take the same decision at the same
 iteration: on a stop request, write a checkpoint and raise Interrupted (Ctrl-C) or Preempted (SIGTERM/SIGUSR1, or
 the signals CIFAR10_DIST_PREEMPTION_SIGNALS names); on NaN/inf, raise TrainingDiverged before any checkpoint of the
-broken state is written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process) ends at once.
+broken state is written. A second Ctrl-C does not wait: the process at the top (the launcher, or a single process)
+ends at once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from cifar10_dist.system.signals import preemption_signals, stop_signals
 logger = logging.getLogger(__name__)
 
 class StopRequest:
-    """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to other processes (spawned
+    """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to
+    other processes (spawned
     workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""
 
     def __init__(self, forward_to: Callable[[], list[int]] | None = None,

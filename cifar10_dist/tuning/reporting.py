@@ -54,7 +54,8 @@ def trial_table(trials: list[Any]) -> str:
     """Trials sorted by value (best first; pruned and failed after), one line each."""
     from optuna.trial import TrialState
 
-    ranked = sorted(trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0), t.number))
+    ranked = sorted(trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0),
+                                           t.number))
     names = sorted({name for trial in trials for name in trial.params})
     header = f"{'trial':>5}  {'state':<11}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
     lines = [header]
@@ -62,7 +63,8 @@ def trial_table(trials: list[Any]) -> str:
         value = f"{trial.value:.4f}" if trial.value is not None else "-"
         epochs = str(trial.last_step) if trial.last_step is not None else "-"
         params = "  ".join(f"{_short(trial.params.get(name, '-')):>{len(name)}}" for name in names)
-        lines.append(f"{trial.number:>5}  {state_name(trial):<11}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}")
+        lines.append(f"{trial.number:>5}  {state_name(trial):<11}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  "
+                     f"{params}")
     return "\n".join(lines)
 
 

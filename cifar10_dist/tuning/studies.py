@@ -138,7 +138,8 @@ def json_roundtrip(value: Any) -> Any:
 
 
 def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any], name: str) -> None:
-    """Every worker trains the same thing: base config (but for the keys set per worker: PER_WORKER) and space as the study records."""
+    """Every worker trains the same thing: base config (but for the keys set per worker: PER_WORKER) and space as
+    the study records."""
     for part in ("base_config", "space"):
         stored = stored_record.get(part, {})
         for key in sorted(set(stored) | set(record[part])):
@@ -325,7 +326,8 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         files.write_yaml(study_dir / "best_config.yaml", best_config)
         metric = study_of(study)["base_config"].get("best_metric", "accuracy")
         echo(f"best: trial {best.number}, val {metric} {best.value:.4f}, {format_params(best.params)}")
-        echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run --config={study_dir / 'best_config.yaml'})")
+        echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run "
+             f"--config={study_dir / 'best_config.yaml'})")
         summary = dataclasses.replace(summary, best_trial=best.number, best_value=best.value,
                                       best_params=dict(best.params), plots=write_plots(study, study_dir))
         if final_test:

@@ -148,7 +148,8 @@ def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
     device = torch.device("cuda", 0)
     process_setup.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark
-    process_setup.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True), device)
+    process_setup.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True),
+                                         device)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert not torch.backends.cudnn.benchmark  # deterministic mode wins
 

@@ -101,7 +101,8 @@ def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(finished_ru
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: checkpoint '{checkpoint}' was made by model=simple_cnn, and this run builds model=cifar_resnet18: "
         "use --model=simple_cnn, or a checkpoint of cifar_resnet18")
-    code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--model=cifar_resnet18"])
+    code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}",
+                     "--model=cifar_resnet18"])
     assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "was made by model=simple_cnn, and this run builds model=cifar_resnet18: use --model=simple_cnn, or a "
         "checkpoint of cifar_resnet18")

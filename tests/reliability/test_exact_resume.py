@@ -173,8 +173,10 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     trains on every one of the 960 images exactly once, a warning says so, and summary.json records the change."""
     (tmp_path / "seen.py").write_text(SEEN_MODEL)
     runs = {}
-    for name, processes, resume, every in (("two", 2, None, 18), ("two-to-three", 3, "two/training_checkpoint_18.pt", 100),
-                                           ("three", 3, None, 14), ("three-to-two", 2, "three/training_checkpoint_14.pt", 100)):
+    for name, processes, resume, every in (("two", 2, None, 18),
+                                           ("two-to-three", 3, "two/training_checkpoint_18.pt", 100),
+                                           ("three", 3, None, 14),
+                                           ("three-to-two", 2, "three/training_checkpoint_14.pt", 100)):
         extra = [f"--checkpoint_every={every}"] + ([f"--resume_from={tmp_path / resume}"] if resume else [])
         runs[name] = run_seen(tmp_path, name, processes, *extra)
         assert runs[name][1].returncode == 0, runs[name][1].stderr[-3000:]

@@ -157,5 +157,6 @@ def test_a_bad_preemption_signal_name_is_one_line(monkeypatch, tmp_path):
     result = run_in_process("run", *TINY, "--dataset=synthetic", f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert result.stderr == ("error: CIFAR10_DIST_PREEMPTION_SIGNALS='SIGTERM,SIGKIL': SIGKIL cannot announce a "
-                             "preemption; give signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP (comma-separated)\n")
+                             "preemption; give signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP "
+                             "(comma-separated)\n")
     assert not any(tmp_path.iterdir())

@@ -126,7 +126,8 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
 
     command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, slow_cnn, make_read_only)
     last_line = stderr.strip().splitlines()[-1]
-    assert re.match(rf"error: cannot write \S+ in {re.escape(str(run_dir))}: Read-only file system", last_line), last_line
+    assert re.match(rf"error: cannot write \S+ in {re.escape(str(run_dir))}: Read-only file system",
+                    last_line), last_line
     assert "Traceback" not in stderr, stderr[-4000:]
     assert_run_folder_is_clean(run_dir)
 

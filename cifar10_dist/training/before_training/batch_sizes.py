@@ -43,9 +43,11 @@ def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[
     torch.manual_seed(0)
     layout = batches.memory_format(config.channels_last)  # settled once by find_batch_size
     model = models.build_model(config.model, config.model_kwargs).to(device).to(memory_format=layout)
-    numeric = dataclasses.replace(config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
+    numeric = dataclasses.replace(config,
+                                  learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
-    train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), choose_precision(device, config.with_amp, config.amp_dtype))
+    precision = choose_precision(device, config.with_amp, config.amp_dtype)
+    train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), precision)
     inputs = torch.randn(batch_size, 3, config.image_size, config.image_size, device=device
                          ).contiguous(memory_format=layout)
     targets = torch.randint(0, models.NUM_CLASSES, (batch_size,), device=device)

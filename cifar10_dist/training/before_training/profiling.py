@@ -110,12 +110,14 @@ class RunProfiler:
         shares = time_shares(self.handlers.get_results())
         total = sum(shares.values()) or 1.0
         shown = {name: seconds for name, seconds in shares.items() if seconds / total >= SHOWN_SHARE}
-        rest = f", {len(shares) - len(shown)} other handlers {sum(shares.values()) / total - sum(shown.values()) / total:.1%}"
+        others = (sum(shares.values()) - sum(shown.values())) / total
+        rest = f", {len(shares) - len(shown)} other handlers {others:.1%}"
         ranks.on_rank_zero(logger.info, "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s%s",
                            total, ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shown.items()),
                            rest if len(shown) < len(shares) else "")
         return {"iterations_traced": self.traced, "warmup_iterations": self.warmup,
-                "trace": str(self.trace) if self.trace else None, "seconds": {k: round(v, 4) for k, v in shares.items()},
+                "trace": str(self.trace) if self.trace else None,
+                "seconds": {k: round(v, 4) for k, v in shares.items()},
                 "shares": {name: round(seconds / total, 4) for name, seconds in shares.items()}}
 
 

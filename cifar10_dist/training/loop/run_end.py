@@ -1,5 +1,6 @@
 """The end of a run (``training.run``): every rank's memory, the final test evaluation's most confident mistakes
-and reliability diagram, metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's files for the trackers."""
+and reliability diagram, metrics.json, summary.json, curves.png and the hyperparameters (rank 0), and the run's
+files for the trackers."""
 
 from __future__ import annotations
 
@@ -65,11 +66,13 @@ def write_mistakes(run_dir: Path, found: list[Mistake], data_setup: run_data.Dat
 def write_reliability(run_dir: Path, bins: Any, recorder: scalars.Recorder, result: RunResult) -> None:
     """Rank 0: the final test evaluation's reliability diagram, calibration.png and .json, and in TensorBoard."""
     pixels = evaluation_files.write_calibration(run_dir, "calibration", expected_calibration_error(bins),
-                                                reliability(bins), f"{run_dir.name}, {result.test.model or 'final model'}")
+                                                reliability(bins), f"{run_dir.name}, "
+                                                                   f"{result.test.model or 'final model'}")
     recorder.write_image("test/calibration", pixels, result.iterations)
 
 
-def write_run_end(run_dir: Path, result: RunResult | TrialResult, findings: RunFindings, config: Config, record: RunRecord,
+def write_run_end(run_dir: Path, result: RunResult | TrialResult, findings: RunFindings, config: Config,
+                  record: RunRecord,
                   tracker_fields: dict[str, Any], recorder: scalars.Recorder, seconds: float,
                   memory: list[float]) -> None:
     """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""

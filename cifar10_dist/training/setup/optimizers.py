@@ -142,7 +142,8 @@ def build_optimizer(model: nn.Module, config: Config,
     if not filters:
         raise UserError(f"muon_lr={config.muon_lr}: model={config.model} has no trainable convolution filters for "
                         "Muon to train; leave muon_lr unset")
-    groups = with_decay_overrides(parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters))),
+    grouped = parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters)))
+    groups = with_decay_overrides(grouped,
                                   decay_overrides(model, config))
     groups = with_backbone_schedule(groups, head, config, total_iterations)
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)

@@ -1,4 +1,5 @@
-"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``launch.runs.evaluate`` launches it)."""
+"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``launch.runs.evaluate`` launches
+it)."""
 
 from __future__ import annotations
 
