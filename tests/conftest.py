@@ -21,14 +21,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # (two threads each would spin against each other); set before torch is imported
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The files whose tests take longest (seconds of their tests on a 2-core AVX2 EPYC, 2026-11-28), collected first:
-# pytest-xdist's --dist loadfile hands files out in collection order, and in alphabetical order these came last,
-# leaving one worker on a long file while the other had nothing left to do (some 90 s of the suite's wall time)
+# The files whose tests take longest (seconds of their tests on a 2-core Zen 4 EPYC, 2026-11-28, longest first),
+# collected first: pytest-xdist's --dist loadfile hands files out in collection order, and in alphabetical order these
+# came last, leaving one worker on a long file while the other had nothing left to do
 LONGEST_FILES = [
-    "test_tuning.py", "test_launch_modes.py", "test_tracker_outage.py", "test_predict_export.py",
-    "reliability/test_faults.py", "test_wandb.py", "test_recipe.py", "test_lr_find.py", "test_gpu_harness.py",
-    "reliability/test_exact_resume.py", "test_data_at_scale.py", "test_distributed.py", "test_slurm.py",
-    "test_pretrained.py", "test_cli.py", "test_int8_export.py",
+    "test_launch_modes.py", "test_tuning.py", "test_tracker_outage.py", "test_two_hosts.py", "test_wandb.py",
+    "reliability/test_faults.py", "test_lr_find.py", "reliability/test_exact_resume.py", "test_gpu_harness.py",
+    "test_recipe.py", "test_predict_export.py", "test_data_at_scale.py", "reliability/test_interrupt.py",
+    "test_speed_levers.py", "test_package.py", "test_slurm.py", "test_cli.py", "test_hardware.py",
+    "test_image_folders.py", "test_distributed.py",
 ]
 
 
