@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from cifar10_dist.config.trial import PrunerSpec
 from cifar10_dist.errors import UserError
 
 HELP_COLUMN = 29  # where a flag's help starts on a help page
@@ -196,9 +197,11 @@ class TuneFlags:
                                "output_path/NAME/study.db)")
     sampler: str = flag("tpe", "tpe, random, or grid (every key categorical or an int range)")
     sampler_seed: int | None = flag(None, "seed of the sampler (give each worker its own)")
-    pruner: str = flag("median", "median, hyperband or none; asked after every validation (validate_every)")
-    pruner_startup_trials: int = flag(5, "median pruner: trials that run to the end before any is pruned")
-    pruner_warmup_epochs: int = flag(0, "median pruner: epochs of each trial that are never pruned")
+    pruner: str = flag(PrunerSpec.name, "median, hyperband or none; asked after every validation (validate_every)")
+    pruner_startup_trials: int = flag(PrunerSpec.startup_trials, "median pruner: trials that run to the end before "
+                                      "any is pruned")
+    pruner_warmup_epochs: int = flag(PrunerSpec.warmup_epochs, "median pruner: epochs of each trial that are never "
+                                     "pruned")
     final_test: bool = flag(True, "after the last trial, the best trial's best model on the test set, once")
     heartbeat: int = flag(60, "seconds between liveness beats of a running trial (database storages): a trial silent "
                           "for 2 beats is failed and run again from its newest checkpoint by a worker")

@@ -7,7 +7,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from cifar10_dist.config.commands import TuneFlags
 from cifar10_dist.errors import UserError
 
 PRUNERS = ("median", "hyperband", "none")
@@ -18,9 +17,9 @@ class PrunerSpec:
     """A study's pruner as plain data: a study keeps its pruner in the process, not in the storage, so a trial's
     processes build the same one from this (``trials.make_pruner``)."""
 
-    name: str = TuneFlags.pruner  # one of PRUNERS (the defaults: tune's flags')
-    startup_trials: int = TuneFlags.pruner_startup_trials  # median: trials that are never pruned, the first ones
-    warmup_epochs: int = TuneFlags.pruner_warmup_epochs  # median: epochs of a trial that are never pruned
+    name: str = "median"  # one of PRUNERS (tune's flags take these defaults: config.commands.TuneFlags)
+    startup_trials: int = 5  # median: trials that are never pruned, the first ones
+    warmup_epochs: int = 0  # median: epochs of a trial that are never pruned
     max_epochs: int = 1  # hyperband: the largest resource, the trials' num_epochs
 
 
