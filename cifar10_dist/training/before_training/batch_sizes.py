@@ -46,7 +46,7 @@ def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[
     numeric = dataclasses.replace(config,
                                   learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
-    precision = choose_precision(device, config.with_amp, config.amp_dtype)
+    precision = choose_precision(device, config.with_amp, config.amp_dtype)  # (settled by the plan: no auto here)
     train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), precision)
     inputs = torch.randn(batch_size, 3, config.image_size, config.image_size, device=device
                          ).contiguous(memory_format=layout)

@@ -27,7 +27,7 @@ from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.data.records import LoadedData
 from cifar10_dist.data.run_data import DataSetup, Normalisation
 from cifar10_dist.system import ranks
-from cifar10_dist.system.precision import Precision
+from cifar10_dist.system.precision import Precision, choose_precision
 from cifar10_dist.training.setup import layouts, optimizers, process_setup
 from cifar10_dist.training.setup import resumption as resumption_of
 from cifar10_dist.training.setup.resumption import Resumption
@@ -129,9 +129,11 @@ def settle_evaluation(config: Config, device: torch.device, loaded: LoadedData) 
 
 
 def settle_measurement(config: Config, device: torch.device, num_classes: int) -> Config:
-    """``batch-size``'s choices: the memory layout, once for every batch it times (its precision is each timed
-    step's own, by ``process_setup``'s rule)."""
-    return layouts.settle(config, device, num_classes)
+    """``batch-size``'s choices, once for every batch it times: the precision (by a run's rule, unlogged: the
+    command prints its own report) and the memory layout."""
+    precision = choose_precision(device, config.with_amp, config.amp_dtype)
+    settled = dataclasses.replace(config, **process_setup.settled_precision(config, precision))
+    return layouts.settle(settled, device, num_classes)
 
 
 def made(settled: Config, given: Config, device: torch.device, precision: Precision,

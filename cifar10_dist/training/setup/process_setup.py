@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
+from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
@@ -55,7 +55,7 @@ def setup_precision(config: Config, device: torch.device) -> Precision:
     return precision
 
 
-def settled_precision(config: Config, precision: Precision) -> dict[str, object]:
+def settled_precision(config: Config, precision: Precision) -> dict[str, Any]:
     """with_amp and amp_dtype as the run trains (auto settled: True with the autocast type, or False), for
     config.yaml: what the run used, not what it was told to choose from."""
     if not precision.enabled:
