@@ -369,3 +369,24 @@ def test_the_seconds_between_tries_of_a_store_come_from_the_environment_or_the_d
         monkeypatch.setenv(tracker_guard.RETRY_VARIABLE, given)
     assert tracker_guard.retry_seconds() == seconds
     assert (f"{tracker_guard.RETRY_VARIABLE}={given!r} is not a number of seconds >= 0" in caplog.text) == warned
+
+
+def test_the_epoch_clock_counts_the_iterations_each_epoch_ran_for_the_log_and_the_record():
+    """One count per epoch (outputs.progress.EpochClock), read by the progress line and the Recorder alike: the
+    iterations since the epoch started (a resumed run's first epoch runs fewer than its length) times the images
+    of an iteration, over Ignite's own epoch time."""
+    from ignite.engine import Engine, Events
+
+    from cifar10_dist.outputs.progress import EpochClock
+
+    trainer = Engine(lambda engine, batch: None)
+    clock = EpochClock(images_per_iteration=64).attach(trainer)
+    seen = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda engine: seen.append(clock.timing(engine)))
+    trainer.run(range(5), max_epochs=2)
+    assert [timing.iterations for timing in seen] == [5, 5]
+    for timing in seen:
+        assert timing.images_per_second == pytest.approx(5 * 64 / max(timing.seconds, 1e-9))
+    trainer.state.iteration, trainer.state.epoch = 7, 1  # as a resume from iteration 7 of 5-iteration epochs
+    trainer.run(range(5), max_epochs=3)
+    assert [timing.iterations for timing in seen[2:]] == [3, 5]  # the rest of epoch 2, then all of epoch 3
