@@ -77,9 +77,8 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         return found.experiment_id if found is not None else client.create_experiment(name, location)
 
 
-def provenance_tags(recorded: Mapping[str, Any]) -> dict[str, str]:
-    """The provenance worth filtering runs by, as MLflow tags (read through ``RunRecord``)."""
-    record = RunRecord.from_dict(recorded)
+def provenance_tags(record: RunRecord) -> dict[str, str]:
+    """The provenance worth filtering runs by, as MLflow tags."""
     package, versions = record.package, record.versions or {}
     tags = {
         "git_commit": package.git_commit, "git_dirty": package.git_dirty,
@@ -106,7 +105,7 @@ class MLflow:
     Every call that reaches the store goes through ``tracker_guard.Guarded`` (a background thread; a store that
     does not answer never ends the run); scalars wait in ``pending`` until a flush has sent them."""
 
-    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> None:
         self.client: Any = None
         self.run_id: str | None = None
         self.pending: list[Any] = []
@@ -126,7 +125,7 @@ class MLflow:
         kept = read_run_file(run_dir)
         if kept is not None and kept["tracking_uri"] == uri and self._still_there(kept["run_id"]):
             self.client.update_run(kept["run_id"], status="RUNNING")
-            self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(self.provenance.get("resumed_from")))
+            self.client.set_tag(kept["run_id"], "cifar10_dist.resumed_from", str(self.provenance.resumed_from))
             self.run_id = kept["run_id"]
             self.logged = self._last_steps()
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)

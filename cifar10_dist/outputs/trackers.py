@@ -15,6 +15,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.tracker_guard import Guarded
 
 
@@ -52,19 +53,19 @@ class Tracker(Protocol):
         """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""
 
 
-def _clearml(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> Tracker:
+def _clearml(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.clearml_tracking import ClearML
 
     return ClearML(config, run_dir)
 
 
-def _mlflow(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> Tracker:
+def _mlflow(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.mlflow_tracking import MLflow
 
     return MLflow(config, run_dir, provenance)
 
 
-def _wandb(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> Tracker:
+def _wandb(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.wandb_tracking import WandB
 
     return WandB(config, run_dir, provenance)
@@ -89,7 +90,7 @@ def _require_wandb() -> None:
 
 
 # name: (the config key that turns it on, its builder, its install check)
-TRACKERS: dict[str, tuple[str, Callable[..., Tracker], Callable[[], None]]] = {
+TRACKERS: dict[str, tuple[str, Callable[[Mapping[str, Any], Path, RunRecord], Tracker], Callable[[], None]]] = {
     "clearml": ("with_clearml", _clearml, _require_clearml),
     "mlflow": ("with_mlflow", _mlflow, _require_mlflow),
     "wandb": ("with_wandb", _wandb, _require_wandb),
@@ -137,7 +138,7 @@ class OpenTrackers:
         return fields
 
 
-def open_trackers(config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> OpenTrackers:
+def open_trackers(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> OpenTrackers:
     """Every tracker whose ``with_*`` key is on, built and guarded (enter the result to start them)."""
     return OpenTrackers([Guarded(build(config, run_dir, provenance), name, run_dir)
                          for name, (key, build, _) in TRACKERS.items() if config[key]])

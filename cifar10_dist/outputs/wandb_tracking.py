@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files, wandb_history
+from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
@@ -52,10 +53,10 @@ class WandB:
     disabled): started or continued at the first flush (in ``tracker_guard``'s thread), scalars kept until a flush
     sends them."""
 
-    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> None:
         self.mode = wandb_mode(config["wandb_mode"])
         self.enabled = bool(config["with_wandb"]) and self.mode != "disabled" and is_rank_zero()
-        self.config, self.run_dir, self.provenance = dict(config), run_dir, dict(provenance)
+        self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance.to_dict()
         self.store = f"W&B {self.mode} (project {config['wandb_project']})"
         self.run: Any = None
         self.pending: list[tuple[str, float, int]] = []
