@@ -42,7 +42,6 @@ Tools and shipping
 
 Shared pieces: ``two_hosts`` (two network namespaces joined by a rate-limited link), ``gpu_tables`` (the GPU
 benchmark's record and race table), ``runner`` (our run through ``api.train`` in a fresh process, read back through
-``outputs.reading``),
-``peer`` (airbench94's train94 in its own process, on a CPU or a GPU), ``steps`` (the bare training step and
-loops), ``records`` (the machine, the commit, JSON files).
+``outputs.reading``), ``peer`` (airbench94's train94 in its own process, on a CPU or a GPU), ``steps`` (the bare
+training step and loops), ``records`` (the machine, the commit, JSON files).
 """

@@ -12,15 +12,14 @@ Earlier, Zen 4 (recipes_cpu.json): fast 90.51% +- 0.09.
                  the peer's network and ours (also with the whitening bias frozen) on the CPU, interleaved in rounds
 
 Entries: peer (benchmarks.peer), fast (configs/fast.yaml), muon (configs/fast_muon.yaml), muon7, muon6, muon5 (the
-same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize
-(progressive resizing), select
-(data selection); variants of lean: lean_lookahead (Lookahead), lean_ls009 (label smoothing 0.09, the record's),
-lean_select10 (selection in all of 10 epochs), lean_record (the Muon lr, momentum and label smoothing of hiverge's
-record), lean_silu (its SiLU), lean_jitter (its brightness and contrast jitter). The default runs peer, muon and
-lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
-epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time:
-start-up, data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of
-the same invocation (this machine's speed drifts up to 2x between hours).
+same cut to 7, 6, 5 epochs), lean (configs/fast_lean.yaml) and its levers alone on fast_muon.yaml: resize (progressive
+resizing), select (data selection); variants of lean: lean_lookahead (Lookahead), lean_ls009 (label smoothing 0.09,
+the record's), lean_select10 (selection in all of 10 epochs), lean_record (the Muon lr, momentum and label smoothing
+of hiverge's record), lean_silu (its SiLU), lean_jitter (its brightness and contrast jitter). The default runs peer,
+muon and lean. Training seconds are each recipe's own count of its training steps (airbench: its timers around the
+epochs and the whitening init; ours: summary.json's training_time); "outside" is the rest of the wall time: start-up,
+data preparation, evaluation (split in the JSON). Training-time ratios are only taken between runs of the same
+invocation (this machine's speed drifts up to 2x between hours).
 """
 
 from __future__ import annotations

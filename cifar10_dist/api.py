@@ -1,7 +1,6 @@
 """The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``batch_size``,
-``predict``,
-``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and nothing
-below calls up into it.
+``predict``, ``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and
+nothing below calls up into it.
 
 Each takes a YAML path plus keyword overrides, or a ``Config``, and resolves the config exactly once, before
 torch is imported (a bad value fails in well under a second).
@@ -30,8 +29,7 @@ from cifar10_dist.results import (
 from cifar10_dist.serve.export_flags import EXPORT_FLAGS
 
 __all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size",
-           "predict", "predict_files", "export",
-           "tune", "doctor", "report", "prepare_data"]
+           "predict", "predict_files", "export", "tune", "doctor", "report", "prepare_data"]
 
 
 def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = OUTPUT_DIR.default,

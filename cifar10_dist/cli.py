@@ -1,7 +1,5 @@
 """The command line: ``cifar10-dist run | lr-find | batch-size | evaluate | predict | export | tune | prepare-data |
-report |
-doctor | config``, a thin fire layer
-over the API.
+report | doctor | config``, a thin fire layer over the API.
 
 User errors (bad flags, missing data, unusable checkpoints) end as one line on stderr and exit code 2,
 a diverged run (NaN loss) with 3, a preempted run (SIGTERM/SIGUSR1, checkpoint written) with 75;

@@ -1,6 +1,5 @@
 """channels_last=auto (training/setup/layouts.py): settled by the model and the device, logged, saved in the run's
-config
-and provenance, without changing the run's random draws."""
+config and provenance, without changing the run's random draws."""
 
 from __future__ import annotations
 

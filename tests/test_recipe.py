@@ -133,8 +133,8 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
 def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn.Module, list[bool], list[bool]]:
     """A small airbench network trained ``iterations`` steps with fast_muon.yaml's optimizer and schedules (the
     whitening bias trains for 3 iterations), with or without its recipe's freeze (``recipes.whitened``). Returns the
-    network, its
-    ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient."""
+    network, its ``whitening_bias_frozen`` at each step, and whether the first conv group's input needed a gradient.
+    """
     from cifar10_dist import recipes
 
     config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), num_epochs=iterations,

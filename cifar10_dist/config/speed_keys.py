@@ -1,7 +1,6 @@
-"""How fast a step runs on its hardware: precision, memory format, compilation, fused kernels, whole-pass augmentation,
-the warm-up, gradient compression for slow links. Fields of ``Config`` (``config.fields`` composes them; one flat
-set of keys for flags, YAML and the
-API)."""
+"""How fast a step runs on its hardware: precision, memory format, compilation, fused kernels, whole-pass
+augmentation, the warm-up, gradient compression for slow links. Fields of ``Config`` (``config.fields`` composes them;
+one flat set of keys for flags, YAML and the API)."""
 
 from __future__ import annotations
 

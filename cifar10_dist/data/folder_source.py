@@ -1,7 +1,6 @@
 """The folder source (``dataset=folder``): a labelled image folder as a run's images, read on demand from its
 memory-mapped cache (``folder_scan``; ``records.MappedImages``), its checks applied (unreadable files, duplicates
-across splits, imbalanced classes) and
-its card (``prepare-data``)."""
+across splits, imbalanced classes) and its card (``prepare-data``)."""
 
 from __future__ import annotations
 

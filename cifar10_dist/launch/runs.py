@@ -1,6 +1,5 @@
-"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint, ``lr_find``. The
-layer below
-``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
+"""Runs: ``resolve`` a config, ``train`` (once, or ``train_seeds``), ``evaluate`` a checkpoint, ``lr_find``. The layer
+below ``api`` (which re-exports these) and ``tuning`` (whose trials are runs).
 
 Each resolves the config exactly once, before torch is imported (a bad value fails in well under a second), then
 checks it against the world once (``preflight``) and launches the per-process function of ``training.run`` in

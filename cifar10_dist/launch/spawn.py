@@ -1,12 +1,11 @@
 """Start a worker function in every process with ``ignite.distributed`` and bring its result back.
 
-Three ways in: one plain process (backend None), spawning (backend + nproc_per_node), or a process already
-started by torchrun/srun (backend set, nproc_per_node unset). Spawned gloo/nccl workers are supervised here:
-the first that fails ends the others within seconds (a stopped or hung one too), and its one-line error comes
-back with its exit code. Rank 0's result (JSON, handed to every rank) and any worker's error travel back to the
-caller through files,
-so spawned and in-process runs return the same way. An in-process run leaves the caller's process as it found
-it (signal handlers, torch threads and deterministic flags, logging).
+Three ways in: one plain process (backend None), spawning (backend + nproc_per_node), or a process already started by
+torchrun/srun (backend set, nproc_per_node unset). Spawned gloo/nccl workers are supervised here: the first that fails
+ends the others within seconds (a stopped or hung one too), and its one-line error comes back with its exit code. Rank
+0's result (JSON, handed to every rank) and any worker's error travel back to the caller through files, so spawned and
+in-process runs return the same way. An in-process run leaves the caller's process as it found it (signal handlers,
+torch threads and deterministic flags, logging).
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ def write_calibration(folder: Path, stem: str, ece: float, reliability: dict[str
 
 def write(folder: Path, checkpoint: Path, result: EvaluationResult, test_images: torch.Tensor) -> None:
     """The confusion matrix, the mistakes and the reliability diagram of one evaluation of ``checkpoint``
-    (``test_images``: the images the
-    mistakes' indices point into)."""
+    (``test_images``: the images the mistakes' indices point into)."""
     stem = confusion_stem(checkpoint)
     files.write_json(folder / f"{stem}.json", {
         "checkpoint": str(checkpoint), "classes": result.classes, "rows": "true class", "columns": "predicted",

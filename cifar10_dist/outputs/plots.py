@@ -1,7 +1,6 @@
-"""The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot), a confusion
-matrix (``evaluate``), a reliability diagram (calibration) and lr-find's sweep. Drawn on matplotlib Figures directly
-(no pyplot), so the caller's matplotlib backend and
-open figures are left alone."""
+"""The pictures of runs: a run's curves (curves.png), several runs overlaid (``report``'s plot), a confusion matrix
+(``evaluate``), a reliability diagram (calibration) and lr-find's sweep. Drawn on matplotlib Figures directly (no
+pyplot), so the caller's matplotlib backend and open figures are left alone."""
 
 from __future__ import annotations
 

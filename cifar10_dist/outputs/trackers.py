@@ -1,8 +1,7 @@
 """The trackers: outside stores a run also reports to (ClearML, MLflow, Weights & Biases), behind one interface
-(``Tracker``) and one
-opener (``open_trackers``) that the training worker calls once; the local record (TensorBoard, metrics.jsonl,
-summary.json) is ``scalars.Recorder``'s and the run folder's, not a tracker's. Adding a tracker is one module
-implementing ``Tracker`` plus its fields in ``config.fields`` and one line in ``TRACKERS``.
+(``Tracker``) and one opener (``open_trackers``) that the training worker calls once; the local record (TensorBoard,
+metrics.jsonl, summary.json) is ``scalars.Recorder``'s and the run folder's, not a tracker's. Adding a tracker is one
+module implementing ``Tracker`` plus its fields in ``config.fields`` and one line in ``TRACKERS``.
 
 Every tracker reaches its store through ``tracker_guard.Guarded`` (a background thread on rank 0): a store that
 stops answering is one warning, never the run's end.

@@ -2,14 +2,13 @@
 ``wandb.json`` in the run folder, W&B's ``resume="allow"``), started through Ignite's ``WandBLogger`` as the
 code-generator starts it. The run's config is the resolved config with the provenance under ``provenance``; its
 metrics the scalars ``scalars.Recorder`` writes to TensorBoard, same names, each against its own step (a custom
-``step`` axis: W&B's own step only grows, while epochs and iterations both count from 1); at the end the run's
-record files as an artifact and, with ``wandb_log_model``, the best model file as another. A tuning trial's run is
-in the
+``step`` axis: W&B's own step only grows, while epochs and iterations both count from 1); at the end the run's record
+files as an artifact and, with ``wandb_log_model``, the best model file as another. A tuning trial's run is in the
 group of its study. ``wandb_mode``: online, or offline without WANDB_API_KEY (the run kept in the run folder's
-``wandb/``, for ``wandb sync``), so that a cluster node without network still tracks; an online start whose
-server does not answer within INIT_TIMEOUT_SECONDS goes offline the same way, with one warning. A resume from a
-checkpoint trains and logs again what ran after it: the steps that W&B's sessions of the run folder recorded
-(``wandb_history``) are not sent a second time.
+``wandb/``, for ``wandb sync``), so that a cluster node without network still tracks; an online start whose server
+does not answer within INIT_TIMEOUT_SECONDS goes offline the same way, with one warning. A resume from a checkpoint
+trains and logs again what ran after it: the steps that W&B's sessions of the run folder recorded (``wandb_history``)
+are not sent a second time.
 """
 
 from __future__ import annotations

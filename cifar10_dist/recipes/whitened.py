@@ -1,10 +1,9 @@
 """airbench's whitening, for a model whitened from data (``models.WhitenedFromData``): its filters are set from the
-first
-training images' patches (as evaluation sees them, normalised) before training; its bias trains in a group
-of its own (lr x ``whitening_bias_lr_scale``, weight decay divided by it) for its first ``whitening_bias_epochs``,
-then its lr is 0 for good and its gradient is no longer computed (``whitening_bias_frozen``: the backward pass
-spares the first conv group's input gradient and the activation before it; every weight moves as before), so the
-forward has two branches to warm up."""
+first training images' patches (as evaluation sees them, normalised) before training; its bias trains in a group of
+its own (lr x ``whitening_bias_lr_scale``, weight decay divided by it) for its first ``whitening_bias_epochs``, then
+its lr is 0 for good and its gradient is no longer computed (``whitening_bias_frozen``: the backward pass spares the
+first conv group's input gradient and the activation before it; every weight moves as before), so the forward has two
+branches to warm up."""
 
 from __future__ import annotations
 

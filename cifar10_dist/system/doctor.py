@@ -3,16 +3,14 @@ its bf16, GPUs, backends, and a measured probe (a few training steps of a model 
 format), with what ``with_amp=auto`` picks here and why, and on a CPU whether channels-last keeps the model's fp32
 numbers within noise (``layout_numerics``).
 
-The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of
-each setting, within about ``budget_seconds`` per setting (building the model included; a step is only started
-when one as long as the last still fits). A setting needs MIN_STEPS timed steps to be compared; it is called
-faster or slower than fp32 only when the two settings' step-time bands (the middle half of each one's steps) do
-not overlap,
-and advice follows only from such a difference. When even fp32 cannot take MIN_STEPS steps in its budget (a slow
-or busy machine), the probe runs at a smaller batch; a setting too slow for its budget at that batch (bf16
-emulated on a CPU without native bf16) is reported as not measurable, not advised on from one step. It agrees with
-``python -m benchmarks.throughput --variants`` at the same model and
-batch (docs/speed.md has both on one machine).
+The probe times whole training steps (forward, backward, SGD step) on random images after one warm-up step of each
+setting, within about ``budget_seconds`` per setting (building the model included; a step is only started when one as
+long as the last still fits). A setting needs MIN_STEPS timed steps to be compared; it is called faster or slower than
+fp32 only when the two settings' step-time bands (the middle half of each one's steps) do not overlap, and advice
+follows only from such a difference. When even fp32 cannot take MIN_STEPS steps in its budget (a slow or busy
+machine), the probe runs at a smaller batch; a setting too slow for its budget at that batch (bf16 emulated on a CPU
+without native bf16) is reported as not measurable, not advised on from one step. It agrees with
+``python -m benchmarks.throughput --variants`` at the same model and batch (docs/speed.md has both on one machine).
 """
 
 from __future__ import annotations

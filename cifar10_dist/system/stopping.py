@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 class StopRequest:
     """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to
-    other processes (spawned
-    workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that to its launcher)."""
+    other processes (spawned workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that
+    to its launcher)."""
 
     def __init__(self, forward_to: Callable[[], list[int]] | None = None,
                  on_second_interrupt: Callable[[], None] | None = None) -> None:

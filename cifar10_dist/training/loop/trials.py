@@ -91,10 +91,9 @@ def make_pruner(spec: PrunerSpec) -> Any:
 
 
 class TrialReporter:
-    """Attached by ``training.run`` to the evaluation that chooses the best model: rank 0 reports its
-    ``metric`` (the run's best_metric) to the trial (epoch as the step) and asks the pruner; every rank receives the
-    answer, and a pruned run terminates
-    the trainer after this validation (it then ends like any finished run)."""
+    """Attached by ``training.run`` to the evaluation that chooses the best model: rank 0 reports its ``metric`` (the
+    run's best_metric) to the trial (epoch as the step) and asks the pruner; every rank receives the answer, and a
+    pruned run terminates the trainer after this validation (it then ends like any finished run)."""
 
     def __init__(self, spec: TrialSpec, trainer: Any, metric: str = "accuracy") -> None:
         self.spec = spec

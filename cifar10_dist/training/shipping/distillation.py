@@ -4,11 +4,11 @@ precision, on every process), and the student's loss becomes
 
     (1 - distill_alpha) x the run's own loss + distill_alpha x T^2 x KL(softmax(teacher / T) || softmax(student / T))
 
-with T = ``distill_temperature``. The teacher is one of our checkpoints or best-model files (its model rebuilt,
-its EMA weights when it has them, its logits divided by its own temperature when it was calibrated), or a model name
-with ``teacher_pretrained`` weights (torchvision, timm, a
-file) whose classes are known; it must have the run's classes, and it sees the images with its own
-normalisation (the student's batch is un-normalised and normalised again for it)."""
+with T = ``distill_temperature``. The teacher is one of our checkpoints or best-model files (its model rebuilt, its
+EMA weights when it has them, its logits divided by its own temperature when it was calibrated), or a model name with
+``teacher_pretrained`` weights (torchvision, timm, a file) whose classes are known; it must have the run's classes,
+and it sees the images with its own normalisation (the student's batch is un-normalised and normalised again for it).
+"""
 
 from __future__ import annotations
 
