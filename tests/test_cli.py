@@ -137,7 +137,7 @@ API_OF = {"lr-find": "lr_find", "batch-size": "batch_size", "evaluate": "evaluat
 
 def page_flags(command: str) -> dict[str, str | None]:
     """A help page's own flags (before its list of config keys): name -> the default it shows (None: a switch)."""
-    from cifar10_dist import cli_help
+    from cifar10_dist.cli import help_pages as cli_help
 
     page = cli_help.page(command).split("{options}")[0].replace("{{options}}", "")
     return {match.group(1): match.group(2) for line in page.splitlines() if (match := FLAG_LINE.match(line))}
@@ -211,7 +211,7 @@ def test_no_default_of_a_commands_flag_is_written_twice():
     it), its default is read from the declaration (config.commands, lr_sweep, serve.export_flags), never written
     again as a literal: change it there and the CLI, the API, the help page and the code follow."""
     from cifar10_dist import api
-    from cifar10_dist.cli_flags import declared_flags
+    from cifar10_dist.cli.flags import declared_flags
     from cifar10_dist.serve import inference
     from cifar10_dist.system import doctor
 
@@ -246,7 +246,7 @@ def test_a_required_flag_left_out_is_one_line_naming_every_one_missing(command, 
 
 
 def test_every_page_shows_debug_and_the_commands_with_config_keys_show_config_once():
-    from cifar10_dist import cli_help
+    from cifar10_dist.cli import help_pages as cli_help
 
     for command in cli_help.PAGES:
         flags = page_flags(command)

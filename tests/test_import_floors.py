@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cifar10_dist"
 # top to bottom; a unit (a subpackage, or a module at the top of the package) imports only from floors below
 FLOORS = [
     ("cli",),
-    ("api", "cli_help", "cli_flags"),
+    ("api",),
     ("tuning",),
     ("launch", "serve"),
     ("training",),

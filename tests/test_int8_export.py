@@ -83,9 +83,9 @@ def test_a_refusal_advises_a_min_agreement_that_is_then_accepted(trained, tmp_pa
                         min_agreement=float(advice.group(1)), calibration_method="minmax")
     assert Path(result.path) == output and output.is_file()
     assert [row["calibration"] for row in result.quantization["candidates"]] == ["minmax", "minmax per-tensor"]
-    from cifar10_dist import cli
+    from cifar10_dist.cli import printing
 
-    assert f"(accepted from {float(advice.group(1)) * 100:g}%)" in cli.int8_summary(result.quantization)
+    assert f"(accepted from {float(advice.group(1)) * 100:g}%)" in printing.int8_summary(result.quantization)
 
 
 def test_an_int8_tie_at_the_top_is_no_agreement():
