@@ -137,9 +137,9 @@ def tune(config: Config | str | Path | None = None, space: str | Path | None = c
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
     may share it). Returns a TuneResult (best trial, value, params, the final test when run); with
     ``report_only`` only reports an existing study."""
-    from cifar10_dist.tuning import search_space, studies
+    from cifar10_dist.tuning import opening, search_space, studies
 
-    options = studies.check_options(commands.TuneFlags(
+    options = opening.check_options(commands.TuneFlags(
         space=None if space is None else str(space), study=str(study or ""), trials=trials, storage=storage,
         sampler=sampler, sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
         pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat, report_only=report_only))

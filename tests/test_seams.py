@@ -146,20 +146,20 @@ def test_a_rerun_study_draws_anew_and_calls_the_stopped_trial_interrupted(tmp_pa
     other values than trial 0's (a seeded sampler repeated its first draw), the same ones for the same history."""
     optuna = pytest.importorskip("optuna")
     from cifar10_dist.config import load_config
-    from cifar10_dist.tuning import reporting, studies
+    from cifar10_dist.tuning import opening, reporting
     from cifar10_dist.tuning.search_space import Dimension
 
     base = load_config(None, output_path=str(tmp_path), val_split=0.1)
     space = {"learning_rate": Dimension("learning_rate", "float", low=1e-3, high=1.0, log=True)}
-    options = studies.TuneOptions(study="cc", trials=2, sampler="random", sampler_seed=0)
-    study, _ = studies.open_study(options, base, space)
+    options = opening.TuneOptions(study="cc", trials=2, sampler="random", sampler_seed=0)
+    study, _ = opening.open_study(options, base, space)
     first = study.ask()
     drawn = space["learning_rate"].suggest(first)
     first.set_user_attr(reporting.INTERRUPTED, True)
     study.tell(first, state=optuna.trial.TrialState.FAIL)
     draws = []
     for _ in range(2):  # the rerun, twice from the same history
-        again, _ = studies.open_study(options, base, space)
+        again, _ = opening.open_study(options, base, space)
         draws.append(again.sampler.sample_independent(again, again.get_trials()[0], "learning_rate",
                                                       optuna.distributions.FloatDistribution(1e-3, 1.0, log=True)))
     assert draws[0] != drawn and draws[0] == draws[1]

@@ -442,7 +442,7 @@ def _open_study_at_the_barrier(barrier, folder: str, urls: list[str], worker: in
     (the lock file is a no-op) or "retry" (one attempt only), to check the other mechanism alone."""
     from cifar10_dist.outputs import files
     from cifar10_dist.training.loop import trials
-    from cifar10_dist.tuning import search_space, studies
+    from cifar10_dist.tuning import opening, search_space
 
     if without == "lock":
         files.sqlite_lock = lambda url: contextlib.nullcontext()
@@ -453,11 +453,11 @@ def _open_study_at_the_barrier(barrier, folder: str, urls: list[str], worker: in
     space = {"learning_rate": search_space.Dimension("learning_rate", "float", 0.01, 0.1)}
     outcomes = []
     for url in urls:
-        options = studies.TuneOptions(study="race", storage=url, sampler="random", pruner="none")
+        options = opening.TuneOptions(study="race", storage=url, sampler="random", pruner="none")
         barrier.wait(timeout=60)
         time.sleep(0.01 * worker * urls.index(url))  # each round a different stagger
         try:
-            study, _ = studies.open_study(options, base, space)
+            study, _ = opening.open_study(options, base, space)
             study.optimize(lambda trial: trial.suggest_float("x", 0, 1) + worker, n_trials=1)
             outcomes.append("ok")
         except UserError as error:
