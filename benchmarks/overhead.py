@@ -32,7 +32,7 @@ from cifar10_dist.data import augmentation
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.outputs import reading
 from cifar10_dist.system import cpu, hardware
-from cifar10_dist.training import run as worker
+from cifar10_dist.training import engines as worker
 
 BATCH = 8
 

@@ -18,42 +18,32 @@ from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
-from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import checkpoint_layout, models, recipes
-from cifar10_dist.config import Config, milestone_epochs
-from cifar10_dist.data import batches, loaders, run_data
+from cifar10_dist import checkpoint_layout, models
+from cifar10_dist.config import Config
+from cifar10_dist.data import run_data
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, log_lines, memory_use, progress, run_folder, scalars, trackers
 from cifar10_dist.outputs.run_log import RunLog
-from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.results import RunResult, TrialResult
 from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
+from cifar10_dist.training import engines
 from cifar10_dist.training.before_training import lr_finding, profiling
-from cifar10_dist.training.loop import checkpointing, run_end, selection, trials, warm_up
-from cifar10_dist.training.loop.averaging import WeightAverage
-from cifar10_dist.training.loop.evaluators import MistakeCollector, attach_validation, create_evaluator, early_stopping
-from cifar10_dist.training.loop.freezing import BackboneFreeze
-from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
+from cifar10_dist.training.loop import checkpointing, run_end
+from cifar10_dist.training.loop.evaluators import attach_validation
 from cifar10_dist.training.loop.validation import EngineSet, Validation
 from cifar10_dist.training.setup import (
     compression,
-    loss,
     model_setup,
-    optimizers,
     plan,
     process_setup,
-    schedules,
 )
 from cifar10_dist.training.setup.resumption import Resumption
-from cifar10_dist.training.shipping import distillation, temperature
+from cifar10_dist.training.shipping import temperature
 
 logger = logging.getLogger("cifar10_dist")
-
-TOP5_FROM = 5  # top-5 accuracy is reported when there are more classes than this
-
 
 # ---------------------------------------------------------------- the training process
 
@@ -80,7 +70,7 @@ class TrainingParts:
     precision: Precision
     data: run_data.DataSetup
     network: model_setup.Network
-    optimization: Optimization
+    optimization: engines.Optimization
     engines: EngineSet
     stop: stopping.StopRequest
     resumption: Resumption
@@ -97,9 +87,9 @@ def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     the_plan, network, sweep = plan_the_run(config, fed, data, device=device, precision=precision,
                                             resumption=resumption, weights=weights, stop=stop)
     settled = the_plan.config
-    optimization = setup_optimization(settled, network, data, device, precision)
-    engines = setup_engines(settled, device, network, optimization, data)
-    return TrainingParts(settled, device, precision, data, network, optimization, engines, stop, resumption,
+    optimization = engines.setup_optimization(settled, network, data, device, precision)
+    engine_set = engines.setup_engines(settled, device, network, optimization, data)
+    return TrainingParts(settled, device, precision, data, network, optimization, engine_set, stop, resumption,
                          the_plan.resume_from, sweep)
 
 
@@ -153,88 +143,6 @@ def plan_the_run(config: Config, fed: Config, data_setup: run_data.DataSetup, *,
     ranks.on_rank_zero(logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s",
                        the_plan.table())
     return the_plan, network, sweep
-
-
-# ---------------------------------------------------------------- model and optimisation
-
-
-@dataclass
-class Optimization:
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: Any  # PiecewiseLinear or ParamGroupScheduler
-    step: TrainStep  # forward, backward, accumulation, clipping and the optimizer step (its GradScaler under fp16)
-
-
-def setup_optimization(config: Config, network: model_setup.Network, data_setup: run_data.DataSetup,
-                       device: torch.device, precision: Precision) -> Optimization:
-    optimizer, group_schedules = optimizers.build_optimizer(network.model, config, data_setup.total_iterations)
-    optimizer = idist.auto_optim(optimizer)
-    per_epoch = data_setup.iterations_per_epoch
-    warmup = round(config.num_warmup_epochs * per_epoch)
-    drops = tuple(round(epoch * per_epoch) - warmup for epoch in milestone_epochs(config.lr_milestones))
-    lr_scheduler = schedules.create_lr_scheduler(
-        optimizer, float(config.learning_rate), warmup_iterations=warmup, total_iterations=data_setup.total_iterations,
-        start=config.lr_start, end=config.lr_end, group_schedules=group_schedules,
-        shape=schedules.Shape(config.lr_schedule, drops, config.lr_gamma),
-    )
-    loss_fn = loss.training_loss(config, data_setup.class_counts or [], data_setup.info.classes, device,
-                                 data_setup.provenance)
-    teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
-    chooser = selection.from_config(config.select_fraction, config.select_until, network.forward, precision,
-                                    data_setup.total_iterations, loaders.batch_size_of(data_setup.loaders.train))
-    step = TrainStep(network.forward, optimizer, distillation.distilled(loss_fn, config) if teacher else loss_fn,
-                     precision, Accumulation(config.accumulation_steps, network.model), config.clip_grad_norm, teacher,
-                     chooser)
-    return Optimization(optimizer, lr_scheduler, step)
-
-
-# ---------------------------------------------------------------- engines
-
-
-def setup_engines(config: Config, device: torch.device, network: model_setup.Network, optimization: Optimization,
-                  data_setup: run_data.DataSetup) -> EngineSet:
-    """The trainer with its LR schedule, epoch-wise sampler positioning and lookahead; the evaluators."""
-    prepare = batches.train_batch_preparer(device, batches.TrainAugmentation.of(config),
-                                           data_setup.iterations_per_epoch, data_setup.info,
-                                           data_setup.cropped_in_loader, bool(config.augment_per_pass))
-    trainer = create_trainer(optimization.step, prepare)
-    trainer.add_event_handler(Events.ITERATION_STARTED, optimization.lr_scheduler)
-    recipes.parts_of(network.model).attach(trainer, optimization.optimizer, config, data_setup.total_iterations)
-    if config.freeze_epochs:
-        BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch
-                       ).attach(trainer)
-    batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
-    lookahead = Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
-    if lookahead is not None:
-        lookahead.attach(trainer)
-
-    def new_evaluator(tta: int, model: nn.Module = network.forward) -> Engine:
-        prepare = batches.eval_batch_preparer(device, config.channels_last, data_setup.info)
-        return create_evaluator(model, nn.CrossEntropyLoss().to(device), prepare, optimization.step.precision, device,
-                                num_classes=len(data_setup.info.classes), tta=tta,
-                                top5=len(data_setup.info.classes) > TOP5_FROM)
-
-    selection = new_evaluator(config.tta)
-    scaled = temperature.scaled_test_model(config.calibrate, data_setup.split, network.forward)  # T set at the end
-    test = new_evaluator(config.tta, scaled if scaled is not None else network.forward) \
-        if data_setup.split == "val" else selection
-    engine_set = EngineSet(trainer, new_evaluator(0), selection, test, lookahead)
-    engine_set.warm_up = warm_up.WarmUp(optimization.step, prepare, data_setup.loaders.train,
-                                        int(config.warm_up_steps), device, network.compression)
-    engine_set.calibration = (new_evaluator(config.tta), scaled) if scaled is not None else None
-    if config.ema_decay is not None:
-        warmup = round(config.num_warmup_epochs * data_setup.iterations_per_epoch) // config.accumulation_steps
-        engine_set.ema = WeightAverage(network.model, trainer, config.ema_decay, warmup,
-                                               config.accumulation_steps)
-        engine_set.ema_evaluator = new_evaluator(config.tta, engine_set.ema.model)
-    engine_set.early_stopping = early_stopping(config.early_stopping_patience, config.early_stopping_min_delta,
-                                               config.best_metric, trainer, engine_set.choosing_evaluator)
-    final_test = engine_set.test_evaluator if data_setup.split == "val" else engine_set.choosing_evaluator
-    engine_set.mistakes = MistakeCollector(final_test, data_setup.loaders.test.batch_size)
-    if config.trial is not None:
-        engine_set.trial_reporter = trials.TrialReporter(config.trial, trainer, config.best_metric)
-        engine_set.choosing_evaluator.add_event_handler(Events.COMPLETED, engine_set.trial_reporter)
-    return engine_set
 
 
 # ---------------------------------------------------------------- checkpoints and trackers
