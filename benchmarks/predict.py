@@ -23,14 +23,14 @@ import torch
 from PIL import Image
 
 from cifar10_dist import cli, models
-from cifar10_dist.data import cifar
+from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.serve import inference
 
 
 def test_images(count: int, data_path: str | None) -> torch.Tensor:
     if data_path:
-        return cifar.read_cifar10(Path(data_path) / cifar.FOLDER)[1].images[:count]
+        return cifar.read_cifar10(Path(data_path) / cifar_layouts.FOLDER)[1].images[:count]
     return make_synthetic(1, count, seed=0)[1].images
 
 

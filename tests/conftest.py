@@ -166,11 +166,11 @@ def free_slurm_job_id() -> str:
 
 def write_dataset(root: Path, num_train: int, num_test: int, seed: int = 0) -> Path:
     """A synthetic CIFAR-10 in the standard on-disk layout under root; returns root (the data_path)."""
-    from cifar10_dist.data import cifar
+    from cifar10_dist.data import cifar, cifar_layouts
     from cifar10_dist.data.synthetic import make_synthetic
 
     train, test = make_synthetic(num_train, num_test, seed)
-    cifar.write_cifar10(root / cifar.FOLDER, train, test)
+    cifar.write_cifar10(root / cifar_layouts.FOLDER, train, test)
     return root
 
 

@@ -89,7 +89,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     import onnxruntime
 
     from cifar10_dist import api
-    from cifar10_dist.data import augmentation, cifar
+    from cifar10_dist.data import augmentation, cifar, cifar_layouts
     from cifar10_dist.models import restoring
     from cifar10_dist.outputs import checkpoint_files
 
@@ -116,7 +116,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     # predict and ONNX: the raw model's logits divided by T
     info = cifar.checkpoint_info(stored)
     raw = restoring.restore_model(stored, best, len(info.classes)).eval()
-    test_images = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1].images[:16]
+    test_images = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1].images[:16]
     inputs = augmentation.normalize(augmentation.eval_view(test_images, info.image_size, info.crop_fraction),
                                     info.mean, info.std)
     with torch.no_grad():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cifar10_dist.data import cifar
+from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, TINY_WIDTH, run_in_process
 
@@ -38,7 +38,8 @@ def test_the_layout_reads_back_with_fine_and_coarse_labels_and_is_checked(cifar1
     assert torch.equal(coarse_train.labels, fine_train.labels // 5) and torch.equal(coarse_train.images,
                                                                                      fine_train.images)
     meta = pickle.loads((folder / "meta").read_bytes())
-    assert meta["fine_label_names"] == list(cifar.class_names("cifar100")) and len(meta["coarse_label_names"]) == 20
+    assert meta["fine_label_names"] == list(cifar_layouts.class_names("cifar100"))
+    assert len(meta["coarse_label_names"]) == 20
     bad = tmp_path / "cifar-100-python"
     bad.mkdir()
     entry = pickle.loads((folder / "train").read_bytes())
@@ -68,21 +69,21 @@ def test_a_cifar100_run_has_100_classes_and_their_names_reach_evaluate_predict_a
     rows = evaluated.stdout.splitlines()
     assert rows[1].split()[0] == "apple" and rows[100].split()[0] == "worm"
     confusion = json.loads((tmp_path / "eval" / "confusion_training_checkpoint_18.json").read_text())
-    assert confusion["classes"] == list(cifar.CIFAR100_FINE) and len(confusion["confusion_matrix"]) == 100
+    assert confusion["classes"] == list(cifar_layouts.CIFAR100_FINE) and len(confusion["confusion_matrix"]) == 100
 
     image = tmp_path / "one.png"
     Image.fromarray(np.full((32, 32, 3), 120, dtype=np.uint8)).save(image)
     predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(image), "--json", "--top_k=5")
     assert predicted.returncode == 0, predicted.stderr
     top = json.loads(predicted.stdout)["top_k"]
-    assert all(entry["class"] == cifar.CIFAR100_FINE[entry["index"]] for entry in top)
+    assert all(entry["class"] == cifar_layouts.CIFAR100_FINE[entry["index"]] for entry in top)
 
     exported = run_in_process("export", f"--checkpoint={checkpoint}", "--format=safetensors",
                               f"--output={tmp_path / 'model.safetensors'}")
     assert exported.returncode == 0, exported.stderr
     assert "on 64 test images of" in exported.stdout and "cifar-100-python" in exported.stdout
     sidecar = json.loads((tmp_path / "model.safetensors.json").read_text())
-    assert sidecar["classes"] == list(cifar.CIFAR100_FINE)
+    assert sidecar["classes"] == list(cifar_layouts.CIFAR100_FINE)
 
 
 def test_coarse_labels_give_a_user_model_20_outputs_through_num_classes(cifar100, tmp_path, monkeypatch):

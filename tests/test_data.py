@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from cifar10_dist.data import augmentation, cifar, loaders
+from cifar10_dist.data import augmentation, cifar, cifar_layouts, loaders
 from cifar10_dist.data.records import MEAN, STD
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
@@ -21,7 +21,8 @@ def test_prepare_data_synthetic_is_read_back_by_the_loader(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "wrote 250 synthetic training and 40 test images" in result.stdout
     folder = tmp_path / "cifar-10-batches-py"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*cifar.TRAIN_FILES, cifar.TEST_FILE, "batches.meta"])
+    expected = [*cifar_layouts.TRAIN_FILES, cifar_layouts.TEST_FILE, "batches.meta"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(expected)
     train, test = cifar.read_cifar10(folder)
     assert (len(train), len(test)) == (250, 40)
     assert train.images.shape == (250, 3, 32, 32) and train.images.dtype == torch.uint8
@@ -42,7 +43,7 @@ def test_prepare_data_validates_an_existing_copy_and_reports_checksums(tmp_path)
 def test_files_in_torchvision_layout_are_read_with_bytes_keys_too(tmp_path):
     """The official release was pickled by Python 2 with bytes keys."""
     write_dataset(tmp_path, 20, 5)
-    folder = tmp_path / cifar.FOLDER
+    folder = tmp_path / cifar_layouts.FOLDER
     entry = pickle.loads((folder / "test_batch").read_bytes())
     entry = {key.encode(): value for key, value in entry.items()}
     (folder / "test_batch").write_bytes(pickle.dumps(entry, protocol=2))
@@ -52,37 +53,37 @@ def test_files_in_torchvision_layout_are_read_with_bytes_keys_too(tmp_path):
 
 def test_missing_batch_file_is_named(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    (tmp_path / cifar.FOLDER / "data_batch_3").unlink()
+    (tmp_path / cifar_layouts.FOLDER / "data_batch_3").unlink()
     with pytest.raises(UserError, match="is missing data_batch_3"):
-        cifar.read_cifar10(tmp_path / cifar.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar_layouts.FOLDER)
 
 
 def test_truncated_batch_file_is_reported_with_its_path(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / cifar.FOLDER / "data_batch_2"
+    path = tmp_path / cifar_layouts.FOLDER / "data_batch_2"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(UserError, match="data_batch_2 is not a readable CIFAR-10 batch file"):
-        cifar.read_cifar10(tmp_path / cifar.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar_layouts.FOLDER)
 
 
 def test_wrong_image_shape_is_rejected(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / cifar.FOLDER / "test_batch"
+    path = tmp_path / cifar_layouts.FOLDER / "test_batch"
     entry = pickle.loads(path.read_bytes())
     entry["data"] = entry["data"][:, :1000]
     path.write_bytes(pickle.dumps(entry))
     with pytest.raises(UserError, match=r"test_batch: data must be uint8 rows of 3072 values .* \(5, 1000\)"):
-        cifar.read_cifar10(tmp_path / cifar.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar_layouts.FOLDER)
 
 
 def test_label_out_of_range_is_rejected(tmp_path):
     write_dataset(tmp_path, 20, 5)
-    path = tmp_path / cifar.FOLDER / "test_batch"
+    path = tmp_path / cifar_layouts.FOLDER / "test_batch"
     entry = pickle.loads(path.read_bytes())
     entry["labels"][3] = 10
     path.write_bytes(pickle.dumps(entry))
     with pytest.raises(UserError, match="label 10 is out of range: labels must be 0..9"):
-        cifar.read_cifar10(tmp_path / cifar.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar_layouts.FOLDER)
 
 
 def test_a_batch_file_that_would_run_code_is_refused(tmp_path):
@@ -93,9 +94,9 @@ def test_a_batch_file_that_would_run_code_is_refused(tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    (tmp_path / cifar.FOLDER / "test_batch").write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
+    (tmp_path / cifar_layouts.FOLDER / "test_batch").write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
     with pytest.raises(UserError, match="refusing to load"):
-        cifar.read_cifar10(tmp_path / cifar.FOLDER)
+        cifar.read_cifar10(tmp_path / cifar_layouts.FOLDER)
     assert not marker.exists()
 
 
@@ -110,10 +111,10 @@ def test_archive_is_extracted_when_present(tmp_path):
     source = write_dataset(tmp_path / "source", 20, 5)
     target = tmp_path / "target"
     target.mkdir()
-    with tarfile.open(target / cifar.ARCHIVE, "w:gz") as tar:
-        tar.add(source / cifar.FOLDER, arcname=cifar.FOLDER)
+    with tarfile.open(target / cifar_layouts.ARCHIVE, "w:gz") as tar:
+        tar.add(source / cifar_layouts.FOLDER, arcname=cifar_layouts.FOLDER)
     folder = cifar.ensure_cifar10(target, download=False)
-    assert folder == target / cifar.FOLDER
+    assert folder == target / cifar_layouts.FOLDER
     assert len(cifar.read_cifar10(folder)[1]) == 5
 
 
@@ -171,13 +172,13 @@ def test_extraction_without_tarfiles_data_filter_still_refuses_paths_outside_the
     source = write_dataset(tmp_path / "source", 20, 5)
     good = tmp_path / "good"
     good.mkdir()
-    with tarfile.open(good / cifar.ARCHIVE, "w:gz") as tar:
-        tar.add(source / cifar.FOLDER, arcname=cifar.FOLDER)
+    with tarfile.open(good / cifar_layouts.ARCHIVE, "w:gz") as tar:
+        tar.add(source / cifar_layouts.FOLDER, arcname=cifar_layouts.FOLDER)
     assert len(cifar.read_cifar10(cifar.ensure_cifar10(good, download=False))[1]) == 5
 
     hostile = tmp_path / "hostile"
     hostile.mkdir()
-    with tarfile.open(hostile / cifar.ARCHIVE, "w:gz") as tar:
+    with tarfile.open(hostile / cifar_layouts.ARCHIVE, "w:gz") as tar:
         member = tarfile.TarInfo("../escaped.txt")
         member.size = 3
         tar.addfile(member, io.BytesIO(b"bad"))

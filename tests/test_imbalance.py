@@ -12,7 +12,7 @@ import pytest
 import torch
 from ignite.engine import Engine
 
-from cifar10_dist.data import cifar, loaders
+from cifar10_dist.data import cifar, cifar_layouts, loaders
 from cifar10_dist.data.records import ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.outputs import checkpoint_files
@@ -34,7 +34,7 @@ def imbalanced_data(tmp_path_factory) -> Path:
     kept = torch.cat([(train.labels == c).nonzero().flatten()[: MAJORITY if c < 5 else MINORITY] for c in range(10)])
     kept = kept.sort().values
     root = tmp_path_factory.mktemp("imbalanced")
-    cifar.write_cifar10(root / cifar.FOLDER, ImageSet(train.images[kept], train.labels[kept]), test)
+    cifar.write_cifar10(root / cifar_layouts.FOLDER, ImageSet(train.images[kept], train.labels[kept]), test)
     return root
 
 

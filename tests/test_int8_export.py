@@ -14,7 +14,7 @@ import torch
 
 from cifar10_dist import api
 from cifar10_dist.config import Config
-from cifar10_dist.data import cifar
+from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.serve import quantizing
 from tests.conftest import run_in_process
 from tests.test_predict_export import write_png_folder
@@ -113,7 +113,7 @@ def test_quantize_is_for_onnx_and_int8_only(trained, tmp_path):
 def test_predict_classifies_image_files_with_the_int8_file(trained, small_dataset, tmp_path):
     output = tmp_path / "model.int8.onnx"
     api.export(trained, "onnx", output, quantize="int8", calibration_images=100, min_agreement=0.9)
-    test = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1]
+    test = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
     result = run_in_process("predict", f"--checkpoint={output}", str(tmp_path / "images"), "--json", "--top_k=1")
     assert result.returncode == 0, result.stderr[-2000:]

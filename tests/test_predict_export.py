@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from cifar10_dist import models
-from cifar10_dist.data import augmentation, cifar
+from cifar10_dist.data import augmentation, cifar, cifar_layouts
 from cifar10_dist.data.records import MEAN, STD, ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
 from tests.conftest import TINY_WIDTH, run_in_process
@@ -39,7 +39,7 @@ def write_png_folder(images: ImageSet, folder: Path) -> None:
 def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained, small_dataset, tmp_path):
     """The 301 test images as PNG files in class folders: top-1 of predict --json against the folder names gives
     the accuracy evaluate computes from the dataset files (same pixels, normalisation and model)."""
-    test = cifar.read_cifar10(small_dataset / cifar.FOLDER)[1]
+    test = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
     predicted = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "images"), "--json",
                                "--top_k=3", "--batch_size=100")

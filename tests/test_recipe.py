@@ -13,7 +13,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import load_config
-from cifar10_dist.data import augmentation, batches, cifar, loaders
+from cifar10_dist.data import augmentation, batches, cifar_layouts, loaders
 from cifar10_dist.data.records import ImageSet
 from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.recipes.lookahead import Lookahead
@@ -282,7 +282,7 @@ def test_flip_all_and_none_and_pre_flip():
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
     prepare = batches.train_batch_preparer(torch.device("cpu"), batches.TrainAugmentation.of(config), 3,
-                                           cifar.cifar_info("cifar10"))
+                                           cifar_layouts.cifar_info("cifar10"))
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]

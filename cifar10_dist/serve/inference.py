@@ -16,7 +16,7 @@ from torch import nn
 
 from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config, commands
-from cifar10_dist.data import augmentation, cifar, folder_scan
+from cifar10_dist.data import augmentation, cifar, cifar_layouts, folder_scan
 from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.models.restoring import restore_model
@@ -38,7 +38,7 @@ class TrainedModel:
     classes: tuple[str, ...]
     device: torch.device
     provenance: dict[str, Any]  # recorded in the checkpoint (code version, data hash)
-    info: DatasetInfo = cifar.cifar_info("cifar10")  # classes, normalisation and image size it was trained with
+    info: DatasetInfo = cifar_layouts.cifar_info("cifar10")  # classes, normalisation and image size it was trained with
     temperature: float | None = None  # calibrate=temperature: its logits are divided by this
 
     @property
