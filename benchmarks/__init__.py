@@ -41,7 +41,7 @@ Tools and shipping
     suite            README's two command lines timed on a fresh clone (CI's run and the demo)
 
 Shared pieces: ``two_hosts`` (two network namespaces joined by a rate-limited link), ``gpu_tables`` (the GPU
-benchmark's record and race table), ``runner`` (our run through ``api.train`` in a fresh process, read back through
-``outputs.reading``), ``peer`` (airbench94's train94 in its own process, on a CPU or a GPU), ``steps`` (the bare
-training step and loops), ``records`` (the machine, the commit, JSON files).
+benchmark's record and race table), ``gpu_resnet`` (its resnet part), ``runner`` (our run through ``api.train`` in a
+fresh process, read back through ``outputs.reading``), ``peer`` (airbench94's train94 in its own process, on a CPU
+or a GPU), ``steps`` (the bare training step and loops), ``records`` (the machine, the commit, JSON files).
 """

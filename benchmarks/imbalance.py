@@ -65,7 +65,7 @@ def scores(run_dir: Path, rarest: list[str]) -> dict[str, Any]:
             "macro_f1": final["macro_f1"], "rarest_recall": {name: recall[name] for name in rarest}}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True, help="a folder for the extracted images and the long-tailed folder")
     parser.add_argument("--archive", default=str(records.REPO.parent / "shared" / "data" / "cifar10-jpg.tar.xz"))
@@ -74,16 +74,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", default="benchmark_imbalance.json")
     parser.add_argument("--quick", action="store_true", help="a few steps of each run (checks the tool)")
-    args = parser.parse_args()
-    machine = records.machine("cpu")
-    print(f"{machine}, torch {torch.__version__}", flush=True)
-    work = Path(args.work)
-    counts = long_tail_counts(args.ratio)
-    folder = long_tailed_folder(extract(Path(args.archive), work), work / f"long-tail-{args.ratio:g}", counts)
-    rarest = list(CLASSES[-3:])
-    print("training images: " + ", ".join(f"{name} {count}" for name, count in counts.items()), flush=True)
-    common = {"dataset": "folder", "data_path": str(folder), "num_epochs": args.epochs, "validate_every": args.epochs,
-              "tta": 0, "seed": args.seed, **({"epoch_length": 2} if args.quick else {})}
+    return parser.parse_args()
+
+
+def train_variants(common: dict[str, Any], rarest: list[str]) -> list[dict[str, Any]]:
+    """fast.yaml on the long-tailed folder with each remedy (VARIANTS), one line each as it ends."""
     results = []
     print(f"{'variant':<20} {'accuracy':>8} {'balanced':>8} {'macro-F1':>8}  recall of {', '.join(rarest)}  seconds")
     with tempfile.TemporaryDirectory(prefix="benchmark-imbalance-") as temporary:
@@ -97,12 +92,26 @@ def main() -> None:
             recalls = ", ".join(f"{value:.3f}" for value in row["rarest_recall"].values())
             print(f"{variant:<20} {row['accuracy']:8.4f} {row['balanced_accuracy']:8.4f} {row['macro_f1']:8.4f}  "
                   f"{recalls}  {row['training_seconds']:.0f}", flush=True)
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    machine = records.machine("cpu")
+    print(f"{machine}, torch {torch.__version__}", flush=True)
+    work = Path(args.work)
+    counts = long_tail_counts(args.ratio)
+    folder = long_tailed_folder(extract(Path(args.archive), work), work / f"long-tail-{args.ratio:g}", counts)
+    rarest = list(CLASSES[-3:])
+    print("training images: " + ", ".join(f"{name} {count}" for name, count in counts.items()), flush=True)
+    common = {"dataset": "folder", "data_path": str(folder), "num_epochs": args.epochs, "validate_every": args.epochs,
+              "tta": 0, "seed": args.seed, **({"epoch_length": 2} if args.quick else {})}
+    results = train_variants(common, rarest)
     records.write(Path(args.json_path), {
         "machine": machine, "hardware": records.hardware_record(), "commit": records.commit(),
         "torch": str(torch.__version__), "ratio": args.ratio, "training_images": counts, "epochs": args.epochs,
         "seed": args.seed, "config": "configs/fast.yaml", "runs": results, "quick": args.quick})
     print(f"wrote {args.json_path}")
-
 
 if __name__ == "__main__":
     main()

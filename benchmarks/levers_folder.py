@@ -33,7 +33,7 @@ def linked_subset(folder: Path, target: Path, per_split: dict[str, int]) -> None
                 (destination / image.name).symlink_to(image.resolve())
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True)
     parser.add_argument("--per_class", type=int, default=500)
@@ -42,7 +42,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=None, help="the runs' seed (default: the config's, 543)")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as work:
         data = Path(work) / "data"

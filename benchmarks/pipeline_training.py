@@ -123,6 +123,25 @@ def amortised(ours: float, theirs: float, build_seconds: float, images: int, epo
     return (1 / theirs) / (1 / ours + build_seconds / (images * epochs))
 
 
+def compare(setting: str, workers: int | str, threads: int | None, folder: Path, model_file: Path, work: Path,
+            epochs: int, build: float, images: int) -> dict[str, Any]:
+    """torchvision's pipeline and ours, epoch by epoch, in one setting (our workers, the step's threads)."""
+    theirs = torchvision_epochs(folder, model_file, epochs, threads)
+    ours = our_epochs(folder, model_file, epochs, work, workers, threads)
+    per_epoch = [mine / their for mine, their in zip(ours, theirs)]
+    mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
+    ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
+              **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n) for n in (epochs, 10)}}
+    print(f"{setting} (our num_workers={workers}, theirs {WORKERS}; {threads or DEFAULT_THREADS} thread(s) for "
+          f"the step): torchvision "
+          f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
+          f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {epochs} epochs "
+          f"{ratios[f'build_over_{epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
+          flush=True)
+    return {"our_num_workers": workers, "their_num_workers": WORKERS, "threads": threads or DEFAULT_THREADS,
+            "torchvision_images_per_second": theirs, "ours_images_per_second": ours, "ratios": ratios}
+
+
 def main() -> None:
     parser = photo_arguments(__doc__.splitlines()[0], 6000)
     parser.add_argument("--epochs", type=int, default=2)
@@ -138,24 +157,8 @@ def main() -> None:
     images = sum(1 for _ in (folder / "train").rglob("*.jpg"))
     build = build_cache(folder)
     print(f"our cache of {images} photos at {STORED} px (prepare-data): {build:.1f} s", flush=True)
-    results: dict[str, Any] = {}
-    for setting, (workers, threads) in SETTINGS.items():
-        theirs = torchvision_epochs(folder, model_file, args.epochs, threads)
-        ours = our_epochs(folder, model_file, args.epochs, work, workers, threads)
-        per_epoch = [mine / their for mine, their in zip(ours, theirs)]
-        mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
-        ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
-                  **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n)
-                     for n in (args.epochs, 10)}}
-        results[setting] = {"our_num_workers": workers, "their_num_workers": WORKERS,
-                            "threads": threads or DEFAULT_THREADS, "torchvision_images_per_second": theirs,
-                            "ours_images_per_second": ours, "ratios": ratios}
-        print(f"{setting} (our num_workers={workers}, theirs {WORKERS}; {threads or DEFAULT_THREADS} thread(s) for "
-              f"the step): torchvision "
-              f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
-              f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {args.epochs} epochs "
-              f"{ratios[f'build_over_{args.epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
-              flush=True)
+    results = {setting: compare(setting, workers, threads, folder, model_file, work, args.epochs, build, images)
+               for setting, (workers, threads) in SETTINGS.items()}
     records.write(Path(args.json_path), {
         "torch": str(torch.__version__), "images": images, "size": SIZE, "stored": STORED, "scale": SCALE,
         "batch": BATCH, "workers": WORKERS, "epochs": args.epochs, "model": "global average pool + linear (3 -> 10)",

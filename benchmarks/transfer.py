@@ -65,7 +65,7 @@ def row(variant: str, finished: runner.OurRun) -> dict[str, Any]:
             "training_seconds": finished.summary.training_time, "run_dir": str(finished.run_dir)}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True, help="a folder for the extracted images and the two datasets")
     parser.add_argument("--archive", default=str(records.REPO.parent / "shared" / "data" / "cifar10-jpg.tar.xz"))
@@ -75,7 +75,30 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--json", dest="json_path", default="benchmark_transfer.json")
     parser.add_argument("--quick", action="store_true", help="a few steps of each run (checks the tool)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def fine_tune(output: Path, args: argparse.Namespace, common: dict[str, Any], target: Path, start: Path
+              ) -> list[dict[str, Any]]:
+    """Each seed's three runs on the new classes: from scratch, from the checkpoint, head first then thawed."""
+    small = {**common, "data_path": str(target), "num_epochs": args.epochs, "validate_every": args.epochs,
+             "batch_size": min(100, args.per_class * len(TARGET))}
+    variants = {"from scratch": {},
+                "from the checkpoint": {"pretrained": str(start)},
+                "head first, then thawed": {"pretrained": str(start), "freeze_epochs": max(1, args.epochs // 4)}}
+    results: list[dict[str, Any]] = []
+    for seed in range(args.seeds):
+        for variant, extra in variants.items():
+            finished = run(output, f"{variant.replace(' ', '-').replace(',', '')}-{seed}", args.quick,
+                           **small, **extra, seed=seed)
+            results.append({**row(variant, finished), "seed": seed})
+            print(f"seed {seed}  {variant:<26} {finished.accuracy:.4f}  ({finished.summary.training_time:.0f} s)",
+                  flush=True)
+    return results
+
+
+def main() -> None:
+    args = parse_args()
     machine = records.machine("cpu")
     print(f"{machine}, torch {torch.__version__}", flush=True)
     work = Path(args.work)
@@ -83,7 +106,6 @@ def main() -> None:
     source = linked_folder(images, work / "source", SOURCE, None)
     target = linked_folder(images, work / "target", TARGET, args.per_class)
     common = {"dataset": "folder", "tta": 0}
-    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="benchmark-transfer-") as temporary:
         output = Path(temporary)
         pretrained = run(output, "pretrain", args.quick, **common, data_path=str(source),
@@ -91,25 +113,13 @@ def main() -> None:
         start = sorted(pretrained.run_dir.glob("best_model_*.pt"))[-1]
         print(f"pretrained on {', '.join(SOURCE)}: {pretrained.accuracy:.4f} on their test images "
               f"({pretrained.summary.training_time:.0f} s)", flush=True)
-        small = {**common, "data_path": str(target), "num_epochs": args.epochs, "validate_every": args.epochs,
-                 "batch_size": min(100, args.per_class * len(TARGET))}
-        variants = {"from scratch": {},
-                    "from the checkpoint": {"pretrained": str(start)},
-                    "head first, then thawed": {"pretrained": str(start), "freeze_epochs": max(1, args.epochs // 4)}}
-        for seed in range(args.seeds):
-            for variant, extra in variants.items():
-                finished = run(output, f"{variant.replace(' ', '-').replace(',', '')}-{seed}", args.quick,
-                               **small, **extra, seed=seed)
-                results.append({**row(variant, finished), "seed": seed})
-                print(f"seed {seed}  {variant:<26} {finished.accuracy:.4f}  ({finished.summary.training_time:.0f} s)",
-                      flush=True)
+        results = fine_tune(output, args, common, target, start)
     records.write(Path(args.json_path), {
         "machine": machine, "hardware": records.hardware_record(), "commit": records.commit(),
         "torch": str(torch.__version__), "source_classes": SOURCE, "target_classes": TARGET,
         "per_class": args.per_class, "pretrain_epochs": args.pretrain_epochs, "epochs": args.epochs,
         "pretrained_accuracy": pretrained.accuracy, "runs": results, "quick": args.quick})
     print(f"wrote {args.json_path}")
-
 
 if __name__ == "__main__":
     main()

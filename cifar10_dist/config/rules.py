@@ -67,7 +67,8 @@ def validate(config: Config) -> None:
 
 
 def _validate_training_options(c: Config) -> None:
-    """The model reference, accumulation, early stopping, the optimizer, the schedule and the augmentations."""
+    """The model reference, accumulation, freezing, lookahead, early stopping, a trial, calibration, Muon and a
+    teacher; then the schedule, augmentations and speed levers."""
     _require(not is_model_reference(c.model) or MODEL_REFERENCE.match(c.model) is not None,
              f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory")
     _require(c.checkpoint_every % c.accumulation_steps == 0,
@@ -91,6 +92,13 @@ def _validate_training_options(c: Config) -> None:
              "optimizer=sgd, or leave muon_lr unset")
     _require(c.teacher_pretrained is None or c.teacher is not None,
              f"teacher_pretrained={c.teacher_pretrained} names the weights of a teacher: give --teacher=MODEL too")
+    _validate_schedule_and_augmentation(c)
+    _validate_speed_levers(c)
+
+
+def _validate_schedule_and_augmentation(c: Config) -> None:
+    """learning_rate=find's limits, the step schedule's milestones, the augmentations' magnitudes, class weights
+    and SyncBatchNorm."""
     _require(c.learning_rate != "find" or c.muon_lr is None,
              f"learning_rate=find with muon_lr={c.muon_lr}: the sweep keeps muon_lr's ratio to learning_rate, and "
              "find gives no learning_rate to take it from; run cifar10-dist lr-find with both numbers (it suggests "
@@ -118,7 +126,6 @@ def _validate_training_options(c: Config) -> None:
     _require(not c.sync_bn or c.backend == "nccl",
              f"sync_bn=True with backend={c.backend}: torch's SyncBatchNorm computes on GPUs only; it needs "
              "backend=nccl (and several processes)")
-    _validate_speed_levers(c)
 
 
 def per_batch_augmentations(c: Config) -> list[str]:

@@ -54,28 +54,11 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
     duplicates = cross_split_duplicates(indices, hashes, paths)
     warnings = ([f"{len(meta.bad_files)} unreadable image file(s) skipped: {_named(meta.bad_files)}"]
                 if meta.bad_files else [])
-    dropped = 0
-    if duplicates:
-        pairs = "; ".join(f"{a} = {b}" for a, b in duplicates[:folder_scan.SHOWN])
-        warnings.append(f"{len(duplicates)} image(s) of test/val are exact copies of images in another split "
-                        f"(decoded pixels): {pairs}" + ("" if drop_test_duplicates else
-                                                        "; --drop_test_duplicates=True removes them from test/val"))
-        if drop_test_duplicates:
-            position = {path: index for index, path in enumerate(paths)}
-            copies = {position[copy] for copy, _ in duplicates}
-            for split in ("test", "val"):
-                if split in indices:
-                    kept = [i for i in indices[split] if i not in copies]
-                    dropped += len(indices[split]) - len(kept)
-                    indices[split] = kept
+    dropped = _note_duplicates(duplicates, indices, paths, drop_test_duplicates, warnings)
     counts = np.bincount(labels[indices["train"]], minlength=len(meta.classes)).tolist()
     imbalance = max(counts) / max(min(counts), 1)
     if imbalance > folder_scan.IMBALANCE_RATIO:
-        warnings.append(f"classes are imbalanced: the largest has {imbalance:.1f}x the images of the smallest "
-                        f"(above {folder_scan.IMBALANCE_RATIO:g}): " + ", ".join(
-                            f"{name} {count}" for name, count in zip(meta.classes, counts))
-                        + "; remedies: --sampler=balanced or --class_weights=auto, and --best_metric=balanced_accuracy "
-                        "or macro_f1 (docs/your-data.md)")
+        warnings.append(_imbalance_warning(imbalance, meta.classes, counts))
     for split in ("train", "test"):
         if not indices.get(split):
             raise UserError(f"{root}: no readable {split} images are left: {split} needs at least one")
@@ -85,6 +68,37 @@ def load_folder(root: Path, image_size: int, skip_bad_images: bool = False, drop
               "bad_files_skipped": len(meta.bad_files), "imbalance_ratio": round(imbalance, 3),
               "test_carved_from_train": meta.carved_test, "cache": str(folder)}
     return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, how, meta)
+
+
+def _note_duplicates(duplicates: list[tuple[str, str]], indices: dict[str, list[int]], paths: list[str],
+                     drop: bool, warnings: list[str]) -> int:
+    """A warning naming test/val images that copy another split's; with ``drop``, those copies taken out of
+    ``indices``. Returns how many were dropped."""
+    if not duplicates:
+        return 0
+    pairs = "; ".join(f"{a} = {b}" for a, b in duplicates[:folder_scan.SHOWN])
+    warnings.append(f"{len(duplicates)} image(s) of test/val are exact copies of images in another split "
+                    f"(decoded pixels): {pairs}" + ("" if drop else
+                                                    "; --drop_test_duplicates=True removes them from test/val"))
+    if not drop:
+        return 0
+    position = {path: index for index, path in enumerate(paths)}
+    copies = {position[copy] for copy, _ in duplicates}
+    dropped = 0
+    for split in ("test", "val"):
+        if split in indices:
+            kept = [i for i in indices[split] if i not in copies]
+            dropped += len(indices[split]) - len(kept)
+            indices[split] = kept
+    return dropped
+
+
+def _imbalance_warning(imbalance: float, classes: list[str], counts: list[int]) -> str:
+    return (f"classes are imbalanced: the largest has {imbalance:.1f}x the images of the smallest "
+            f"(above {folder_scan.IMBALANCE_RATIO:g}): " + ", ".join(
+                f"{name} {count}" for name, count in zip(classes, counts))
+            + "; remedies: --sampler=balanced or --class_weights=auto, and --best_metric=balanced_accuracy "
+            "or macro_f1 (docs/your-data.md)")
 
 
 def _image_set(pixels: Path, labels: np.ndarray, chosen: list[int]) -> ImageSet:

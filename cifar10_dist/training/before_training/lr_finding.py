@@ -129,6 +129,24 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     """The sweep with this run's model, data, optimizer groups and precision; the model as before afterwards.
     With ``stop``, a Ctrl-C or preemption signal to any process ends the sweep in every process (one line)."""
     started = time.perf_counter()
+    trainer, optimizer, ratios = _sweep_trainer(config, model, forward, data_setup, device, precision, stop)
+    learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
+                                            optimizer, data_setup.loaders.train, ratios, settings)
+    candidates = suggestions(learning_rates, losses)
+    _refuse_without_suggestion(learning_rates, losses, stopped, candidates, settings)
+    suggestion, warning = candidates[settings.rule], edge_warning(candidates, settings.rule)
+    muon_lr = None if config.muon_lr is None else config.muon_lr * suggestion / _numeric(config)
+    return LrFindResult(suggestion=suggestion, rule=settings.rule, candidates=candidates, learning_rates=learning_rates,
+                        losses=losses, stopped=stopped, start_lr=settings.start_lr, end_lr=settings.end_lr,
+                        num_iter=settings.num_iter, diverge_threshold=settings.diverge_threshold,
+                        group_ratios=ratios, muon_lr=muon_lr, warning=warning, seconds=time.perf_counter() - started)
+
+
+def _sweep_trainer(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_setup: run_data.DataSetup,
+                   device: torch.device, precision: Precision, stop: stopping.StopRequest | None
+                   ) -> tuple[Engine, torch.optim.Optimizer, list[float]]:
+    """The run's own step (optimizer groups, loss, precision, accumulation, clipping) at the nominal learning rate,
+    in a trainer with the run's batch preparation; returns it, its optimizer and each group's lr ratio."""
     swept_config = dataclasses.replace(config, learning_rate=NOMINAL_LR,
                                        muon_lr=None if config.muon_lr is None else config.muon_lr / _numeric(config))
     optimizer, group_schedules = optimizers.build_optimizer(model, swept_config, data_setup.total_iterations)
@@ -143,9 +161,12 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=False)
     if stop is not None:
         stopping.attach_stop_without_checkpoint(trainer, stop, "lr-find")
-    learning_rates, losses, stopped = sweep(trainer, {"model": model, "optimizer": optimizer},
-                                            optimizer, data_setup.loaders.train, ratios, settings)
-    candidates = suggestions(learning_rates, losses)
+    return trainer, optimizer, ratios
+
+
+def _refuse_without_suggestion(learning_rates: list[float], losses: list[float], stopped: str,
+                               candidates: dict[str, float], settings: LrSweep) -> None:
+    """A sweep whose first loss was not finite, or whose loss never fell, ends in one line saying what to do."""
     if losses and not math.isfinite(losses[0]):
         raise UserError(f"lr-find: the loss was {losses[0]} at the first iteration, at learning_rate "
                         f"{settings.start_lr:g}, before any learning rate could matter: the model or the data gives "
@@ -156,12 +177,6 @@ def find(config: Config, model: torch.nn.Module, forward: torch.nn.Module, data_
                         f"{learning_rates[-1] if learning_rates else settings.end_lr:.3g} ({stopped} after "
                         f"{len(losses)} iterations), so rule={settings.rule} has nothing to suggest: start lower "
                         "(--start_lr), sweep longer (--num_iter) or look at the model's loss")
-    suggestion, warning = candidates[settings.rule], edge_warning(candidates, settings.rule)
-    muon_lr = None if config.muon_lr is None else config.muon_lr * suggestion / _numeric(config)
-    return LrFindResult(suggestion=suggestion, rule=settings.rule, candidates=candidates, learning_rates=learning_rates,
-                        losses=losses, stopped=stopped, start_lr=settings.start_lr, end_lr=settings.end_lr,
-                        num_iter=settings.num_iter, diverge_threshold=settings.diverge_threshold,
-                        group_ratios=ratios, muon_lr=muon_lr, warning=warning, seconds=time.perf_counter() - started)
 
 
 def _numeric(config: Config) -> float:
