@@ -26,8 +26,10 @@ def cases(size: int) -> dict[str, Callable[[torch.Tensor, torch.Tensor], object]
     mix = augmentation.mixing(0.2, 1.0, 10)
     return {
         "crop + flip (ours, batched)": lambda x, y: augmentation.augment(x, generator),
-        **{f"{name} (per image)": (lambda p: lambda x, y: augmentation.per_image(p, x))(p) for name,
-           p in policies.items()},
+        **{
+            f"{name} (per image)": (lambda p: lambda x, y: augmentation.per_image(p, x))(p)
+            for name, p in policies.items()
+        },
         "normalise": lambda x, y: augmentation.normalize(x),
         "random erasing p=1 (per image)": lambda x, y: augmentation.per_image(erasing, augmentation.normalize(x)),
         "mixup/cutmix (batched)": lambda x, y: mix(augmentation.normalize(x), y),
@@ -42,8 +44,10 @@ def main() -> None:
     args = parser.parse_args()
     images = torch.randint(0, 256, (args.batch_size, 3, args.image_size, args.image_size), dtype=torch.uint8)
     labels = torch.randint(0, 10, (args.batch_size,))
-    print(f"batch {args.batch_size} of {args.image_size}x{args.image_size}, {args.rounds} rounds, "
-          f"{records.machine('cpu')}, torch {torch.__version__}")
+    print(
+        f"batch {args.batch_size} of {args.image_size}x{args.image_size}, {args.rounds} rounds, "
+        f"{records.machine('cpu')}, torch {torch.__version__}"
+    )
     print(f"{'transform':<36}{'us/image':>10}")
     for name, transform in cases(args.image_size).items():
         transform(images, labels)  # warm-up

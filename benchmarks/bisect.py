@@ -35,8 +35,15 @@ from typing import Any
 from benchmarks import records
 
 PACKAGE_PATHS = ("cifar10_dist", "configs")
-QUICK = ("--num_epochs=2", "--epoch_length=8", "--batch_size=64", "--validate_every=2", "--num_warmup_epochs=0.5",
-         "--whitening_bias_epochs=1", "--tta=0")
+QUICK = (
+    "--num_epochs=2",
+    "--epoch_length=8",
+    "--batch_size=64",
+    "--validate_every=2",
+    "--num_warmup_epochs=0.5",
+    "--whitening_bias_epochs=1",
+    "--tta=0",
+)
 FINAL = re.compile(r"^final test: accuracy ([0-9.]+)", re.MULTILINE)
 SUSPECTS: dict[str, tuple[list[str], dict[str, str]]] = {  # name: (flags, environment)
     "as shipped": ([], {}),
@@ -49,16 +56,30 @@ SUSPECTS: dict[str, tuple[list[str], dict[str, str]]] = {  # name: (flags, envir
 }
 
 
-def run_fast(source: Path, data_path: str, seed: int, flags: list[str], environment: dict[str, str], quick: bool
-             ) -> dict[str, Any]:
+def run_fast(
+    source: Path, data_path: str, seed: int, flags: list[str], environment: dict[str, str], quick: bool
+) -> dict[str, Any]:
     """fast.yaml of the package in ``source`` at one seed, in a fresh process: its final test accuracy and seconds
     (or the last lines it printed when it failed)."""
     with tempfile.TemporaryDirectory() as output:
-        command = [sys.executable, "-m", "cifar10_dist", "run", "--config=configs/fast.yaml",
-                   f"--data_path={data_path}", f"--seed={seed}", f"--output_path={output}", "--run_name=run",
-                   *(QUICK if quick else ()), *flags]
-        env = {**os.environ, **environment,
-               "PYTHONPATH": os.pathsep.join([str(source), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        command = [
+            sys.executable,
+            "-m",
+            "cifar10_dist",
+            "run",
+            "--config=configs/fast.yaml",
+            f"--data_path={data_path}",
+            f"--seed={seed}",
+            f"--output_path={output}",
+            "--run_name=run",
+            *(QUICK if quick else ()),
+            *flags,
+        ]
+        env = {
+            **os.environ,
+            **environment,
+            "PYTHONPATH": os.pathsep.join([str(source), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
         started = time.perf_counter()
         done = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True, timeout=900)
         seconds = time.perf_counter() - started
@@ -105,10 +126,15 @@ class Search:
     def __init__(self, args: argparse.Namespace, order: list[tuple[str, str]]) -> None:
         self.args, self.order = args, order
         self.started = time.perf_counter()
-        self.data: dict[str, Any] = {"command": " ".join(sys.argv), "part": args.part,
-                                     "machine": records.machine(args.device), "threshold": args.threshold,
-                                     "commits": [{"sha": sha, "subject": subject[:120]} for sha, subject in order],
-                                     "runs": [], "verdicts": {}}
+        self.data: dict[str, Any] = {
+            "command": " ".join(sys.argv),
+            "part": args.part,
+            "machine": records.machine(args.device),
+            "threshold": args.threshold,
+            "commits": [{"sha": sha, "subject": subject[:120]} for sha, subject in order],
+            "runs": [],
+            "verdicts": {},
+        }
 
     def save(self) -> None:
         if self.args.json:
@@ -128,9 +154,15 @@ class Search:
             run = {"label": label, **run_fast(source, self.args.data_path, seed, flags, environment, self.args.quick)}
             self.data["runs"].append(run)
             self.save()
-            print(f"{label:<58} seed {seed}: " + (f"{run['accuracy']:.4f} in {run['seconds']:.0f} s"
-                                                   if "accuracy" in run else f"failed: {run['failed'][-300:]}"),
-                  flush=True)
+            print(
+                f"{label:<58} seed {seed}: "
+                + (
+                    f"{run['accuracy']:.4f} in {run['seconds']:.0f} s"
+                    if "accuracy" in run
+                    else f"failed: {run['failed'][-300:]}"
+                ),
+                flush=True,
+            )
             if "accuracy" not in run:
                 return None
             accuracies.append(run["accuracy"])
@@ -154,12 +186,16 @@ def bisect(args: argparse.Namespace) -> None:
     low, high = 0, len(order) - 1
     ends = (verdict(low), verdict(high))
     if ends != (True, False):
-        search.data["conclusion"] = (f"the ends do not differ here (good end {ends[0]}, bad end {ends[1]} at "
-                                     f"threshold {args.threshold}): nothing to search")
+        search.data["conclusion"] = (
+            f"the ends do not differ here (good end {ends[0]}, bad end {ends[1]} at "
+            f"threshold {args.threshold}): nothing to search"
+        )
     while ends == (True, False) and high - low > 1:
         if not search.fits():
-            search.data["conclusion"] = (f"budget spent: the change lies after {order[low][0]} and at or before "
-                                         f"{order[high][0]} ({high - low} commits)")
+            search.data["conclusion"] = (
+                f"budget spent: the change lies after {order[low][0]} and at or before "
+                f"{order[high][0]} ({high - low} commits)"
+            )
             break
         middle = (low + high) // 2
         good = verdict(middle)
@@ -184,8 +220,13 @@ def ab(args: argparse.Namespace) -> None:
         results[name] = search.measure(records.REPO, name, flags, environment)
         search.data["means"] = results
         search.save()
-    print("\n".join(f"{name:<58} mean {mean:.4f}" if mean is not None else f"{name:<58} failed"
-                    for name, mean in results.items()), flush=True)
+    print(
+        "\n".join(
+            f"{name:<58} mean {mean:.4f}" if mean is not None else f"{name:<58} failed"
+            for name, mean in results.items()
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:

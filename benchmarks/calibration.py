@@ -34,18 +34,26 @@ def without_temperature(best: Path, folder: Path) -> Path:
 
 
 def measure(output: Path, name: str, config: str, cifar: str) -> dict[str, Any]:
-    finished = runner.train_ours(output, records.REPO / config, "cpu", run_name=name, data_path=cifar,
-                                 val_split=0.1, calibrate="temperature")
+    finished = runner.train_ours(
+        output, records.REPO / config, "cpu", run_name=name, data_path=cifar, val_split=0.1, calibrate="temperature"
+    )
     best = sorted(finished.run_dir.glob("best_model_*.pt"))[-1]
     before = api.evaluate(without_temperature(best, output), data_path=cifar)
     after = finished.summary.final["test"]
     found = finished.summary.calibration
-    row = {"config": config, "temperature": found["temperature"], "val": found,
-           "test_before": {"accuracy": before.accuracy, "nll": before.loss, "ece": before.ece},
-           "test_after": {"accuracy": after.accuracy, "nll": after.loss, "ece": after.ece},
-           "training_seconds": finished.summary.training_time}
-    print(f"{name}: T {found['temperature']:.3f}; test ECE {before.ece:.4f} -> {after.ece:.4f}, NLL "
-          f"{before.loss:.4f} -> {after.loss:.4f}, accuracy {before.accuracy:.4f} / {after.accuracy:.4f}", flush=True)
+    row = {
+        "config": config,
+        "temperature": found["temperature"],
+        "val": found,
+        "test_before": {"accuracy": before.accuracy, "nll": before.loss, "ece": before.ece},
+        "test_after": {"accuracy": after.accuracy, "nll": after.loss, "ece": after.ece},
+        "training_seconds": finished.summary.training_time,
+    }
+    print(
+        f"{name}: T {found['temperature']:.3f}; test ECE {before.ece:.4f} -> {after.ece:.4f}, NLL "
+        f"{before.loss:.4f} -> {after.loss:.4f}, accuracy {before.accuracy:.4f} / {after.accuracy:.4f}",
+        flush=True,
+    )
     return row
 
 
@@ -59,8 +67,10 @@ def main() -> None:
     print(f"{machine}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory(prefix="benchmark-calibration-") as temporary:
         runs = {name: measure(Path(temporary), name, RECIPES[name], args.cifar) for name in args.recipes.split(",")}
-    records.write(Path(args.json_path), {"machine": machine, "hardware": records.hardware_record(),
-                                         "torch": str(torch.__version__), "runs": runs})
+    records.write(
+        Path(args.json_path),
+        {"machine": machine, "hardware": records.hardware_record(), "torch": str(torch.__version__), "runs": runs},
+    )
     print(f"wrote {args.json_path}")
 
 

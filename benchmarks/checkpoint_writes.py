@@ -59,16 +59,22 @@ def main() -> None:
             for way in rows:
                 rows[way].append(one_save(state, Path(folder), way == "background", 2 * index + (way == "inline")))
         size = max(path.stat().st_size for path in Path(folder).glob("*.pt"))
-    result = {way: {key: statistics.median(row[key] for row in runs) for key in ("loop_waits", "on_disk")}
-              for way, runs in rows.items()}
+    result = {
+        way: {key: statistics.median(row[key] for row in runs) for key in ("loop_waits", "on_disk")}
+        for way, runs in rows.items()
+    }
     result["background_loop_waits_over_inline"] = result["background"]["loop_waits"] / result["inline"]["loop_waits"]
     print(f"checkpoint of {size / 1e6:.1f} MB, {args.rounds} rounds, medians:")
     for way in rows:
-        print(f"  {way:<11} the loop waits {result[way]['loop_waits'] * 1000:7.1f} ms, "
-              f"on disk after {result[way]['on_disk'] * 1000:7.1f} ms")
+        print(
+            f"  {way:<11} the loop waits {result[way]['loop_waits'] * 1000:7.1f} ms, "
+            f"on disk after {result[way]['on_disk'] * 1000:7.1f} ms"
+        )
     if args.json_path:
-        records.write(args.json_path, {"device": args.device, "megabytes": size / 1e6, "rounds": args.rounds,
-                                       "results": result, "runs": rows})
+        records.write(
+            args.json_path,
+            {"device": args.device, "megabytes": size / 1e6, "rounds": args.rounds, "results": result, "runs": rows},
+        )
 
 
 if __name__ == "__main__":

@@ -63,12 +63,21 @@ def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
 
     idist.initialize("gloo")
     try:
-        config = load_config(None, backend="gloo", nproc_per_node=1, nnodes=2, node_rank=idist.get_rank(),
-                             master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]),
-                             grad_compression=kind, powersgd_start_step=2)
+        config = load_config(
+            None,
+            backend="gloo",
+            nproc_per_node=1,
+            nnodes=2,
+            node_rank=idist.get_rank(),
+            master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"]),
+            grad_compression=kind,
+            powersgd_start_step=2,
+        )
         alone = [torch.distributed.new_group([rank]) for rank in range(idist.get_world_size())][idist.get_rank()]
-        solo = torch.nn.parallel.DistributedDataParallel(models.build_model(model_name, None, 10),
-                                                         process_group=alone)  # the hook, no link
+        solo = torch.nn.parallel.DistributedDataParallel(
+            models.build_model(model_name, None, 10), process_group=alone
+        )  # the hook, no link
         compression.attach(solo, config, process_group=alone)
         timed(solo, WARM_STEPS)
         local = timed(solo, steps)  # the step and the hook's own work: what one process measures
@@ -87,11 +96,27 @@ def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
 
 def measure(hosts: Any, model_name: str, kind: str, steps: int) -> dict[str, Any]:
     """The worker pair on the hosts' link; node 0's figures."""
-    command = [sys.executable, "-m", "benchmarks.compression", "worker", f"--models={model_name}", f"--kind={kind}",
-               f"--steps={steps}"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.compression",
+        "worker",
+        f"--models={model_name}",
+        f"--kind={kind}",
+        f"--steps={steps}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(records.REPO), "OMP_NUM_THREADS": "1"}
-    processes = [hosts.start(node, command, env={**env, "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    processes = [
+        hosts.start(
+            node,
+            command,
+            env={**env, "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     outputs = [process.communicate(timeout=1800) for process in processes]
     if any(process.returncode for process in processes):
         raise SystemExit(f"{model_name} {kind}: {outputs[0][1][-1500:]} {outputs[1][1][-1500:]}")
@@ -107,8 +132,11 @@ def speed(args: argparse.Namespace, out: dict[str, Any]) -> None:
                         found = measure(hosts, model_name, kind, args.steps)
                         out["speed"].setdefault(link, {}).setdefault(model_name, {}).setdefault(kind, []).append(found)
                         records.write(args.json, out) if args.json else None
-                        print(f"{link} {model_name} {kind} round {round_index}: {found['step_seconds']:.3f} s/step, "
-                              f"{found['sent_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+                        print(
+                            f"{link} {model_name} {kind} round {round_index}: {found['step_seconds']:.3f} s/step, "
+                            f"{found['sent_bytes_per_step'] / 1e6:.2f} MB/step",
+                            flush=True,
+                        )
     summarise(out)
 
 
@@ -125,16 +153,29 @@ def summarise(out: dict[str, Any]) -> None:
             for kind, runs in by_kind.items():
                 step = statistics.median(run["step_seconds"] for run in runs)
                 compute = statistics.median(run["compute_seconds"] for run in runs)
-                predicted = scaling.estimate(compute, scaling.wire_bytes(network, kind), scaling.link_bytes_per_second(
-                    link), 2, BATCH[model_name], kind).seconds_per_step
+                predicted = scaling.estimate(
+                    compute,
+                    scaling.wire_bytes(network, kind),
+                    scaling.link_bytes_per_second(link),
+                    2,
+                    BATCH[model_name],
+                    kind,
+                ).seconds_per_step
                 out["summary"].setdefault(link, {}).setdefault(model_name, {})[kind] = {
-                    "step_seconds": step, "compute_seconds": compute, "estimated_step_seconds": predicted,
+                    "step_seconds": step,
+                    "compute_seconds": compute,
+                    "estimated_step_seconds": predicted,
                     "estimate_error": predicted / step - 1,
                     "sent_mb_per_step": statistics.median(run["sent_bytes_per_step"] for run in runs) / 1e6,
                     "wire_mb_predicted": scaling.wire_bytes(network, kind) / 1e6,
-                    "over_none": step / statistics.median(r["step_seconds"] for r in by_kind["none"])}
-    errors = [abs(row["estimate_error"]) for by_model in out["summary"].values() for by_kind in by_model.values()
-              for row in by_kind.values()]
+                    "over_none": step / statistics.median(r["step_seconds"] for r in by_kind["none"]),
+                }
+    errors = [
+        abs(row["estimate_error"])
+        for by_model in out["summary"].values()
+        for by_kind in by_model.values()
+        for row in by_kind.values()
+    ]
     out["estimate_error_max"], out["estimate_error_mean"] = max(errors), statistics.mean(errors)
 
 
@@ -145,9 +186,19 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for seed in args.seeds:
         for kind in KINDS:
             with tempfile.TemporaryDirectory() as output:
-                run = runner.train_ours(Path(output), records.REPO / "configs" / "fast.yaml", "cpu",
-                                        data_path=args.data_path, seed=seed, num_epochs=4, epoch_length=16,
-                                        tta=0, backend="gloo", nproc_per_node=2, grad_compression=kind)
+                run = runner.train_ours(
+                    Path(output),
+                    records.REPO / "configs" / "fast.yaml",
+                    "cpu",
+                    data_path=args.data_path,
+                    seed=seed,
+                    num_epochs=4,
+                    epoch_length=16,
+                    tta=0,
+                    backend="gloo",
+                    nproc_per_node=2,
+                    grad_compression=kind,
+                )
             out["accuracy"].setdefault(kind, {})[str(seed)] = run.accuracy
             records.write(args.json, out) if args.json else None
             print(f"accuracy {kind} seed {seed}: {run.accuracy:.4f}", flush=True)
@@ -173,8 +224,14 @@ def main() -> None:
         summarise(recorded)
         Path(args.json).write_text(json.dumps(recorded, indent=2) + "\n")
         return
-    out: dict[str, Any] = {"command": " ".join(sys.argv), "machine": records.machine("cpu"), "speed": {},
-                           "summary": {}, "accuracy": {}, "batch_per_node": BATCH}
+    out: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": records.machine("cpu"),
+        "speed": {},
+        "summary": {},
+        "accuracy": {},
+        "batch_per_node": BATCH,
+    }
     speed(args, out) if args.part == "speed" else accuracy(args, out)
     if args.json:
         records.write(args.json, out)

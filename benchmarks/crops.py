@@ -55,16 +55,35 @@ def main() -> None:
         images = torch.randint(0, 256, (batch, 3, stored, stored), dtype=torch.uint8, generator=generator).to(device)
         boxes = augmentation.random_resized_boxes(batch, stored, scale, generator)
         flips = torch.rand(batch, generator=generator) < 0.5
-        per_image = microseconds_per_image(lambda: augmentation.resized_crops(images, boxes, size, flips), device,
-                                           batch, args.rounds)
-        batched = microseconds_per_image(lambda: augmentation.batched_resized_crops(images, boxes, size, flips),
-                                         device, batch, args.rounds)
-        results[name] = {"stored": stored, "size": size, "scale": scale, "batch": batch,
-                         "per_image_loop_us": per_image, "batched_us": batched, "speedup": per_image / batched}
-        print(f"{name}: per-image loop {per_image:.1f} us/image, batched {batched:.1f} us/image "
-              f"({per_image / batched:.2f}x)", flush=True)
-    records.write(Path(args.json_path), {"device": str(device), "torch": str(torch.__version__),
-                                         "hardware": records.hardware_record(args.device), "results": results})
+        per_image = microseconds_per_image(
+            lambda: augmentation.resized_crops(images, boxes, size, flips), device, batch, args.rounds
+        )
+        batched = microseconds_per_image(
+            lambda: augmentation.batched_resized_crops(images, boxes, size, flips), device, batch, args.rounds
+        )
+        results[name] = {
+            "stored": stored,
+            "size": size,
+            "scale": scale,
+            "batch": batch,
+            "per_image_loop_us": per_image,
+            "batched_us": batched,
+            "speedup": per_image / batched,
+        }
+        print(
+            f"{name}: per-image loop {per_image:.1f} us/image, batched {batched:.1f} us/image "
+            f"({per_image / batched:.2f}x)",
+            flush=True,
+        )
+    records.write(
+        Path(args.json_path),
+        {
+            "device": str(device),
+            "torch": str(torch.__version__),
+            "hardware": records.hardware_record(args.device),
+            "results": results,
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

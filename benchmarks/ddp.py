@@ -68,8 +68,9 @@ def timed_steps(model_name: str, batch_size: int, steps: int, warmup: int, ddp: 
     return (time.perf_counter() - started) / steps
 
 
-def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, ddp: dict[str, Any] | None,
-            results: Any) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, args: argparse.Namespace, ddp: dict[str, Any] | None, results: Any
+) -> None:
     if world_size == 1:
         results[rank] = timed_steps(args.model, args.batch_size, args.steps, args.warmup, None)
         return
@@ -109,10 +110,13 @@ def main() -> None:
     rounds = []
     for number in range(args.rounds):
         rounds.append({name: run_case(name, args) for name in CASES})
-        print(f"round {number + 1}: " + ", ".join(f"{name} {value:.3f}" for name, value in rounds[-1].items()),
-              flush=True)
-    print(f"{args.model}, {args.batch_size} images per process and step, 1 thread per process, "
-          f"torch {torch.__version__}, {args.rounds} round(s); medians over rounds (range)")
+        print(
+            f"round {number + 1}: " + ", ".join(f"{name} {value:.3f}" for name, value in rounds[-1].items()), flush=True
+        )
+    print(
+        f"{args.model}, {args.batch_size} images per process and step, 1 thread per process, "
+        f"torch {torch.__version__}, {args.rounds} round(s); medians over rounds (range)"
+    )
     print(f"{'case':<38}{'s/step':>20}{'img/s':>8}{'DDP cost':>22}{'vs one':>22}")
     summary = {}
     for name in CASES:
@@ -121,11 +125,16 @@ def main() -> None:
         costs = None if name in ("one", "two alone") else [r[name] / r["two alone"] for r in rounds]
         versus_one = [r[name] / r["one"] for r in rounds]
         speed = processes * args.batch_size / statistics.median(per_step)
-        print(f"{name:<38}{spread(per_step):>20}{speed:>8.0f}{spread(costs) if costs else '-':>22}"
-              f"{spread(versus_one):>22}")
-        summary[name] = {"seconds_per_step": statistics.median(per_step), "images_per_second": speed,
-                         "ddp_cost": statistics.median(costs) if costs else None,
-                         "vs_one": statistics.median(versus_one)}
+        print(
+            f"{name:<38}{spread(per_step):>20}{speed:>8.0f}{spread(costs) if costs else '-':>22}"
+            f"{spread(versus_one):>22}"
+        )
+        summary[name] = {
+            "seconds_per_step": statistics.median(per_step),
+            "images_per_second": speed,
+            "ddp_cost": statistics.median(costs) if costs else None,
+            "vs_one": statistics.median(versus_one),
+        }
     if args.json_path:
         records.write(args.json_path, {"arguments": vars(args), "rounds": rounds, "medians": summary})
 

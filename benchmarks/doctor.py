@@ -28,8 +28,9 @@ def main() -> None:
     seconds = time.perf_counter() - started
     print(render(report), flush=True)
     print(f"{seconds:.1f} s in all")
-    records.write(args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
-                                   "report": report.to_dict()})
+    records.write(
+        args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds, "report": report.to_dict()}
+    )
     print(f"wrote {args.json_path}")
 
 

@@ -25,9 +25,23 @@ def timed_evaluate(checkout: Path, checkpoint: str, data_path: str, output: Path
     """Seconds of ``python -m cifar10_dist evaluate`` with the package of ``checkout`` first on the path."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cifar10_dist", "evaluate", f"--checkpoint={checkpoint}",
-                    f"--data_path={data_path}", f"--output_dir={output}", "--num_workers=0", "--json"],
-                   cwd=checkout, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cifar10_dist",
+            "evaluate",
+            f"--checkpoint={checkpoint}",
+            f"--data_path={data_path}",
+            f"--output_dir={output}",
+            "--num_workers=0",
+            "--json",
+        ],
+        cwd=checkout,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - started
 
 
@@ -44,16 +58,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for number in range(args.rounds):
             for name, checkout in checkouts.items():
-                seconds[name].append(timed_evaluate(checkout, args.checkpoint, args.data_path,
-                                                    Path(folder) / f"{name}-{number}"))
+                seconds[name].append(
+                    timed_evaluate(checkout, args.checkpoint, args.data_path, Path(folder) / f"{name}-{number}")
+                )
                 print(f"round {number + 1}, {name}: {seconds[name][-1]:.1f} s", flush=True)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     print(f"after / before: {medians['after'] / medians['before']:.2f}")
-    before_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkouts["before"],
-                                   capture_output=True, text=True).stdout.strip()
-    records.write(args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "checkpoint": args.checkpoint,
-                                   "before_commit": before_commit, "seconds": seconds, "median_seconds": medians,
-                                   "after_over_before": medians["after"] / medians["before"]})
+    before_commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=checkouts["before"], capture_output=True, text=True
+    ).stdout.strip()
+    records.write(
+        args.json_path,
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "checkpoint": args.checkpoint,
+            "before_commit": before_commit,
+            "seconds": seconds,
+            "median_seconds": medians,
+            "after_over_before": medians["after"] / medians["before"],
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

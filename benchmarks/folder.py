@@ -45,8 +45,9 @@ print(json.dumps({"seconds": seconds, "decode_seconds": meta.build_seconds, "ima
 def build_cache(folder: str, cache_under: Path) -> dict[str, Any]:
     """The cache built from nothing in a process of its own: seconds (scan, fingerprint, decode, write), peak
     memory of that process and its decoding processes."""
-    done = subprocess.run([sys.executable, "-c", BUILD, folder, str(cache_under)], capture_output=True, text=True,
-                          cwd=records.REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD, folder, str(cache_under)], capture_output=True, text=True, cwd=records.REPO
+    )
     if done.returncode != 0:
         raise SystemExit(f"building the cache failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -54,14 +55,20 @@ def build_cache(folder: str, cache_under: Path) -> dict[str, Any]:
 
 def fast_run(output: Path, seed: int, quick: bool, **data: Any) -> dict[str, Any]:
     """configs/fast.yaml on the given data (benchmarks.runner): accuracy and the epochs' seconds."""
-    run = runner.train_ours(output, records.REPO / "configs" / "fast.yaml", "cpu",
-                            **{**data, "seed": seed, **(QUICK if quick else {})})
+    run = runner.train_ours(
+        output, records.REPO / "configs" / "fast.yaml", "cpu", **{**data, "seed": seed, **(QUICK if quick else {})}
+    )
     seconds = [row["epoch_time"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
     later = seconds[1:] or seconds  # the first epoch pays one-time costs
-    return {"accuracy": run.accuracy, "epoch_seconds": seconds,
-            "mean_epoch_seconds_after_first": sum(later) / len(later),
-            "training_seconds": run.summary.training_time, "wall_seconds": run.wall_seconds,
-            "precision": run.summary.precision, "data_checks": run.summary.data_checks}
+    return {
+        "accuracy": run.accuracy,
+        "epoch_seconds": seconds,
+        "mean_epoch_seconds_after_first": sum(later) / len(later),
+        "training_seconds": run.summary.training_time,
+        "wall_seconds": run.wall_seconds,
+        "precision": run.summary.precision,
+        "data_checks": run.summary.data_checks,
+    }
 
 
 def main() -> None:
@@ -80,29 +87,49 @@ def main() -> None:
         cache_under = Path(temporary) / "cache"
         if "cache" in entries:
             results["cache"] = build_cache(args.folder, cache_under)
-            print(f"cache: {results['cache']['images']} images in {results['cache']['seconds']:.1f} s "
-                  f"({results['cache']['workers']} decoding processes), "
-                  f"peak {results['cache']['peak_rss_mib']:.0f} MiB",
-                  flush=True)
+            print(
+                f"cache: {results['cache']['images']} images in {results['cache']['seconds']:.1f} s "
+                f"({results['cache']['workers']} decoding processes), "
+                f"peak {results['cache']['peak_rss_mib']:.0f} MiB",
+                flush=True,
+            )
         for entry in ("pickle", "folder"):
             if entry not in entries:
                 continue
-            data = ({"data_path": args.data_path} if entry == "pickle" else
-                    {"dataset": "folder", "data_path": args.folder, "cache_dir": str(cache_under)})
+            data = (
+                {"data_path": args.data_path}
+                if entry == "pickle"
+                else {"dataset": "folder", "data_path": args.folder, "cache_dir": str(cache_under)}
+            )
             results[entry] = fast_run(Path(temporary) / entry, args.seed, args.quick, **data)
-            print(f"{entry}: accuracy {results[entry]['accuracy']:.4f}, "
-                  f"{results[entry]['mean_epoch_seconds_after_first']:.1f}"
-                  f" s per epoch after the first", flush=True)
+            print(
+                f"{entry}: accuracy {results[entry]['accuracy']:.4f}, "
+                f"{results[entry]['mean_epoch_seconds_after_first']:.1f}"
+                f" s per epoch after the first",
+                flush=True,
+            )
     if {"pickle", "folder"} <= set(results):
         pickle_run, folder_run = results["pickle"], results["folder"]
         results["folder_minus_pickle_points"] = 100 * (folder_run["accuracy"] - pickle_run["accuracy"])
-        results["epoch_time_folder_over_pickle"] = (folder_run["mean_epoch_seconds_after_first"]
-                                                    / pickle_run["mean_epoch_seconds_after_first"])
-        print(f"folder - pickle: {results['folder_minus_pickle_points']:+.2f} points; epoch time folder/pickle "
-              f"{results['epoch_time_folder_over_pickle']:.3f}")
-    records.write(args.json_path, {"seed": args.seed, "quick": args.quick, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   "commit": records.commit(), "hardware": records.hardware_record(),
-                                   "torch": torch.__version__, **results})
+        results["epoch_time_folder_over_pickle"] = (
+            folder_run["mean_epoch_seconds_after_first"] / pickle_run["mean_epoch_seconds_after_first"]
+        )
+        print(
+            f"folder - pickle: {results['folder_minus_pickle_points']:+.2f} points; epoch time folder/pickle "
+            f"{results['epoch_time_folder_over_pickle']:.3f}"
+        )
+    records.write(
+        args.json_path,
+        {
+            "seed": args.seed,
+            "quick": args.quick,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "commit": records.commit(),
+            "hardware": records.hardware_record(),
+            "torch": torch.__version__,
+            **results,
+        },
+    )
 
 
 if __name__ == "__main__":

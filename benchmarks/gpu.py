@@ -66,24 +66,36 @@ COMPILED: dict[str, dict[str, Any]] = {  # the compiled step: minutes of compila
 }
 
 
-def ours(data_path: str, device: torch.device, quick: dict[str, Any], recipe: str = "fast", **overrides: Any
-         ) -> dict[str, Any]:
+def ours(
+    data_path: str, device: torch.device, quick: dict[str, Any], recipe: str = "fast", **overrides: Any
+) -> dict[str, Any]:
     """A shipped recipe (fast.yaml unless named) with ``overrides``, validated every epoch (with the recipe's TTA,
     as its final test: the curve's points sit above the peer's, which it evaluates without), in a fresh process; a
     failed run is recorded as its error's last lines, not raised."""
     with tempfile.TemporaryDirectory() as output:
         try:
-            run = runner.train_ours(Path(output), records.REPO / "configs" / f"{recipe}.yaml", device.type,
-                                    environment={"TORCH_LOGS": "recompiles"},
-                                    **{"data_path": data_path, "validate_every": 1, **quick, **overrides})
+            run = runner.train_ours(
+                Path(output),
+                records.REPO / "configs" / f"{recipe}.yaml",
+                device.type,
+                environment={"TORCH_LOGS": "recompiles"},
+                **{"data_path": data_path, "validate_every": 1, **quick, **overrides},
+            )
         except SystemExit as failure:
             return {"failed": str(failure).strip()[-1500:]}
     curve = run.curve("test")
     first, steady = epoch_seconds(curve)
-    return {"accuracy": run.accuracy, "training_seconds": run.summary.training_time, "first_epoch_seconds": first,
-            "steady_epoch_seconds": steady, "warm_up_seconds": run.summary.warm_up_time,
-            "wall_seconds": run.wall_seconds, "recompilations": recompilations(run.log), "curve": curve,
-            "overrides": overrides}
+    return {
+        "accuracy": run.accuracy,
+        "training_seconds": run.summary.training_time,
+        "first_epoch_seconds": first,
+        "steady_epoch_seconds": steady,
+        "warm_up_seconds": run.summary.warm_up_time,
+        "wall_seconds": run.wall_seconds,
+        "recompilations": recompilations(run.log),
+        "curve": curve,
+        "overrides": overrides,
+    }
 
 
 def recompilations(log: str) -> dict[str, int] | None:
@@ -92,8 +104,7 @@ def recompilations(log: str) -> dict[str, int] | None:
     if "Recompiling function" not in log:
         return None
     blocks = log.split("Recompiling function")[1:]
-    return {"all": len(blocks), "whitening_bias_frozen": sum("whitening_bias_frozen" in block
-                                                              for block in blocks)}
+    return {"all": len(blocks), "whitening_bias_frozen": sum("whitening_bias_frozen" in block for block in blocks)}
 
 
 def peer(data_path: str, device: torch.device, seed: int, skip: bool = False) -> dict[str, Any] | str:
@@ -112,8 +123,15 @@ def peer(data_path: str, device: torch.device, seed: int, skip: bool = False) ->
     return {**result, "first_epoch_seconds": first, "steady_epoch_seconds": steady}
 
 
-def race(data_path: str, device: torch.device, seeds: int, quick: dict[str, Any], out: Record,
-         skip_peer: bool = False, recipes: tuple[str, ...] = ("fast",)) -> None:
+def race(
+    data_path: str,
+    device: torch.device,
+    seeds: int,
+    quick: dict[str, Any],
+    out: Record,
+    skip_peer: bool = False,
+    recipes: tuple[str, ...] = ("fast",),
+) -> None:
     """Seed by seed: the peer, then each of our ``recipes`` as shipped ("ours" is fast.yaml, "ours:NAME" the
     others)."""
     for seed in range(seeds):
@@ -146,8 +164,9 @@ def accuracy(data_path: str, device: torch.device, seeds: int, quick: dict[str, 
             out.say(f"{name + ', seed ' + str(seed):<50}" + cells(row))
 
 
-def levers(data_path: str, device: torch.device, quick: dict[str, Any], out: Record,
-           chosen: dict[str, dict[str, Any]] = LEVERS) -> None:
+def levers(
+    data_path: str, device: torch.device, quick: dict[str, Any], out: Record, chosen: dict[str, dict[str, Any]] = LEVERS
+) -> None:
     """fast.yaml seed 0 with each lever set (LEVERS, or the COMPILED ones), in order; each row as it ends, with
     torch's recompilations (all, and those the whitening bias's freeze caused)."""
     for name, overrides in chosen.items():
@@ -161,8 +180,14 @@ def profile(data_path: str, device: torch.device, quick: dict[str, Any], out: Re
     """fast.yaml with --profile=20: the top operators, where the run's time went, and the GPU-busy share."""
     with tempfile.TemporaryDirectory() as output:
         try:
-            run = runner.train_ours(Path(output), FAST, device.type, data_path=data_path, profile=20,
-                                    **{k: v for k, v in quick.items() if k != "tta"})
+            run = runner.train_ours(
+                Path(output),
+                FAST,
+                device.type,
+                data_path=data_path,
+                profile=20,
+                **{k: v for k, v in quick.items() if k != "tta"},
+            )
         except SystemExit as failure:
             out.put("profile", {"failed": str(failure).strip()[-1500:]})
             return
@@ -179,8 +204,11 @@ def busy_share(trace: dict[str, Any]) -> dict[str, float] | None:
     """From a chrome trace: the union of GPU kernel (and copy) intervals over the span from the first to the
     last traced event, and the kernel count; None without GPU events."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    gpu = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
     if not gpu:
         return None
     busy, end = 0.0, float("-inf")
@@ -202,8 +230,11 @@ def throughput(device: torch.device, count: int, warmup: int, batch_scale: float
         for setting, options in SETTINGS.items():
             bare = steps.bare_loop(model, batch, count, warmup, device=device, **options).images_per_second
             engine = steps.engine_loop(model, batch, count, warmup, device=device, **options).images_per_second
-            out.add("throughput", f"{model} {setting}", {"batch": size, "bare_loop": bare, "trainer": engine,
-                                                          "trainer_over_bare": engine / bare})
+            out.add(
+                "throughput",
+                f"{model} {setting}",
+                {"batch": size, "bare_loop": bare, "trainer": engine, "trainer_over_bare": engine / bare},
+            )
             out.say(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}")
 
 
@@ -228,13 +259,29 @@ def main() -> None:
     quick = {"num_epochs": 2, "num_warmup_epochs": 0.5, "epoch_length": 3, "tta": 0} if args.quick else {}
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}, {'quick check' if args.quick else 'full'}, parts {parts}", flush=True)
-    out = Record(args.json_path, {"device": name, "torch": torch.__version__, "quick": args.quick, "parts": parts,
-                                  "seeds": args.seeds, "hardware": records.hardware_record(args.device)})
+    out = Record(
+        args.json_path,
+        {
+            "device": name,
+            "torch": torch.__version__,
+            "quick": args.quick,
+            "parts": parts,
+            "seeds": args.seeds,
+            "hardware": records.hardware_record(args.device),
+        },
+    )
     for part in parts:
         started = time.perf_counter()
         if part == "race":
-            race(args.data_path, device, args.seeds, quick, out, args.skip_peer,
-                 tuple(name.strip() for name in args.recipes.split(",") if name.strip()))
+            race(
+                args.data_path,
+                device,
+                args.seeds,
+                quick,
+                out,
+                args.skip_peer,
+                tuple(name.strip() for name in args.recipes.split(",") if name.strip()),
+            )
         elif part == "levers":
             levers(args.data_path, device, quick, out)
         elif part == "resnet":

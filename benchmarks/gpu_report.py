@@ -24,15 +24,26 @@ def environment() -> dict[str, Any]:
     import torch
 
     names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
-    return {"date": date.today().isoformat(), "gpus": names, "driver": nvidia_driver(),
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if names else None,
-            "torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
+    return {
+        "date": date.today().isoformat(),
+        "gpus": names,
+        "driver": nvidia_driver(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if names else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
 
 
 def nvidia_driver() -> str | None:
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else None
@@ -45,7 +56,8 @@ def read_checks(junit: Path, figures: Path) -> list[dict[str, Any]]:
         for line in figures.read_text().splitlines():
             figure = json.loads(line)
             recorded.setdefault(figure["test"], []).append(
-                {"name": figure["name"], "value": figure["value"], "unit": figure["unit"]})
+                {"name": figure["name"], "value": figure["value"], "unit": figure["unit"]}
+            )
     checks = []
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         outcome, reason = "passed", ""
@@ -55,19 +67,32 @@ def read_checks(junit: Path, figures: Path) -> list[dict[str, Any]]:
                 outcome = "skipped" if tag == "skipped" else "failed"
                 reason = (found.get("message") or found.text or "").strip().splitlines()[0][:300]
                 break
-        checks.append({"check": case.get("name"), "outcome": outcome, "reason": reason,
-                       "seconds": float(case.get("time", 0)), "figures": recorded.get(case.get("name"), [])})
+        checks.append(
+            {
+                "check": case.get("name"),
+                "outcome": outcome,
+                "reason": reason,
+                "seconds": float(case.get("time", 0)),
+                "figures": recorded.get(case.get("name"), []),
+            }
+        )
     return checks
 
 
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     gpus = ", ".join(env["gpus"]) or "no CUDA GPU"
-    lines = [f"# GPU check, {env['date']}", "",
-             f"{gpus}; driver {env['driver']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, torch {env['torch']}, "
-             f"Python {env['python']}", "",
-             f"{report['passed']} passed, {report['failed']} failed, {report['skipped']} skipped", "",
-             "| check | result | figures |", "|---|---|---|"]
+    lines = [
+        f"# GPU check, {env['date']}",
+        "",
+        f"{gpus}; driver {env['driver']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, torch {env['torch']}, "
+        f"Python {env['python']}",
+        "",
+        f"{report['passed']} passed, {report['failed']} failed, {report['skipped']} skipped",
+        "",
+        "| check | result | figures |",
+        "|---|---|---|",
+    ]
     for check in report["checks"]:
         figures = "; ".join(f"{f['name']}: {_number(f['value'])} {f['unit']}".strip() for f in check["figures"])
         result = check["outcome"] + (f" ({check['reason']})" if check["reason"] else "")
@@ -85,9 +110,12 @@ def _number(value: Any) -> str:
 def build(out: Path, env: dict[str, Any] | None = None) -> dict[str, Any]:
     checks = read_checks(out / "pytest.xml", out / "checks.jsonl") if (out / "pytest.xml").is_file() else []
     benchmark_file = out / "benchmark.json"
-    report = {"environment": env or environment(), "checks": checks,
-              **{state: sum(c["outcome"] == state for c in checks) for state in ("passed", "failed", "skipped")},
-              "benchmark": json.loads(benchmark_file.read_text()) if benchmark_file.is_file() else None}
+    report = {
+        "environment": env or environment(),
+        "checks": checks,
+        **{state: sum(c["outcome"] == state for c in checks) for state in ("passed", "failed", "skipped")},
+        "benchmark": json.loads(benchmark_file.read_text()) if benchmark_file.is_file() else None,
+    }
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_report.md").write_text(render(report))
     return report

@@ -34,21 +34,40 @@ def resnet(data_path: str, device: torch.device, quick: dict[str, Any], out: Rec
         out.put("resnet", {"failed": speeds})
         return
     bare = matched_bare_step(device, batch=512 if not quick else 32, steps=40 if not quick else 3)
-    record = {"epoch_images_per_second": speeds, "steady_images_per_second": steady_of(speeds),
-              "bare_images_per_second": bare["images_per_second"], "bare": bare,
-              "ours_over_bare": steady_of(speeds) / bare["images_per_second"], "variants": {}}
+    record = {
+        "epoch_images_per_second": speeds,
+        "steady_images_per_second": steady_of(speeds),
+        "bare_images_per_second": bare["images_per_second"],
+        "bare": bare,
+        "ours_over_bare": steady_of(speeds) / bare["images_per_second"],
+        "variants": {},
+    }
     out.put("resnet", record)
-    out.say(f"ResNet-18 default config: steady epoch {record['steady_images_per_second']:.0f} img/s, matched bare "
-            f"step {bare['images_per_second']:.0f} img/s ({record['ours_over_bare']:.3f})")
+    out.say(
+        f"ResNet-18 default config: steady epoch {record['steady_images_per_second']:.0f} img/s, matched bare "
+        f"step {bare['images_per_second']:.0f} img/s ({record['ours_over_bare']:.3f})"
+    )
     for name, overrides in RESNET_VARIANTS.items():
         speeds = resnet_speeds(data_path, device, {**epochs, **overrides})
-        row = {"failed": speeds} if isinstance(speeds, str) else {
-            "epoch_images_per_second": speeds, "steady_images_per_second": steady_of(speeds),
-            "over_bare": steady_of(speeds) / bare["images_per_second"]}
+        row = (
+            {"failed": speeds}
+            if isinstance(speeds, str)
+            else {
+                "epoch_images_per_second": speeds,
+                "steady_images_per_second": steady_of(speeds),
+                "over_bare": steady_of(speeds) / bare["images_per_second"],
+            }
+        )
         record["variants"][name] = row
         out.put("resnet", record)
-        out.say(f"ResNet-18 default config, {name}: " + (row["failed"][-200:] if "failed" in row else
-                f"steady epoch {row['steady_images_per_second']:.0f} img/s ({row['over_bare']:.3f} of bare)"))
+        out.say(
+            f"ResNet-18 default config, {name}: "
+            + (
+                row["failed"][-200:]
+                if "failed" in row
+                else f"steady epoch {row['steady_images_per_second']:.0f} img/s ({row['over_bare']:.3f} of bare)"
+            )
+        )
 
 
 def steady_of(speeds: list[float]) -> float:
@@ -77,8 +96,9 @@ def matched_bare_step(device: torch.device, batch: int, steps: int, warmup: int 
     model = models.build_model("resnet18").to(device)
     layout = torch.channels_last if cuda else torch.contiguous_format
     model = model.to(memory_format=layout)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9, nesterov=True, weight_decay=1e-4,
-                                **({"fused": True} if cuda else {}))
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=0.4, momentum=0.9, nesterov=True, weight_decay=1e-4, **({"fused": True} if cuda else {})
+    )
     inputs = torch.randn(batch, 3, 32, 32, device=device).contiguous(memory_format=layout)
     targets = torch.randint(0, 10, (batch,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()

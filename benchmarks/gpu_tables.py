@@ -55,9 +55,11 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
     for side in ["peer", *(key for key in data if key == "ours" or key.startswith("ours:"))]:
         done = [row for row in data.get(side, {}).values() if isinstance(row, dict) and "accuracy" in row]
         if done:
-            summary[side] = {key: statistics.mean(row[key] for row in done) for key in
-                             ("accuracy", "training_seconds", "first_epoch_seconds", "steady_epoch_seconds")
-                             if all(row.get(key) is not None for row in done)}
+            summary[side] = {
+                key: statistics.mean(row[key] for row in done)
+                for key in ("accuracy", "training_seconds", "first_epoch_seconds", "steady_epoch_seconds")
+                if all(row.get(key) is not None for row in done)
+            }
             summary[side]["seeds"] = len(done)
     for side in [key for key in summary if key.startswith("ours")]:
         for key in ("training_seconds", "steady_epoch_seconds"):
@@ -78,8 +80,10 @@ def print_race(out: Record) -> None:
 def cells(row: dict[str, Any] | str) -> str:
     if not isinstance(row, dict) or "accuracy" not in row:
         return f"  {row if isinstance(row, str) else row.get('failed', '?')[-200:]}"
-    return (f"{row['accuracy']:>10.4f}{row['training_seconds']:>9.2f}{_s(row.get('first_epoch_seconds'), 3):>11}"
-            f"{_s(row.get('steady_epoch_seconds'), 3):>10}{_s(row.get('wall_seconds'), 1):>8}")
+    return (
+        f"{row['accuracy']:>10.4f}{row['training_seconds']:>9.2f}{_s(row.get('first_epoch_seconds'), 3):>11}"
+        f"{_s(row.get('steady_epoch_seconds'), 3):>10}{_s(row.get('wall_seconds'), 1):>8}"
+    )
 
 
 def _s(value: float | None, decimals: int) -> str:

@@ -28,8 +28,11 @@ from benchmarks import records, runner
 from benchmarks.transfer import extract
 from cifar10_dist.data.cifar import CLASSES
 
-VARIANTS = {"as it is": {}, "class_weights=auto": {"class_weights": "auto"},
-            "sampler=balanced": {"sampler": "balanced"}}
+VARIANTS = {
+    "as it is": {},
+    "class_weights=auto": {"class_weights": "auto"},
+    "sampler=balanced": {"sampler": "balanced"},
+}
 
 
 def long_tail_counts(ratio: float, largest: int = 5000) -> dict[str, int]:
@@ -45,7 +48,7 @@ def long_tailed_folder(images: Path, target: Path, counts: dict[str, int]) -> Pa
             folder = target / split / name
             folder.mkdir(parents=True, exist_ok=True)
             files = sorted((images / split / name).glob("*.jpg"))
-            for file in files[:counts[name]] if split == "train" else files:
+            for file in files[: counts[name]] if split == "train" else files:
                 link = folder / file.name
                 if not link.exists():
                     link.symlink_to(file)
@@ -61,8 +64,12 @@ def scores(run_dir: Path, rarest: list[str]) -> dict[str, Any]:
     checkpoint = sorted(run_dir.glob("training_checkpoint_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))[-1]
     evaluated = api.evaluate(str(checkpoint), output_dir=run_dir / "evaluation")
     recall = dict(zip(evaluated.classes, evaluated.per_class_accuracy))
-    return {"accuracy": final["accuracy"], "balanced_accuracy": final["balanced_accuracy"],
-            "macro_f1": final["macro_f1"], "rarest_recall": {name: recall[name] for name in rarest}}
+    return {
+        "accuracy": final["accuracy"],
+        "balanced_accuracy": final["balanced_accuracy"],
+        "macro_f1": final["macro_f1"],
+        "rarest_recall": {name: recall[name] for name in rarest},
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,14 +91,21 @@ def train_variants(common: dict[str, Any], rarest: list[str]) -> list[dict[str, 
     with tempfile.TemporaryDirectory(prefix="benchmark-imbalance-") as temporary:
         for variant, extra in VARIANTS.items():
             name = variant.replace("=", "-").replace(" ", "-")
-            finished = runner.train_ours(Path(temporary), records.REPO / "configs" / "fast.yaml", "cpu",
-                                         run_name=name, **common, **extra)
-            row = {"variant": variant, **scores(finished.run_dir, rarest),
-                   "training_seconds": finished.summary.training_time}
+            finished = runner.train_ours(
+                Path(temporary), records.REPO / "configs" / "fast.yaml", "cpu", run_name=name, **common, **extra
+            )
+            row = {
+                "variant": variant,
+                **scores(finished.run_dir, rarest),
+                "training_seconds": finished.summary.training_time,
+            }
             results.append(row)
             recalls = ", ".join(f"{value:.3f}" for value in row["rarest_recall"].values())
-            print(f"{variant:<20} {row['accuracy']:8.4f} {row['balanced_accuracy']:8.4f} {row['macro_f1']:8.4f}  "
-                  f"{recalls}  {row['training_seconds']:.0f}", flush=True)
+            print(
+                f"{variant:<20} {row['accuracy']:8.4f} {row['balanced_accuracy']:8.4f} {row['macro_f1']:8.4f}  "
+                f"{recalls}  {row['training_seconds']:.0f}",
+                flush=True,
+            )
     return results
 
 
@@ -104,14 +118,34 @@ def main() -> None:
     folder = long_tailed_folder(extract(Path(args.archive), work), work / f"long-tail-{args.ratio:g}", counts)
     rarest = list(CLASSES[-3:])
     print("training images: " + ", ".join(f"{name} {count}" for name, count in counts.items()), flush=True)
-    common = {"dataset": "folder", "data_path": str(folder), "num_epochs": args.epochs, "validate_every": args.epochs,
-              "tta": 0, "seed": args.seed, **({"epoch_length": 2} if args.quick else {})}
+    common = {
+        "dataset": "folder",
+        "data_path": str(folder),
+        "num_epochs": args.epochs,
+        "validate_every": args.epochs,
+        "tta": 0,
+        "seed": args.seed,
+        **({"epoch_length": 2} if args.quick else {}),
+    }
     results = train_variants(common, rarest)
-    records.write(Path(args.json_path), {
-        "machine": machine, "hardware": records.hardware_record(), "commit": records.commit(),
-        "torch": str(torch.__version__), "ratio": args.ratio, "training_images": counts, "epochs": args.epochs,
-        "seed": args.seed, "config": "configs/fast.yaml", "runs": results, "quick": args.quick})
+    records.write(
+        Path(args.json_path),
+        {
+            "machine": machine,
+            "hardware": records.hardware_record(),
+            "commit": records.commit(),
+            "torch": str(torch.__version__),
+            "ratio": args.ratio,
+            "training_images": counts,
+            "epochs": args.epochs,
+            "seed": args.seed,
+            "config": "configs/fast.yaml",
+            "runs": results,
+            "quick": args.quick,
+        },
+    )
     print(f"wrote {args.json_path}")
+
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,15 @@ SHAPES = {"cifar_resnet18": (32, 64, 20), "resnet18": (224, 16, 10)}  # image si
 
 def export_fp32(name: str, size: int, path: Path) -> None:
     model = models.build_model(name).eval()
-    program = torch.onnx.export(model, (torch.randn(2, 3, size, size),), None, dynamo=True, input_names=["images"],
-                                output_names=["logits"], dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+    program = torch.onnx.export(
+        model,
+        (torch.randn(2, 3, size, size),),
+        None,
+        dynamo=True,
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
+    )
     program.model_proto.metadata_props.add(key="cifar10_dist", value="{}")
     import onnx
 
@@ -55,8 +62,9 @@ def speeds(name: str, rounds: int, work: Path) -> dict[str, Any]:
     size, batch, steps = SHAPES[name]
     fp32, int8 = work / f"{name}.onnx", work / f"{name}.int8.onnx"
     export_fp32(name, size, fp32)
-    calibration = torch.randint(0, 256, (64, 3, size, size), dtype=torch.uint8,
-                                generator=torch.Generator().manual_seed(0))
+    calibration = torch.randint(
+        0, 256, (64, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     info = DatasetInfo(tuple(str(i) for i in range(10)), image_size=size)
     signed = work / f"{name}.s8s8.onnx"
     quantizing.quantize(fp32, int8, calibration, info, work)
@@ -66,13 +74,21 @@ def speeds(name: str, rounds: int, work: Path) -> dict[str, Any]:
         for kind, path in (("fp32", fp32), ("int8", int8), ("int8 signed activations", signed)):
             timings[kind].append(images_per_second(path, size, batch, steps))
     medians = {kind: statistics.median(values) for kind, values in timings.items()}
-    print(f"{name} at {size} px, batch {batch}: fp32 {medians['fp32']:.0f} img/s, int8 {medians['int8']:.0f} img/s "
-          f"({medians['int8'] / medians['fp32']:.2f}x), with signed activations "
-          f"{medians['int8 signed activations']:.0f} img/s", flush=True)
-    return {"image_size": size, "batch": batch, "rounds": timings, "median_images_per_second": medians,
-            "int8_over_fp32": medians["int8"] / medians["fp32"],
-            "signed_int8_over_fp32": medians["int8 signed activations"] / medians["fp32"],
-            "file_mb": {"fp32": fp32.stat().st_size / 1e6, "int8": int8.stat().st_size / 1e6}}
+    print(
+        f"{name} at {size} px, batch {batch}: fp32 {medians['fp32']:.0f} img/s, int8 {medians['int8']:.0f} img/s "
+        f"({medians['int8'] / medians['fp32']:.2f}x), with signed activations "
+        f"{medians['int8 signed activations']:.0f} img/s",
+        flush=True,
+    )
+    return {
+        "image_size": size,
+        "batch": batch,
+        "rounds": timings,
+        "median_images_per_second": medians,
+        "int8_over_fp32": medians["int8"] / medians["fp32"],
+        "signed_int8_over_fp32": medians["int8 signed activations"] / medians["fp32"],
+        "file_mb": {"fp32": fp32.stat().st_size / 1e6, "int8": int8.stat().st_size / 1e6},
+    }
 
 
 def main() -> None:
@@ -82,8 +98,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default="docs/measurements/int8_cpu.json")
     args = parser.parse_args()
     machine = records.machine("cpu")
-    capabilities = {key: value for key, value in torch.cpu.get_capabilities().items()
-                    if "vnni" in key or "amx" in key}
+    capabilities = {key: value for key, value in torch.cpu.get_capabilities().items() if "vnni" in key or "amx" in key}
     print(f"{machine}, torch {torch.__version__}, int8 instructions: {capabilities}", flush=True)
     with tempfile.TemporaryDirectory(prefix="benchmark-int8-") as temporary:
         result: dict[str, Any] = {"speed": {name: speeds(name, args.rounds, Path(temporary)) for name in SHAPES}}
@@ -93,9 +108,17 @@ def main() -> None:
             print(f"trained: {exported.quantization}", flush=True)
     import onnxruntime
 
-    records.write(Path(args.json_path), {"machine": machine, "hardware": records.hardware_record(),
-                                         "int8_instructions": capabilities, "onnxruntime": onnxruntime.__version__,
-                                         "torch": str(torch.__version__), **result})
+    records.write(
+        Path(args.json_path),
+        {
+            "machine": machine,
+            "hardware": records.hardware_record(),
+            "int8_instructions": capabilities,
+            "onnxruntime": onnxruntime.__version__,
+            "torch": str(torch.__version__),
+            **result,
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

@@ -29,10 +29,8 @@ GROWING = (300, 1000, 3000)  # MinMax calibration sizes
 
 def agreements(fp32: Path, int8: Path, choosing: torch.Tensor, test: Any, info: Any) -> dict[str, float]:
     reference = quantizing.logits_of(quantizing.OnnxModel(fp32), choosing, info).argmax(1)
-    held_out = quantizing.decided_agreement(reference, quantizing.logits_of(quantizing.OnnxModel(int8), choosing,
-                                                                                info))
-    return {"held_out_agreement": float(held_out.float().mean()),
-            **quantizing.compared_on_test(fp32, int8, test, info)}
+    held_out = quantizing.decided_agreement(reference, quantizing.logits_of(quantizing.OnnxModel(int8), choosing, info))
+    return {"held_out_agreement": float(held_out.float().mean()), **quantizing.compared_on_test(fp32, int8, test, info)}
 
 
 def one_model(name: str, checkpoint: str, work: Path) -> dict[str, Any]:
@@ -40,30 +38,44 @@ def one_model(name: str, checkpoint: str, work: Path) -> dict[str, Any]:
     fp32 = work / f"{name}.onnx"
     api.export(checkpoint, "onnx", fp32)
     data = quantizing.trained_data(trained.config)
-    calibration, choosing = quantizing.held_out_split(data.train.images, quantizing.CALIBRATION_IMAGES,
-                                                      quantizing.CHOICE_IMAGES)
+    calibration, choosing = quantizing.held_out_split(
+        data.train.images, quantizing.CALIBRATION_IMAGES, quantizing.CHOICE_IMAGES
+    )
     rows = []
     for index, how in enumerate(quantizing.CANDIDATES):
         started = time.perf_counter()
         int8 = work / f"{name}.{index}.int8.onnx"
         quantizing.quantize(fp32, int8, calibration, trained.info, work / name, how=how)
-        rows.append({"calibration": how.name, "seconds": time.perf_counter() - started,
-                     **agreements(fp32, int8, choosing, data.test, trained.info)})
+        rows.append(
+            {
+                "calibration": how.name,
+                "seconds": time.perf_counter() - started,
+                **agreements(fp32, int8, choosing, data.test, trained.info),
+            }
+        )
         print(f"{name} {how.name}: {rows[-1]}", flush=True)
     growing = []
     for count in GROWING:
         images = quantizing.held_out_split(data.train.images, count, 0)[0]
         int8 = work / f"{name}.minmax{count}.int8.onnx"
         quantizing.quantize(fp32, int8, images, trained.info, work / name)
-        growing.append({"calibration_images": count, **quantizing.compared_on_test(fp32, int8, data.test,
-                                                                                     trained.info)})
+        growing.append(
+            {"calibration_images": count, **quantizing.compared_on_test(fp32, int8, data.test, trained.info)}
+        )
     exported = api.export(checkpoint, "onnx", work / f"{name}.chosen.int8.onnx", quantize="int8", min_agreement=1e-9)
     found = exported.quantization
-    return {"checkpoint": checkpoint, "model": trained.config.get("model"), "candidates": rows,
-            "minmax_growing": growing, "chosen": found["calibration"], "chosen_test_agreement": found["agreement"],
-            "accuracy_fp32": found["accuracy_fp32"], "accuracy_int8": found["accuracy_int8"],
-            "passes_default": found["agreement"] >= quantizing.MIN_AGREEMENT,
-            "minmax_test_agreement": rows[0]["agreement"]}
+    return {
+        "checkpoint": checkpoint,
+        "model": trained.config.get("model"),
+        "candidates": rows,
+        "minmax_growing": growing,
+        "chosen": found["calibration"],
+        "chosen_test_agreement": found["agreement"],
+        "accuracy_fp32": found["accuracy_fp32"],
+        "accuracy_int8": found["accuracy_int8"],
+        "passes_default": found["agreement"] >= quantizing.MIN_AGREEMENT,
+        "minmax_test_agreement": rows[0]["agreement"],
+    }
 
 
 def main() -> None:
@@ -79,14 +91,25 @@ def main() -> None:
             name, checkpoint = pair.split("=", 1)
             (Path(temporary) / name).mkdir()
             models[name] = one_model(name, checkpoint, Path(temporary))
-            print(f"{name}: chose {models[name]['chosen']}, test agreement {models[name]['chosen_test_agreement']:.4f}"
-                  f" (MinMax {models[name]['minmax_test_agreement']:.4f})", flush=True)
+            print(
+                f"{name}: chose {models[name]['chosen']}, test agreement {models[name]['chosen_test_agreement']:.4f}"
+                f" (MinMax {models[name]['minmax_test_agreement']:.4f})",
+                flush=True,
+            )
     import onnxruntime
 
-    records.write(Path(args.json_path), {"machine": machine, "hardware": records.hardware_record(),
-                                         "onnxruntime": onnxruntime.__version__, "torch": str(torch.__version__),
-                                         "held_out_images": quantizing.CHOICE_IMAGES,
-                                         "calibration_images": quantizing.CALIBRATION_IMAGES, "models": models})
+    records.write(
+        Path(args.json_path),
+        {
+            "machine": machine,
+            "hardware": records.hardware_record(),
+            "onnxruntime": onnxruntime.__version__,
+            "torch": str(torch.__version__),
+            "held_out_images": quantizing.CHOICE_IMAGES,
+            "calibration_images": quantizing.CALIBRATION_IMAGES,
+            "models": models,
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

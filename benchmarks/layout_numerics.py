@@ -27,14 +27,20 @@ from cifar10_dist.system import layout_numerics
 def model_check(name: str) -> dict[str, Any]:
     started = time.perf_counter()
     numerics = layout_numerics.check(lambda: models.build_model(name))
-    return {"model": name, "contiguous_error": numerics.contiguous_error,
-            "channels_last_error": numerics.channels_last_error,
-            "ratio": numerics.channels_last_error / numerics.contiguous_error, "layers": numerics.layers,
-            "within_noise": numerics.within_noise, "seconds": time.perf_counter() - started}
+    return {
+        "model": name,
+        "contiguous_error": numerics.contiguous_error,
+        "channels_last_error": numerics.channels_last_error,
+        "ratio": numerics.channels_last_error / numerics.contiguous_error,
+        "layers": numerics.layers,
+        "within_noise": numerics.within_noise,
+        "seconds": time.perf_counter() - started,
+    }
 
 
-def step_gradient(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype,
-                  layout: torch.memory_format) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def step_gradient(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype, layout: torch.memory_format
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The whole gradient of one training step, and every ReLU's input, in ``dtype`` and ``layout``."""
     copied = copy.deepcopy(model).to(dtype=dtype, memory_format=layout)
     relu_inputs: list[torch.Tensor] = []
@@ -59,8 +65,9 @@ def whole_gradients(batches: int, batch_size: int = 16) -> list[dict[str, Any]]:
         for name, layout in (("contiguous", torch.contiguous_format), ("channels_last", torch.channels_last)):
             got, relus = step_gradient(model, images, labels, torch.float32, layout)
             row[f"{name}_gradient_error"] = layout_numerics.relative_error(got, expected)
-            row[f"{name}_relu_flips"] = sum(int(((one > 0) != (other > 0)).sum())
-                                            for one, other in zip(relus, expected_relus))
+            row[f"{name}_relu_flips"] = sum(
+                int(((one > 0) != (other > 0)).sum()) for one, other in zip(relus, expected_relus)
+            )
         rows.append(row)
     return rows
 
@@ -73,17 +80,29 @@ def main() -> None:
     args = parser.parse_args()
     checks = [model_check(name) for name in args.models.split(",")]
     for row in checks:
-        print(f"{row['model']:<16} channels-last {row['channels_last_error']:.1e}, contiguous "
-              f"{row['contiguous_error']:.1e} ({row['ratio']:.1f}x, {row['layers']} layers): "
-              f"{'within' if row['within_noise'] else 'BEYOND'} fp32 noise, {row['seconds']:.1f} s")
+        print(
+            f"{row['model']:<16} channels-last {row['channels_last_error']:.1e}, contiguous "
+            f"{row['contiguous_error']:.1e} ({row['ratio']:.1f}x, {row['layers']} layers): "
+            f"{'within' if row['within_noise'] else 'BEYOND'} fp32 noise, {row['seconds']:.1f} s"
+        )
     gradients = whole_gradients(args.batches)
     for row in gradients:
-        print(f"resnet18 batch {row['seed']}: whole gradient error contiguous {row['contiguous_gradient_error']:.1e} "
-              f"({row['contiguous_relu_flips']} ReLU flips), channels-last {row['channels_last_gradient_error']:.1e} "
-              f"({row['channels_last_relu_flips']} flips)")
-    records.write(args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tolerance": layout_numerics.TOLERANCE,
-                                   "floor": layout_numerics.FLOOR, "torch": torch.__version__, "checks": checks,
-                                   "resnet18_whole_gradients": gradients})
+        print(
+            f"resnet18 batch {row['seed']}: whole gradient error contiguous {row['contiguous_gradient_error']:.1e} "
+            f"({row['contiguous_relu_flips']} ReLU flips), channels-last {row['channels_last_gradient_error']:.1e} "
+            f"({row['channels_last_relu_flips']} flips)"
+        )
+    records.write(
+        args.json_path,
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "tolerance": layout_numerics.TOLERANCE,
+            "floor": layout_numerics.FLOOR,
+            "torch": torch.__version__,
+            "checks": checks,
+            "resnet18_whole_gradients": gradients,
+        },
+    )
 
 
 if __name__ == "__main__":

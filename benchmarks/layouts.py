@@ -27,11 +27,20 @@ def compare(model: str, dtype: torch.dtype | None, rounds: int, budget: float) -
         timing = doctor.time_setting(model, BATCHES[model], device, dtype, layout, budget)
         times[layout].extend(timing.steps)
     contiguous, last = statistics.median(times[False]), statistics.median(times[True])
-    row = {"model": model, "batch": BATCHES[model], "precision": "bf16 autocast" if dtype else "fp32",
-           "contiguous_img_s": BATCHES[model] / contiguous, "channels_last_img_s": BATCHES[model] / last,
-           "speedup": contiguous / last, "steps": {"contiguous": len(times[False]), "channels_last": len(times[True])}}
-    print(f"{model:<11}{row['precision']:<15}{row['contiguous_img_s']:>10.0f}{row['channels_last_img_s']:>10.0f}"
-          f"{row['speedup']:>8.2f}x", flush=True)
+    row = {
+        "model": model,
+        "batch": BATCHES[model],
+        "precision": "bf16 autocast" if dtype else "fp32",
+        "contiguous_img_s": BATCHES[model] / contiguous,
+        "channels_last_img_s": BATCHES[model] / last,
+        "speedup": contiguous / last,
+        "steps": {"contiguous": len(times[False]), "channels_last": len(times[True])},
+    }
+    print(
+        f"{model:<11}{row['precision']:<15}{row['contiguous_img_s']:>10.0f}{row['channels_last_img_s']:>10.0f}"
+        f"{row['speedup']:>8.2f}x",
+        flush=True,
+    )
     return row
 
 
@@ -46,8 +55,15 @@ def main() -> None:
     print(f"{'model':<11}{'precision':<15}{'default':>10}{'ch_last':>10}{'ratio':>9}")
     rows = [compare(model, dtype, args.rounds, args.budget) for model in args.models.split(",") for dtype in dtypes]
     if args.json_path:
-        records.write(args.json_path, {"hardware": records.hardware_record("cpu"), "rows": rows,
-                                       "rounds": args.rounds, "budget_seconds": args.budget})
+        records.write(
+            args.json_path,
+            {
+                "hardware": records.hardware_record("cpu"),
+                "rows": rows,
+                "rounds": args.rounds,
+                "budget_seconds": args.budget,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from typing import Any
 
 from benchmarks import records, runner
 
-LEVERS = {"plain": {}, "levers": {"resize_start": 0.5, "resize_until": 0.75, "select_fraction": 0.5,
-                                  "select_until": 0.5}}
+LEVERS = {
+    "plain": {},
+    "levers": {"resize_start": 0.5, "resize_until": 0.75, "select_fraction": 0.5, "select_until": 0.5},
+}
 
 
 def linked_subset(folder: Path, target: Path, per_split: dict[str, int]) -> None:
@@ -51,26 +53,53 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         data = Path(work) / "data"
         linked_subset(Path(args.folder), data, {"train": args.per_class, "test": args.test_per_class})
-        common = {"dataset": "folder", "data_path": str(data), "cache_dir": str(Path(work) / "cache"),
-                  "image_size": args.image_size, "random_resized_crop": 0.35, "batch_size": 500,
-                  "learning_rate": 1.656 * 500 / 2000, "num_epochs": args.epochs, "validate_every": 1, "tta": 0,
-                  "whitening_bias_epochs": 0.3 * args.epochs, "train_eval_size": 0,
-                  **({} if args.seed is None else {"seed": args.seed})}
+        common = {
+            "dataset": "folder",
+            "data_path": str(data),
+            "cache_dir": str(Path(work) / "cache"),
+            "image_size": args.image_size,
+            "random_resized_crop": 0.35,
+            "batch_size": 500,
+            "learning_rate": 1.656 * 500 / 2000,
+            "num_epochs": args.epochs,
+            "validate_every": 1,
+            "tta": 0,
+            "whitening_bias_epochs": 0.3 * args.epochs,
+            "train_eval_size": 0,
+            **({} if args.seed is None else {"seed": args.seed}),
+        }
         for name, levers in LEVERS.items():
-            run = runner.train_ours(Path(work) / name, records.REPO / "configs" / "fast_muon.yaml", "cpu",
-                                    **common, **levers)
-            runs[name] = {"accuracy": run.accuracy, "training_seconds": run.summary.training_time,
-                          "curve": run.curve("test"), "overrides": {**common, **levers, "data_path": "SUBSET"}}
+            run = runner.train_ours(
+                Path(work) / name, records.REPO / "configs" / "fast_muon.yaml", "cpu", **common, **levers
+            )
+            runs[name] = {
+                "accuracy": run.accuracy,
+                "training_seconds": run.summary.training_time,
+                "curve": run.curve("test"),
+                "overrides": {**common, **levers, "data_path": "SUBSET"},
+            }
             print(f"{name}: {run.accuracy:.4f} in {run.summary.training_time:.0f} s", flush=True)
     target = min(run["accuracy"] for run in runs.values())
     for name, run in runs.items():
         run["seconds_to_target"] = runner.time_to(run["curve"], target)
-        print(f"{name:<8} final {100 * run['accuracy']:.2f}%, {run['training_seconds']:.0f} s of training, "
-              f"{run['seconds_to_target']:.0f} s to {100 * target:.2f}%")
+        print(
+            f"{name:<8} final {100 * run['accuracy']:.2f}%, {run['training_seconds']:.0f} s of training, "
+            f"{run['seconds_to_target']:.0f} s to {100 * target:.2f}%"
+        )
     if args.json_path:
-        records.write(args.json_path, {"hardware": records.hardware_record("cpu"), "target": target, "runs": runs,
-                                       "per_class": args.per_class, "test_per_class": args.test_per_class,
-                                       "image_size": args.image_size, "epochs": args.epochs, "seed": args.seed})
+        records.write(
+            args.json_path,
+            {
+                "hardware": records.hardware_record("cpu"),
+                "target": target,
+                "runs": runs,
+                "per_class": args.per_class,
+                "test_per_class": args.test_per_class,
+                "image_size": args.image_size,
+                "epochs": args.epochs,
+                "seed": args.seed,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,23 @@ ENTRIES: dict[str, tuple[str | None, dict[str, Any]]] = {
 def run_entry(name: str, data_path: str, num_epochs: int) -> dict[str, Any]:
     config, overrides = ENTRIES[name]
     with tempfile.TemporaryDirectory() as output:
-        run = runner.train_ours(Path(output), records.REPO / "configs" / config if config else None, "cpu",
-                                **{**overrides, "data_path": data_path, "num_epochs": num_epochs, "download": False})
+        run = runner.train_ours(
+            Path(output),
+            records.REPO / "configs" / config if config else None,
+            "cpu",
+            **{**overrides, "data_path": data_path, "num_epochs": num_epochs, "download": False},
+        )
     seconds = [row["epoch_time"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
-    return {"entry": name, "overrides": overrides, "config": config, "accuracy": run.accuracy,
-            "epoch_seconds": seconds, "mean_epoch_seconds": sum(seconds) / len(seconds),
-            "precision": run.summary.precision, "wall_seconds": run.wall_seconds}
+    return {
+        "entry": name,
+        "overrides": overrides,
+        "config": config,
+        "accuracy": run.accuracy,
+        "epoch_seconds": seconds,
+        "mean_epoch_seconds": sum(seconds) / len(seconds),
+        "precision": run.summary.precision,
+        "wall_seconds": run.wall_seconds,
+    }
 
 
 def main() -> None:
@@ -58,11 +69,21 @@ def main() -> None:
     runs = []
     for name in chosen:
         runs.append(run_entry(name, args.data_path, args.num_epochs))
-        print(f"{name:<16}accuracy {100 * runs[-1]['accuracy']:6.2f}%  {runs[-1]['mean_epoch_seconds']:6.1f} s/epoch",
-              flush=True)
-        records.write(args.json_path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "num_epochs": args.num_epochs,
-                                       "commit": records.commit(), "hardware": records.hardware_record(),
-                                       "torch": torch.__version__, "runs": runs})
+        print(
+            f"{name:<16}accuracy {100 * runs[-1]['accuracy']:6.2f}%  {runs[-1]['mean_epoch_seconds']:6.1f} s/epoch",
+            flush=True,
+        )
+        records.write(
+            args.json_path,
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "num_epochs": args.num_epochs,
+                "commit": records.commit(),
+                "hardware": records.hardware_record(),
+                "torch": torch.__version__,
+                "runs": runs,
+            },
+        )
 
 
 if __name__ == "__main__":

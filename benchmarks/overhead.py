@@ -53,7 +53,7 @@ def bare_loop(iterations: int) -> float:
     order = torch.randperm(len(train.labels))
     start = time.perf_counter()
     for index in range(iterations):
-        chosen = order[index * BATCH:(index + 1) * BATCH]
+        chosen = order[index * BATCH : (index + 1) * BATCH]
         inputs, targets = augmentation.normalize(train.images[chosen]), train.labels[chosen]
         loss = loss_fn(model(inputs), targets)
         loss.backward()
@@ -73,10 +73,22 @@ def our_run(iterations: int, profiler: Any = None) -> float:
         return engine_set
 
     with tempfile.TemporaryDirectory() as output:
-        config = api.resolve(None, dataset="synthetic", synthetic_size=BATCH * iterations,
-                             model="benchmarks.overhead:tiny_linear", batch_size=BATCH, num_epochs=1,
-                             num_warmup_epochs=0.1, num_workers=0, data_on_device=True, train_eval_size=0,
-                             crop_padding=0, flip="none", output_path=output, run_name="overhead")
+        config = api.resolve(
+            None,
+            dataset="synthetic",
+            synthetic_size=BATCH * iterations,
+            model="benchmarks.overhead:tiny_linear",
+            batch_size=BATCH,
+            num_epochs=1,
+            num_warmup_epochs=0.1,
+            num_workers=0,
+            data_on_device=True,
+            train_eval_size=0,
+            crop_padding=0,
+            flip="none",
+            output_path=output,
+            run_name="overhead",
+        )
         worker.setup_engines = with_profiler if profiler is not None else setup_engines
         try:
             with contextlib.redirect_stderr(io.StringIO()):
@@ -96,12 +108,21 @@ def measure(rounds: int, short: int, long: int) -> dict[str, Any]:
     for round_index in range(rounds):
         for name, run in (("bare", bare_loop), ("ours", our_run)):
             per_iteration[name].append((run(long) - run(short)) / (long - short) * 1e6)
-        print(f"round {round_index + 1}: bare {per_iteration['bare'][-1]:.1f} us, ours {per_iteration['ours'][-1]:.1f} "
-              f"us per iteration", flush=True)
+        print(
+            f"round {round_index + 1}: bare {per_iteration['bare'][-1]:.1f} us, ours {per_iteration['ours'][-1]:.1f} "
+            f"us per iteration",
+            flush=True,
+        )
     above = [ours - bare for bare, ours in zip(per_iteration["bare"], per_iteration["ours"])]
-    return {"bare_us": statistics.median(per_iteration["bare"]), "ours_us": statistics.median(per_iteration["ours"]),
-            "above_bare_us": statistics.median(above), "above_bare_range_us": [min(above), max(above)],
-            "rounds": per_iteration, "short": short, "long": long}
+    return {
+        "bare_us": statistics.median(per_iteration["bare"]),
+        "ours_us": statistics.median(per_iteration["ours"]),
+        "above_bare_us": statistics.median(above),
+        "above_bare_range_us": [min(above), max(above)],
+        "rounds": per_iteration,
+        "short": short,
+        "long": long,
+    }
 
 
 def handler_costs(iterations: int) -> dict[str, float]:
@@ -135,14 +156,19 @@ def main() -> None:
         print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
     os.environ["OMP_NUM_THREADS"] = "1"  # our run keeps it (else it takes a thread per core)
     torch.set_num_threads(1)
-    print(f"per-iteration cost of our trainer over a bare loop: a linear model, batch {BATCH}, 1 thread, runs of "
-          f"{args.short} and {args.long} iterations, {args.rounds} interleaved rounds; torch {torch.__version__}; "
-          f"{hardware.one_line()}")
+    print(
+        f"per-iteration cost of our trainer over a bare loop: a linear model, batch {BATCH}, 1 thread, runs of "
+        f"{args.short} and {args.long} iterations, {args.rounds} interleaved rounds; torch {torch.__version__}; "
+        f"{hardware.one_line()}"
+    )
     measured = measure(args.rounds, args.short, args.long)
     costs = handler_costs(args.long)
     print(f"{'median per iteration':<60}{'us':>10}")
-    for key, label in (("bare_us", "bare loop"), ("ours_us", "our run (default handlers)"),
-                       ("above_bare_us", "ours above the bare loop")):
+    for key, label in (
+        ("bare_us", "bare loop"),
+        ("ours_us", "our run (default handlers)"),
+        ("above_bare_us", "ours above the bare loop"),
+    ):
         print(f"{label:<60}{measured[key]:>10.1f}")
     low, high = measured["above_bare_range_us"]
     print(f"{'  range over the rounds':<60}{f'{low:.0f}..{high:.0f}':>10}")
@@ -150,8 +176,16 @@ def main() -> None:
     for name, micros in costs.items():
         print(f"{name[:59]:<60}{micros:>10.1f}")
     if args.json_path:
-        records.write(args.json_path, {"overhead": measured, "handlers_us": costs, "torch": torch.__version__,
-                                       "hardware": records.hardware_record(), "commit": records.commit()})
+        records.write(
+            args.json_path,
+            {
+                "overhead": measured,
+                "handlers_us": costs,
+                "torch": torch.__version__,
+                "hardware": records.hardware_record(),
+                "commit": records.commit(),
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,14 @@ def write_peer_data(data_path: str, folder: Path) -> None:
     _, train_set, test_set = cifar.read_dataset("cifar10", Path(data_path))
     (folder / "cifar10").mkdir()
     for name, images in (("train", train_set), ("test", test_set)):
-        torch.save({"images": torch.as_tensor(images.images).permute(0, 2, 3, 1).contiguous(),
-                    "labels": torch.as_tensor(images.labels), "classes": list(cifar.CLASSES)},
-                   folder / "cifar10" / f"{name}.pt")
+        torch.save(
+            {
+                "images": torch.as_tensor(images.images).permute(0, 2, 3, 1).contiguous(),
+                "labels": torch.as_tensor(images.labels),
+                "classes": list(cifar.CLASSES),
+            },
+            folder / "cifar10" / f"{name}.pt",
+        )
 
 
 class CpuTimer:
@@ -99,22 +104,35 @@ def parse_peer_table(text: str) -> dict[str, Any]:
             curve.append((float(cells[6]), float(cells[4])))
     if final is None or not curve:
         raise ValueError("airbench printed no epoch or final (eval) row")
-    return {"accuracy": final["accuracy"], "accuracy_without_tta": curve[-1][1], "train_loss": final["train_loss"],
-            "training_seconds": curve[-1][0], "tta_seconds": final["seconds_with_tta"] - curve[-1][0], "curve": curve}
+    return {
+        "accuracy": final["accuracy"],
+        "accuracy_without_tta": curve[-1][1],
+        "train_loss": final["train_loss"],
+        "training_seconds": curve[-1][0],
+        "tta_seconds": final["seconds_with_tta"] - curve[-1][0],
+        "curve": curve,
+    }
 
 
 def run_peer(data_path: str, device: str, seed: int, quick: bool) -> dict[str, Any]:
     """train94 on our data in its own process: accuracy, training seconds (its own timers), the curve, the wall
     seconds and what lay outside its timers (airbench evaluates without TTA after every epoch, outside them)."""
     if importlib.util.find_spec("airbench") is None:
-        raise SystemExit(f"the peer needs the airbench package: pip install 'cifar10-dist[bench]' ({PACKAGE}, or its "
-                         "sdist offline)")
+        raise SystemExit(
+            f"the peer needs the airbench package: pip install 'cifar10-dist[bench]' ({PACKAGE}, or its sdist offline)"
+        )
     started = time.perf_counter()
     env = {**os.environ, **KEEP_FREED, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory() as folder:
         write_peer_data(data_path, Path(folder))
-        command = [sys.executable, "-m", "benchmarks.peer", f"--device={device}", f"--seed={seed}",
-                   *(QUICK if quick else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.peer",
+            f"--device={device}",
+            f"--seed={seed}",
+            *(QUICK if quick else []),
+        ]
         result = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"airbench94 failed: {result.stderr.strip()[-2000:]}")
@@ -143,8 +161,9 @@ def main() -> None:
     else:
         airbench.warmup94()
     if args.batch_size is not None:  # its own training loader, as train94 makes it, at another batch size
-        options["train_loader"] = lib_airbench94.CifarLoader("cifar10", train=True, batch_size=args.batch_size,
-                                                             aug=lib_airbench94.hyp["aug"], altflip=True)
+        options["train_loader"] = lib_airbench94.CifarLoader(
+            "cifar10", train=True, batch_size=args.batch_size, aug=lib_airbench94.hyp["aug"], altflip=True
+        )
     airbench.train94(**options)
 
 

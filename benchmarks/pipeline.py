@@ -70,11 +70,17 @@ def images_per_second(run_epoch: Callable[[], int], rounds: int) -> tuple[float,
 def torchvision_epoch(folder: Path) -> Callable[[], int]:
     from torchvision import datasets, transforms
 
-    pipeline = transforms.Compose([transforms.RandomResizedCrop(SIZE, scale=(SCALE, 1.0)),
-                                   transforms.RandomHorizontalFlip(), transforms.ToTensor(),
-                                   transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-    loader = torch.utils.data.DataLoader(datasets.ImageFolder(str(folder / "train"), pipeline), batch_size=BATCH,
-                                         shuffle=True, num_workers=0)
+    pipeline = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(SIZE, scale=(SCALE, 1.0)),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    loader = torch.utils.data.DataLoader(
+        datasets.ImageFolder(str(folder / "train"), pipeline), batch_size=BATCH, shuffle=True, num_workers=0
+    )
 
     def epoch() -> int:
         return sum(len(images) for images, _ in loader)
@@ -108,8 +114,9 @@ def our_epoch(folder: Path, stage: str) -> Callable[[], int]:
     from cifar10_dist.data import augmentation, folder_source, loaders
 
     loaded = folder_source.load_folder(folder, STORED)
-    train = loaders.make_loaders(loaded.train, loaded.train, batch_size=BATCH, num_workers=0, train_eval_size=0,
-                                 seed=0).train
+    train = loaders.make_loaders(
+        loaded.train, loaded.train, batch_size=BATCH, num_workers=0, train_eval_size=0, seed=0
+    ).train
     generator = torch.Generator().manual_seed(0)
 
     def epoch() -> int:
@@ -162,29 +169,53 @@ def main() -> None:
     folder = photo_folder(extract(Path(args.archive), work), work / f"photos-{args.images}", args.images)
     build_seconds, build_cpu = build_cache(folder)
     images = sum(1 for _ in (folder / "train").rglob("*.jpg"))
-    print(f"cache of {images} images at {STORED} px: {build_seconds:.1f} s, {build_cpu:.1f} s of CPU (one decoding "
-          f"process and this one: {1000 * build_cpu / images:.2f} ms an image)", flush=True)
-    epochs = {"torchvision": torchvision_epoch(folder), **{name: our_epoch(folder, name.split("_")[1])
-                                                           for name in PIPELINES if name != "torchvision"}}
+    print(
+        f"cache of {images} images at {STORED} px: {build_seconds:.1f} s, {build_cpu:.1f} s of CPU (one decoding "
+        f"process and this one: {1000 * build_cpu / images:.2f} ms an image)",
+        flush=True,
+    )
+    epochs = {
+        "torchvision": torchvision_epoch(folder),
+        **{name: our_epoch(folder, name.split("_")[1]) for name in PIPELINES if name != "torchvision"},
+    }
     results: dict[str, Any] = {}
     for name, epoch in epochs.items():
         median, speeds = images_per_second(epoch, args.rounds)
         results[name] = {"does": PIPELINES[name], "images_per_second_per_core": median, "rounds": speeds}
-        print(f"{name:<16} {median:9.1f} images/s on one core  (rounds: {', '.join(f'{v:.1f}' for v in speeds)})",
-              flush=True)
+        print(
+            f"{name:<16} {median:9.1f} images/s on one core  (rounds: {', '.join(f'{v:.1f}' for v in speeds)})",
+            flush=True,
+        )
     theirs = results["torchvision"]["images_per_second_per_core"]
     ours = results["ours_normalised"]["images_per_second_per_core"]
-    ratios = {"after_the_cache": ours / theirs,
-              **{f"amortised_over_{n}_epochs": amortised_ratio(ours, build_cpu, images, n, theirs) for n in (1, 10)}}
+    ratios = {
+        "after_the_cache": ours / theirs,
+        **{f"amortised_over_{n}_epochs": amortised_ratio(ours, build_cpu, images, n, theirs) for n in (1, 10)},
+    }
     for name, ratio in ratios.items():
         print(f"ours vs torchvision, the same work, {name.replace('_', ' ')}: {ratio:.2f}x")
-    records.write(Path(args.json_path), {
-        "torch": str(torch.__version__), "images": images, "size": SIZE, "stored": STORED, "scale": SCALE,
-        "batch": BATCH, "cache_build": {"seconds": build_seconds, "decoding_processes": 1, "cpu_seconds": build_cpu,
-                                        "cpu_ms_per_image": 1000 * build_cpu / images},
-        "results": results, "ratios": ratios,
-        "microseconds_per_image": {name: 1e6 / result["images_per_second_per_core"]
-                                   for name, result in results.items()}})
+    records.write(
+        Path(args.json_path),
+        {
+            "torch": str(torch.__version__),
+            "images": images,
+            "size": SIZE,
+            "stored": STORED,
+            "scale": SCALE,
+            "batch": BATCH,
+            "cache_build": {
+                "seconds": build_seconds,
+                "decoding_processes": 1,
+                "cpu_seconds": build_cpu,
+                "cpu_ms_per_image": 1000 * build_cpu / images,
+            },
+            "results": results,
+            "ratios": ratios,
+            "microseconds_per_image": {
+                name: 1e6 / result["images_per_second_per_core"] for name, result in results.items()
+            },
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

@@ -74,11 +74,22 @@ def torchvision_epochs(folder: Path, model_file: Path, epochs: int, threads: int
     torch.manual_seed(0)
     model = namespace["tiny"]()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    pipeline = transforms.Compose([transforms.RandomResizedCrop(SIZE, scale=(SCALE, 1.0)),
-                                   transforms.RandomHorizontalFlip(), transforms.ToTensor(),
-                                   transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-    loader = torch.utils.data.DataLoader(datasets.ImageFolder(str(folder / "train"), pipeline), batch_size=BATCH,
-                                         shuffle=True, num_workers=WORKERS, persistent_workers=True, drop_last=True)
+    pipeline = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(SIZE, scale=(SCALE, 1.0)),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    loader = torch.utils.data.DataLoader(
+        datasets.ImageFolder(str(folder / "train"), pipeline),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=WORKERS,
+        persistent_workers=True,
+        drop_last=True,
+    )
     speeds = []
     for _ in range(epochs):
         started, count = time.perf_counter(), 0
@@ -101,20 +112,44 @@ def build_cache(folder: Path) -> float:
 
     shutil.rmtree(folder / folder_scan.CACHE_FOLDER, ignore_errors=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cifar10_dist", "prepare-data", "--dataset=folder",
-                    f"--data_path={folder}", f"--image_size={SIZE}", "--crop_fraction=0.875"],
-                   cwd=runner.REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cifar10_dist",
+            "prepare-data",
+            "--dataset=folder",
+            f"--data_path={folder}",
+            f"--image_size={SIZE}",
+            "--crop_fraction=0.875",
+        ],
+        cwd=runner.REPO,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - started
 
 
-def our_epochs(folder: Path, model_file: Path, epochs: int, work: Path, workers: int | str, threads: int | None
-               ) -> list[float]:
+def our_epochs(
+    folder: Path, model_file: Path, epochs: int, work: Path, workers: int | str, threads: int | None
+) -> list[float]:
     """Images per second of each training epoch of our run (metrics.jsonl), evaluation excluded; ``threads``:
     OMP_NUM_THREADS for its training process (None: the default)."""
-    run = runner.train_ours(work / "ours", environment={"OMP_NUM_THREADS": None if threads is None else str(threads)},
-                            dataset="folder", data_path=str(folder), image_size=SIZE, crop_fraction=0.875,
-                            random_resized_crop=SCALE, num_workers=workers, batch_size=BATCH, num_epochs=epochs,
-                            model=f"{model_file}:tiny", train_eval_size=0, overwrite=True)
+    run = runner.train_ours(
+        work / "ours",
+        environment={"OMP_NUM_THREADS": None if threads is None else str(threads)},
+        dataset="folder",
+        data_path=str(folder),
+        image_size=SIZE,
+        crop_fraction=0.875,
+        random_resized_crop=SCALE,
+        num_workers=workers,
+        batch_size=BATCH,
+        num_epochs=epochs,
+        model=f"{model_file}:tiny",
+        train_eval_size=0,
+        overwrite=True,
+    )
     return [row["images_per_second"] for row in sorted(run.epochs, key=lambda row: row["epoch"])]
 
 
@@ -123,23 +158,43 @@ def amortised(ours: float, theirs: float, build_seconds: float, images: int, epo
     return (1 / theirs) / (1 / ours + build_seconds / (images * epochs))
 
 
-def compare(setting: str, workers: int | str, threads: int | None, folder: Path, model_file: Path, work: Path,
-            epochs: int, build: float, images: int) -> dict[str, Any]:
+def compare(
+    setting: str,
+    workers: int | str,
+    threads: int | None,
+    folder: Path,
+    model_file: Path,
+    work: Path,
+    epochs: int,
+    build: float,
+    images: int,
+) -> dict[str, Any]:
     """torchvision's pipeline and ours, epoch by epoch, in one setting (our workers, the step's threads)."""
     theirs = torchvision_epochs(folder, model_file, epochs, threads)
     ours = our_epochs(folder, model_file, epochs, work, workers, threads)
     per_epoch = [mine / their for mine, their in zip(ours, theirs)]
     mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
-    ratios = {"per_epoch": per_epoch, "mean_epoch": mean_ours / mean_theirs,
-              **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n) for n in (epochs, 10)}}
-    print(f"{setting} (our num_workers={workers}, theirs {WORKERS}; {threads or DEFAULT_THREADS} thread(s) for "
-          f"the step): torchvision "
-          f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
-          f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {epochs} epochs "
-          f"{ratios[f'build_over_{epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
-          flush=True)
-    return {"our_num_workers": workers, "their_num_workers": WORKERS, "threads": threads or DEFAULT_THREADS,
-            "torchvision_images_per_second": theirs, "ours_images_per_second": ours, "ratios": ratios}
+    ratios = {
+        "per_epoch": per_epoch,
+        "mean_epoch": mean_ours / mean_theirs,
+        **{f"build_over_{n}_epochs": amortised(mean_ours, mean_theirs, build, images, n) for n in (epochs, 10)},
+    }
+    print(
+        f"{setting} (our num_workers={workers}, theirs {WORKERS}; {threads or DEFAULT_THREADS} thread(s) for "
+        f"the step): torchvision "
+        f"{', '.join(f'{v:.0f}' for v in theirs)}, ours {', '.join(f'{v:.0f}' for v in ours)} images/s per "
+        f"epoch: {', '.join(f'{r:.2f}x' for r in per_epoch)}; the build spread over {epochs} epochs "
+        f"{ratios[f'build_over_{epochs}_epochs']:.2f}x, over 10 {ratios['build_over_10_epochs']:.2f}x",
+        flush=True,
+    )
+    return {
+        "our_num_workers": workers,
+        "their_num_workers": WORKERS,
+        "threads": threads or DEFAULT_THREADS,
+        "torchvision_images_per_second": theirs,
+        "ours_images_per_second": ours,
+        "ratios": ratios,
+    }
 
 
 def main() -> None:
@@ -157,12 +212,26 @@ def main() -> None:
     images = sum(1 for _ in (folder / "train").rglob("*.jpg"))
     build = build_cache(folder)
     print(f"our cache of {images} photos at {STORED} px (prepare-data): {build:.1f} s", flush=True)
-    results = {setting: compare(setting, workers, threads, folder, model_file, work, args.epochs, build, images)
-               for setting, (workers, threads) in SETTINGS.items()}
-    records.write(Path(args.json_path), {
-        "torch": str(torch.__version__), "images": images, "size": SIZE, "stored": STORED, "scale": SCALE,
-        "batch": BATCH, "workers": WORKERS, "epochs": args.epochs, "model": "global average pool + linear (3 -> 10)",
-        "cache_build_seconds": build, "settings": results})
+    results = {
+        setting: compare(setting, workers, threads, folder, model_file, work, args.epochs, build, images)
+        for setting, (workers, threads) in SETTINGS.items()
+    }
+    records.write(
+        Path(args.json_path),
+        {
+            "torch": str(torch.__version__),
+            "images": images,
+            "size": SIZE,
+            "stored": STORED,
+            "scale": SCALE,
+            "batch": BATCH,
+            "workers": WORKERS,
+            "epochs": args.epochs,
+            "model": "global average pool + linear (3 -> 10)",
+            "cache_build_seconds": build,
+            "settings": results,
+        },
+    )
     print(f"wrote {args.json_path}")
 
 

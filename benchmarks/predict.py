@@ -49,8 +49,9 @@ def command_speed(checkpoint: Path, folder: Path, count: int, batch_size: int, d
     """Images per second of `cifar10-dist predict` on the folder: loading, decoding, forward, printing."""
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        code = cli.main(["predict", f"--checkpoint={checkpoint}", str(folder), f"--batch_size={batch_size}",
-                         f"--device={device}"])
+        code = cli.main(
+            ["predict", f"--checkpoint={checkpoint}", str(folder), f"--batch_size={batch_size}", f"--device={device}"]
+        )
     seconds = time.perf_counter() - started
     assert code == 0 and len(printed.getvalue().splitlines()) == count
     return count / seconds
@@ -74,8 +75,10 @@ def main() -> None:
     parser.add_argument("--data_path", default=None)
     args = parser.parse_args()
     images = test_images(args.images, args.data_path)
-    print(f"{len(images)} {'test' if args.data_path else 'synthetic'} images, batch {args.batch_size}, "
-          f"device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"{len(images)} {'test' if args.data_path else 'synthetic'} images, batch {args.batch_size}, "
+        f"device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     print(f"{'model':<16}{'predict command (PNG files) img/s':>36}{'model on a tensor img/s':>26}")
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary) / "images"

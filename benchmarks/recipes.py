@@ -39,7 +39,8 @@ from benchmarks import peer, records, runner
 CONFIGS = records.REPO / "configs"
 # entry: (config, overrides on top of it)
 OURS: dict[str, tuple[str, dict[str, Any]]] = {
-    "fast": ("fast.yaml", {}), "muon": ("fast_muon.yaml", {}),
+    "fast": ("fast.yaml", {}),
+    "muon": ("fast_muon.yaml", {}),
     "muon7": ("fast_muon.yaml", {"num_epochs": 7, "validate_every": 7}),
     # the same cut further: lean's time budget reached by fewer epochs alone, nothing resized or selected
     "muon6": ("fast_muon.yaml", {"num_epochs": 6, "validate_every": 6}),
@@ -71,10 +72,18 @@ def run_ours(entry: str, data_path: str, device: str, seed: int, quick: bool) ->
         run = runner.train_ours(Path(output), CONFIGS / config, device, **values)
     summary = run.summary
     evaluation = run.evaluation_seconds()
-    outside = {"evaluation": evaluation, "in_process_other": summary.total_time - summary.training_time - evaluation,
-               "process_start_and_exit": run.wall_seconds - summary.total_time}
-    return {"accuracy": run.accuracy, "training_seconds": summary.training_time, "wall_seconds": run.wall_seconds,
-            "outside": outside, "precision": summary.precision}
+    outside = {
+        "evaluation": evaluation,
+        "in_process_other": summary.total_time - summary.training_time - evaluation,
+        "process_start_and_exit": run.wall_seconds - summary.total_time,
+    }
+    return {
+        "accuracy": run.accuracy,
+        "training_seconds": summary.training_time,
+        "wall_seconds": run.wall_seconds,
+        "outside": outside,
+        "precision": summary.precision,
+    }
 
 
 def _bare_step(net: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], float]:
@@ -106,9 +115,11 @@ def per_step_seconds(batch_size: int, steps: int, rounds: int) -> dict[str, Any]
     targets = torch.randint(0, 10, (batch_size,))
     frozen = models.AirbenchNet().to(memory_format=torch.channels_last)
     frozen.whitening_bias_frozen = True
-    nets = {PER_STEP_PEER: lib_airbench94.make_net94(),
-            "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last),
-            "ours, whitening bias frozen": frozen}
+    nets = {
+        PER_STEP_PEER: lib_airbench94.make_net94(),
+        "ours: models.AirbenchNet": models.AirbenchNet().to(memory_format=torch.channels_last),
+        "ours, whitening bias frozen": frozen,
+    }
     steppers = {name: _bare_step(peer.with_bf16_forward(net), inputs, targets) for name, net in nets.items()}
     seconds: dict[str, list[float]] = {name: [] for name in nets}
     for step in steppers.values():
@@ -119,20 +130,31 @@ def per_step_seconds(batch_size: int, steps: int, rounds: int) -> dict[str, Any]
             for _ in range(steps):
                 step()
             seconds[name].append((time.perf_counter() - started) / steps)
-    return {"batch_size": batch_size, "steps": steps, "rounds": rounds, "torch": torch.__version__,
-            "rows": [{"network": name, "seconds": values, "median": statistics.median(values)}
-                     for name, values in seconds.items()]}
+    return {
+        "batch_size": batch_size,
+        "steps": steps,
+        "rounds": rounds,
+        "torch": torch.__version__,
+        "rows": [
+            {"network": name, "seconds": values, "median": statistics.median(values)}
+            for name, values in seconds.items()
+        ],
+    }
 
 
 def per_step_table(measured: dict[str, Any], machine: str) -> str:
     reference = next(row["median"] for row in measured["rows"] if row["network"] == PER_STEP_PEER)
-    lines = [f"batch {measured['batch_size']}, {measured['steps']} steps x {measured['rounds']} interleaved rounds, "
-             f"{machine}, torch {measured['torch']}",
-             f"{'network':<30}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}"]
+    lines = [
+        f"batch {measured['batch_size']}, {measured['steps']} steps x {measured['rounds']} interleaved rounds, "
+        f"{machine}, torch {measured['torch']}",
+        f"{'network':<30}{'s/step':>8}  {'range':<13}{'img/s':>7}{'vs peer':>9}",
+    ]
     for row in measured["rows"]:
         values, median = row["seconds"], row["median"]
-        lines.append(f"{row['network']:<30}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}"
-                     f"{measured['batch_size'] / median:>7.0f}{median / reference:>9.3f}")
+        lines.append(
+            f"{row['network']:<30}{median:>8.3f}  {min(values):.3f}-{max(values):.3f}"
+            f"{measured['batch_size'] / median:>7.0f}{median / reference:>9.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -144,8 +166,10 @@ def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
     by_recipe = {name: [r for r in runs if r["recipe"] == name] for name in ENTRIES}
     by_seed = {name: list({r["seed"]: r["accuracy"] for r in chosen}.values()) for name, chosen in by_recipe.items()}
     width = max(8, *(len(name) + 1 for name, chosen in by_recipe.items() if chosen))
-    lines = [f"{'recipe':<{width}}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}"
-             "  reaches"]
+    lines = [
+        f"{'recipe':<{width}}{'runs':>5}{'seeds':>6}{'accuracy':>10}{'std':>8}{'train min':>11}{'outside s':>11}"
+        "  reaches"
+    ]
     peer_mean = _mean(by_seed["peer"])
     for name, chosen in by_recipe.items():
         if not chosen:
@@ -154,8 +178,10 @@ def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
         std = f"{100 * statistics.stdev(accuracies):.2f}%" if len(accuracies) > 1 else "-"  # one seed: no spread
         outside = _mean([sum(r["outside"].values()) for r in chosen])
         reaches = "-" if peer_mean is None or name == "peer" else ("peer" if _mean(accuracies) >= peer_mean else "no")
-        lines.append(f"{name:<{width}}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{std:>8}"
-                     f"{_mean([r['training_seconds'] for r in chosen]) / 60:>11.1f}{outside:>11.0f}  {reaches}")
+        lines.append(
+            f"{name:<{width}}{len(chosen):>5}{len(accuracies):>6}{100 * _mean(accuracies):>9.2f}%{std:>8}"
+            f"{_mean([r['training_seconds'] for r in chosen]) / 60:>11.1f}{outside:>11.0f}  {reaches}"
+        )
     lines.extend(same_invocation_ratios(runs))
     return "\n".join(lines)
 
@@ -163,11 +189,16 @@ def table(runs: list[dict[str, Any]], quick: bool = False) -> str:
 def same_invocation_ratios(runs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for invocation in sorted({r["invocation"] for r in runs}):
-        together = {name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation
-                                 and r["recipe"] == name]) for name in ENTRIES}
-        pairs = [(a, b) for a in OURS for b in ("fast", "muon", "peer")
-                 if a != b and not (a == "fast" and b == "muon")
-                 and together[a] is not None and together[b] is not None]
+        together = {
+            name: _mean([r["training_seconds"] for r in runs if r["invocation"] == invocation and r["recipe"] == name])
+            for name in ENTRIES
+        }
+        pairs = [
+            (a, b)
+            for a in OURS
+            for b in ("fast", "muon", "peer")
+            if a != b and not (a == "fast" and b == "muon") and together[a] is not None and together[b] is not None
+        ]
         if pairs:
             ratios = ", ".join(f"{a}/{b} {together[a] / together[b]:.2f}" for a, b in pairs)
             lines.append(f"training-time ratios in invocation {invocation}: {ratios}")
@@ -188,13 +219,26 @@ def run_entries(args: argparse.Namespace, entries: list[str], path: Path) -> Non
                 result = peer.run_peer(args.data_path, args.device, seed, args.quick)
             else:
                 result = run_ours(entry, args.data_path, args.device, seed, args.quick)
-            records.append_run(path, {"recipe": entry, "seed": seed, "invocation": invocation,
-                                      "commit": records.commit(), "machine": records.machine(args.device),
-                                      "hardware": records.hardware_record(args.device), "torch": torch.__version__,
-                                      "quick": args.quick, **result})
-            print(f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training "
-                  f"{result['training_seconds']:.0f} s,"
-                  f" outside {sum(result['outside'].values()):.0f} s", flush=True)
+            records.append_run(
+                path,
+                {
+                    "recipe": entry,
+                    "seed": seed,
+                    "invocation": invocation,
+                    "commit": records.commit(),
+                    "machine": records.machine(args.device),
+                    "hardware": records.hardware_record(args.device),
+                    "torch": torch.__version__,
+                    "quick": args.quick,
+                    **result,
+                },
+            )
+            print(
+                f"{entry} seed {seed}: accuracy {result['accuracy']:.4f}, training "
+                f"{result['training_seconds']:.0f} s,"
+                f" outside {sum(result['outside'].values()):.0f} s",
+                flush=True,
+            )
     print(table(json.loads(path.read_text())["runs"], quick=args.quick))
 
 
@@ -208,8 +252,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="a few steps of every entry (checks the tool)")
     parser.add_argument("--table", action="store_true", help="print the table of --json and exit")
-    parser.add_argument("--per_step", action="store_true",
-                        help="only seconds per bare training step of the peer's network and ours (CPU), interleaved")
+    parser.add_argument(
+        "--per_step",
+        action="store_true",
+        help="only seconds per bare training step of the peer's network and ours (CPU), interleaved",
+    )
     parser.add_argument("--batch_size", type=int, default=1024, help="with --per_step")
     parser.add_argument("--steps", type=int, default=5, help="with --per_step: steps per round")
     parser.add_argument("--rounds", type=int, default=4, help="with --per_step")

@@ -37,8 +37,9 @@ def commit() -> str:
     if os.environ.get("CIFAR10_DIST_COMMIT"):
         return os.environ["CIFAR10_DIST_COMMIT"]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    )
     if head.returncode != 0:
         return "unknown"
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
@@ -53,8 +54,10 @@ def command() -> str:
 def write(path: str | Path, record: dict[str, Any]) -> None:
     """A benchmark's JSON file, written whole, with the command, the commit and the machine (the CPU's kind: its
     kernels and native bf16) beside its figures, where the record does not name them itself."""
-    files.write_json(Path(path), {"command": command(), "commit": commit(), "machine": machine(),
-                                  "hardware": hardware_record(), **record})
+    files.write_json(
+        Path(path),
+        {"command": command(), "commit": commit(), "machine": machine(), "hardware": hardware_record(), **record},
+    )
 
 
 def append_run(path: str | Path, run: dict[str, Any]) -> None:

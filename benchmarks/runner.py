@@ -51,8 +51,11 @@ class OurRun:
         for epoch in sorted(self.epochs, key=lambda row: row["epoch"]):
             elapsed += epoch["epoch_time"]
             seconds[epoch["epoch"]] = elapsed
-        return [(seconds[row["epoch"]], row["accuracy"]) for row in sorted(self.evaluations, key=lambda r: r["epoch"])
-                if row["split"] == split and row["epoch"] in seconds]
+        return [
+            (seconds[row["epoch"]], row["accuracy"])
+            for row in sorted(self.evaluations, key=lambda r: r["epoch"])
+            if row["split"] == split and row["epoch"] in seconds
+        ]
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
@@ -60,8 +63,13 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
 
 
-def train_ours(output: Path, config_file: str | Path | None = None, device: str = "cpu",
-               environment: dict[str, str | None] | None = None, **overrides: Any) -> OurRun:
+def train_ours(
+    output: Path,
+    config_file: str | Path | None = None,
+    device: str = "cpu",
+    environment: dict[str, str | None] | None = None,
+    **overrides: Any,
+) -> OurRun:
     """Train ``config_file`` (a YAML file, or the defaults) with ``overrides`` into output/<run_name, default
     "bench"> in a fresh process (``environment``: variables set for it, None: removed); a failed run ends the
     benchmark with the tail of its log."""
@@ -76,11 +84,19 @@ def train_ours(output: Path, config_file: str | Path | None = None, device: str 
             env[name] = value
     with tempfile.TemporaryDirectory() as folder:
         answer = Path(folder) / "answer.json"
-        request = {"config": None if config_file is None else str(config_file), "overrides": overrides,
-                   "answer": str(answer)}
+        request = {
+            "config": None if config_file is None else str(config_file),
+            "overrides": overrides,
+            "answer": str(answer),
+        }
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "benchmarks.runner", json.dumps(request)], cwd=REPO, env=env,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.runner", json.dumps(request)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - started
         if done.returncode != 0 or not answer.is_file():
             raise SystemExit(f"our benchmark run failed (exit {done.returncode}): {done.stderr.strip()[-3000:]}")

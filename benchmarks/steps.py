@@ -42,17 +42,28 @@ class Timed:
         return self.steps * self.images / self.seconds
 
 
-def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False,
-              device: torch.device = CPU, amp_dtype: str = "auto") -> Callable[[torch.Tensor, torch.Tensor], float]:
+def make_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    amp: bool = False,
+    device: torch.device = CPU,
+    amp_dtype: str = "auto",
+) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """One plain training step (with ``amp``: fp16 with a GradScaler on CUDA, as our trainer does, or
     ``amp_dtype``), returning the loss as a float (read at every step, as most hand-written loops do)."""
     step = device_step(model, optimizer, loss_fn, amp, device, amp_dtype)
     return lambda inputs, targets: step(inputs, targets).item()
 
 
-def device_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, amp: bool = False,
-                device: torch.device = CPU, amp_dtype: str = "auto"
-                ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def device_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    amp: bool = False,
+    device: torch.device = CPU,
+    amp_dtype: str = "auto",
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``make_step`` returning the loss as a device tensor: the caller reads it when it chooses."""
     return doctor.plain_training_step(model, optimizer, loss_fn, choose_precision(device, amp, amp_dtype))
 
@@ -65,8 +76,9 @@ def setup(model_name: str, device: torch.device = CPU) -> tuple[nn.Module, torch
     return model, optimizer, nn.CrossEntropyLoss()
 
 
-def prepared(model: nn.Module, batch: Batch, device: torch.device, channels_last: bool, compile: bool
-             ) -> tuple[nn.Module, Batch]:
+def prepared(
+    model: nn.Module, batch: Batch, device: torch.device, channels_last: bool, compile: bool
+) -> tuple[nn.Module, Batch]:
     """The model and batch on the device, in channels_last and compiled when asked."""
     inputs, targets = batch[0].to(device), batch[1].to(device)
     if channels_last:
@@ -75,8 +87,17 @@ def prepared(model: nn.Module, batch: Batch, device: torch.device, channels_last
     return (torch.compile(model) if compile else model), (inputs, targets)
 
 
-def bare_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels_last: bool = False, amp: bool = False,
-              compile: bool = False, device: torch.device = CPU, amp_dtype: str = "auto") -> Timed:
+def bare_loop(
+    model_name: str,
+    batch: Batch,
+    steps: int,
+    warmup: int,
+    channels_last: bool = False,
+    amp: bool = False,
+    compile: bool = False,
+    device: torch.device = CPU,
+    amp_dtype: str = "auto",
+) -> Timed:
     """``steps`` plain training steps on one batch after ``warmup`` untimed ones; the losses are read after the
     timed steps (the device waited for once, at the end), so nothing but the steps is timed."""
     model, optimizer, loss_fn = setup(model_name, device)
@@ -100,8 +121,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels_last: bool = False, amp: bool = False,
-                compile: bool = False, device: torch.device = CPU, amp_dtype: str = "auto") -> Timed:
+def engine_loop(
+    model_name: str,
+    batch: Batch,
+    steps: int,
+    warmup: int,
+    channels_last: bool = False,
+    amp: bool = False,
+    compile: bool = False,
+    device: torch.device = CPU,
+    amp_dtype: str = "auto",
+) -> Timed:
     """Our trainer and its per-iteration handlers (LR schedule, stop checks reading the loss where the progress
     lines do, progress, TensorBoard and metrics.jsonl) on the same batch; the device waited for at the end."""
     model, optimizer, loss_fn = setup(model_name, device)
@@ -110,8 +140,13 @@ def engine_loop(model_name: str, batch: Batch, steps: int, warmup: int, channels
     trainer = create_trainer(TrainStep(model, optimizer, loss_fn, precision), lambda b, i: b)
     total = (steps + warmup) * 10
     trainer.add_event_handler(Events.ITERATION_STARTED, schedules.create_lr_scheduler(optimizer, 0.01, 5, total))
-    stopping.attach_stop_checks(trainer, stopping.StopRequest(), lambda engine: None, Path(tempfile.gettempdir()),
-                                reads_at=lambda iteration: iteration % 15 == 0)
+    stopping.attach_stop_checks(
+        trainer,
+        stopping.StopRequest(),
+        lambda engine: None,
+        Path(tempfile.gettempdir()),
+        reads_at=lambda iteration: iteration % 15 == 0,
+    )
     clock = progress.EpochClock(len(batch[1])).attach(trainer)
     progress.attach_progress_logging(trainer, optimizer, 15, clock, 1)
     with tempfile.TemporaryDirectory() as folder:

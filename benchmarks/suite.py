@@ -28,8 +28,14 @@ def timed(command: list[str], cwd: Path, log: Path) -> tuple[int, float, str]:
     """(exit code, wall seconds, output) of ``command`` run as CI runs it: CI=true, no stdin."""
     started = time.perf_counter()
     with log.open("w") as stream:
-        process = subprocess.run(command, cwd=cwd, env={**os.environ, "CI": "true"}, stdin=subprocess.DEVNULL,
-                                 stdout=stream, stderr=subprocess.STDOUT)
+        process = subprocess.run(
+            command,
+            cwd=cwd,
+            env={**os.environ, "CI": "true"},
+            stdin=subprocess.DEVNULL,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
     return process.returncode, time.perf_counter() - started, log.read_text()
 
 
@@ -52,19 +58,32 @@ def main() -> None:
         raise SystemExit(f".ci/run ended with {code}; its output is in {folder / 'ci.log'}")
     summary, pytest_seconds = found[-1][0], float(found[-1][1])
     print(f".ci/run: {ci_seconds:.1f} s in all, pytest {pytest_seconds:.1f} s ({summary})", flush=True)
-    demo_code, demo_seconds, _ = timed(["bash", "-c", ". .venv/bin/activate && cifar10-dist run "
-                                        "--config=configs/demo.yaml --output_path=demo-output --run_name=demo"],
-                                       clone, folder / "demo.log")
+    demo_code, demo_seconds, _ = timed(
+        [
+            "bash",
+            "-c",
+            ". .venv/bin/activate && cifar10-dist run "
+            "--config=configs/demo.yaml --output_path=demo-output --run_name=demo",
+        ],
+        clone,
+        folder / "demo.log",
+    )
     if demo_code != 0:
         raise SystemExit(f"the demo ended with {demo_code}; its output is in {folder / 'demo.log'}")
     demo_training = json.loads((clone / "demo-output" / "demo" / "summary.json").read_text())["training_time"]
     print(f"demo: {demo_seconds:.1f} s in all, training {demo_training:.1f} s", flush=True)
     record: dict[str, Any] = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tested_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip(),
-        "ci_run": {"seconds": ci_seconds, "pytest_seconds": pytest_seconds,
-                   "before_pytest_seconds": ci_seconds - pytest_seconds,  # apt checks, the virtualenv, the install
-                   "summary": summary, "counts": counts(summary)},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "tested_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True
+        ).stdout.strip(),
+        "ci_run": {
+            "seconds": ci_seconds,
+            "pytest_seconds": pytest_seconds,
+            "before_pytest_seconds": ci_seconds - pytest_seconds,  # apt checks, the virtualenv, the install
+            "summary": summary,
+            "counts": counts(summary),
+        },
         "demo": {"seconds": demo_seconds, "training_seconds": demo_training},
     }
     records.write(args.json_path, record)

@@ -41,15 +41,20 @@ VARIANTS = {
 
 
 def print_variants(model_name: str, batch: Batch, steps: int, warmup: int) -> None:
-    print(f"{model_name}, batch {len(batch[1])}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"{hardware.one_line()}")
+    print(
+        f"{model_name}, batch {len(batch[1])}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+        f"{hardware.one_line()}"
+    )
     print(f"{'bare loop setting':<42}{'img/s':>8}{'vs fp32':>9}{'warm-up s':>11}")
     baseline = None
     for name, options in VARIANTS.items():
         timed = bare_loop(model_name, batch, steps, warmup, **options)
         baseline = baseline or timed.images_per_second
-        print(f"{name:<42}{timed.images_per_second:>8.1f}{timed.images_per_second / baseline:>9.2f}"
-              f"{timed.warmup_seconds:>11.1f}", flush=True)
+        print(
+            f"{name:<42}{timed.images_per_second:>8.1f}{timed.images_per_second / baseline:>9.2f}"
+            f"{timed.warmup_seconds:>11.1f}",
+            flush=True,
+        )
 
 
 def conventional_pipeline(model_name: str, data_path: str, batch_size: int, steps: int, warmup: int) -> float:
@@ -64,8 +69,7 @@ def conventional_pipeline(model_name: str, data_path: str, batch_size: int, step
         def _load_meta(self) -> None:
             self.classes = list(cifar.CLASSES)
 
-    transform = T.Compose([T.Pad(4), T.RandomCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
-                           T.Normalize(MEAN, STD)])
+    transform = T.Compose([T.Pad(4), T.RandomCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
     dataset = UncheckedCIFAR10(data_path, train=True, transform=transform)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, drop_last=True)
     step = make_step(*setup(model_name))
@@ -81,12 +85,23 @@ def conventional_pipeline(model_name: str, data_path: str, batch_size: int, step
 def full_epoch(data_path: str, model_name: str, batch_size: int, **launch_options: object) -> dict[str, float]:
     """One real epoch of a run (benchmarks.runner): its training speed, evaluation time and speed, peak memory."""
     with tempfile.TemporaryDirectory() as output:
-        run = runner.train_ours(Path(output), data_path=data_path, model=model_name, batch_size=batch_size,
-                                num_epochs=1, num_warmup_epochs=0.2, **launch_options)
+        run = runner.train_ours(
+            Path(output),
+            data_path=data_path,
+            model=model_name,
+            batch_size=batch_size,
+            num_epochs=1,
+            num_warmup_epochs=0.2,
+            **launch_options,
+        )
     test = next(row for row in run.evaluations if row["split"] == "test")
-    return {"epoch_seconds": run.epochs[-1]["epoch_time"], "images_per_second": run.epochs[-1]["images_per_second"],
-            "eval_seconds": run.evaluation_seconds(), "eval_images_per_second": test["num_samples"] / test["duration"],
-            "peak_rss_mib": run.peak_rss_mib}
+    return {
+        "epoch_seconds": run.epochs[-1]["epoch_time"],
+        "images_per_second": run.epochs[-1]["images_per_second"],
+        "eval_seconds": run.evaluation_seconds(),
+        "eval_images_per_second": test["num_samples"] / test["duration"],
+        "peak_rss_mib": run.peak_rss_mib,
+    }
 
 
 def print_profile(model_name: str, batch: Batch, steps: int, channels_last: bool, amp: bool) -> None:
@@ -110,15 +125,20 @@ def print_profile(model_name: str, batch: Batch, steps: int, channels_last: bool
 
 def print_loops(model_name: str, batch: Batch, steps: int, warmup: int, rounds: int) -> None:
     """Our trainer against the bare loop on the same batches, in interleaved rounds: the ratio of each round."""
-    print(f"{model_name}, batch {len(batch[1])}, {steps} steps after {warmup}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}; {hardware.one_line()}")
+    print(
+        f"{model_name}, batch {len(batch[1])}, {steps} steps after {warmup}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; {hardware.one_line()}"
+    )
     ratios = []
     for round_index in range(rounds):
         bare = bare_loop(model_name, batch, steps, warmup).images_per_second
         engine = engine_loop(model_name, batch, steps, warmup).images_per_second
         ratios.append(engine / bare)
-        print(f"round {round_index + 1}: bare {bare:.1f} img/s, trainer {engine:.1f} img/s, trainer/bare "
-              f"{ratios[-1]:.3f}", flush=True)
+        print(
+            f"round {round_index + 1}: bare {bare:.1f} img/s, trainer {engine:.1f} img/s, trainer/bare "
+            f"{ratios[-1]:.3f}",
+            flush=True,
+        )
     print(f"trainer/bare: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}..{max(ratios):.3f}")
 
 
@@ -133,20 +153,25 @@ LABELS = {
 
 
 def print_table(args: argparse.Namespace, batch: Batch) -> None:
-    results = {"bare_loop": bare_loop(args.model, batch, args.steps, args.warmup).images_per_second,
-               "engine": engine_loop(args.model, batch, args.steps, args.warmup).images_per_second}
+    results = {
+        "bare_loop": bare_loop(args.model, batch, args.steps, args.warmup).images_per_second,
+        "engine": engine_loop(args.model, batch, args.steps, args.warmup).images_per_second,
+    }
     one = full_epoch(args.data_path, args.model, args.batch_size)
     two = full_epoch(args.data_path, args.model, args.batch_size, backend="gloo", nproc_per_node=2)
     results["epoch_1_process"] = one["images_per_second"]
     results["epoch_2_gloo_processes"] = two["images_per_second"]
-    results["conventional_pipeline"] = conventional_pipeline(args.model, args.data_path, args.batch_size, args.steps,
-                                                             args.warmup)
+    results["conventional_pipeline"] = conventional_pipeline(
+        args.model, args.data_path, args.batch_size, args.steps, args.warmup
+    )
     results["evaluation"] = one["eval_images_per_second"]
     flops = flops_per_image(args.model)
-    ratios = {"engine_over_bare": results["engine"] / results["bare_loop"],
-              "epoch_over_engine": results["epoch_1_process"] / results["engine"],
-              "two_procs_over_one": results["epoch_2_gloo_processes"] / results["epoch_1_process"],
-              "eval_fraction": one["eval_seconds"] / one["epoch_seconds"]}
+    ratios = {
+        "engine_over_bare": results["engine"] / results["bare_loop"],
+        "epoch_over_engine": results["epoch_1_process"] / results["engine"],
+        "two_procs_over_one": results["epoch_2_gloo_processes"] / results["epoch_1_process"],
+        "eval_fraction": one["eval_seconds"] / one["epoch_seconds"],
+    }
     print(f"{args.model}, batch {args.batch_size}, {records.machine()}, torch {torch.__version__}")
     print(f"{'measurement':<44}{'img/s':>10}")
     for key, label in LABELS.items():
@@ -158,11 +183,20 @@ def print_table(args: argparse.Namespace, batch: Batch) -> None:
     print(f"{'peak RSS, 1 process (MiB)':<44}{one['peak_rss_mib']:>10.0f}")
     print(f"{'peak RSS, largest of 2 processes (MiB)':<44}{two['peak_rss_mib']:>10.0f}")
     if args.json_path:
-        records.write(args.json_path, {
-            "images_per_second": results, **ratios, "flops_per_image": flops,
-            "peak_rss_mib": {"1_process": one["peak_rss_mib"], "2_processes_largest": two["peak_rss_mib"]},
-            "eval_seconds": one["eval_seconds"], "epoch_seconds": one["epoch_seconds"],
-            "hardware": records.hardware_record(), "commit": records.commit(), "torch": torch.__version__})
+        records.write(
+            args.json_path,
+            {
+                "images_per_second": results,
+                **ratios,
+                "flops_per_image": flops,
+                "peak_rss_mib": {"1_process": one["peak_rss_mib"], "2_processes_largest": two["peak_rss_mib"]},
+                "eval_seconds": one["eval_seconds"],
+                "epoch_seconds": one["epoch_seconds"],
+                "hardware": records.hardware_record(),
+                "commit": records.commit(),
+                "torch": torch.__version__,
+            },
+        )
 
 
 def main() -> None:
@@ -179,9 +213,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--default_allocator", action="store_true",
-                        help="leave glibc's allocator as it is (runs apply keep_freed_memory on CPU, so this process "
-                             "does too unless told not to)")
+    parser.add_argument(
+        "--default_allocator",
+        action="store_true",
+        help="leave glibc's allocator as it is (runs apply keep_freed_memory on CPU, so this process "
+        "does too unless told not to)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     if not args.default_allocator and cpu.keep_freed_memory():

@@ -61,8 +61,13 @@ def run(output: Path, name: str, quick: bool, **overrides: Any) -> runner.OurRun
 
 def row(variant: str, finished: runner.OurRun) -> dict[str, Any]:
     test = finished.summary.final["test"]
-    return {"variant": variant, "accuracy": test.accuracy, "test_images": test.num_samples,
-            "training_seconds": finished.summary.training_time, "run_dir": str(finished.run_dir)}
+    return {
+        "variant": variant,
+        "accuracy": test.accuracy,
+        "test_images": test.num_samples,
+        "training_seconds": finished.summary.training_time,
+        "run_dir": str(finished.run_dir),
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,22 +83,33 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def fine_tune(output: Path, args: argparse.Namespace, common: dict[str, Any], target: Path, start: Path
-              ) -> list[dict[str, Any]]:
+def fine_tune(
+    output: Path, args: argparse.Namespace, common: dict[str, Any], target: Path, start: Path
+) -> list[dict[str, Any]]:
     """Each seed's three runs on the new classes: from scratch, from the checkpoint, head first then thawed."""
-    small = {**common, "data_path": str(target), "num_epochs": args.epochs, "validate_every": args.epochs,
-             "batch_size": min(100, args.per_class * len(TARGET))}
-    variants = {"from scratch": {},
-                "from the checkpoint": {"pretrained": str(start)},
-                "head first, then thawed": {"pretrained": str(start), "freeze_epochs": max(1, args.epochs // 4)}}
+    small = {
+        **common,
+        "data_path": str(target),
+        "num_epochs": args.epochs,
+        "validate_every": args.epochs,
+        "batch_size": min(100, args.per_class * len(TARGET)),
+    }
+    variants = {
+        "from scratch": {},
+        "from the checkpoint": {"pretrained": str(start)},
+        "head first, then thawed": {"pretrained": str(start), "freeze_epochs": max(1, args.epochs // 4)},
+    }
     results: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for variant, extra in variants.items():
-            finished = run(output, f"{variant.replace(' ', '-').replace(',', '')}-{seed}", args.quick,
-                           **small, **extra, seed=seed)
+            finished = run(
+                output, f"{variant.replace(' ', '-').replace(',', '')}-{seed}", args.quick, **small, **extra, seed=seed
+            )
             results.append({**row(variant, finished), "seed": seed})
-            print(f"seed {seed}  {variant:<26} {finished.accuracy:.4f}  ({finished.summary.training_time:.0f} s)",
-                  flush=True)
+            print(
+                f"seed {seed}  {variant:<26} {finished.accuracy:.4f}  ({finished.summary.training_time:.0f} s)",
+                flush=True,
+            )
     return results
 
 
@@ -108,18 +124,42 @@ def main() -> None:
     common = {"dataset": "folder", "tta": 0}
     with tempfile.TemporaryDirectory(prefix="benchmark-transfer-") as temporary:
         output = Path(temporary)
-        pretrained = run(output, "pretrain", args.quick, **common, data_path=str(source),
-                         num_epochs=args.pretrain_epochs, validate_every=args.pretrain_epochs, seed=0)
+        pretrained = run(
+            output,
+            "pretrain",
+            args.quick,
+            **common,
+            data_path=str(source),
+            num_epochs=args.pretrain_epochs,
+            validate_every=args.pretrain_epochs,
+            seed=0,
+        )
         start = sorted(pretrained.run_dir.glob("best_model_*.pt"))[-1]
-        print(f"pretrained on {', '.join(SOURCE)}: {pretrained.accuracy:.4f} on their test images "
-              f"({pretrained.summary.training_time:.0f} s)", flush=True)
+        print(
+            f"pretrained on {', '.join(SOURCE)}: {pretrained.accuracy:.4f} on their test images "
+            f"({pretrained.summary.training_time:.0f} s)",
+            flush=True,
+        )
         results = fine_tune(output, args, common, target, start)
-    records.write(Path(args.json_path), {
-        "machine": machine, "hardware": records.hardware_record(), "commit": records.commit(),
-        "torch": str(torch.__version__), "source_classes": SOURCE, "target_classes": TARGET,
-        "per_class": args.per_class, "pretrain_epochs": args.pretrain_epochs, "epochs": args.epochs,
-        "pretrained_accuracy": pretrained.accuracy, "runs": results, "quick": args.quick})
+    records.write(
+        Path(args.json_path),
+        {
+            "machine": machine,
+            "hardware": records.hardware_record(),
+            "commit": records.commit(),
+            "torch": str(torch.__version__),
+            "source_classes": SOURCE,
+            "target_classes": TARGET,
+            "per_class": args.per_class,
+            "pretrain_epochs": args.pretrain_epochs,
+            "epochs": args.epochs,
+            "pretrained_accuracy": pretrained.accuracy,
+            "runs": results,
+            "quick": args.quick,
+        },
+    )
     print(f"wrote {args.json_path}")
+
 
 if __name__ == "__main__":
     main()

@@ -38,8 +38,12 @@ from typing import Any
 
 from benchmarks import records, runner
 
-OURS = {"ours": {}, "ours_contiguous": {"channels_last": False}, "ours_no_clip": {"clip_grad_norm": None},
-        "ours_no_clip_contiguous": {"clip_grad_norm": None, "channels_last": False}}
+OURS = {
+    "ours": {},
+    "ours_contiguous": {"channels_last": False},
+    "ours_no_clip": {"clip_grad_norm": None},
+    "ours_no_clip_contiguous": {"clip_grad_norm": None, "channels_last": False},
+}
 
 TUTORIAL_DRIVER = """
 import json, runpy, sys
@@ -71,8 +75,11 @@ def run_tutorial(tutorial: str, data_path: str, output: Path, num_epochs: int, s
     """The tutorial's run() in its own process; its log gives the epoch times, the last test accuracy and (through
     the driver) the first epoch's batch losses."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", TUTORIAL_DRIVER, tutorial, data_path, str(output), str(num_epochs),
-                             str(seed)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", TUTORIAL_DRIVER, tutorial, data_path, str(output), str(num_epochs), str(seed)],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if result.returncode != 0:
         sys.exit(f"the tutorial failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
@@ -81,23 +88,41 @@ def run_tutorial(tutorial: str, data_path: str, output: Path, num_epochs: int, s
     validated = {n for n in re.findall(r"Epoch (\d+) - Evaluation time", log)}
     accuracy = float(re.findall(r"val metrics:\s*\n\s*Accuracy: ([0-9.]+)", log)[-1])
     losses = json.loads(re.findall(r"FIRST_EPOCH_LOSSES (\[.*\])", log)[-1])
-    return {"entry": "tutorial", "seed": seed, "accuracy": accuracy, "wall_seconds": wall, "epoch_seconds": epochs,
-            "training_only_epochs": sorted(set(epochs) - validated, key=int), **spike(losses)}
+    return {
+        "entry": "tutorial",
+        "seed": seed,
+        "accuracy": accuracy,
+        "wall_seconds": wall,
+        "epoch_seconds": epochs,
+        "training_only_epochs": sorted(set(epochs) - validated, key=int),
+        **spike(losses),
+    }
 
 
 def run_ours(entry: str, data_path: str, output: Path, num_epochs: int, seed: int) -> dict[str, Any]:
     """``cifar10-dist run`` with its defaults and the entry's overrides (benchmarks.runner); summary.json and
     metrics.jsonl give accuracy and each epoch's training time, TensorBoard the batch losses."""
-    run = runner.train_ours(output, run_name=entry, data_path=data_path, num_epochs=num_epochs, seed=seed,
-                            log_every_iters=1, **OURS[entry])
+    run = runner.train_ours(
+        output, run_name=entry, data_path=data_path, num_epochs=num_epochs, seed=seed, log_every_iters=1, **OURS[entry]
+    )
     epochs = {str(row["epoch"]): row["epoch_time"] for row in run.epochs}
-    losses = scalars(run.run_dir, "training/batch_loss")[:run.epochs[0]["iteration"]]
+    losses = scalars(run.run_dir, "training/batch_loss")[: run.epochs[0]["iteration"]]
     norms = scalars(run.run_dir, "training/grad_norm")  # logged with clip_grad_norm: pre-clip, every iteration
-    clipped = {"grad_norm_median": statistics.median(norms),
-               "clipped_share": sum(n > 1.0 for n in norms) / len(norms)} if norms else {}
-    return {"entry": entry, "seed": seed, "accuracy": run.accuracy, "wall_seconds": run.wall_seconds,
-            "epoch_seconds": epochs, "training_only_epochs": sorted(epochs, key=int), **spike(losses),
-            **clipped}
+    clipped = (
+        {"grad_norm_median": statistics.median(norms), "clipped_share": sum(n > 1.0 for n in norms) / len(norms)}
+        if norms
+        else {}
+    )
+    return {
+        "entry": entry,
+        "seed": seed,
+        "accuracy": run.accuracy,
+        "wall_seconds": run.wall_seconds,
+        "epoch_seconds": epochs,
+        "training_only_epochs": sorted(epochs, key=int),
+        **spike(losses),
+        **clipped,
+    }
 
 
 def scalars(run_dir: Path, tag: str) -> list[float]:
@@ -114,8 +139,7 @@ def scalars(run_dir: Path, tag: str) -> list[float]:
 def spike(losses: list[float]) -> dict[str, Any]:
     """The first epoch's largest batch loss, where it came, and the loss it started from."""
     worst = max(range(len(losses)), key=losses.__getitem__)
-    return {"first_epoch_max_loss": losses[worst], "first_epoch_max_loss_iteration": worst + 1,
-            "first_loss": losses[0]}
+    return {"first_epoch_max_loss": losses[worst], "first_epoch_max_loss_iteration": worst + 1, "first_loss": losses[0]}
 
 
 def training_only_mean(run: dict[str, Any]) -> float:
@@ -133,27 +157,37 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     summary = {}
     for entry, group in entries.items():
         accuracies = [run["accuracy"] for run in group]
-        summary[entry] = {"seeds": len(group), "mean": statistics.fmean(accuracies),
-                          "std": statistics.stdev(accuracies) if len(group) > 1 else 0.0, "min": min(accuracies),
-                          "max_first_epoch_loss": max(run["first_epoch_max_loss"] for run in group),
-                          "wall_seconds": statistics.fmean(run["wall_seconds"] for run in group),
-                          "training_only_epoch": statistics.fmean(training_only_mean(run) for run in group)}
+        summary[entry] = {
+            "seeds": len(group),
+            "mean": statistics.fmean(accuracies),
+            "std": statistics.stdev(accuracies) if len(group) > 1 else 0.0,
+            "min": min(accuracies),
+            "max_first_epoch_loss": max(run["first_epoch_max_loss"] for run in group),
+            "wall_seconds": statistics.fmean(run["wall_seconds"] for run in group),
+            "training_only_epoch": statistics.fmean(training_only_mean(run) for run in group),
+        }
     return summary
 
 
 def table(summary: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'entry':<24} {'seeds':>5} {'mean':>7} {'std':>6} {'lowest':>7} {'max loss ep.1':>13} {'wall s':>7} "
-             f"{'train-only epoch s':>18}"]
+    lines = [
+        f"{'entry':<24} {'seeds':>5} {'mean':>7} {'std':>6} {'lowest':>7} {'max loss ep.1':>13} {'wall s':>7} "
+        f"{'train-only epoch s':>18}"
+    ]
     for entry, row in summary.items():
-        lines.append(f"{entry:<24} {row['seeds']:>5} {100 * row['mean']:6.2f}% {100 * row['std']:5.2f} "
-                     f"{100 * row['min']:6.2f}% {row['max_first_epoch_loss']:13.2f} {row['wall_seconds']:7.1f} "
-                     f"{row['training_only_epoch']:18.1f}")
+        lines.append(
+            f"{entry:<24} {row['seeds']:>5} {100 * row['mean']:6.2f}% {100 * row['std']:5.2f} "
+            f"{100 * row['min']:6.2f}% {row['max_first_epoch_loss']:13.2f} {row['wall_seconds']:7.1f} "
+            f"{row['training_only_epoch']:18.1f}"
+        )
     if {"ours", "tutorial"} <= set(summary):
         ours, tutorial = summary["ours"], summary["tutorial"]
-        lines.append(f"ours / tutorial: wall {ours['wall_seconds'] / tutorial['wall_seconds']:.3f}, training-only "
-                     f"epoch {ours['training_only_epoch'] / tutorial['training_only_epoch']:.3f}; mean accuracy "
-                     f"{100 * (ours['mean'] - tutorial['mean']):+.2f} points; ours' lowest seed "
-                     f"{100 * (ours['min'] - tutorial['mean']):+.2f} points from the tutorial's mean")
+        lines.append(
+            f"ours / tutorial: wall {ours['wall_seconds'] / tutorial['wall_seconds']:.3f}, training-only "
+            f"epoch {ours['training_only_epoch'] / tutorial['training_only_epoch']:.3f}; mean accuracy "
+            f"{100 * (ours['mean'] - tutorial['mean']):+.2f} points; ours' lowest seed "
+            f"{100 * (ours['min'] - tutorial['mean']):+.2f} points from the tutorial's mean"
+        )
     return "\n".join(lines)
 
 
@@ -178,14 +212,21 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for entry in entries:
                 output = Path(folder) / f"{entry}-{seed}"
-                run = (run_tutorial(args.tutorial, args.data_path, output, args.num_epochs, seed) if entry == "tutorial"
-                       else run_ours(entry, args.data_path, output, args.num_epochs, seed))
-                run.update(training_only_epoch_mean=training_only_mean(run), invocation=invocation,
-                           num_epochs=args.num_epochs)
+                run = (
+                    run_tutorial(args.tutorial, args.data_path, output, args.num_epochs, seed)
+                    if entry == "tutorial"
+                    else run_ours(entry, args.data_path, output, args.num_epochs, seed)
+                )
+                run.update(
+                    training_only_epoch_mean=training_only_mean(run), invocation=invocation, num_epochs=args.num_epochs
+                )
                 runs.append(run)
                 records.append_run(args.json_path, run)
-                print(f"{entry} seed {seed}: {100 * run['accuracy']:.2f}% in {run['wall_seconds']:.0f} s, first "
-                      f"epoch's largest loss {run['first_epoch_max_loss']:.2f}", flush=True)
+                print(
+                    f"{entry} seed {seed}: {100 * run['accuracy']:.2f}% in {run['wall_seconds']:.0f} s, first "
+                    f"epoch's largest loss {run['first_epoch_max_loss']:.2f}",
+                    flush=True,
+                )
     summary = summarise(runs)
     print(table(summary))
     record = json.loads(Path(args.json_path).read_text())

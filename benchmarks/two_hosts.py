@@ -61,29 +61,48 @@ class TwoHosts:
 
     def environment(self, node: int) -> dict[str, str]:
         """What a node's process needs to find the other: gloo on the link's interface (not loopback)."""
-        return {"GLOO_SOCKET_IFNAME": self.interfaces[node], "MASTER_ADDR": ADDRESSES[0],
-                "MASTER_PORT": str(MASTER_PORT)}
+        return {
+            "GLOO_SOCKET_IFNAME": self.interfaces[node],
+            "MASTER_ADDR": ADDRESSES[0],
+            "MASTER_PORT": str(MASTER_PORT),
+        }
 
     def node_flags(self, node: int, processes: int = 1) -> list[str]:
         """cifar10-dist's own multi-node launch, one node a namespace."""
-        return ["--backend=gloo", f"--nproc_per_node={processes}", "--nnodes=2", f"--node_rank={node}",
-                f"--master_addr={ADDRESSES[0]}", f"--master_port={MASTER_PORT}"]
+        return [
+            "--backend=gloo",
+            f"--nproc_per_node={processes}",
+            "--nnodes=2",
+            f"--node_rank={node}",
+            f"--master_addr={ADDRESSES[0]}",
+            f"--master_port={MASTER_PORT}",
+        ]
 
-    def start(self, node: int, command: list[str], env: dict[str, str] | None = None, **popen: object
-              ) -> subprocess.Popen:
+    def start(
+        self, node: int, command: list[str], env: dict[str, str] | None = None, **popen: object
+    ) -> subprocess.Popen:
         """``command`` run inside the node's namespace, its environment ``env`` (default: this process's) with the
         node's; stopped with the hosts."""
         environment = {**(env if env is not None else os.environ), **self.environment(node)}
-        process = subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *command], env=environment,
-                                   **popen)  # type: ignore[call-overload]
+        process = subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *command], env=environment, **popen)  # type: ignore[call-overload]
         self.processes.append(process)
         return process
 
     def sent_bytes(self, node: int) -> int:
         """Bytes the node has sent over the link so far (its interface's counter)."""
-        done = subprocess.run(["ip", "netns", "exec", self.namespaces[node], "cat",
-                               f"/sys/class/net/{self.interfaces[node]}/statistics/tx_bytes"],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.namespaces[node],
+                "cat",
+                f"/sys/class/net/{self.interfaces[node]}/statistics/tx_bytes",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return int(done.stdout)
 
     def close(self) -> None:
@@ -112,15 +131,48 @@ def two_hosts(rate: str = "1gbit") -> Iterator[TwoHosts]:
     try:
         for namespace in hosts.namespaces:
             ip("netns", "add", namespace)
-        ip("link", "add", hosts.interfaces[0], "netns", hosts.namespaces[0], "type", "veth", "peer", "name",
-           hosts.interfaces[1], "netns", hosts.namespaces[1])
+        ip(
+            "link",
+            "add",
+            hosts.interfaces[0],
+            "netns",
+            hosts.namespaces[0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            hosts.interfaces[1],
+            "netns",
+            hosts.namespaces[1],
+        )
         burst = max(int(rate_bytes_per_second(rate) / 100), 16 * 1024)
         for namespace, interface, address in zip(hosts.namespaces, hosts.interfaces, ADDRESSES):
             ip("-n", namespace, "addr", "add", f"{address}/24", "dev", interface)
             ip("-n", namespace, "link", "set", interface, "up")
             ip("-n", namespace, "link", "set", "lo", "up")
-            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", interface, "root", "tbf",
-                            "rate", rate, "burst", str(burst), "latency", "100ms"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    namespace,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    interface,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "100ms",
+                ],
+                check=True,
+                capture_output=True,
+            )
         yield hosts
     finally:
         hosts.close()

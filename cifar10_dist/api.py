@@ -28,12 +28,27 @@ from cifar10_dist.results import (
 )
 from cifar10_dist.serve.export_flags import EXPORT_FLAGS
 
-__all__ = ["INHERITED_BY_EVALUATE", "resolve", "train", "train_seeds", "evaluate", "lr_find", "batch_size",
-           "predict", "predict_files", "export", "tune", "doctor", "report", "prepare_data"]
+__all__ = [
+    "INHERITED_BY_EVALUATE",
+    "resolve",
+    "train",
+    "train_seeds",
+    "evaluate",
+    "lr_find",
+    "batch_size",
+    "predict",
+    "predict_files",
+    "export",
+    "tune",
+    "doctor",
+    "report",
+    "prepare_data",
+]
 
 
-def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | None = OUTPUT_DIR.default,
-            **options: Any) -> LrFindResult:
+def lr_find(
+    config: Config | str | Path | None = None, output_dir: str | Path | None = OUTPUT_DIR.default, **options: Any
+) -> LrFindResult:
     """Sweep learning_rate from ``start_lr`` to ``end_lr`` (log scale, ``num_iter`` iterations at most, stopped
     when the smoothed loss passes ``diverge_threshold`` times its lowest) with the run this config describes (its
     model, pretrained start, data, optimizer groups at their ratios, precision, processes), and suggest the
@@ -45,24 +60,30 @@ def lr_find(config: Config | str | Path | None = None, output_dir: str | Path | 
     settings.check()  # before torch is imported
     resolved = resolve(config, **commands.others(options, commands.flags_of(LrSweep)))
     if resolved.learning_rate == "find":
-        raise UserError("lr-find sweeps learning_rate itself: leave learning_rate=find out (a number sets the ratio "
-                        "muon_lr keeps to it)")
+        raise UserError(
+            "lr-find sweeps learning_rate itself: leave learning_rate=find out (a number sets the ratio "
+            "muon_lr keeps to it)"
+        )
     return runs.lr_find(resolved, settings, output_dir)
 
 
-def batch_size(config: Config | str | Path | None = None,
-               batch_sizes: Sequence[int] | None = commands.default(commands.BATCH_SIZE, "batch_sizes"),
-               budget_seconds: float = commands.default(commands.BATCH_SIZE, "budget_seconds"),
-               **overrides: Any) -> BatchSizeResult:
+def batch_size(
+    config: Config | str | Path | None = None,
+    batch_sizes: Sequence[int] | None = commands.default(commands.BATCH_SIZE, "batch_sizes"),
+    budget_seconds: float = commands.default(commands.BATCH_SIZE, "budget_seconds"),
+    **overrides: Any,
+) -> BatchSizeResult:
     """The batch the run this config describes should take here, measured with its own training step (model,
     optimizer, precision, memory format, image size) in this process: on a GPU the largest that fits with a
     margin, on a CPU the fastest of ``batch_sizes`` (per process; the config's own always included), each timed
     for about ``budget_seconds``; with the learning rate scaled to it by the optimizer's rule."""
     sizes = tuple(batch_sizes) if batch_sizes else None
-    if sizes is not None and not all(isinstance(size, int) and not isinstance(size, bool) and size >= 1
-                                     for size in sizes):
-        raise UserError(f"batch_sizes={batch_sizes!r} must be whole numbers >= 1, comma-separated: "
-                        "--batch_sizes=64,128,256")
+    if sizes is not None and not all(
+        isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes
+    ):
+        raise UserError(
+            f"batch_sizes={batch_sizes!r} must be whole numbers >= 1, comma-separated: --batch_sizes=64,128,256"
+        )
     if not budget_seconds > 0:
         raise UserError(f"budget_seconds={budget_seconds} must be greater than 0")
     resolved = resolve(config, **overrides)
@@ -73,10 +94,14 @@ def batch_size(config: Config | str | Path | None = None,
     return find_batch_size(resolved, sizes, float(budget_seconds))
 
 
-def predict(checkpoint: str | Path, images: Any, batch_size: int = commands.default(commands.PREDICT, "batch_size"),
-            tta: int | None = commands.default(commands.PREDICT, "tta"),
-            device: str | None = commands.default(commands.PREDICT, "device"),
-            raw_weights: bool = commands.default(commands.PREDICT, "raw_weights")) -> Any:
+def predict(
+    checkpoint: str | Path,
+    images: Any,
+    batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+    tta: int | None = commands.default(commands.PREDICT, "tta"),
+    device: str | None = commands.default(commands.PREDICT, "device"),
+    raw_weights: bool = commands.default(commands.PREDICT, "raw_weights"),
+) -> Any:
     """Class probabilities, a float tensor (N, 10) on the CPU, of ``images``: image paths or folders, PIL images, or
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
     with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
@@ -87,11 +112,14 @@ def predict(checkpoint: str | Path, images: Any, batch_size: int = commands.defa
     return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.stored_size), batch_size, tta)
 
 
-def predict_files(checkpoint: str | Path, paths: Sequence[str | Path],
-                  batch_size: int = commands.default(commands.PREDICT, "batch_size"),
-                  tta: int | None = commands.default(commands.PREDICT, "tta"),
-                  device: str | None = commands.default(commands.PREDICT, "device"),
-                  raw_weights: bool = commands.default(commands.PREDICT, "raw_weights")) -> Any:
+def predict_files(
+    checkpoint: str | Path,
+    paths: Sequence[str | Path],
+    batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+    tta: int | None = commands.default(commands.PREDICT, "tta"),
+    device: str | None = commands.default(commands.PREDICT, "device"),
+    raw_weights: bool = commands.default(commands.PREDICT, "raw_weights"),
+) -> Any:
     """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
     batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
     each file's probabilities and the files that cannot be read)."""
@@ -103,9 +131,14 @@ def predict_files(checkpoint: str | Path, paths: Sequence[str | Path],
     return inference.classify_files(trained, [str(path) for path in paths], batch_size, tta)
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = commands.default(EXPORT_FLAGS, "output"),
-           raw_weights: bool = commands.default(EXPORT_FLAGS, "raw_weights"), calibration: Any = None,
-           **quantization: Any) -> ExportResult:
+def export(
+    checkpoint: str | Path,
+    format: str,
+    output: str | Path | None = commands.default(EXPORT_FLAGS, "output"),
+    raw_weights: bool = commands.default(EXPORT_FLAGS, "raw_weights"),
+    calibration: Any = None,
+    **quantization: Any,
+) -> ExportResult:
     """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
     next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
     PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
@@ -120,50 +153,71 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = comm
     return exporting.export(checkpoint, format, output, raw_weights, settings)
 
 
-def tune(config: Config | str | Path | None = None, space: str | Path | None = commands.default(commands.TUNE, "space"),
-         study: str | None = commands.default(commands.TUNE, "study"),
-         trials: int = commands.default(commands.TUNE, "trials"),
-         storage: str | None = commands.default(commands.TUNE, "storage"),
-         sampler: str = commands.default(commands.TUNE, "sampler"),
-         sampler_seed: int | None = commands.default(commands.TUNE, "sampler_seed"),
-         pruner: str = commands.default(commands.TUNE, "pruner"),
-         pruner_startup_trials: int = commands.default(commands.TUNE, "pruner_startup_trials"),
-         pruner_warmup_epochs: int = commands.default(commands.TUNE, "pruner_warmup_epochs"),
-         final_test: bool = commands.default(commands.TUNE, "final_test"),
-         heartbeat: int = commands.default(commands.TUNE, "heartbeat"),
-         report_only: bool = commands.default(commands.TUNE, "report_only"), echo: Any = print,
-         **overrides: Any) -> TuneResult:
+def tune(
+    config: Config | str | Path | None = None,
+    space: str | Path | None = commands.default(commands.TUNE, "space"),
+    study: str | None = commands.default(commands.TUNE, "study"),
+    trials: int = commands.default(commands.TUNE, "trials"),
+    storage: str | None = commands.default(commands.TUNE, "storage"),
+    sampler: str = commands.default(commands.TUNE, "sampler"),
+    sampler_seed: int | None = commands.default(commands.TUNE, "sampler_seed"),
+    pruner: str = commands.default(commands.TUNE, "pruner"),
+    pruner_startup_trials: int = commands.default(commands.TUNE, "pruner_startup_trials"),
+    pruner_warmup_epochs: int = commands.default(commands.TUNE, "pruner_warmup_epochs"),
+    final_test: bool = commands.default(commands.TUNE, "final_test"),
+    heartbeat: int = commands.default(commands.TUNE, "heartbeat"),
+    report_only: bool = commands.default(commands.TUNE, "report_only"),
+    echo: Any = print,
+    **overrides: Any,
+) -> TuneResult:
     """Tune the config's hyperparameters over ``space`` (a SPACE.yaml) with Optuna: ``trials`` trials in this
     process, in the study ``study`` (storage: SQLite in output_path/STUDY/study.db unless given; several processes
     may share it). Returns a TuneResult (best trial, value, params, the final test when run); with
     ``report_only`` only reports an existing study."""
     from cifar10_dist.tuning import opening, search_space, studies
 
-    options = opening.check_options(commands.TuneFlags(
-        space=None if space is None else str(space), study=str(study or ""), trials=trials, storage=storage,
-        sampler=sampler, sampler_seed=sampler_seed, pruner=pruner, pruner_startup_trials=pruner_startup_trials,
-        pruner_warmup_epochs=pruner_warmup_epochs, final_test=final_test, heartbeat=heartbeat, report_only=report_only))
+    options = opening.check_options(
+        commands.TuneFlags(
+            space=None if space is None else str(space),
+            study=str(study or ""),
+            trials=trials,
+            storage=storage,
+            sampler=sampler,
+            sampler_seed=sampler_seed,
+            pruner=pruner,
+            pruner_startup_trials=pruner_startup_trials,
+            pruner_warmup_epochs=pruner_warmup_epochs,
+            final_test=final_test,
+            heartbeat=heartbeat,
+            report_only=report_only,
+        )
+    )
     resolved = resolve(config, **overrides)
     if report_only:
         return studies.report_only(str(options.study), storage, resolved.output_path, final_test, echo)
     if space is None:
-        raise UserError("tune needs --space=SPACE.yaml: the config keys to search and their ranges "
-                        "(see configs/space_fast.yaml)")
+        raise UserError(
+            "tune needs --space=SPACE.yaml: the config keys to search and their ranges (see configs/space_fast.yaml)"
+        )
     searched = search_space.read_space(space)
     studies.require_optuna()
     from cifar10_dist.launch import preflight
 
     if preflight.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
-        raise UserError("tune starts each trial's processes itself: run one tune process per worker (not under "
-                        "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials")
+        raise UserError(
+            "tune starts each trial's processes itself: run one tune process per worker (not under "
+            "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials"
+        )
     preflight.check_before_launch(resolved)
     return studies.tune(resolved, searched, options, echo)
 
 
-def doctor(model: str = commands.default(commands.DOCTOR, "model"),
-           batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
-           budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds"),
-           link: str | None = commands.default(commands.DOCTOR, "link")) -> DoctorReport:
+def doctor(
+    model: str = commands.default(commands.DOCTOR, "model"),
+    batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
+    budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds"),
+    link: str | None = commands.default(commands.DOCTOR, "link"),
+) -> DoctorReport:
     """What this machine is and what will be fast on it (a ``DoctorReport``): versions, CPU and its native
     bf16, GPUs, backends, a measured probe of ``model``'s training steps in each precision and memory format
     (about ``budget_seconds`` each), what ``with_amp=auto`` picks here, and advice; with ``link`` (1gbit, 100mbit,
@@ -186,10 +240,13 @@ def doctor(model: str = commands.default(commands.DOCTOR, "model"),
     return examine(model, batch_size, budget_seconds, None if link is None else str(link))
 
 
-def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None,
-             raw_weights: bool = commands.default(commands.EVALUATE, "raw_weights"),
-             output_dir: str | Path | None = commands.default(commands.EVALUATE, "output_dir"),
-             **overrides: Any) -> EvaluationResult:
+def evaluate(
+    checkpoint: str | Path,
+    config: Config | str | Path | None = None,
+    raw_weights: bool = commands.default(commands.EVALUATE, "raw_weights"),
+    output_dir: str | Path | None = commands.default(commands.EVALUATE, "output_dir"),
+    **overrides: Any,
+) -> EvaluationResult:
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""
@@ -204,17 +261,24 @@ def refuse_an_export(checkpoint: str | Path) -> None:
     exported = formats.exported_format(str(checkpoint))
     if exported is None:
         return
-    instead = (f"classify images with it: cifar10-dist predict --checkpoint={checkpoint} IMAGES; "
-               if exported.name == "onnx" else "")
-    raise UserError(f"evaluate reads training checkpoints and best-model files (.pt), and '{checkpoint}' is an "
-                    f"export ({exported.name}): {instead}for test-set metrics evaluate the checkpoint it was exported "
-                    f"from (its {Path(checkpoint).name}.json names it)")
+    instead = (
+        f"classify images with it: cifar10-dist predict --checkpoint={checkpoint} IMAGES; "
+        if exported.name == "onnx"
+        else ""
+    )
+    raise UserError(
+        f"evaluate reads training checkpoints and best-model files (.pt), and '{checkpoint}' is an "
+        f"export ({exported.name}): {instead}for test-set metrics evaluate the checkpoint it was exported "
+        f"from (its {Path(checkpoint).name}.json names it)"
+    )
 
 
-
-def report(run_dirs: Sequence[str | Path], output: str | Path = commands.default(commands.REPORT, "output"),
-           targets: Sequence[float] | None = commands.default(commands.REPORT, "targets"),
-           warn: Callable[[str], None] = print) -> ReportResult:
+def report(
+    run_dirs: Sequence[str | Path],
+    output: str | Path = commands.default(commands.REPORT, "output"),
+    targets: Sequence[float] | None = commands.default(commands.REPORT, "targets"),
+    warn: Callable[[str], None] = print,
+) -> ReportResult:
     """Compare run folders: a table, one plot overlaying their curves in ``output`` and, with ``targets``, the time
     each run took to reach those accuracies. A folder that cannot be read in full is one line through ``warn``;
     a UserError when none can be read."""
@@ -239,23 +303,31 @@ def report(run_dirs: Sequence[str | Path], output: str | Path = commands.default
     return ReportResult(reading.format_table(comparison.rows), str(output), times, list(comparison.problems))
 
 
-def prepare_data(data_path: str | Path = commands.default(commands.PREPARE_DATA, "data_path"),
-                 dataset: str = commands.default(commands.PREPARE_DATA, "dataset"),
-                 synthetic: int | None = commands.default(commands.PREPARE_DATA, "synthetic"),
-                 synthetic_test: int | None = commands.default(commands.PREPARE_DATA, "synthetic_test"),
-                 seed: int = commands.default(commands.PREPARE_DATA, "seed"),
-                 image_size: int = commands.default(commands.PREPARE_DATA, "image_size"),
-                 skip_bad_images: bool = commands.default(commands.PREPARE_DATA, "skip_bad_images"),
-                 drop_test_duplicates: bool = commands.default(commands.PREPARE_DATA, "drop_test_duplicates"),
-                 cache_dir: str | Path | None = commands.default(commands.PREPARE_DATA, "cache_dir"),
-                 crop_fraction: float = commands.default(commands.PREPARE_DATA, "crop_fraction")) -> PreparedData:
+def prepare_data(
+    data_path: str | Path = commands.default(commands.PREPARE_DATA, "data_path"),
+    dataset: str = commands.default(commands.PREPARE_DATA, "dataset"),
+    synthetic: int | None = commands.default(commands.PREPARE_DATA, "synthetic"),
+    synthetic_test: int | None = commands.default(commands.PREPARE_DATA, "synthetic_test"),
+    seed: int = commands.default(commands.PREPARE_DATA, "seed"),
+    image_size: int = commands.default(commands.PREPARE_DATA, "image_size"),
+    skip_bad_images: bool = commands.default(commands.PREPARE_DATA, "skip_bad_images"),
+    drop_test_duplicates: bool = commands.default(commands.PREPARE_DATA, "drop_test_duplicates"),
+    cache_dir: str | Path | None = commands.default(commands.PREPARE_DATA, "cache_dir"),
+    crop_fraction: float = commands.default(commands.PREPARE_DATA, "crop_fraction"),
+) -> PreparedData:
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""
     from cifar10_dist.data import records
 
-    config = resolve(None, dataset=dataset, data_path=str(data_path), image_size=image_size,
-                     crop_fraction=crop_fraction,
-                     skip_bad_images=skip_bad_images, drop_test_duplicates=drop_test_duplicates,
-                     cache_dir=None if cache_dir is None else str(cache_dir))  # the values checked
+    config = resolve(
+        None,
+        dataset=dataset,
+        data_path=str(data_path),
+        image_size=image_size,
+        crop_fraction=crop_fraction,
+        skip_bad_images=skip_bad_images,
+        drop_test_duplicates=drop_test_duplicates,
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )  # the values checked
     return records.implementation(dataset).prepare(config, synthetic, synthetic_test, seed)

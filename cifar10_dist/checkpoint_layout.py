@@ -47,16 +47,20 @@ TRAINING_KEYS = (TRAINER, MODEL, OPTIMIZER, LR_SCHEDULER)  # every training chec
 class RunMetadata:
     """What produced a checkpoint: config, provenance, library versions, world size (stored under META)."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
-                 world_size: int = 1) -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None, world_size: int = 1
+    ) -> None:
         import ignite
 
         self.state: dict[str, Any] = {
             "config": dict(config or {}),
             "provenance": dict(provenance or {}),
             "world_size": world_size,
-            "versions": {"python": platform.python_version(), "torch": str(torch.__version__),
-                         "pytorch-ignite": ignite.__version__},
+            "versions": {
+                "python": platform.python_version(),
+                "torch": str(torch.__version__),
+                "pytorch-ignite": ignite.__version__,
+            },
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -66,9 +70,17 @@ class RunMetadata:
         self.state = dict(state)
 
 
-def training_contents(trainer: Any, model: Any, optimizer: Any, lr_scheduler: Any, scaler: Any = None,
-                      lookahead: Any = None, early_stopping: Any = None, ema: Any = None,
-                      compression: Any = None) -> dict[str, Any]:
+def training_contents(
+    trainer: Any,
+    model: Any,
+    optimizer: Any,
+    lr_scheduler: Any,
+    scaler: Any = None,
+    lookahead: Any = None,
+    early_stopping: Any = None,
+    ema: Any = None,
+    compression: Any = None,
+) -> dict[str, Any]:
     """The objects a training checkpoint saves and a resume restores (Ignite's ``to_save``), META aside;
     ``ema``: Ignite's EMAHandler, whose model and warm-up state are both kept."""
     contents = {TRAINER: trainer, MODEL: model, OPTIMIZER: optimizer, LR_SCHEDULER: lr_scheduler}

@@ -65,8 +65,19 @@ class Interrupted(KeyboardInterrupt):
         return [f"{type(self).__name__}: {self}"]
 
 
-KINDS: dict[str, type[BaseException]] = {kind.__name__: kind for kind in (
-    UserError, AlreadyReported, TrainingDiverged, Preempted, WorkerLost, PeerSilent, OutputNotWritable, Interrupted)}
+KINDS: dict[str, type[BaseException]] = {
+    kind.__name__: kind
+    for kind in (
+        UserError,
+        AlreadyReported,
+        TrainingDiverged,
+        Preempted,
+        WorkerLost,
+        PeerSilent,
+        OutputNotWritable,
+        Interrupted,
+    )
+}
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

@@ -49,10 +49,16 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunResult:
-        return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
-                   test=SplitMetrics(**values["test"]), val=SplitMetrics.from_dict(values.get("val")),
-                   train=SplitMetrics.from_dict(values.get("train")), seed=values.get("seed"),
-                   stopped_early=values.get("stopped_early"))
+        return cls(
+            run_dir=values["run_dir"],
+            epochs=values["epochs"],
+            iterations=values["iterations"],
+            test=SplitMetrics(**values["test"]),
+            val=SplitMetrics.from_dict(values.get("val")),
+            train=SplitMetrics.from_dict(values.get("train")),
+            seed=values.get("seed"),
+            stopped_early=values.get("stopped_early"),
+        )
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,14 @@ class TrialResult:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         splits = {split: SplitMetrics.from_dict(values.get(split)) for split in ("test", "val", "train")}
-        return cls(run_dir=values["run_dir"], epochs=values["epochs"], iterations=values["iterations"],
-                   stopped_early=values.get("stopped_early"), pruned_at=values.get("pruned_at"), **splits)
+        return cls(
+            run_dir=values["run_dir"],
+            epochs=values["epochs"],
+            iterations=values["iterations"],
+            stopped_early=values.get("stopped_early"),
+            pruned_at=values.get("pruned_at"),
+            **splits,
+        )
 
 
 @dataclass(frozen=True)
@@ -346,4 +358,3 @@ class RunSummary:
             kept["trial"] = TrialSpec.from_mapping(kept["trial"])
         kept["final"] = {split: SplitMetrics(**metrics) for split, metrics in kept.get("final", {}).items()}
         return cls(**kept)
-

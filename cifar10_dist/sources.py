@@ -68,16 +68,21 @@ def check(name: str, label_mode: str, image_size: int) -> None:
     if label_mode not in source.label_modes:
         owner = next((other for other in SOURCES.values() if label_mode in other.label_modes), None)
         meaning = f" ({owner.label_modes[label_mode]})" if owner else ""
-        raise UserError(f"label_mode='{label_mode}' is for dataset={owner.name if owner else '?'}{meaning}, not "
-                        f"dataset={name}")
+        raise UserError(
+            f"label_mode='{label_mode}' is for dataset={owner.name if owner else '?'}{meaning}, not dataset={name}"
+        )
     if source.image_size is not None and image_size != source.image_size:
         free = ", ".join(other.name for other in SOURCES.values() if other.image_size is None)
-        raise UserError(f"image_size={image_size} is for dataset={free}: {name} images are "
-                        f"{source.image_size}x{source.image_size}")
+        raise UserError(
+            f"image_size={image_size} is for dataset={free}: {name} images are {source.image_size}x{source.image_size}"
+        )
 
 
 register(Source("cifar10", "cifar10_dist.data.cifar"))
-register(Source("cifar100", "cifar10_dist.data.cifar",
-                label_modes={"fine": "its 100 classes", "coarse": "its 20 superclasses"}))
+register(
+    Source(
+        "cifar100", "cifar10_dist.data.cifar", label_modes={"fine": "its 100 classes", "coarse": "its 20 superclasses"}
+    )
+)
 register(Source("synthetic", "cifar10_dist.data.synthetic"))
 register(Source("folder", "cifar10_dist.data.folder_source", image_size=None, own_val=True))

@@ -58,8 +58,11 @@ _spawnv_passfds = multiprocessing.util.spawnv_passfds
 
 def same_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os._Environ) -> bool:
     """Whether two environments agree on every variable read at import time."""
-    return all(env.get(key) == other.get(key) for key in {*env, *other}
-               if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH")
+    return all(
+        env.get(key) == other.get(key)
+        for key in {*env, *other}
+        if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH"
+    )
 
 
 def _preload() -> None:
@@ -74,7 +77,7 @@ def _preload() -> None:
 
 def serve(address: str) -> dict[str, Any]:
     """Answer requests until stdin closes (then exit); in each forked child, return its request."""
-    base_path = sys.path[1 + len(_import_path(os.environ)):]  # what follows PYTHONPATH in every interpreter
+    base_path = sys.path[1 + len(_import_path(os.environ)) :]  # what follows PYTHONPATH in every interpreter
     started_with = dict(os.environ)
     _preload()
     # what the imports set (torch's inductor: TORCHINDUCTOR_CACHE_DIR, unless given), as they would in a new
@@ -107,8 +110,11 @@ def serve(address: str) -> dict[str, Any]:
                 for fd in fds:
                     os.close(fd)
                 if pid is None:
-                    differing = sorted(key for key in {*wanted, *os.environ}
-                                       if not same_at_import({key: wanted.get(key)}, {key: os.environ.get(key)}))
+                    differing = sorted(
+                        key
+                        for key in {*wanted, *os.environ}
+                        if not same_at_import({key: wanted.get(key)}, {key: os.environ.get(key)})
+                    )
                     connection.send(b"refused " + " ".join(differing).encode())
                     connection.close()
                     continue
@@ -207,8 +213,10 @@ class ServedProcess:
         self.args = args
         answer = connection.recv(4096)
         if answer.startswith(b"refused"):
-            raise RuntimeError("the CLI server refused an environment that conftest.servable accepted (it differs "
-                               f"in {answer[8:].decode() or '?'})")
+            raise RuntimeError(
+                "the CLI server refused an environment that conftest.servable accepted (it differs "
+                f"in {answer[8:].decode() or '?'})"
+            )
         self.pid = int(answer)
         self.returncode: int | None = None
         self.stdout, self.stderr = stdout, stderr
@@ -226,8 +234,9 @@ class ServedProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         if not self._readers:
-            self._readers = [threading.Thread(target=self._read_all, args=(name,), daemon=True)
-                             for name in ("stdout", "stderr")]
+            self._readers = [
+                threading.Thread(target=self._read_all, args=(name,), daemon=True) for name in ("stdout", "stderr")
+            ]
             for reader in self._readers:
                 reader.start()
         for reader in self._readers:
@@ -263,9 +272,14 @@ class Server:
     def __init__(self, env: dict[str, str], folder: Path) -> None:
         self.folder = folder
         self.address = str(folder / "cli-server.sock")
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.cli_server", self.address], env=env,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.cli_server", self.address],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the CLI server did not start (exit {self.process.wait()})")
 
@@ -279,8 +293,12 @@ class Server:
         socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout_write, stderr_write])
         for fd in (stdin, stdout_write, stderr_write):
             os.close(fd)
-        return ServedProcess([sys.executable, "-m", "cifar10_dist", *args], connection,
-                             os.fdopen(stdout_read, "r"), os.fdopen(stderr_read, "r"))
+        return ServedProcess(
+            [sys.executable, "-m", "cifar10_dist", *args],
+            connection,
+            os.fdopen(stdout_read, "r"),
+            os.fdopen(stderr_read, "r"),
+        )
 
     def stop(self) -> None:
         self.process.stdin.close()

@@ -25,11 +25,26 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # collected first: pytest-xdist's --dist loadfile hands files out in collection order, and in alphabetical order these
 # came last, leaving one worker on a long file while the other had nothing left to do
 LONGEST_FILES = [
-    "test_launch_modes.py", "test_tuning.py", "test_tracker_outage.py", "test_two_hosts.py", "test_wandb.py",
-    "reliability/test_faults.py", "test_lr_find.py", "reliability/test_exact_resume.py", "test_gpu_harness.py",
-    "test_recipe.py", "test_predict_export.py", "test_data_at_scale.py", "reliability/test_interrupt.py",
-    "test_speed_levers.py", "test_package.py", "test_slurm.py", "test_cli.py", "test_hardware.py",
-    "test_image_folders.py", "test_distributed.py",
+    "test_launch_modes.py",
+    "test_tuning.py",
+    "test_tracker_outage.py",
+    "test_two_hosts.py",
+    "test_wandb.py",
+    "reliability/test_faults.py",
+    "test_lr_find.py",
+    "reliability/test_exact_resume.py",
+    "test_gpu_harness.py",
+    "test_recipe.py",
+    "test_predict_export.py",
+    "test_data_at_scale.py",
+    "reliability/test_interrupt.py",
+    "test_speed_levers.py",
+    "test_package.py",
+    "test_slurm.py",
+    "test_cli.py",
+    "test_hardware.py",
+    "test_image_folders.py",
+    "test_distributed.py",
 ]
 
 
@@ -69,15 +84,22 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
-            fresh: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m cifar10_dist ARGS`` as a user would run it; returns the CompletedProcess. The process is forked
     by this test process's CLI server (tests/cli_server.py: torch imported once) unless ``fresh`` or its
     environment differs from the server's in a variable read at import time: then a new interpreter runs it."""
     env = env or cli_env()
     if fresh or not servable(env):
-        return subprocess.run([sys.executable, "-m", "cifar10_dist", *args], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "cifar10_dist", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     process = cli_server().start(list(args), env, cwd, new_session=False)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -147,8 +169,16 @@ def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
 
 
 def run_torchrun(nproc: int, *args: str, cwd: Path | None = None, timeout: float = 300):
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--standalone", "-m", "cifar10_dist", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--standalone",
+        "-m",
+        "cifar10_dist",
+        *args,
+    ]
     return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -206,8 +236,15 @@ def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
     """LONG uninterrupted, checkpoints every 25 iterations (training_checkpoint_50.pt, mid-epoch 3, and _72.pt kept):
     what every interrupted and continued LONG run at that world size must end with, bit for bit
     (checkpoint_every and validate_every do not change the training)."""
-    result = run_in_process("run", *LONG, *launch, "--checkpoint_every=25", f"--data_path={data}",
-                            f"--output_path={output}", "--run_name=reference")
+    result = run_in_process(
+        "run",
+        *LONG,
+        *launch,
+        "--checkpoint_every=25",
+        f"--data_path={data}",
+        f"--output_path={output}",
+        "--run_name=reference",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return output / "reference"
 
@@ -215,16 +252,22 @@ def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
 @pytest.fixture(scope="session")
 def long_reference(small_dataset, tmp_path_factory) -> Path:
     """long_reference_run with 1 process: its run folder."""
-    return made_once(tmp_path_factory, "long-reference-1",
-                     lambda folder: long_reference_run(small_dataset, folder, [])) / "reference"
+    return (
+        made_once(tmp_path_factory, "long-reference-1", lambda folder: long_reference_run(small_dataset, folder, []))
+        / "reference"
+    )
 
 
 @pytest.fixture(scope="session")
 def long_spawned_reference(small_dataset, tmp_path_factory) -> Path:
     """long_reference_run with 2 spawned gloo processes: its final checkpoint."""
-    return made_once(tmp_path_factory, "long-reference-2",
-                     lambda folder: long_reference_run(small_dataset, folder, SPAWN_2)) / \
-        "reference" / "training_checkpoint_72.pt"
+    return (
+        made_once(
+            tmp_path_factory, "long-reference-2", lambda folder: long_reference_run(small_dataset, folder, SPAWN_2)
+        )
+        / "reference"
+        / "training_checkpoint_72.pt"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -233,8 +276,15 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     command returned and printed, its output_path)."""
 
     def run(folder: Path) -> None:
-        result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
-                         f"--data_path={small_dataset}", f"--output_path={folder / 'output'}")
+        result = run_cli(
+            "run",
+            *TINY,
+            "--backend=gloo",
+            "--nproc_per_node=2",
+            "--checkpoint_every=5",
+            f"--data_path={small_dataset}",
+            f"--output_path={folder / 'output'}",
+        )
         (folder / "result.json").write_text(json.dumps([result.returncode, result.stdout, result.stderr]))
 
     folder = made_once(tmp_path_factory, "spawn", run)
@@ -275,8 +325,7 @@ def slow_cnn(tmp_path_factory) -> str:
     return f"{path}:slow_cnn"
 
 
-def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None,
-              fresh: bool = False):
+def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None, fresh: bool = False):
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:
     a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``).
 
@@ -306,8 +355,9 @@ def wait_for_file(pattern_dir: Path, glob: str, process: subprocess.Popen, timeo
         if found:
             return found[0]
         if process.poll() is not None:
-            raise AssertionError(f"process ended ({process.returncode}) before {glob} appeared: "
-                                 f"{process.stderr.read()}")
+            raise AssertionError(
+                f"process ended ({process.returncode}) before {glob} appeared: {process.stderr.read()}"
+            )
         time.sleep(0.02)
     raise AssertionError(f"{glob} did not appear in {pattern_dir} within {timeout} s")
 

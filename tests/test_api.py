@@ -13,8 +13,17 @@ import torch
 from cifar10_dist import api, load_config
 from cifar10_dist.results import EvaluationResult, RunResult
 
-SMALL = {"model": "simple_cnn", "dataset": "synthetic", "synthetic_size": 256, "batch_size": 32, "num_workers": 0,
-         "num_epochs": 1, "num_warmup_epochs": 0.5, "train_eval_size": 32, "log_every_iters": 4}
+SMALL = {
+    "model": "simple_cnn",
+    "dataset": "synthetic",
+    "synthetic_size": 256,
+    "batch_size": 32,
+    "num_workers": 0,
+    "num_epochs": 1,
+    "num_warmup_epochs": 0.5,
+    "train_eval_size": 32,
+    "log_every_iters": 4,
+}
 
 
 def test_importing_the_package_or_its_command_line_does_not_import_torch():
@@ -76,8 +85,16 @@ def test_prepare_data_report_and_evaluate_files_are_api_calls_the_cli_only_print
 
     prepared = api.prepare_data(tmp_path / "data", synthetic=320, synthetic_test=64, seed=1)
     assert prepared == PreparedData(str(tmp_path / "data" / "cifar-10-batches-py"), 320, 64, synthetic=True)
-    run = api.train(load_config(None, **{**SMALL, "dataset": "cifar10"}, data_path=str(tmp_path / "data"),
-                                output_path=str(tmp_path / "out"), run_name="r", checkpoint_every=5))
+    run = api.train(
+        load_config(
+            None,
+            **{**SMALL, "dataset": "cifar10"},
+            data_path=str(tmp_path / "data"),
+            output_path=str(tmp_path / "out"),
+            run_name="r",
+            checkpoint_every=5,
+        )
+    )
     checked = api.prepare_data(tmp_path / "data")
     assert (checked.train_images, checked.test_images, checked.synthetic, checked.official) == (320, 64, False, False)
     problems = []
@@ -88,9 +105,13 @@ def test_prepare_data_report_and_evaluate_files_are_api_calls_the_cli_only_print
     metrics = api.evaluate(checkpoint, output_dir=tmp_path / "confusion", num_workers=0, batch_size=32)
     assert isinstance(metrics, EvaluationResult) and metrics.num_samples == 64
     assert sorted(path.name for path in (tmp_path / "confusion").iterdir()) == [
-        "calibration_training_checkpoint_10.json", "calibration_training_checkpoint_10.png",
-        "confusion_training_checkpoint_10.json", "confusion_training_checkpoint_10.png",
-        "mistakes_training_checkpoint_10.json", "mistakes_training_checkpoint_10.png"]
+        "calibration_training_checkpoint_10.json",
+        "calibration_training_checkpoint_10.png",
+        "confusion_training_checkpoint_10.json",
+        "confusion_training_checkpoint_10.png",
+        "mistakes_training_checkpoint_10.json",
+        "mistakes_training_checkpoint_10.png",
+    ]
     with pytest.raises(api.UserError, match="^run folder '.*missing' does not exist$"):
         api.report([tmp_path / "missing"])
 

@@ -46,8 +46,9 @@ def test_a_probability_on_a_bin_edge_falls_in_the_lower_bin_and_one_in_the_last(
 
 
 def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(small_dataset, tmp_path):
-    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                            "--run_name=calibrated")
+    result = run_in_process(
+        "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=calibrated"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = tmp_path / "calibrated"
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -93,8 +94,15 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     from cifar10_dist.models import restoring
     from cifar10_dist.outputs import checkpoint_files
 
-    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                            "--run_name=tempered", "--val_split=0.2", "--calibrate=temperature")
+    result = run_in_process(
+        "run",
+        *TINY,
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=tempered",
+        "--val_split=0.2",
+        "--calibrate=temperature",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = tmp_path / "tempered"
     found = json.loads((run_dir / "summary.json").read_text())["calibration"]
@@ -107,8 +115,10 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     [best] = sorted(run_dir.glob("best_model_*.pt"))
     stored = checkpoint_files.load_checkpoint(best)
     assert stored["temperature"] == found["temperature"]
-    assert checkpoint_files.load_checkpoint(checkpoint_files.newest_valid_checkpoint(run_dir))["temperature"] == \
-        found["temperature"]
+    assert (
+        checkpoint_files.load_checkpoint(checkpoint_files.newest_valid_checkpoint(run_dir))["temperature"]
+        == found["temperature"]
+    )
     # evaluate reads it: the same test loss (the NLL of the calibrated probabilities) as the run's end
     final = json.loads((run_dir / "metrics.json").read_text())["test"]
     evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}", "--json")
@@ -117,8 +127,9 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     info = cifar.checkpoint_info(stored)
     raw = restoring.restore_model(stored, best, len(info.classes)).eval()
     test_images = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1].images[:16]
-    inputs = augmentation.normalize(augmentation.eval_view(test_images, info.image_size, info.crop_fraction),
-                                    info.mean, info.std)
+    inputs = augmentation.normalize(
+        augmentation.eval_view(test_images, info.image_size, info.crop_fraction), info.mean, info.std
+    )
     with torch.no_grad():
         expected = raw(inputs) / found["temperature"]
     assert torch.allclose(api.predict(best, test_images), expected.softmax(dim=1), atol=1e-5)
@@ -134,8 +145,11 @@ def test_a_folder_without_a_validation_split_is_refused_before_training():
     from cifar10_dist.models.viewing import TemperatureScaled
     from cifar10_dist.training.shipping.temperature import scaled_test_model
 
-    with pytest.raises(UserError, match="calibrate=temperature fits the temperature on a validation split, never on "
-                                        "the test set, and this run has none"):
+    with pytest.raises(
+        UserError,
+        match="calibrate=temperature fits the temperature on a validation split, never on "
+        "the test set, and this run has none",
+    ):
         scaled_test_model("temperature", "test", torch.nn.Identity())
     assert isinstance(scaled_test_model("temperature", "val", torch.nn.Identity()), TemperatureScaled)
     assert scaled_test_model(None, "test", torch.nn.Identity()) is None
@@ -155,8 +169,10 @@ def test_the_temperature_is_stored_only_with_the_weights_it_was_fitted_to(tmp_pa
         torch.save(content, tmp_path / name)
 
     def stored() -> dict[str, float | None]:
-        return {path.name: checkpoint_files.load_checkpoint(path).get("temperature")
-                for path in sorted(tmp_path.glob("*.pt"))}
+        return {
+            path.name: checkpoint_files.load_checkpoint(path).get("temperature")
+            for path in sorted(tmp_path.glob("*.pt"))
+        }
 
     training = {"trainer": {}, "optimizer": {}, "lr_scheduler": {}}
     first, second = "best_model_1_val_accuracy=0.5000.pt", "best_model_2_val_accuracy=0.6000.pt"

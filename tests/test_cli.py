@@ -93,8 +93,16 @@ def test_a_served_spawned_run_trains_exactly_as_a_fresh_interpreters_does(spawne
     weights and optimizer state, and the same metrics.jsonl but for the timings."""
     served, served_output = spawned_run
     assert served.returncode == 0, served.stderr[-3000:]
-    fresh = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", "--checkpoint_every=5",
-                    f"--data_path={small_dataset}", f"--output_path={tmp_path}", fresh=True)
+    fresh = run_cli(
+        "run",
+        *TINY,
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        "--checkpoint_every=5",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        fresh=True,
+    )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     (served_dir,), (fresh_dir,) = served_output.iterdir(), tmp_path.iterdir()
     final = sorted(served_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
@@ -119,20 +127,41 @@ def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path)
 
     env = job_script_environment()
     stand_in = str(REPO / "tests" / "served_python" / "python")
-    served = subprocess.run([stand_in, "-m", "cifar10_dist", "run", "--batch_size=0"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=60)
+    served = subprocess.run(
+        [stand_in, "-m", "cifar10_dist", "run", "--batch_size=0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (served.returncode, served.stderr) == (2, "error: batch_size=0 must be at least 1\n")
-    passed = subprocess.run([stand_in, "-c", "import sys; print(sys.argv[1:]); sys.exit(5)", "a b"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    passed = subprocess.run(
+        [stand_in, "-c", "import sys; print(sys.argv[1:]); sys.exit(5)", "a b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (passed.returncode, passed.stdout) == (5, "['a b']\n")
-    killed = subprocess.run([stand_in, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], env=env,
-                            timeout=60)
+    killed = subprocess.run(
+        [stand_in, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], env=env, timeout=60
+    )
     assert killed.returncode == -signal.SIGTERM
 
 
 FLAG_LINE = re.compile(r"^  --(\w+)(?:=(\S+))?(?:\s|$)")
-API_OF = {"lr-find": "lr_find", "batch-size": "batch_size", "evaluate": "evaluate", "predict": "predict_files",
-          "export": "export", "tune": "tune", "prepare-data": "prepare_data", "report": "report", "doctor": "doctor"}
+API_OF = {
+    "lr-find": "lr_find",
+    "batch-size": "batch_size",
+    "evaluate": "evaluate",
+    "predict": "predict_files",
+    "export": "export",
+    "tune": "tune",
+    "prepare-data": "prepare_data",
+    "report": "report",
+    "doctor": "doctor",
+}
 
 
 def page_flags(command: str) -> dict[str, str | None]:
@@ -158,11 +187,17 @@ def test_a_commands_flags_and_defaults_are_the_same_in_its_help_page_cli_and_api
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
     from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
 
-    declared = {"lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
-                "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization)),
-                "batch-size": commands.BATCH_SIZE, "report": commands.REPORT, "doctor": commands.DOCTOR,
-                "evaluate": commands.EVALUATE, "predict": commands.PREDICT, "tune": commands.TUNE,
-                "prepare-data": commands.PREPARE_DATA}[command]
+    declared = {
+        "lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
+        "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization)),
+        "batch-size": commands.BATCH_SIZE,
+        "report": commands.REPORT,
+        "doctor": commands.DOCTOR,
+        "evaluate": commands.EVALUATE,
+        "predict": commands.PREDICT,
+        "tune": commands.TUNE,
+        "prepare-data": commands.PREPARE_DATA,
+    }[command]
     on_page = page_flags(command)
     for one in declared:
         assert on_page.get(one.name, "absent") == (one.shown if one.shown is not None else shown(one.default)), one
@@ -197,13 +232,21 @@ def written_defaults(place: object) -> dict[str, ast.expr]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(place)))
     node = tree.body[0]
     if isinstance(node, ast.ClassDef):
-        return {item.target.id: item.value for item in node.body
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None}
+        return {
+            item.target.id: item.value
+            for item in node.body
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None
+        }
     arguments = node.args
-    positional = arguments.args[len(arguments.args) - len(arguments.defaults):]
-    return {**{argument.arg: default for argument, default in zip(positional, arguments.defaults)},
-            **{argument.arg: default for argument, default in zip(arguments.kwonlyargs, arguments.kw_defaults)
-               if default is not None}}
+    positional = arguments.args[len(arguments.args) - len(arguments.defaults) :]
+    return {
+        **{argument.arg: default for argument, default in zip(positional, arguments.defaults)},
+        **{
+            argument.arg: default
+            for argument, default in zip(arguments.kwonlyargs, arguments.kw_defaults)
+            if default is not None
+        },
+    }
 
 
 def test_no_default_of_a_commands_flag_is_written_twice():
@@ -215,31 +258,46 @@ def test_no_default_of_a_commands_flag_is_written_twice():
     from cifar10_dist.serve import inference
     from cifar10_dist.system import doctor
 
-    places = {"lr-find": [api.lr_find], "batch-size": [api.batch_size], "evaluate": [api.evaluate],
-              "predict": [api.predict, api.predict_files, inference.probabilities], "export": [api.export],
-              "tune": [api.tune], "prepare-data": [api.prepare_data], "report": [api.report],
-              "doctor": [api.doctor, doctor.examine]}
+    places = {
+        "lr-find": [api.lr_find],
+        "batch-size": [api.batch_size],
+        "evaluate": [api.evaluate],
+        "predict": [api.predict, api.predict_files, inference.probabilities],
+        "export": [api.export],
+        "tune": [api.tune],
+        "prepare-data": [api.prepare_data],
+        "report": [api.report],
+        "doctor": [api.doctor, doctor.examine],
+    }
     declared = declared_flags()
-    twice = [f"{command}: {place.__qualname__}({name}={ast.unparse(default)})"
-             for command, found in places.items() for place in found
-             for name, default in written_defaults(place).items()
-             if name in {one.name for one in declared[command]} and isinstance(default, ast.Constant)]
+    twice = [
+        f"{command}: {place.__qualname__}({name}={ast.unparse(default)})"
+        for command, found in places.items()
+        for place in found
+        for name, default in written_defaults(place).items()
+        if name in {one.name for one in declared[command]} and isinstance(default, ast.Constant)
+    ]
     assert twice == []
 
 
-@pytest.mark.parametrize("command, line", [
-    (["evaluate"], "error: evaluate needs --checkpoint=PATH (cifar10-dist evaluate --help)"),
-    (["predict", "x.png"], "error: predict needs --checkpoint=FILE (cifar10-dist predict --help)"),
-    (["export"], "error: export needs --checkpoint=FILE and --format=safetensors|pt2|onnx|torchscript "
-                 "(cifar10-dist export --help)"),
-    (["tune", "--val_split=0.2"], "error: tune needs --space=FILE and --study=NAME (cifar10-dist tune --help)"),
-    (["tune", "--report_only", "--study=s"], None),  # --report_only waives --space
-])
+@pytest.mark.parametrize(
+    "command, line",
+    [
+        (["evaluate"], "error: evaluate needs --checkpoint=PATH (cifar10-dist evaluate --help)"),
+        (["predict", "x.png"], "error: predict needs --checkpoint=FILE (cifar10-dist predict --help)"),
+        (
+            ["export"],
+            "error: export needs --checkpoint=FILE and --format=safetensors|pt2|onnx|torchscript "
+            "(cifar10-dist export --help)",
+        ),
+        (["tune", "--val_split=0.2"], "error: tune needs --space=FILE and --study=NAME (cifar10-dist tune --help)"),
+        (["tune", "--report_only", "--study=s"], None),  # --report_only waives --space
+    ],
+)
 def test_a_required_flag_left_out_is_one_line_naming_every_one_missing(command, line, tmp_path):
     """The flags declared required=True (their usage shows them outside brackets) are checked where every command's
     flags are resolved, not by hand in each command."""
-    result = run_in_process(*command, f"--output_path={tmp_path}") if command[0] == "tune" else \
-        run_in_process(*command)
+    result = run_in_process(*command, f"--output_path={tmp_path}") if command[0] == "tune" else run_in_process(*command)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last == line if line else "needs --" not in last, last

@@ -31,18 +31,23 @@ def test_compressed_runs_train_record_it_and_a_powersgd_resume_is_exact(small_da
         return
     state = torch.load(tmp_path / "whole" / "training_checkpoint_18.pt", weights_only=True)["grad_compression"]
     assert state["iter"] == 18 and all(errors.shape[0] == 2 for errors in state["errors"].values())  # both ranks'
-    resumed = run_in_process("run", *common, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_18.pt'}")
+    resumed = run_in_process(
+        "run", *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_18.pt'}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "for PowerSGD's bucket layout" in run_log(resumed, tmp_path / "resumed")
-    assert_same_training_state(tmp_path / "whole" / "training_checkpoint_36.pt",
-                               tmp_path / "resumed" / "training_checkpoint_36.pt")
+    assert_same_training_state(
+        tmp_path / "whole" / "training_checkpoint_36.pt", tmp_path / "resumed" / "training_checkpoint_36.pt"
+    )
 
 
 def test_without_a_process_group_compression_is_refused_in_one_line():
-    with pytest.raises(UserError, match=r"^grad_compression=bf16 compresses the gradients processes exchange, through "
-                                        r"DDP's communication hooks \(backends gloo and nccl\): this run is one "
-                                        r"process without a process group; leave grad_compression=none, or launch"):
+    with pytest.raises(
+        UserError,
+        match=r"^grad_compression=bf16 compresses the gradients processes exchange, through "
+        r"DDP's communication hooks \(backends gloo and nccl\): this run is one "
+        r"process without a process group; leave grad_compression=none, or launch",
+    ):
         load_config(None, grad_compression="bf16")
     with pytest.raises(UserError, match="backend=xla-tpu has none; leave grad_compression=none"):
         load_config(None, grad_compression="powersgd", backend="xla-tpu", nproc_per_node=8)
@@ -51,15 +56,25 @@ def test_without_a_process_group_compression_is_refused_in_one_line():
 
 
 def test_at_world_size_one_compression_says_it_does_nothing(small_dataset, tmp_path):
-    result = run_in_process("run", *TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--backend=gloo",
-                            "--nproc_per_node=1", "--grad_compression=fp16", f"--data_path={small_dataset}",
-                                f"--output_path={tmp_path}",
-                            "--run_name=one")
+    result = run_in_process(
+        "run",
+        *TINY,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        "--backend=gloo",
+        "--nproc_per_node=1",
+        "--grad_compression=fp16",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=one",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = run_log(result, tmp_path / "one")
     assert "grad_compression=fp16 does nothing at world size 1: there is no exchange of gradients to compress" in log
-    assert json.loads((tmp_path / "one" / "provenance.json").read_text())["grad_compression"] == \
-        "none (fp16 asked: world size 1)"
+    assert (
+        json.loads((tmp_path / "one" / "provenance.json").read_text())["grad_compression"]
+        == "none (fp16 asked: world size 1)"
+    )
 
 
 def test_without_compression_nothing_is_registered_and_nothing_kept():

@@ -17,8 +17,12 @@ from tests.conftest import TINY, run_in_process
 
 def test_defaults_are_the_ignite_tutorials():
     config = load_config()
-    assert (config.seed, config.data_path, config.output_path, config.model) == (543, "cifar10", "output-cifar10/",
-                                                                                 "resnet18")
+    assert (config.seed, config.data_path, config.output_path, config.model) == (
+        543,
+        "cifar10",
+        "output-cifar10/",
+        "resnet18",
+    )
     assert (config.batch_size, config.momentum, config.nesterov, config.weight_decay) == (512, 0.9, True, 1e-4)
     assert (config.learning_rate, config.num_epochs, config.num_warmup_epochs, config.validate_every) == (0.4, 5, 1, 3)
     assert (config.checkpoint_every, config.log_every_iters) == (200, 15)
@@ -51,8 +55,11 @@ def test_values_are_coerced_to_the_field_type():
 def test_shipped_configs_are_valid():
     from pathlib import Path
 
-    configs = [path for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
-               if not path.name.startswith("space_")]  # search spaces: tests/test_tuning.py
+    configs = [
+        path
+        for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+        if not path.name.startswith("space_")
+    ]  # search spaces: tests/test_tuning.py
     assert configs, "configs/ is empty"
     for path in configs:
         load_config(path)
@@ -99,14 +106,21 @@ def test_shipped_configs_are_valid():
         ({"lr_end": -0.1}, "lr_start=0.0 and lr_end=-0.1 must be 0 or more"),
         ({"compile": True, "backend": "xla-tpu"}, "compile=True is not supported with backend xla-tpu"),
         ({"accumulation_steps": 0}, "accumulation_steps=0 must be at least 1"),
-        ({"accumulation_steps": 3, "checkpoint_every": 200}, "checkpoint_every=200 must be a multiple of "
-                                                             "accumulation_steps=3: checkpoints are taken after"),
+        (
+            {"accumulation_steps": 3, "checkpoint_every": 200},
+            "checkpoint_every=200 must be a multiple of accumulation_steps=3: checkpoints are taken after",
+        ),
         ({"accumulation_steps": 2, "lookahead": True}, "lookahead=True counts iterations as optimizer steps"),
         ({"early_stopping_patience": 0, "val_split": 0.1}, "early_stopping_patience=0 must be at least 1"),
-        ({"early_stopping_patience": 3}, "early_stopping_patience=3 needs val_split > 0 (e.g. --val_split=0.1): "
-                                         "with val_split=0 it would stop on test accuracy"),
-        ({"early_stopping_patience": 3, "val_split": 0.1, "early_stopping_min_delta": -0.01},
-         "early_stopping_min_delta=-0.01 must be 0 or more"),
+        (
+            {"early_stopping_patience": 3},
+            "early_stopping_patience=3 needs val_split > 0 (e.g. --val_split=0.1): "
+            "with val_split=0 it would stop on test accuracy",
+        ),
+        (
+            {"early_stopping_patience": 3, "val_split": 0.1, "early_stopping_min_delta": -0.01},
+            "early_stopping_min_delta=-0.01 must be 0 or more",
+        ),
     ],
 )
 def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
@@ -119,14 +133,16 @@ def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
 def test_unknown_key_in_yaml_names_the_file(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("learning_rat: 0.1\n")
-    with pytest.raises(UserError, match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean "
-                                        r"'learning_rate'"):
+    with pytest.raises(
+        UserError,
+        match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean "
+        r"'learning_rate'",
+    ):
         load_config(path)
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
-    [("- a\n- b\n", "must hold a mapping"), ("a: [1\n", "is not valid YAML")],
+    ("content", "message"), [("- a\n- b\n", "must hold a mapping"), ("a: [1\n", "is not valid YAML")]
 )
 def test_malformed_yaml_is_rejected(tmp_path, content, message):
     path = tmp_path / "bad.yaml"
@@ -154,15 +170,17 @@ def test_help_lists_every_key_with_default_and_meaning_but_the_internal_ones():
 
 def test_docs_list_the_options_exactly_as_help_does():
     readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    assert describe_options() in readme, ("regenerate the option block of docs/configuration.md from "
-                                          "config.describe_options()")
+    assert describe_options() in readme, (
+        "regenerate the option block of docs/configuration.md from config.describe_options()"
+    )
 
 
 def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optimizer_steps(capsys):
     assert load_config("configs/demo.yaml", accumulation_steps=3).checkpoint_every == 51
     assert capsys.readouterr().err.endswith(
         " INFO checkpoint_every=50 (from configs/demo.yaml) rounded up to 51, a multiple of accumulation_steps=3: "
-        "checkpoints are taken after optimizer steps\n")
+        "checkpoints are taken after optimizer steps\n"
+    )
     assert load_config(accumulation_steps=4).checkpoint_every == 200  # already a multiple: no line
     assert capsys.readouterr().err == ""
     assert load_config(accumulation_steps=3).checkpoint_every == 201
@@ -174,18 +192,32 @@ def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optim
 def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
     config = tmp_path / "every4.yaml"
     config.write_text("checkpoint_every: 4\n")
-    result = run_in_process("run", f"--config={config}", *TINY, "--dataset=synthetic", "--synthetic_size=320",
-                            "--accumulation_steps=3", "--epoch_length=6", "--train_eval_size=0",
-                            f"--output_path={tmp_path}", "--run_name=acc")
+    result = run_in_process(
+        "run",
+        f"--config={config}",
+        *TINY,
+        "--dataset=synthetic",
+        "--synthetic_size=320",
+        "--accumulation_steps=3",
+        "--epoch_length=6",
+        "--train_eval_size=0",
+        f"--output_path={tmp_path}",
+        "--run_name=acc",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rounded = f"INFO checkpoint_every=4 (from {config}) rounded up to 6, a multiple of accumulation_steps=3"
     assert rounded in result.stderr
     assert sorted(path.name for path in (tmp_path / "acc").glob("training_checkpoint_*.pt")) == [
-        "training_checkpoint_12.pt", "training_checkpoint_6.pt"]
+        "training_checkpoint_12.pt",
+        "training_checkpoint_6.pt",
+    ]
 
 
-SHIPPED_CONFIGS = sorted(f"configs/{path.name}" for path in (Path(__file__).resolve().parents[1] / "configs").glob(
-    "*.yaml") if not path.name.startswith("space_"))
+SHIPPED_CONFIGS = sorted(
+    f"configs/{path.name}"
+    for path in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")
+    if not path.name.startswith("space_")
+)
 
 
 @pytest.mark.parametrize("config", SHIPPED_CONFIGS)
@@ -204,7 +236,8 @@ def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_
     assert load_config("configs/fast.yaml", num_epochs=1).num_warmup_epochs == 0.23
     assert capsys.readouterr().err.endswith(
         " INFO num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1: the same share of the "
-        "run as 2.3 of 10 epochs\n")
+        "run as 2.3 of 10 epochs\n"
+    )
     assert load_config(num_epochs=2).num_warmup_epochs == 1.0  # fits: left as it is, no line
     assert capsys.readouterr().err == ""
     assert load_config(num_epochs=1).num_warmup_epochs == 0.2
@@ -218,10 +251,21 @@ def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_
 
 
 def test_a_shipped_config_shortened_to_one_epoch_trains(tmp_path):
-    result = run_in_process("run", "--config=configs/fast.yaml", "--num_epochs=1", "--dataset=synthetic",
-                            "--synthetic_size=256", "--batch_size=64", "--epoch_length=3", "--num_workers=0",
-                            "--train_eval_size=0", "--tta=0", "--with_amp=False", f"--output_path={tmp_path}",
-                            "--run_name=smoke")
+    result = run_in_process(
+        "run",
+        "--config=configs/fast.yaml",
+        "--num_epochs=1",
+        "--dataset=synthetic",
+        "--synthetic_size=256",
+        "--batch_size=64",
+        "--epoch_length=3",
+        "--num_workers=0",
+        "--train_eval_size=0",
+        "--tta=0",
+        "--with_amp=False",
+        f"--output_path={tmp_path}",
+        "--run_name=smoke",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1" in result.stderr
     assert yaml.safe_load((tmp_path / "smoke" / "config.yaml").read_text())["num_warmup_epochs"] == 0.23
@@ -232,8 +276,13 @@ def test_a_trial_spec_is_typed_and_survives_config_yaml(tmp_path):
     a mapping that is not a trial is refused in one line naming the key."""
     from cifar10_dist.config import PrunerSpec, TrialSpec
 
-    spec = TrialSpec(study="s", storage="sqlite:///x.db", number=3, params={"learning_rate": 0.1},
-                     pruner=PrunerSpec(name="hyperband", max_epochs=4))
+    spec = TrialSpec(
+        study="s",
+        storage="sqlite:///x.db",
+        number=3,
+        params={"learning_rate": 0.1},
+        pruner=PrunerSpec(name="hyperband", max_epochs=4),
+    )
     config = load_config(None, val_split=0.1, trial=spec)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
     again = load_config(tmp_path / "config.yaml")
@@ -251,9 +300,10 @@ def test_a_recorded_config_reads_back_as_a_config_whatever_release_wrote_it():
     from cifar10_dist.config import PrunerSpec, TrialSpec
 
     trial = TrialSpec("s", "sqlite:///s.db", 3, {"learning_rate": 0.1}, PrunerSpec("hyperband", 2, 1, 4))
-    now = dataclasses.replace(load_config(None, model="simple_cnn", num_epochs=3, grad_compression="bf16",
-                                          backend="gloo", nproc_per_node=2),
-                              trial=trial)
+    now = dataclasses.replace(
+        load_config(None, model="simple_cnn", num_epochs=3, grad_compression="bf16", backend="gloo", nproc_per_node=2),
+        trial=trial,
+    )
     assert Config.from_record(now.replayable()) == dataclasses.replace(now, resume_from=None)
     older = {key: value for key, value in now.replayable().items() if key != "grad_compression"}
     read = Config.from_record({**older, "a_key_since_removed": 1})

@@ -131,8 +131,17 @@ def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
     output tells its crop offset and whether it was mirrored; each output must be exactly that crop."""
     count = 2000
     coordinate = torch.arange(1, 33, dtype=torch.uint8)
-    images = torch.stack([coordinate.view(32, 1).expand(32, 32), coordinate.view(1, 32).expand(32, 32),
-                          torch.zeros(32, 32, dtype=torch.uint8)]).expand(count, 3, 32, 32).contiguous()
+    images = (
+        torch.stack(
+            [
+                coordinate.view(32, 1).expand(32, 32),
+                coordinate.view(1, 32).expand(32, 32),
+                torch.zeros(32, 32, dtype=torch.uint8),
+            ]
+        )
+        .expand(count, 3, 32, 32)
+        .contiguous()
+    )
     out = augmentation.augment(images, torch.Generator().manual_seed(1))
     flipped = out[:, 1, 16, 17] < out[:, 1, 16, 16]  # columns run backwards in a mirrored crop
     row_offset = out[:, 0, 16, 16].long() - 1 - 12  # output row 16 shows padded row 16 + offset
@@ -140,7 +149,7 @@ def test_augment_crops_at_every_offset_uniformly_and_flips_half_the_images():
     padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
     for index in range(count):
         dy, dx = int(row_offset[index]), int(column_offset[index])
-        crop = padded[index, :, dy:dy + 32, dx:dx + 32]
+        crop = padded[index, :, dy : dy + 32, dx : dx + 32]
         assert torch.equal(out[index], crop.flip(-1) if flipped[index] else crop), index
     for offsets in (row_offset, column_offset):
         counts = torch.bincount(offsets, minlength=9)
@@ -202,8 +211,10 @@ def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_out
     monkeypatch.setattr(loaders, "free_bytes", lambda device: size)  # the file over 80% of what is available
     assert loaders.workers_for("auto", cpu, cache) == 2 and loaders.workers_for("auto", cpu, torch.zeros(2)) == 0
     assert loaders.workers_for(5, cpu, cache) == 5 and loaders.workers_for(0, cuda, None) == 0
-    on_gpus = [loaders.workers_for("auto", cuda, None, cores, processes)
-               for cores, processes in ((16, 1), (2, 1), (4, 2), (32, 1), (6, 8))]
+    on_gpus = [
+        loaders.workers_for("auto", cuda, None, cores, processes)
+        for cores, processes in ((16, 1), (2, 1), (4, 2), (32, 1), (6, 8))
+    ]
     assert on_gpus == [8, 2, 6, 8, 40]  # (16 cores: 15 capped at 8; 2 cores: at least 2; 2 GPUs of 4 cores: 3 each)
     assert loaders.workers_for("auto", cuda, None) >= 2  # this machine's own count
 
@@ -215,8 +226,9 @@ def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host
     loader's."""
     train, test = make_synthetic(200, 40, 0)
     host = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3)
-    device = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3,
-                                  device=torch.device("cpu"))
+    device = loaders.make_loaders(
+        train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3, device=torch.device("cpu")
+    )
     from_lists = []  # the length of each list a tensor is made from
     as_tensor = torch.as_tensor
 
@@ -233,8 +245,9 @@ def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host
         for epoch in (0, 1):
             sampler.sampler.set_epoch(epoch)
             sampler.sampler.start_next_pass_at(start if epoch else 0)
-            seen += [(batch.epoch, batch.iteration, batch,
-                      *made.train.dataset.__getitems__(batch)) for batch in sampler]
+            seen += [
+                (batch.epoch, batch.iteration, batch, *made.train.dataset.__getitems__(batch)) for batch in sampler
+            ]
         return seen
 
     on_host = passes(host)

@@ -31,8 +31,9 @@ def noise_folder(root: Path, train_per_class: int, test_per_class: int) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
             for index in range(count):
                 small = np.clip(rng.normal(colour, 50, (8, 8, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(small).resize((SIZE, SIZE), Image.BILINEAR).save(folder / f"{index:04d}.jpg",
-                                                                                 quality=90)
+                Image.fromarray(small).resize((SIZE, SIZE), Image.BILINEAR).save(
+                    folder / f"{index:04d}.jpg", quality=90
+                )
     return root
 
 
@@ -74,9 +75,16 @@ def read_everything_twice_at_once(root: Path, barrier: Path) -> list[list[float]
     the cache file's resident and proportional pages (KiB: the proportional set splits a shared page among the
     processes that map it) while both hold the map."""
     barrier.mkdir()
-    readers = [subprocess.Popen([sys.executable, "-c", READER, str(root), str(SIZE), str(barrier), name],
-                                env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name in ("a", "b")]
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(root), str(SIZE), str(barrier), name],
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
     outputs = [reader.communicate(timeout=120) for reader in readers]
     assert all(reader.returncode == 0 for reader in readers), [error[-2000:] for _, error in outputs]
     return [[float(value) for value in out.split()] for out, _ in outputs]
@@ -112,8 +120,10 @@ def test_on_demand_images_index_slice_subset_flip_and_pickle_like_a_tensor(tmp_p
     subset = ImageSet(mapped, torch.arange(4)).subset(torch.tensor([3, 1]))
     assert isinstance(subset.images, MappedImages) and torch.equal(subset.images[:], tensor[[3, 1]])
     flipped = mapped.with_flips(np.array([True, False, False, True]))
-    assert torch.equal(flipped[:], torch.where(torch.tensor([1, 0, 0, 1], dtype=torch.bool)[:, None, None, None],
-                                               tensor.flip(-1), tensor))
+    assert torch.equal(
+        flipped[:],
+        torch.where(torch.tensor([1, 0, 0, 1], dtype=torch.bool)[:, None, None, None], tensor.flip(-1), tensor),
+    )
     carried = pickle.loads(pickle.dumps(flipped))
     assert len(pickle.dumps(flipped)) < 1000  # path, rows and flips, never the pixels of the file
     assert torch.equal(carried[:], flipped[:])
@@ -128,10 +138,22 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     root = noise_folder(tmp_path / "shared", 20, 5)
     shared = Path(api.prepare_data(root, "folder", image_size=32).folder)
     for node in ("node-a", "node-b"):
-        result = run_in_process("run", "--dataset=folder", f"--data_path={root}", f"--cache_dir={tmp_path / node}",
-                                "--model=simple_cnn", "--batch_size=10", "--num_workers=0", "--num_epochs=1",
-                                "--num_warmup_epochs=0", "--train_eval_size=0", "--backend=gloo",
-                                "--nproc_per_node=2", f"--output_path={tmp_path / 'out'}", f"--run_name={node}")
+        result = run_in_process(
+            "run",
+            "--dataset=folder",
+            f"--data_path={root}",
+            f"--cache_dir={tmp_path / node}",
+            "--model=simple_cnn",
+            "--batch_size=10",
+            "--num_workers=0",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0",
+            "--train_eval_size=0",
+            "--backend=gloo",
+            "--nproc_per_node=2",
+            f"--output_path={tmp_path / 'out'}",
+            f"--run_name={node}",
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         (local,) = (path for path in (tmp_path / node).iterdir() if not path.name.startswith("."))  # not its lock
         assert local.name == shared.name and (local / "images.npy").read_bytes() == (shared / "images.npy").read_bytes()
@@ -177,8 +199,9 @@ def test_a_build_killed_part_way_is_never_read_and_resumes_where_it_stopped(tmp_
     target = folder_scan.cache_dir(root, 32, folder_scan.fingerprint(found, 32))
     old = target.with_name(f".{target.name}.building4242")  # an older version's leftover (per process id)
     old.mkdir(parents=True)
-    killed = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(root)], capture_output=True, text=True,
-                            env=cli_env(), timeout=120)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BUILD, str(root)], capture_output=True, text=True, env=cli_env(), timeout=120
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not target.exists() and folder_scan.read_meta(target) is None
     (building,) = target.parent.glob(f".{target.name}.building-*")
@@ -229,9 +252,11 @@ def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():
     loaders.check_fits(3 * 2**30, 4 * 2**30, torch.device("cpu"))  # 3 of 4 GiB: 75%, below the 80% share
     with pytest.raises(UserError) as refused:
         loaders.check_fits(7 * 2**30, 8 * 2**30, torch.device("cuda:0"))
-    assert str(refused.value) == ("data_on_device=True: the images take 7.0 GiB and cuda:0 has 8.0 GiB free (80% "
-                                  "of it may hold data): leave data_on_device off (a folder's cache is read on "
-                                  "demand) or use fewer or smaller images")
+    assert str(refused.value) == (
+        "data_on_device=True: the images take 7.0 GiB and cuda:0 has 8.0 GiB free (80% "
+        "of it may hold data): leave data_on_device off (a folder's cache is read on "
+        "demand) or use fewer or smaller images"
+    )
     assert loaders.free_bytes(torch.device("cpu")) > 2**30  # this machine's MemAvailable, read for real
 
 

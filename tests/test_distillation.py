@@ -56,8 +56,9 @@ def test_with_alpha_1_and_the_students_start_as_teacher_one_step_trains_on_the_s
     with torch.no_grad():
         by_hand = soft_target_loss_by_hand(student.train()(inputs), teacher_model(inputs), 4.0)
     optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
-    step = TrainStep(student, optimizer, Distillation(nn.CrossEntropyLoss(), 1.0, 4.0), Precision("cpu", None),
-                     teacher=teacher)
+    step = TrainStep(
+        student, optimizer, Distillation(nn.CrossEntropyLoss(), 1.0, 4.0), Precision("cpu", None), teacher=teacher
+    )
     assert float(step(inputs, targets).loss) == pytest.approx(by_hand, rel=1e-4)
     assert by_hand > 0  # the student trains its BatchNorm on the batch, the teacher uses its running statistics
 
@@ -80,12 +81,20 @@ def teacher_file(tmp_path_factory):
 
 
 def test_a_run_with_a_teacher_resumes_bit_exactly_at_world_size_2_and_records_it(teacher_file, tmp_path):
-    common = ["run", *SYNTHETIC, *SPAWN_2, f"--teacher={teacher_file}", "--distill_alpha=0.7",
-              "--checkpoint_every=5", f"--output_path={tmp_path}"]
+    common = [
+        "run",
+        *SYNTHETIC,
+        *SPAWN_2,
+        f"--teacher={teacher_file}",
+        "--distill_alpha=0.7",
+        "--checkpoint_every=5",
+        f"--output_path={tmp_path}",
+    ]
     whole = run_in_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = run_in_process(*common, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_15.pt'}")  # mid-epoch 2
+    resumed = run_in_process(
+        *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_15.pt'}"
+    )  # mid-epoch 2
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ours = torch.load(tmp_path / "resumed" / "training_checkpoint_20.pt", weights_only=True)
     theirs = torch.load(tmp_path / "whole" / "training_checkpoint_20.pt", weights_only=True)
@@ -93,8 +102,9 @@ def test_a_run_with_a_teacher_resumes_bit_exactly_at_world_size_2_and_records_it
     recorded = json.loads((tmp_path / "whole" / "provenance.json").read_text())["teacher"]
     assert recorded["kind"] == "checkpoint" and recorded["model"] == "simple_cnn" and len(recorded["sha256"]) == 64
     assert recorded["alpha"] == 0.7 and recorded["temperature"] == 4.0
-    plain = run_in_process("run", *SYNTHETIC, *SPAWN_2, "--checkpoint_every=5", f"--output_path={tmp_path}",
-                           "--run_name=plain")
+    plain = run_in_process(
+        "run", *SYNTHETIC, *SPAWN_2, "--checkpoint_every=5", f"--output_path={tmp_path}", "--run_name=plain"
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     alone = torch.load(tmp_path / "plain" / "training_checkpoint_20.pt", weights_only=True)
     assert any(not torch.equal(alone["model"][key], theirs["model"][key]) for key in theirs["model"])  # it taught
@@ -108,14 +118,22 @@ def test_a_teacher_with_other_classes_is_refused_naming_both_lists(teacher_file,
     torch.save(checkpoint, other)
     result = run_in_process("run", *SYNTHETIC, f"--teacher={other}", f"--output_path={tmp_path}", "--run_name=r")
     assert result.returncode == 2
-    assert (f"error: teacher '{other}' was trained on the classes cat, dog (2), this run has airplane, automobile, "
-            "bird, cat, deer, dog, ... (10): a teacher must have the run's classes") in result.stderr
+    assert (
+        f"error: teacher '{other}' was trained on the classes cat, dog (2), this run has airplane, automobile, "
+        "bird, cat, deer, dog, ... (10): a teacher must have the run's classes"
+    ) in result.stderr
     assert not (tmp_path / "r").exists()
 
 
 def test_a_teacher_by_weights_name_is_fetched_before_the_workers_and_offline_is_one_line(torch_home, tmp_path):  # noqa: F811
-    result = run_in_process("run", *SYNTHETIC, "--teacher=resnet18", "--teacher_pretrained=IMAGENET1K_V1",
-                            f"--output_path={tmp_path}", "--run_name=offline")
+    result = run_in_process(
+        "run",
+        *SYNTHETIC,
+        "--teacher=resnet18",
+        "--teacher_pretrained=IMAGENET1K_V1",
+        f"--output_path={tmp_path}",
+        "--run_name=offline",
+    )
     cached = torch_home / "hub" / "checkpoints" / RESNET18_FILE
     assert result.returncode == 2
     assert f"{RESNET18_FILE} is not in torch's cache and cannot be downloaded" in result.stderr
@@ -140,6 +158,12 @@ def test_a_calibrated_teacher_teaches_with_its_calibrated_logits(teacher_file, t
     torch.save(checkpoint, calibrated)
     config = load_config(None, dataset="synthetic", teacher=str(calibrated))
     info = checkpoint["meta"]["provenance"]["dataset"]["info"]
-    teacher = build_teacher(config, tuple(info["classes"]), (info["mean"], info["std"]), torch.device("cpu"),
-                            Precision("cpu", None), torch.contiguous_format)
+    teacher = build_teacher(
+        config,
+        tuple(info["classes"]),
+        (info["mean"], info["std"]),
+        torch.device("cpu"),
+        Precision("cpu", None),
+        torch.contiguous_format,
+    )
     assert isinstance(teacher.model, TemperatureScaled) and float(teacher.model.temperature) == 2.0

@@ -33,8 +33,15 @@ def test_two_spawned_gloo_processes_train_together(spawned_run):
 
 @pytest.mark.slow
 def test_torchrun_with_two_gloo_processes_trains_and_reports_once(small_dataset, tmp_path):
-    result = run_torchrun(2, "run", *TINY, "--backend=gloo", f"--data_path={small_dataset}",
-                          f"--output_path={tmp_path}", "--run_name=torchrun")
+    result = run_torchrun(
+        2,
+        "run",
+        *TINY,
+        "--backend=gloo",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=torchrun",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("final test:") == 1  # only rank 0 reports
     assert final_metrics(result.stdout)[2] == 301
@@ -46,12 +53,21 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     _, output = spawned_run
     (run_dir,) = output.iterdir()
     checkpoint = run_dir / "training_checkpoint_36.pt"
-    launches = {1: ["--num_workers=0"], 2: ["--backend=gloo", "--nproc_per_node=2", "--num_workers=2"],  # DataLoader
-                3: ["--backend=gloo", "--nproc_per_node=3", "--num_workers=0"]}                   # workers: 1 each
+    launches = {
+        1: ["--num_workers=0"],
+        2: ["--backend=gloo", "--nproc_per_node=2", "--num_workers=2"],  # DataLoader
+        3: ["--backend=gloo", "--nproc_per_node=3", "--num_workers=0"],
+    }  # workers: 1 each
     results = {}
     for world_size, launch in launches.items():
-        result = run_in_process("evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
-                                "--batch_size=64", *launch)
+        result = run_in_process(
+            "evaluate",
+            f"--checkpoint={checkpoint}",
+            f"--data_path={small_dataset}",
+            "--json",
+            "--batch_size=64",
+            *launch,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = json.loads(result.stdout.strip().splitlines()[-1])
     assert [r["num_samples"] for r in results.values()] == [301, 301, 301]
@@ -66,15 +82,25 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     assert results[2]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     assert results[3]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     # the calibration bins count the same images at every world size; the ECE agrees to float rounding
-    assert results[1]["reliability"]["images"] == results[2]["reliability"]["images"] \
+    assert (
+        results[1]["reliability"]["images"]
+        == results[2]["reliability"]["images"]
         == results[3]["reliability"]["images"]
+    )
     assert results[2]["ece"] == pytest.approx(results[1]["ece"], abs=1e-5)
     assert results[3]["ece"] == pytest.approx(results[1]["ece"], abs=1e-5)
 
 
 def test_a_user_error_inside_spawned_workers_is_one_line(tmp_path):
-    result = run_cli("run", *TINY, "--backend=gloo", "--nproc_per_node=2", f"--data_path={tmp_path / 'empty'}",
-                     f"--output_path={tmp_path / 'out'}", "--download=False")
+    result = run_cli(
+        "run",
+        *TINY,
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        f"--data_path={tmp_path / 'empty'}",
+        f"--output_path={tmp_path / 'out'}",
+        "--download=False",
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "error: CIFAR-10 not found: put cifar-10-python.tar.gz" in result.stderr

@@ -50,8 +50,9 @@ def test_a_quoted_figure_is_the_value_its_json_records(page, number, name, point
     record = json.loads((REPO / "docs" / "measurements" / name).read_text())
     value = float(at_pointer(record, pointer)) * scale
     decimals = len(number.split(".")[1]) if "." in number else 0
-    assert round(value, decimals) == float(number.replace(",", "")), \
+    assert round(value, decimals) == float(number.replace(",", "")), (
         f"{page}: {number} quoted, {name} {pointer} is {value}"
+    )
     assert record.get("command") and record.get("commit"), f"{name} does not name its command and commit"
     machine = f"{record.get('machine')} {record.get('hardware', {}).get('cpu', {}).get('capability')}"
     assert any(kind in machine for kind in CPU_KINDS), f"{name} does not name the CPU's kind"

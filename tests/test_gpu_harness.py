@@ -19,8 +19,14 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine 
 
 def test_gpu_check_without_cuda_is_one_line_and_creates_nothing(tmp_path):
     out = tmp_path / "report"
-    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), f"--out={out}"], cwd=tmp_path,
-                            env=cli_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), f"--out={out}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("no CUDA GPU on this machine (torch ") and result.stdout.count("\n") == 1
     assert result.stdout.endswith("sees none): nothing to check\n") and result.stderr == ""
@@ -28,15 +34,26 @@ def test_gpu_check_without_cuda_is_one_line_and_creates_nothing(tmp_path):
 
 
 def test_gpu_check_refuses_a_bad_argument(tmp_path):
-    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--data=x"], cwd=tmp_path,
-                            env=cli_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--data=x"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "unknown argument '--data=x'" in result.stderr
 
 
 def test_gpu_tests_skip_saying_why():
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs",
-                             "-p", "no:cacheprovider"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:]
     outcomes = re.search(r"^(\d+) skipped in [0-9.]+s", result.stdout, re.MULTILINE)  # no other outcome at all
     assert outcomes and int(outcomes.group(1)) >= 10, result.stdout[-500:]
@@ -53,13 +70,23 @@ trace</failure></testcase>
 
 def test_the_report_lists_every_check_with_its_outcome_and_figures(tmp_path):
     from benchmarks import gpu_report as report_module
+
     (tmp_path / "pytest.xml").write_text(JUNIT)
     (tmp_path / "checks.jsonl").write_text(
-        json.dumps({"test": "test_no_backend_run", "name": "peak GPU memory allocated", "value": 812.0,
-                    "unit": "MiB"}) + "\n")
+        json.dumps({"test": "test_no_backend_run", "name": "peak GPU memory allocated", "value": 812.0, "unit": "MiB"})
+        + "\n"
+    )
     (tmp_path / "benchmark.json").write_text(json.dumps({"table": "H100, torch 2.x\nfull epoch fast.yaml: 9000 img/s"}))
-    env = {"date": "2026-11-23", "gpus": ["NVIDIA H100 80GB HBM3"], "driver": "580.1", "cuda": "13.0",
-           "cudnn": 91000, "torch": "2.14.1", "python": "3.11.7", "host": "node1"}
+    env = {
+        "date": "2026-11-23",
+        "gpus": ["NVIDIA H100 80GB HBM3"],
+        "driver": "580.1",
+        "cuda": "13.0",
+        "cudnn": 91000,
+        "torch": "2.14.1",
+        "python": "3.11.7",
+        "host": "node1",
+    }
     report = report_module.build(tmp_path, env)
     assert (report["passed"], report["failed"], report["skipped"]) == (1, 1, 1)
     markdown = (tmp_path / "gpu_report.md").read_text()
@@ -95,25 +122,32 @@ def test_the_benchmark_reads_the_peers_table_and_sums_up_seeds_epochs_and_the_gp
     # epoch 1 took 0.379 s, epochs 2 and 3 0.3521 and 2.91 s (median 1.631)
     assert bench.epoch_seconds(peer["curve"]) == (0.379, pytest.approx(1.631, abs=1e-4))
     assert bench.epoch_seconds([(2.0, 0.5)]) == (2.0, None) and bench.epoch_seconds([]) == (None, None)
-    runs = {"ours": {"0": {"accuracy": 0.94, "training_seconds": 3.0, "first_epoch_seconds": 0.5,
-                           "steady_epoch_seconds": 0.25},
-                     "1": {"accuracy": 0.92, "training_seconds": 4.0, "first_epoch_seconds": 0.7,
-                           "steady_epoch_seconds": 0.35},
-                     "2": {"failed": "our benchmark run failed (exit 1)"}},
-            "peer": {"0": {**peer, "first_epoch_seconds": 0.379, "steady_epoch_seconds": 1.631}, "1": "skipped"}}
-    runs["ours:fast_muon"] = {"0": {"accuracy": 0.94, "training_seconds": 1.8, "first_epoch_seconds": 0.2,
-                                    "steady_epoch_seconds": 0.2}}
+    runs = {
+        "ours": {
+            "0": {"accuracy": 0.94, "training_seconds": 3.0, "first_epoch_seconds": 0.5, "steady_epoch_seconds": 0.25},
+            "1": {"accuracy": 0.92, "training_seconds": 4.0, "first_epoch_seconds": 0.7, "steady_epoch_seconds": 0.35},
+            "2": {"failed": "our benchmark run failed (exit 1)"},
+        },
+        "peer": {"0": {**peer, "first_epoch_seconds": 0.379, "steady_epoch_seconds": 1.631}, "1": "skipped"},
+    }
+    runs["ours:fast_muon"] = {
+        "0": {"accuracy": 0.94, "training_seconds": 1.8, "first_epoch_seconds": 0.2, "steady_epoch_seconds": 0.2}
+    }
     summary = bench.summarise(runs)
     assert summary["ours:fast_muon"]["seeds"] == 1
     assert summary["training_seconds_ours_fast_muon_over_peer"] == pytest.approx(1.8 / 3.6411)
     assert summary["ours"]["seeds"] == 2 and summary["ours"]["accuracy"] == pytest.approx(0.93)
     assert summary["training_seconds_ours_over_peer"] == pytest.approx(3.5 / 3.6411)
     assert summary["steady_epoch_seconds_ours_over_peer"] == pytest.approx(0.3 / 1.631)
-    trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100},
-                             {"ph": "X", "cat": "kernel", "ts": 10, "dur": 20},
-                             {"ph": "X", "cat": "kernel", "ts": 20, "dur": 20},  # overlaps the first: 30 in all
-                             {"ph": "X", "cat": "gpu_memcpy", "ts": 90, "dur": 30},
-                             {"ph": "i", "cat": "kernel", "ts": 500}]}  # an instant: no interval
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100},
+            {"ph": "X", "cat": "kernel", "ts": 10, "dur": 20},
+            {"ph": "X", "cat": "kernel", "ts": 20, "dur": 20},  # overlaps the first: 30 in all
+            {"ph": "X", "cat": "gpu_memcpy", "ts": 90, "dur": 30},
+            {"ph": "i", "cat": "kernel", "ts": 500},
+        ]
+    }  # an instant: no interval
     assert bench.busy_share(trace) == {"busy_share": 60 / 120, "busy_ms": 0.06, "span_ms": 0.12, "kernels": 2}
     assert bench.busy_share({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}) is None
 
@@ -124,8 +158,9 @@ def test_the_benchmark_refuses_an_unknown_part_in_one_line(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--data_path=x", "--device=cpu", "--parts=race,speed"])
     with pytest.raises(SystemExit) as refusal:  # (python -m benchmarks.gpu prints it and exits 1)
         bench.main()
-    assert refusal.value.code == ("--parts: unknown speed: choose from race, levers, resnet, profile, compile, "
-                                  "throughput, accuracy")
+    assert refusal.value.code == (
+        "--parts: unknown speed: choose from race, levers, resnet, profile, compile, throughput, accuracy"
+    )
 
 
 def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invocation(tmp_path):
@@ -134,8 +169,18 @@ def test_the_recipe_benchmark_appends_runs_and_takes_time_ratios_within_one_invo
     path = tmp_path / "runs.json"
 
     def run(recipe, invocation, accuracy, seconds, seed=0, **extra):
-        records.append_run(path, {"recipe": recipe, "seed": seed, "invocation": invocation, "accuracy": accuracy,
-                                  "training_seconds": seconds, "outside": {"evaluation": 10.0, "other": 5.0}, **extra})
+        records.append_run(
+            path,
+            {
+                "recipe": recipe,
+                "seed": seed,
+                "invocation": invocation,
+                "accuracy": accuracy,
+                "training_seconds": seconds,
+                "outside": {"evaluation": 10.0, "other": 5.0},
+                **extra,
+            },
+        )
 
     run("peer", "A", 0.9069, 2700.0)
     run("muon", "A", 0.9080, 1800.0)
@@ -163,14 +208,31 @@ def test_the_per_step_benchmark_times_the_peers_network_ours_and_ours_with_the_w
     """``--per_step`` in its own process (it adapts torch to the peer's code): three networks, each round's
     seconds and their median in the JSON with the command, commit and machine; the table names all three."""
     out = tmp_path / "per_step.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks.recipes", "--per_step", "--batch_size=4", "--steps=1",
-                             "--rounds=2", f"--per_step_json={out}"], cwd=REPO, env=cli_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.recipes",
+            "--per_step",
+            "--batch_size=4",
+            "--steps=1",
+            "--rounds=2",
+            f"--per_step_json={out}",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
     assert measured["command"].endswith(f"--rounds=2 --per_step_json={out}") and measured["commit"]
     assert [row["network"] for row in measured["rows"]] == [
-        "peer: airbench make_net94", "ours: models.AirbenchNet", "ours, whitening bias frozen"]
+        "peer: airbench make_net94",
+        "ours: models.AirbenchNet",
+        "ours, whitening bias frozen",
+    ]
     assert all(len(row["seconds"]) == 2 and row["median"] > 0 for row in measured["rows"])
     lines = result.stdout.splitlines()
     assert lines[0].startswith("batch 4, 1 steps x 2 interleaved rounds, ") and len(lines) == 5
@@ -233,18 +295,29 @@ def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksu
     assert run["accuracy"] == 0.2 and run["seed"] == 7  # 200 training images read
     assert sorted(run["epoch_seconds"]) == ["1", "2", "3", "4", "5"] and run["training_only_epochs"] == ["1", "2", "4"]
     assert (run["first_loss"], run["first_epoch_max_loss"], run["first_epoch_max_loss_iteration"]) == (2.0, 3.0, 2)
-    ours = {"entry": "ours", "seed": 7, "accuracy": 0.5, "wall_seconds": 5.0, "epoch_seconds": {"1": 1.0, "2": 3.0},
-            "training_only_epochs": ["1", "2"], "first_epoch_max_loss": 2.5}
+    ours = {
+        "entry": "ours",
+        "seed": 7,
+        "accuracy": 0.5,
+        "wall_seconds": 5.0,
+        "epoch_seconds": {"1": 1.0, "2": 3.0},
+        "training_only_epochs": ["1", "2"],
+        "first_epoch_max_loss": 2.5,
+    }
     run.update(wall_seconds=10.0, epoch_seconds={"1": 4, "2": 4, "3": 9, "4": 4, "5": 4})
     assert bench.table(bench.summarise([run, ours])).splitlines()[-1] == (
         "ours / tutorial: wall 0.500, training-only epoch 0.500; mean accuracy +30.00 points; ours' lowest seed "
-        "+30.00 points from the tutorial's mean")
+        "+30.00 points from the tutorial's mean"
+    )
 
 
-@pytest.mark.parametrize("first_bad, expected", [(6, "first bad commit: c6"), (1, "first bad commit: c1"),
-                                                 (None, "the ends do not differ here")])
-def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_once(monkeypatch, tmp_path,
-                                                                                   first_bad, expected):
+@pytest.mark.parametrize(
+    "first_bad, expected",
+    [(6, "first bad commit: c6"), (1, "first bad commit: c1"), (None, "the ends do not differ here")],
+)
+def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_once(
+    monkeypatch, tmp_path, first_bad, expected
+):
     """benchmarks.bisect's search over 10 commits whose runs score 0.91 before the first bad one and 0.90 from it
     (the runs themselves rehearsed with --device=cpu --quick: the real ones need a GPU)."""
     import argparse
@@ -257,16 +330,29 @@ def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_on
     def run(source, data_path, seed, flags, environment, quick):
         index = int(source.name[1:])
         measured.append((index, seed))
-        return {"seed": seed, "seconds": 1.0,
-                "accuracy": 0.90 if first_bad is not None and index >= first_bad else 0.91}
+        return {
+            "seed": seed,
+            "seconds": 1.0,
+            "accuracy": 0.90 if first_bad is not None and index >= first_bad else 0.91,
+        }
 
     monkeypatch.setattr(bisect, "history", lambda bundle: REPO)
     monkeypatch.setattr(bisect, "commits", lambda repo, good, bad: order)
     monkeypatch.setattr(bisect, "checkout", lambda repo, sha, tree: tree)
     monkeypatch.setattr(bisect, "run_fast", run)
-    args = argparse.Namespace(part="bisect", device="cpu", data_path="d", good="c0", bad="c9", seeds=[0, 1],
-                              threshold=0.9035, budget_minutes=5.0, history=None, json=str(tmp_path / "b.json"),
-                              quick=True)
+    args = argparse.Namespace(
+        part="bisect",
+        device="cpu",
+        data_path="d",
+        good="c0",
+        bad="c9",
+        seeds=[0, 1],
+        threshold=0.9035,
+        budget_minutes=5.0,
+        history=None,
+        json=str(tmp_path / "b.json"),
+        quick=True,
+    )
     bisect.bisect(args)
     found = json.loads((tmp_path / "b.json").read_text())
     assert found["conclusion"].startswith(expected), found["conclusion"]

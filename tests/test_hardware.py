@@ -25,23 +25,30 @@ from cifar10_dist.system.precision import automatic_precision, choose_precision
 from tests.conftest import TINY, run_in_process
 from tests.test_recipe import FAST_TINY
 
-AVX2_ONLY = hardware.CpuInfo("Fake EPYC 7B12", "AVX2", amx_bf16=False, avx512_bf16=False, logical_cores=2,
-                             torch_threads=2)
+AVX2_ONLY = hardware.CpuInfo(
+    "Fake EPYC 7B12", "AVX2", amx_bf16=False, avx512_bf16=False, logical_cores=2, torch_threads=2
+)
 AMX = hardware.CpuInfo("Fake Xeon 8488C", "AVX512", amx_bf16=True, avx512_bf16=True, logical_cores=2, torch_threads=2)
-ZEN4 = hardware.CpuInfo("Fake EPYC 9R14", "AVX512", amx_bf16=False, avx512_bf16=True, logical_cores=2,
-                        torch_threads=2)
+ZEN4 = hardware.CpuInfo("Fake EPYC 9R14", "AVX512", amx_bf16=False, avx512_bf16=True, logical_cores=2, torch_threads=2)
 
 
 def fake_cpu(monkeypatch: pytest.MonkeyPatch, info: hardware.CpuInfo) -> None:
     monkeypatch.setattr(hardware, "cpu_info", lambda: info)
 
 
-@pytest.mark.parametrize("info, dtype, words", [
-    (AVX2_ONLY, None, "fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast would be emulated "
-                      "here, many times slower)"),
-    (AMX, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake Xeon 8488C, AVX512, native bf16 (AMX, AVX512-BF16))"),
-    (ZEN4, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake EPYC 9R14, AVX512, native bf16 (AVX512-BF16))"),
-])
+@pytest.mark.parametrize(
+    "info, dtype, words",
+    [
+        (
+            AVX2_ONLY,
+            None,
+            "fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast would be emulated "
+            "here, many times slower)",
+        ),
+        (AMX, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake Xeon 8488C, AVX512, native bf16 (AMX, AVX512-BF16))"),
+        (ZEN4, torch.bfloat16, "bf16 autocast (with_amp=auto: Fake EPYC 9R14, AVX512, native bf16 (AVX512-BF16))"),
+    ],
+)
 def test_auto_precision_on_a_cpu_is_bf16_only_with_native_bf16_kernels(monkeypatch, info, dtype, words):
     fake_cpu(monkeypatch, info)
     precision = choose_precision(torch.device("cpu"), "auto")
@@ -54,8 +61,10 @@ def test_explicit_amp_on_a_cpu_without_native_bf16_trains_bf16_but_warns(monkeyp
     fake_cpu(monkeypatch, AVX2_ONLY)
     precision = choose_precision(torch.device("cpu"), True)
     assert precision.dtype == torch.bfloat16 and precision.reason == "bf16 autocast (with_amp=True)"
-    assert precision.warning.startswith("with_amp=True on a CPU without native bf16 (Fake EPYC 7B12, AVX2, no native "
-                                        "bf16): bf16 autocast is emulated here, typically 5-15x slower than fp32")
+    assert precision.warning.startswith(
+        "with_amp=True on a CPU without native bf16 (Fake EPYC 7B12, AVX2, no native "
+        "bf16): bf16 autocast is emulated here, typically 5-15x slower than fp32"
+    )
     assert precision.warning.endswith("--with_amp=auto trains in fp32 on this CPU")
     fake_cpu(monkeypatch, AMX)
     assert choose_precision(torch.device("cpu"), True).warning is None
@@ -64,7 +73,12 @@ def test_explicit_amp_on_a_cpu_without_native_bf16_trains_bf16_but_warns(monkeyp
 
 def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
     assert [load_config(with_amp=value).with_amp for value in ("auto", "AUTO", "true", True, False)] == [
-        "auto", "auto", True, True, False]
+        "auto",
+        "auto",
+        True,
+        True,
+        False,
+    ]
     with pytest.raises(UserError, match=r"^with_amp='fast' has the wrong type: expected bool or auto$"):
         load_config(with_amp="fast")
     with pytest.raises(UserError, match="^amp_dtype=float16 with with_amp=auto: auto chooses the type itself"):
@@ -75,17 +89,39 @@ def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
 
 def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records_why(monkeypatch, tmp_path):
     fake_cpu(monkeypatch, AVX2_ONLY)
-    result = run_in_process("run", *FAST_TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--validate_every=1",
-                            "--tta=0", f"--output_path={tmp_path}", "--run_name=avx2")
+    result = run_in_process(
+        "run",
+        *FAST_TINY,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        "--validate_every=1",
+        "--tta=0",
+        f"--output_path={tmp_path}",
+        "--run_name=avx2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"INFO precision: fp32 \(with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast "
-                     r"would be emulated here, many times slower\)\n", result.stderr), result.stderr[-3000:]
+    assert re.search(
+        r"INFO precision: fp32 \(with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16; bf16 autocast "
+        r"would be emulated here, many times slower\)\n",
+        result.stderr,
+    ), result.stderr[-3000:]
     summary = json.loads((tmp_path / "avx2" / "summary.json").read_text())
     provenance = json.loads((tmp_path / "avx2" / "provenance.json").read_text())
     assert summary["precision"] == provenance["precision"] == "fp32"
-    assert summary["hardware"]["cpu"] == provenance["hardware"]["cpu"] == {
-        "model": "Fake EPYC 7B12", "capability": "AVX2", "amx_bf16": False, "avx512_bf16": False,
-        "logical_cores": 2, "torch_threads": 2, "family": "", "native_bf16": False}
+    assert (
+        summary["hardware"]["cpu"]
+        == provenance["hardware"]["cpu"]
+        == {
+            "model": "Fake EPYC 7B12",
+            "capability": "AVX2",
+            "amx_bf16": False,
+            "avx512_bf16": False,
+            "logical_cores": 2,
+            "torch_threads": 2,
+            "family": "",
+            "native_bf16": False,
+        }
+    )
 
 
 def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
@@ -98,17 +134,24 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
     assert report["versions"]["torch"] == torch.__version__ and report["cpu"]["model"] == "Fake EPYC 7B12"
     assert report["device"] == "cpu" and report["gpus"] == [] and report["backends"]["gloo"] is True
     assert report["auto_precision"].startswith("fp32 (with_amp=auto: Fake EPYC 7B12, AVX2, no native bf16;")
-    assert [probe["setting"] for probe in report["probes"]] == ["fp32", "fp32 + channels_last",
-                                                               "bf16 autocast + channels_last"]
+    assert [probe["setting"] for probe in report["probes"]] == [
+        "fp32",
+        "fp32 + channels_last",
+        "bf16 autocast + channels_last",
+    ]
     fp32, layout, bf16 = report["probes"]
     assert fp32["images_per_second"] > 0 and layout["images_per_second"] > 0
     # bf16 is really emulated on an AVX2-only CPU (not only faked): it may be too slow to time in its budget there
     assert bf16["images_per_second"] > 0 or bf16["verdict"].startswith("not measurable here: ")
     assert report["probes"][0]["relative_to_fp32"] == 1.0
-    assert report["advice"][0].startswith("with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + "
-                                          "channels_last ")
-    assert re.fullmatch(r"fp32 error against float64 \S+ channels-last, \S+ contiguous \(\d+\.\dx, 6 layers\): "
-                        r"within fp32 noise", report["layout_numerics"])
+    assert report["advice"][0].startswith(
+        "with_amp=auto picks fp32 here; against fp32 in this probe: fp32 + channels_last "
+    )
+    assert re.fullmatch(
+        r"fp32 error against float64 \S+ channels-last, \S+ contiguous \(\d+\.\dx, 6 layers\): "
+        r"within fp32 noise",
+        report["layout_numerics"],
+    )
     text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
     assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
     assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
@@ -144,11 +187,15 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
     fp32, layout, bf16 = report.probes
     assert fp32.steps >= 3 and fp32.relative_to_fp32 == 1.0 and fp32.verdict == "the reference"
     assert bf16.steps < 3 and bf16.relative_to_fp32 is None and bf16.images_per_second == 0.0
-    assert re.fullmatch(r"not measurable here: [0-2] steps after a (0\.[3-9]\d|[1-9]\d*\.\d\d) s warm-up fit in its "
-                        r"budget, 3 needed",
-                        bf16.verdict)
-    assert ("this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto "
-            "or False") in report.advice
+    assert re.fullmatch(
+        r"not measurable here: [0-2] steps after a (0\.[3-9]\d|[1-9]\d*\.\d\d) s warm-up fit in its "
+        r"budget, 3 needed",
+        bf16.verdict,
+    )
+    assert (
+        "this CPU has no native bf16: bf16 autocast is emulated, many times slower than fp32; keep with_amp=auto "
+        "or False"
+    ) in report.advice
     assert not any("x slower" in line for line in report.advice)
     assert "bf16 autocast + channels_last not measurable" in report.advice[0]
     text = doctor.render(report)
@@ -171,22 +218,37 @@ def test_channels_last_beyond_fp32_noise_is_advised_against_however_fast_it_is()
     auto = automatic_precision(torch.device("cpu"))
     noisy = layout_numerics.LayoutNumerics(contiguous_error=1e-6, channels_last_error=4e-3, layers=6)
     advice = doctor.advise(probes, auto, torch.device("cpu"), noisy)
-    assert "keep channels_last=False on this CPU: it changes this model's fp32 numbers beyond noise " \
-           "(channels_last=auto leaves it off here)" in advice
+    assert (
+        "keep channels_last=False on this CPU: it changes this model's fp32 numbers beyond noise "
+        "(channels_last=auto leaves it off here)" in advice
+    )
     assert not any(line.startswith("use channels_last=True") for line in advice)
     exact = layout_numerics.LayoutNumerics(contiguous_error=1e-6, channels_last_error=2e-6, layers=6)
     assert "use channels_last=True for this model in fp32 (1.90x, beyond the spread)" in doctor.advise(
-        probes, auto, torch.device("cpu"), exact)
+        probes, auto, torch.device("cpu"), exact
+    )
 
 
-@pytest.mark.parametrize(("steps", "verdict", "advice"), [
-    ((0.010, 0.011, 0.010, 0.012), "faster",
-     "use channels_last=True for this model in fp32 (1.90x, beyond the spread)"),
-    ((0.030, 0.031, 0.030, 0.029), "slower", "keep channels_last=False for this model in fp32 (0.67x, beyond the "
-                                             "spread)"),
-    ((0.015, 0.025, 0.040, 0.020), "no difference measurable here",
-     "channels_last: no difference measurable here in fp32 (0.89x within the spread of 4 steps)"),
-])
+@pytest.mark.parametrize(
+    ("steps", "verdict", "advice"),
+    [
+        (
+            (0.010, 0.011, 0.010, 0.012),
+            "faster",
+            "use channels_last=True for this model in fp32 (1.90x, beyond the spread)",
+        ),
+        (
+            (0.030, 0.031, 0.030, 0.029),
+            "slower",
+            "keep channels_last=False for this model in fp32 (0.67x, beyond the spread)",
+        ),
+        (
+            (0.015, 0.025, 0.040, 0.020),
+            "no difference measurable here",
+            "channels_last: no difference measurable here in fp32 (0.89x within the spread of 4 steps)",
+        ),
+    ],
+)
 def test_a_setting_is_called_faster_or_slower_only_beyond_the_spread(steps, verdict, advice):
     fp32 = doctor.Timing(8, 0.05, (0.021, 0.020, 0.019, 0.020, 0.022))
     layout = doctor.result_of("fp32 + channels_last", doctor.Timing(8, 0.05, steps), fp32)
@@ -220,21 +282,43 @@ def test_training_iterations_never_wait_for_the_device_between_logs():
 
     def reads(iterations: int) -> int:
         with tempfile.TemporaryDirectory() as output, DeviceReads() as counter:
-            api.train(api.resolve("configs/demo.yaml", synthetic_size=1000, batch_size=8, epoch_length=iterations,
-                                  num_epochs=1, num_warmup_epochs=0, log_every_iters=1000, checkpoint_every=1000,
-                                  train_eval_size=0, output_path=output))
+            api.train(
+                api.resolve(
+                    "configs/demo.yaml",
+                    synthetic_size=1000,
+                    batch_size=8,
+                    epoch_length=iterations,
+                    num_epochs=1,
+                    num_warmup_epochs=0,
+                    log_every_iters=1000,
+                    checkpoint_every=1000,
+                    train_eval_size=0,
+                    output_path=output,
+                )
+            )
         return counter.count
 
     assert reads(80) == reads(40) > 0
 
 
 def test_nan_between_reads_is_found_at_the_next_read_with_its_iteration(small_dataset, tmp_path):
-    result = run_in_process("run", *TINY, "--learning_rate=1e30", "--log_every_iters=4", "--checkpoint_every=4",
-                            f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=nan")
+    result = run_in_process(
+        "run",
+        *TINY,
+        "--learning_rate=1e30",
+        "--log_every_iters=4",
+        "--checkpoint_every=4",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=nan",
+    )
     assert result.returncode == 3, result.stderr[-3000:]
-    match = re.fullmatch(r"error: training stopped at iteration (\d+) \(epoch 1\): the loss became (nan|inf) at "
-                         r"iteration (\d+) on at least one process; the checkpoints on disk are from before it \(try "
-                         r"a lower learning_rate\)", result.stderr.strip().splitlines()[-1])
+    match = re.fullmatch(
+        r"error: training stopped at iteration (\d+) \(epoch 1\): the loss became (nan|inf) at "
+        r"iteration (\d+) on at least one process; the checkpoints on disk are from before it \(try "
+        r"a lower learning_rate\)",
+        result.stderr.strip().splitlines()[-1],
+    )
     assert match, result.stderr[-2000:]
     stopped, first = int(match[1]), int(match[3])
     assert stopped % 4 == 0 and stopped - 4 < first <= stopped
@@ -242,8 +326,17 @@ def test_nan_between_reads_is_found_at_the_next_read_with_its_iteration(small_da
 
 
 def test_the_cpu_family_tells_apart_the_kinds_one_model_name_covers(monkeypatch):
-    lines = ["processor\t: 0", "vendor_id\t: AuthenticAMD", "cpu family\t: 26", "model\t\t: 2",
-             "model name\t: AMD EPYC", "", "processor\t: 1", "cpu family\t: 99", "model\t\t: 9"]
+    lines = [
+        "processor\t: 0",
+        "vendor_id\t: AuthenticAMD",
+        "cpu family\t: 26",
+        "model\t\t: 2",
+        "model name\t: AMD EPYC",
+        "",
+        "processor\t: 1",
+        "cpu family\t: 99",
+        "model\t\t: 9",
+    ]
     monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: lines)
     assert hardware.cpu_family() == "26/2"
     monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: ["model name\t: Apple M2"])

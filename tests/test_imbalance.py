@@ -22,8 +22,16 @@ from cifar10_dist.training.loop import checkpointing
 from tests.conftest import run_in_process
 
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1
-RUN = ["--model=simple_cnn", "--batch_size=32", "--num_workers=0", "--num_epochs=2", "--learning_rate=0.1",
-       "--train_eval_size=0", "--validate_every=2", "--channels_last=True"]
+RUN = [
+    "--model=simple_cnn",
+    "--batch_size=32",
+    "--num_workers=0",
+    "--num_epochs=2",
+    "--learning_rate=0.1",
+    "--train_eval_size=0",
+    "--validate_every=2",
+    "--channels_last=True",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +52,9 @@ def three_runs(imbalanced_data, tmp_path_factory) -> dict[str, Path]:
     output = tmp_path_factory.mktemp("imbalance-runs")
     remedies = {"plain": [], "class_weights": ["--class_weights=auto"], "sampler": ["--sampler=balanced"]}
     for name, extra in remedies.items():
-        result = run_in_process("run", *RUN, *extra, f"--data_path={imbalanced_data}", f"--output_path={output}",
-                                f"--run_name={name}")
+        result = run_in_process(
+            "run", *RUN, *extra, f"--data_path={imbalanced_data}", f"--output_path={output}", f"--run_name={name}"
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     return {name: output / name for name in remedies}
 
@@ -86,7 +95,7 @@ def sampler_draw(labels: torch.Tensor, world_size: int, epoch: int) -> list[list
 def test_the_balanced_sampler_draws_classes_equally_and_alike_at_world_sizes_1_and_2():
     labels = torch.tensor([0] * 900 + [1] * 90 + [2] * 10)  # 90% / 9% / 1%
     for epoch in (0, 1):
-        alone, = sampler_draw(labels, 1, epoch)
+        (alone,) = sampler_draw(labels, 1, epoch)
         pair = sampler_draw(labels, 2, epoch)
         assert len(alone) == 1000 and [len(part) for part in pair] == [500, 500]
         assert sorted(pair[0] + pair[1]) == sorted(alone)  # the same images, split between the two processes
@@ -124,28 +133,50 @@ def test_best_metric_chooses_the_best_model_file_and_the_summary_by_itself(tmp_p
         run_dir.mkdir()
         trainer, evaluator = Engine(lambda e, b: None), Engine(lambda e, b: None)
         trainer.state.iteration = 1
-        checkpointing.attach_best_model_checkpoints(evaluator, trainer, {"model": torch.nn.Linear(2, 2)}, run_dir,
-                                                    "val", metric=metric)
+        checkpointing.attach_best_model_checkpoints(
+            evaluator, trainer, {"model": torch.nn.Linear(2, 2)}, run_dir, "val", metric=metric
+        )
         evaluations(evaluator, values, trainer)
         chosen[metric] = checkpoint_files.best_model_file(run_dir).name
-        lines = [{"event": "evaluation", "split": "val", "epoch": epoch, "iteration": epoch, "accuracy": accuracy,
-                  "macro_f1": f1, "loss": 1.0, "num_samples": 10, "duration": 0.1}
-                 for epoch, (accuracy, f1) in enumerate(values, start=1)]
+        lines = [
+            {
+                "event": "evaluation",
+                "split": "val",
+                "epoch": epoch,
+                "iteration": epoch,
+                "accuracy": accuracy,
+                "macro_f1": f1,
+                "loss": 1.0,
+                "num_samples": 10,
+                "duration": 0.1,
+            }
+            for epoch, (accuracy, f1) in enumerate(values, start=1)
+        ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        result = RunResult(run_dir=str(run_dir), epochs=3, iterations=3, test=SplitMetrics(0.7, 1.1, 10),
-                           val=SplitMetrics(0.75, 1.0, 10))
+        result = RunResult(
+            run_dir=str(run_dir),
+            epochs=3,
+            iterations=3,
+            test=SplitMetrics(0.7, 1.1, 10),
+            val=SplitMetrics(0.75, 1.0, 10),
+        )
         best = summary_file.summarize(run_dir, result, None, 1.0, metric).best
-        assert (best.epoch, best.metric, best.value) == ((1, "accuracy", 0.80) if metric == "accuracy"
-                                                         else (2, "macro_f1", 0.65))
-    assert chosen == {"accuracy": "best_model_1_val_accuracy=0.8000.pt",
-                      "macro_f1": "best_model_2_val_macro_f1=0.6500.pt"}
+        assert (best.epoch, best.metric, best.value) == (
+            (1, "accuracy", 0.80) if metric == "accuracy" else (2, "macro_f1", 0.65)
+        )
+    assert chosen == {
+        "accuracy": "best_model_1_val_accuracy=0.8000.pt",
+        "macro_f1": "best_model_2_val_macro_f1=0.6500.pt",
+    }
 
 
 def test_the_tuning_objective_is_the_best_metric(tmp_path):
     from cifar10_dist.tuning.studies import best_accuracy
 
-    summary = {"run_dir": str(tmp_path), "best": {"split": "val", "accuracy": 0.7, "epoch": 2, "metric": "macro_f1",
-                                                  "value": 0.65}}
+    summary = {
+        "run_dir": str(tmp_path),
+        "best": {"split": "val", "accuracy": 0.7, "epoch": 2, "metric": "macro_f1", "value": 0.65},
+    }
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert best_accuracy(tmp_path) == 0.65
     del summary["best"]["metric"], summary["best"]["value"]  # a summary written before best_metric existed
@@ -153,14 +184,22 @@ def test_the_tuning_objective_is_the_best_metric(tmp_path):
     assert best_accuracy(tmp_path) == 0.7
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--class_weights=auto", "--sampler=balanced"], "class_weights=auto with sampler=balanced corrects the same "
-                                                     "imbalance twice: choose one"),
-    (["--class_weights=1,2"], "class_weights=1,2 gives 2 weights for the 10 classes airplane, automobile, bird, cat, "
-                              "deer, dog...: give one per class"),
-    (["--class_weights=1,-2"], "class_weights='1,-2' must be auto or one weight per class"),
-    (["--best_metric=f1"], "best_metric='f1' is unknown: choose one of accuracy, balanced_accuracy, macro_f1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--class_weights=auto", "--sampler=balanced"],
+            "class_weights=auto with sampler=balanced corrects the same imbalance twice: choose one",
+        ),
+        (
+            ["--class_weights=1,2"],
+            "class_weights=1,2 gives 2 weights for the 10 classes airplane, automobile, bird, cat, "
+            "deer, dog...: give one per class",
+        ),
+        (["--class_weights=1,-2"], "class_weights='1,-2' must be auto or one weight per class"),
+        (["--best_metric=f1"], "best_metric='f1' is unknown: choose one of accuracy, balanced_accuracy, macro_f1"),
+    ],
+)
 def test_bad_imbalance_settings_are_one_line(imbalanced_data, tmp_path, flags, message):
     result = run_in_process("run", *RUN, *flags, f"--data_path={imbalanced_data}", f"--output_path={tmp_path}")
     assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -57,28 +57,34 @@ def package_imports(path: Path, package: Path = PACKAGE) -> set[str]:
             else:
                 found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(".".join(alias.name.split(".")[1:]) for alias in node.names
-                         if alias.name.startswith("cifar10_dist."))
+            found.update(
+                ".".join(alias.name.split(".")[1:]) for alias in node.names if alias.name.startswith("cifar10_dist.")
+            )
     return found - {dotted(path, package)}
 
 
 def sources(package: Path = PACKAGE) -> list[Path]:
-    return sorted(path for path in package.rglob("*.py")
-                  if path.name != "__main__.py" and path != package / "__init__.py")
+    return sorted(
+        path for path in package.rglob("*.py") if path.name != "__main__.py" and path != package / "__init__.py"
+    )
 
 
 def test_every_unit_has_a_floor():
     units = {unit_of(dotted(path, PACKAGE)) for path in sources()}
-    assert units == set(FLOOR), ("place new packages and top-level modules on a floor (and in docs/development.md's "
-                                 "layout)")
+    assert units == set(FLOOR), (
+        "place new packages and top-level modules on a floor (and in docs/development.md's layout)"
+    )
 
 
 def test_every_import_goes_down_a_floor_so_no_package_reaches_up():
-    upward = [f"{dotted(path, PACKAGE)} (floor {FLOOR[unit_of(dotted(path, PACKAGE))]}) imports {imported} "
-              f"(floor {FLOOR[unit_of(imported)]})"
-              for path in sources() for imported in sorted(package_imports(path))
-              if unit_of(imported) != unit_of(dotted(path, PACKAGE))
-              and FLOOR[unit_of(imported)] <= FLOOR[unit_of(dotted(path, PACKAGE))]]
+    upward = [
+        f"{dotted(path, PACKAGE)} (floor {FLOOR[unit_of(dotted(path, PACKAGE))]}) imports {imported} "
+        f"(floor {FLOOR[unit_of(imported)]})"
+        for path in sources()
+        for imported in sorted(package_imports(path))
+        if unit_of(imported) != unit_of(dotted(path, PACKAGE))
+        and FLOOR[unit_of(imported)] <= FLOOR[unit_of(dotted(path, PACKAGE))]
+    ]
     assert upward == []
 
 
@@ -103,17 +109,22 @@ def test_the_top_of_the_package_holds_few_modules_and_each_package_says_what_it_
 def test_no_module_is_over_its_line_limit():
     """The package's modules and the benchmarks' alike: a file over 400 lines holds more than one job."""
     benchmarks = sorted((PACKAGE.parent / "benchmarks").glob("*.py"))
-    long = [f"{path.relative_to(PACKAGE.parent)}: {count} lines" for path in [*sources(), *benchmarks]
-            if (count := len(path.read_text().splitlines())) > LINE_LIMIT]
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}: {count} lines"
+        for path in [*sources(), *benchmarks]
+        if (count := len(path.read_text().splitlines())) > LINE_LIMIT
+    ]
     assert long == []
 
 
 def test_no_function_is_over_60_lines():
     """A function over 60 lines does several things: split it into named builders (the package and the benchmarks)."""
-    long = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
-            for path in [*sorted(PACKAGE.rglob("*.py")), *sorted((PACKAGE.parent / "benchmarks").glob("*.py"))]
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in [*sorted(PACKAGE.rglob("*.py")), *sorted((PACKAGE.parent / "benchmarks").glob("*.py"))]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60
+    ]
     assert long == []
 
 
@@ -124,9 +135,13 @@ def test_benchmarks_and_tests_import_by_name_never_by_path():
     found_sources = [*repo.glob("benchmarks/*.py"), *repo.glob("scripts/**/*.py"), *repo.glob("tests/**/*.py")]
     assert len(found_sources) > 30
     this_file = Path(__file__).resolve()
-    found = [f"{path.relative_to(repo)}: {needle}" for path in found_sources if path.resolve() != this_file
-             for needle in ("sys.path.insert", "sys.path.append", "spec_from_file_location")
-             if needle in path.read_text()]
+    found = [
+        f"{path.relative_to(repo)}: {needle}"
+        for path in found_sources
+        if path.resolve() != this_file
+        for needle in ("sys.path.insert", "sys.path.append", "spec_from_file_location")
+        if needle in path.read_text()
+    ]
     assert found == []
 
 
@@ -147,24 +162,28 @@ def module_imports(path: Path, package: Path = PACKAGE) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cifar10_dist":
             base = ".".join(node.module.split(".")[1:])
-            found.update(f"{base}.{alias.name}".strip(".") if f"{base}.{alias.name}".strip(".") in modules else base
-                         for alias in node.names)
+            found.update(
+                f"{base}.{alias.name}".strip(".") if f"{base}.{alias.name}".strip(".") in modules else base
+                for alias in node.names
+            )
         elif isinstance(node, ast.Import):
-            found.update(".".join(alias.name.split(".")[1:]) for alias in node.names
-                         if alias.name.startswith("cifar10_dist."))
+            found.update(
+                ".".join(alias.name.split(".")[1:]) for alias in node.names if alias.name.startswith("cifar10_dist.")
+            )
     return {name for name in found if name in modules} - {dotted(path, package)}
 
 
 def import_circles(package: Path = PACKAGE) -> list[list[str]]:
     """Every circle of imports between modules (imports inside functions included), each as the modules on it."""
-    graph = {dotted(path, package): module_imports(path, package) for path in sources(package)
-             if path.name != "__init__.py"}
+    graph = {
+        dotted(path, package): module_imports(path, package) for path in sources(package) if path.name != "__init__.py"
+    }
     circles, done = [], set()
 
     def walk(module: str, path: list[str]) -> None:
         for imported in sorted(graph.get(module, ())):
             if imported in path:
-                circle = path[path.index(imported):]
+                circle = path[path.index(imported) :]
                 if sorted(circle) not in [sorted(found) for found in circles]:
                     circles.append(circle)
             elif imported not in done:
@@ -191,8 +210,13 @@ def test_the_circle_check_finds_one_through_an_import_inside_a_function(tmp_path
 def test_no_isinstance_on_a_concrete_model_class_outside_models():
     """What a recipe needs of a model is asked through ``models.traits`` (protocols); no code outside ``models``
     tests for one of its concrete networks."""
-    concrete = {node.name for path in (PACKAGE / "models").glob("*.py") if path.name != "traits.py"
-                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+    concrete = {
+        node.name
+        for path in (PACKAGE / "models").glob("*.py")
+        if path.name != "traits.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
     found = []
     for path in sources():
         if dotted(path, PACKAGE).startswith("models"):
@@ -237,9 +261,12 @@ def test_no_two_sibling_rooms_of_any_package_import_each_other():
     """Inside every package, its rooms (subpackages and modules) are layered too: where one imports another, the
     other never imports it back (training/: setup below loop, below before_training and shipping, below run)."""
     arrows = room_arrows()
-    both_ways = sorted(f"{parent or 'cifar10_dist'}: {room} <-> {other}"
-                       for (parent, room), targets in arrows.items() for (_, other) in targets
-                       if room < other and (parent, room) in arrows.get((parent, other), set()))
+    both_ways = sorted(
+        f"{parent or 'cifar10_dist'}: {room} <-> {other}"
+        for (parent, room), targets in arrows.items()
+        for (_, other) in targets
+        if room < other and (parent, room) in arrows.get((parent, other), set())
+    )
     assert both_ways == []
 
 
@@ -259,17 +286,29 @@ def test_no_training_or_data_code_names_a_recipe_or_its_parts():
     warm up) is declared by its model (``models.traits``) and its recipe module (``recipes``), and the loop asks
     for it through ``recipes.parts_of``: no name in training/, data/, launch/ or serve/ names the network or its
     whitening."""
-    named = [f"{dotted(path, PACKAGE)}:{node.lineno} {name}" for room in ("training", "data", "launch", "serve")
-             for path in sorted((PACKAGE / room).rglob("*.py"))
-             for node in ast.walk(ast.parse(path.read_text()))
-             for name in [getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)]
-             if isinstance(name, str) and any(word in name.lower() for word in ("airbench", "whiten"))]
+    named = [
+        f"{dotted(path, PACKAGE)}:{node.lineno} {name}"
+        for room in ("training", "data", "launch", "serve")
+        for path in sorted((PACKAGE / room).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in [getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)]
+        if isinstance(name, str) and any(word in name.lower() for word in ("airbench", "whiten"))
+    ]
     assert named == []
 
 
 # the rules that settle an auto (or find) key, each declared in its own module: training.setup.plan alone calls them
-SETTLING_RULES = {"settle_data_on_device", "workers_for", "settle_augment_per_pass", "fused_on", "warm_up_steps_for",
-                  "setup_precision", "settled_precision", "decide", "settle"}
+SETTLING_RULES = {
+    "settle_data_on_device",
+    "workers_for",
+    "settle_augment_per_pass",
+    "fused_on",
+    "warm_up_steps_for",
+    "setup_precision",
+    "settled_precision",
+    "decide",
+    "settle",
+}
 PLANNER = "training.setup.plan"
 
 
@@ -288,8 +327,12 @@ def test_every_auto_is_settled_by_the_planner_alone():
     """run, lr-find, evaluate and batch-size ask training.setup.plan; a module that settled a key itself (as
     setup_data once settled data_on_device from the config it was given) would decide apart from the plan the run
     records; not even the module that declares the rule calls it."""
-    elsewhere = [f"{dotted(path, PACKAGE)} calls {name}" for path in sources()
-                 for name in sorted(calls_of(path, SETTLING_RULES)) if dotted(path, PACKAGE) != PLANNER]
+    elsewhere = [
+        f"{dotted(path, PACKAGE)} calls {name}"
+        for path in sources()
+        for name in sorted(calls_of(path, SETTLING_RULES))
+        if dotted(path, PACKAGE) != PLANNER
+    ]
     assert elsewhere == []
 
 

@@ -29,8 +29,15 @@ def trained(long_reference) -> Path:
 
 def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(trained, small_dataset, tmp_path):
     output = tmp_path / "model.int8.onnx"
-    result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", "--quantize=int8",
-                            f"--output={output}", "--calibration_images=200", "--min_agreement=0.9")
+    result = run_in_process(
+        "export",
+        f"--checkpoint={trained}",
+        "--format=onnx",
+        "--quantize=int8",
+        f"--output={output}",
+        "--calibration_images=200",
+        "--min_agreement=0.9",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     sidecar = json.loads(Path(f"{output}.json").read_text())
     found = sidecar["quantization"]
@@ -40,13 +47,17 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     assert found["chosen_on"] == 400
     best = max(found["candidates"], key=lambda row: row["agreement"])
     assert found["calibration"] == best["calibration"]
-    assert (f"int8 calibrated {found['calibration']} on 200 training images, chosen of 6 on 400 held-out training "
-            f"images (agreement {best['agreement']:.2%})") in result.stdout
+    assert (
+        f"int8 calibrated {found['calibration']} on 200 training images, chosen of 6 on 400 held-out training "
+        f"images (agreement {best['agreement']:.2%})"
+    ) in result.stdout
     # this 8-channel test model flips about 11 of its 301 low-margin test images (96%): a real one agrees more
     assert found["agreement"] >= 0.9 and abs(found["accuracy_int8"] - found["accuracy_fp32"]) < 0.03
-    assert (f"int8 on the 301 test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
-            f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
-            "90%)") in result.stdout
+    assert (
+        f"int8 on the 301 test images: accuracy {found['accuracy_int8']:.4f} against fp32 "
+        f"{found['accuracy_fp32']:.4f}, the same top-1 class on {found['agreement']:.2%} (accepted from "
+        "90%)"
+    ) in result.stdout
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
     nodes = __import__("onnx").load(str(output)).graph.node
     assert any(node.op_type == "QuantizeLinear" for node in nodes)
@@ -62,9 +73,12 @@ def test_a_badly_quantized_model_is_refused_and_nothing_is_written(trained, tmp_
     test_evaluations = []
     compare = quantizing.compared_on_test
     monkeypatch.setattr(quantizing, "compared_on_test", lambda *args: test_evaluations.append(1) or compare(*args))
-    with pytest.raises(Exception, match=r"int8 export refused: its top-1 class \(the best of 6 calibrations on 300 "
-                                        r"held-out training images: .*\) agrees with the fp32 model's on \d+\.\d+% .* "
-                                        r"ship the fp32 model \(--format=onnx without --quantize\)$"):
+    with pytest.raises(
+        Exception,
+        match=r"int8 export refused: its top-1 class \(the best of 6 calibrations on 300 "
+        r"held-out training images: .*\) agrees with the fp32 model's on \d+\.\d+% .* "
+        r"ship the fp32 model \(--format=onnx without --quantize\)$",
+    ):
         api.export(trained, "onnx", output, quantize="int8", calibration=black)
     assert not list(tmp_path.iterdir())
     assert test_evaluations == [1]  # the test set decides nothing but the verdict: used once, on the chosen model
@@ -73,14 +87,31 @@ def test_a_badly_quantized_model_is_refused_and_nothing_is_written(trained, tmp_
 def test_a_refusal_advises_a_min_agreement_that_is_then_accepted(trained, tmp_path):
     output = tmp_path / "model.int8.onnx"
     with pytest.raises(Exception, match="below min_agreement=1") as refused:
-        api.export(trained, "onnx", output, quantize="int8", calibration_images=100, min_agreement=1.0,
-                   calibration_method="minmax")
+        api.export(
+            trained,
+            "onnx",
+            output,
+            quantize="int8",
+            calibration_images=100,
+            min_agreement=1.0,
+            calibration_method="minmax",
+        )
     assert not list(tmp_path.iterdir())
-    advice = re.search(r"ship the fp32 model \(--format=onnx without --quantize\), or accept this agreement with "
-                       r"--min_agreement=([0-9.]+)$", str(refused.value))
+    advice = re.search(
+        r"ship the fp32 model \(--format=onnx without --quantize\), or accept this agreement with "
+        r"--min_agreement=([0-9.]+)$",
+        str(refused.value),
+    )
     assert advice, str(refused.value)
-    result = api.export(trained, "onnx", output, quantize="int8", calibration_images=100,
-                        min_agreement=float(advice.group(1)), calibration_method="minmax")
+    result = api.export(
+        trained,
+        "onnx",
+        output,
+        quantize="int8",
+        calibration_images=100,
+        min_agreement=float(advice.group(1)),
+        calibration_method="minmax",
+    )
     assert Path(result.path) == output and output.is_file()
     assert [row["calibration"] for row in result.quantization["candidates"]] == ["minmax", "minmax per-tensor"]
     from cifar10_dist.cli import printing
@@ -95,16 +126,20 @@ def test_an_int8_tie_at_the_top_is_no_agreement():
 
 
 def test_quantize_is_for_onnx_and_int8_only(trained, tmp_path):
-    for flags, message in ((["--format=pt2", "--quantize=int8"], "quantize=int8 is for format=onnx"),
-                           (["--format=onnx", "--quantize=int4"], "quantize='int4' is not accepted: int8"),
-                           (["--format=onnx", "--quantize=int8", "--min_agreement=2"],
-                            "min_agreement=2.0 must be in (0, 1]"),
-                           (["--format=onnx", "--quantise=int8"],
-                            "export does not take --quantise (did you mean --quantize?): its flags are --checkpoint, "
-                            "--format"),
-                           (["--format=onnx", "--quantize=int8", "--calibration_method=kl"],
-                            "calibration_method='kl' is not accepted: auto (choose on held-out training images) or one "
-                            "of minmax, percentile, entropy")):
+    for flags, message in (
+        (["--format=pt2", "--quantize=int8"], "quantize=int8 is for format=onnx"),
+        (["--format=onnx", "--quantize=int4"], "quantize='int4' is not accepted: int8"),
+        (["--format=onnx", "--quantize=int8", "--min_agreement=2"], "min_agreement=2.0 must be in (0, 1]"),
+        (
+            ["--format=onnx", "--quantise=int8"],
+            "export does not take --quantise (did you mean --quantize?): its flags are --checkpoint, --format",
+        ),
+        (
+            ["--format=onnx", "--quantize=int8", "--calibration_method=kl"],
+            "calibration_method='kl' is not accepted: auto (choose on held-out training images) or one "
+            "of minmax, percentile, entropy",
+        ),
+    ):
         result = run_in_process("export", f"--checkpoint={trained}", *flags, f"--output={tmp_path / 'x.onnx'}")
         assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not list(tmp_path.iterdir())

@@ -62,9 +62,17 @@ def training_args(data: Path, output: Path) -> list[str]:
 def test_two_torchrun_nodes_with_static_master_match_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [
-        start_cli(*training_args(small_dataset, tmp_path), env=ONE_THREAD, torchrun=[
-            "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1",
-            "--master_addr=127.0.0.1", f"--master_port={port}"])
+        start_cli(
+            *training_args(small_dataset, tmp_path),
+            env=ONE_THREAD,
+            torchrun=[
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+            ],
+        )
         for rank in (0, 1)
     ]
     (_, stdout, _), _ = run_together(*nodes)
@@ -75,11 +83,20 @@ def test_two_torchrun_nodes_with_static_master_match_one_node(spawned_run, small
 def srun_environment(task: int, tasks: int, nodes: int, job_id: str, local_task: int) -> dict[str, str]:
     """The SLURM_* variables srun gives task number `task` (what Ignite and our launcher read)."""
     return {
-        "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(task), "SLURM_LOCALID": str(local_task), "SLURM_NODEID": str(task if nodes > 1 else 0),
-        "SLURM_NTASKS": str(tasks), "SLURM_NPROCS": str(tasks), "SLURM_JOB_NUM_NODES": str(nodes),
-        "SLURM_NNODES": str(nodes), "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost",
-        "SLURM_CPUS_PER_TASK": "1", "SLURM_SUBMIT_DIR": str(Path.cwd()),
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOBID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(task),
+        "SLURM_LOCALID": str(local_task),
+        "SLURM_NODEID": str(task if nodes > 1 else 0),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NPROCS": str(tasks),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_CPUS_PER_TASK": "1",
+        "SLURM_SUBMIT_DIR": str(Path.cwd()),
     }
 
 
@@ -89,10 +106,17 @@ def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawne
     Ignite alone would refuse (RANK from torchrun differs from SLURM_PROCID in a multi-node job)."""
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
-        start_cli(*training_args(small_dataset, tmp_path),
-                  env={**srun_environment(node, tasks=2, nodes=2, job_id="4242", local_task=0)},
-                  torchrun=["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                            f"--rdzv_endpoint={endpoint}", "--rdzv_id=4242"])
+        start_cli(
+            *training_args(small_dataset, tmp_path),
+            env={**srun_environment(node, tasks=2, nodes=2, job_id="4242", local_task=0)},
+            torchrun=[
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                "--rdzv_id=4242",
+            ],
+        )
         for node in (0, 1)
     ]
     results = run_together(*nodes)
@@ -104,8 +128,15 @@ def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawne
 def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [
-        start_cli(*training_args(small_dataset, tmp_path), "--nnodes=2", f"--node_rank={rank}",
-                  "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", env=ONE_THREAD)
+        start_cli(
+            *training_args(small_dataset, tmp_path),
+            "--nnodes=2",
+            f"--node_rank={rank}",
+            "--nproc_per_node=1",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            env=ONE_THREAD,
+        )
         for rank in (0, 1)
     ]
     run_together(*nodes)
@@ -114,8 +145,9 @@ def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_da
 
 def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path):
     init_file = tmp_path / "rendezvous"
-    result = run_in_process(*training_args(small_dataset, tmp_path), "--nproc_per_node=2",
-                            f"--init_method=file://{init_file}")
+    result = run_in_process(
+        *training_args(small_dataset, tmp_path), "--nproc_per_node=2", f"--init_method=file://{init_file}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training_state(tmp_path / "same" / FINAL, reference_checkpoint(spawned_run))
 
@@ -125,8 +157,11 @@ def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small
     """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
     job_id = free_slurm_job_id()
     tasks = [  # fresh interpreters: two peers that train together, each with its own hash seed, as srun starts them
-        start_cli(*training_args(small_dataset, tmp_path),
-                  env=srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task), fresh=True)
+        start_cli(
+            *training_args(small_dataset, tmp_path),
+            env=srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task),
+            fresh=True,
+        )
         for task in (0, 1)
     ]
     results = run_together(*tasks)
@@ -156,27 +191,40 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
     """Python's spawn and forkserver import the script again in every worker: without the guard each worker would
     start the launch anew. The launcher says so in one line, and nothing starts or is written."""
     script = tmp_path / "unguarded.py"
-    script.write_text("from cifar10_dist import train\n\n"
-                      f"result = train(model='simple_cnn', data_path='{small_dataset}', num_workers=0, "
-                      f"backend='gloo', nproc_per_node=2, output_path='{tmp_path / 'out'}')\n")
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
-                            env=cli_env(), timeout=120)
+    script.write_text(
+        "from cifar10_dist import train\n\n"
+        f"result = train(model='simple_cnn', data_path='{small_dataset}', num_workers=0, "
+        f"backend='gloo', nproc_per_node=2, output_path='{tmp_path / 'out'}')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=cli_env(), timeout=120
+    )
     assert result.returncode == 1
     quoted = script.read_text().splitlines()[2][:57] + "..."
     assert result.stderr.splitlines()[-1] == (
         f"cifar10_dist.errors.UserError: unguarded.py line 3 ({quoted}) starts 2 worker processes without `if "
-        "__name__ == \"__main__\":`: each worker "
+        '__name__ == "__main__":`: each worker '
         "imports unguarded.py again and would run that line itself; put the call under "
-        "`if __name__ == \"__main__\":` (Python's rule for spawned processes)")
+        '`if __name__ == "__main__":` (Python\'s rule for spawned processes)'
+    )
     assert "WorkerLost" not in result.stderr and "Timeout" not in result.stderr
     assert not (tmp_path / "out").exists()
     guarded = tmp_path / "guarded.py"
     lines = script.read_text().splitlines()
-    guarded.write_text("\n".join([*lines[:2], 'if __name__ == "__main__":',
-                                   "    " + lines[2].replace(")", ", num_epochs=2, epoch_length=2, train_eval_size=0)"),
-                                   "    print(result.test.num_samples)"]) + "\n")
-    trained = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, cwd=tmp_path,
-                             env=cli_env(), timeout=300)
+    guarded.write_text(
+        "\n".join(
+            [
+                *lines[:2],
+                'if __name__ == "__main__":',
+                "    " + lines[2].replace(")", ", num_epochs=2, epoch_length=2, train_eval_size=0)"),
+                "    print(result.test.num_samples)",
+            ]
+        )
+        + "\n"
+    )
+    trained = subprocess.run(
+        [sys.executable, str(guarded)], capture_output=True, text=True, cwd=tmp_path, env=cli_env(), timeout=300
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -188,10 +236,23 @@ def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_
     """Two nodes on loopback, each given a folder of its own as output_path (what nodes without a shared
     filesystem see): both stop with exit 2 before training, node 0 with one line naming the folder and rank 1."""
     port, wait = free_port(), {**ONE_THREAD, "CIFAR10_DIST_SHARED_FOLDER_WAIT": "1"}
-    nodes = [start_cli("run", *TINY, "--backend=gloo", f"--data_path={small_dataset}", "--run_name=apart",
-                       f"--output_path={tmp_path / f'node{rank}'}", "--nnodes=2", f"--node_rank={rank}",
-                       "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", env=wait)
-             for rank in (0, 1)]
+    nodes = [
+        start_cli(
+            "run",
+            *TINY,
+            "--backend=gloo",
+            f"--data_path={small_dataset}",
+            "--run_name=apart",
+            f"--output_path={tmp_path / f'node{rank}'}",
+            "--nnodes=2",
+            f"--node_rank={rank}",
+            "--nproc_per_node=1",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            env=wait,
+        )
+        for rank in (0, 1)
+    ]
     results = []
     try:
         results = [(node.communicate(timeout=300), node.returncode) for node in nodes]
@@ -200,6 +261,10 @@ def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_
             stop_all(node)
     for (_, stderr), code in results:
         assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
-    assert results[0][0][1].strip().splitlines()[-1].startswith(
-        f"error: output_path='{tmp_path / 'node0'}' is not one folder shared by every process: rank 1 on ")
+    assert (
+        results[0][0][1]
+        .strip()
+        .splitlines()[-1]
+        .startswith(f"error: output_path='{tmp_path / 'node0'}' is not one folder shared by every process: rank 1 on ")
+    )
     assert not list((tmp_path / "node0" / "apart").glob("*.pt")) and not (tmp_path / "node1" / "apart").exists()

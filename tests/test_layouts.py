@@ -25,13 +25,21 @@ def linear() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
 
 
-CHECKED = re.compile(r"; fp32 error against float64 (\S+) channels-last, (\S+) contiguous \(\d+\.\dx, 6 layers\): "
-                     r"within fp32 noise\)$")
+CHECKED = re.compile(
+    r"; fp32 error against float64 (\S+) channels-last, (\S+) contiguous \(\d+\.\dx, 6 layers\): "
+    r"within fp32 noise\)$"
+)
 
 
-@pytest.mark.parametrize(("device", "build", "expected"), [
-    ("cpu", convolutional, True), ("cuda", convolutional, True), ("cpu", linear, False), ("xla", convolutional, False),
-])
+@pytest.mark.parametrize(
+    ("device", "build", "expected"),
+    [
+        ("cpu", convolutional, True),
+        ("cuda", convolutional, True),
+        ("cpu", linear, False),
+        ("xla", convolutional, False),
+    ],
+)
 def test_auto_is_on_for_convolutions_on_cpus_and_cuda_and_off_elsewhere(device, build, expected):
     chosen, why = layouts.choose("auto", torch.device(device), build)
     assert chosen is expected
@@ -41,9 +49,14 @@ def test_auto_is_on_for_convolutions_on_cpus_and_cuda_and_off_elsewhere(device, 
         channels_last, contiguous = (float(error) for error in CHECKED.search(why).groups())
         assert 0 < contiguous < 1e-5 and 0 < channels_last < 1e-5
         return
-    assert why == {("cuda", True): "channels_last=auto: on (3 2D convolutions, which cuda runs faster channels-last)",
-                   ("cpu", False): "channels_last=auto: off (the model has no 2D convolutions)",
-                   ("xla", False): "channels_last=auto: off (xla: not measured faster there)"}[device, expected]
+    assert (
+        why
+        == {
+            ("cuda", True): "channels_last=auto: on (3 2D convolutions, which cuda runs faster channels-last)",
+            ("cpu", False): "channels_last=auto: off (the model has no 2D convolutions)",
+            ("xla", False): "channels_last=auto: off (xla: not measured faster there)",
+        }[device, expected]
+    )
 
 
 class LessExactChannelsLast(nn.Conv2d):
@@ -57,15 +70,22 @@ class LessExactChannelsLast(nn.Conv2d):
 
 
 def less_exact_channels_last() -> nn.Module:
-    return nn.Sequential(LessExactChannelsLast(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(
+        LessExactChannelsLast(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
 
 
 def test_auto_stays_off_on_a_cpu_where_channels_last_changes_the_numbers_beyond_fp32_noise():
     chosen, why = layouts.choose("auto", torch.device("cpu"), less_exact_channels_last)
     assert chosen is False
-    assert why.startswith("channels_last=auto: off (it changes this model's numbers on this CPU: fp32 error against "
-                          "float64 ")
+    assert why.startswith(
+        "channels_last=auto: off (it changes this model's numbers on this CPU: fp32 error against float64 "
+    )
     assert why.endswith("beyond fp32 noise (over 10x))")
     numerics = layout_numerics.check(less_exact_channels_last)
     assert numerics.channels_last_error > 100 * numerics.contiguous_error  # bf16's 8 bits against fp32's 24
@@ -101,9 +121,15 @@ def test_counting_convolutions_leaves_the_random_state_alone():
 
 def test_a_run_left_at_auto_trains_channels_last_here_and_records_the_choice(small_dataset, tmp_path):
     given = [argument for argument in TINY if not argument.startswith("--channels_last")]
-    result = run_in_process("run", *given, "--num_epochs=1", "--num_warmup_epochs=0",
-                            f"--data_path={small_dataset}",
-                            f"--output_path={tmp_path}", "--run_name=auto")
+    result = run_in_process(
+        "run",
+        *given,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=auto",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     why = json.loads((tmp_path / "auto" / "provenance.json").read_text())["memory_format"]
     assert why.startswith("channels_last=auto: on (3 2D convolutions, which cpu runs faster channels-last; ")

@@ -27,8 +27,10 @@ def test_the_most_confident_mistakes_are_the_wrong_ones_in_order_of_confidence_a
     collector = MistakeCollector(evaluator, batch_size=3, count=2)
     evaluator.run(batches)
     found = collector.gathered(["cat", "dog"])
-    assert [(m.index, m.true, m.predicted, m.confidence) for m in found] == [(4, "dog", "cat", 0.95),
-                                                                              (1, "cat", "dog", 0.8)]
+    assert [(m.index, m.true, m.predicted, m.confidence) for m in found] == [
+        (4, "dog", "cat", 0.95),
+        (1, "cat", "dog", 0.8),
+    ]
 
 
 COUNTING_MODEL = """
@@ -57,12 +59,22 @@ def Net(num_classes=10):
 
 @pytest.mark.parametrize("tta, views", [(0, 1), (1, 2)])
 def test_evaluate_passes_over_the_test_set_once_for_its_metrics_its_confusion_matrix_and_its_mistakes(
-        tmp_path, monkeypatch, tta, views):
+    tmp_path, monkeypatch, tta, views
+):
     """The model sees each test image once per view: the mistakes come from the same pass as the metrics."""
     (tmp_path / "counting.py").write_text(COUNTING_MODEL)
-    api.train(dataset="synthetic", synthetic_size=320, model=f"{tmp_path / 'counting.py'}:Net", batch_size=32,
-              num_workers=0, num_epochs=1, num_warmup_epochs=0, train_eval_size=0, output_path=str(tmp_path),
-              run_name="c")
+    api.train(
+        dataset="synthetic",
+        synthetic_size=320,
+        model=f"{tmp_path / 'counting.py'}:Net",
+        batch_size=32,
+        num_workers=0,
+        num_epochs=1,
+        num_warmup_epochs=0,
+        train_eval_size=0,
+        output_path=str(tmp_path),
+        run_name="c",
+    )
     best = sorted((tmp_path / "c").glob("best_model_*.pt"))[-1]
     counts = tmp_path / "counts.txt"
     monkeypatch.setenv("COUNT_FILE", str(counts))
@@ -76,8 +88,19 @@ def test_evaluate_passes_over_the_test_set_once_for_its_metrics_its_confusion_ma
 
 
 def test_evaluate_draws_and_lists_its_most_confident_mistakes(tmp_path):
-    api.train(dataset="synthetic", synthetic_size=320, model="simple_cnn", batch_size=32, num_workers=0, num_epochs=1,
-              num_warmup_epochs=0, train_eval_size=0, learning_rate=0.02, output_path=str(tmp_path), run_name="m")
+    api.train(
+        dataset="synthetic",
+        synthetic_size=320,
+        model="simple_cnn",
+        batch_size=32,
+        num_workers=0,
+        num_epochs=1,
+        num_warmup_epochs=0,
+        train_eval_size=0,
+        learning_rate=0.02,
+        output_path=str(tmp_path),
+        run_name="m",
+    )
     best = sorted((tmp_path / "m").glob("best_model_*.pt"))[-1]
     result = run_in_process("evaluate", f"--checkpoint={best}", "--num_workers=0")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -95,22 +118,29 @@ def test_evaluate_draws_and_lists_its_most_confident_mistakes(tmp_path):
     assert Image.open(picture).size == (int(1.6 * 8 * 100), int((1.9 * 2 + 0.4) * 100))  # 16 tiles: 8 x 2
 
 
-def test_a_run_with_two_processes_finds_the_mistakes_that_evaluate_finds_and_shows_them_in_tensorboard(small_dataset,
-                                                                                                       spawned_run):
+def test_a_run_with_two_processes_finds_the_mistakes_that_evaluate_finds_and_shows_them_in_tensorboard(
+    small_dataset, spawned_run
+):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     _, output = spawned_run
     (run_dir,) = output.iterdir()
     final = max(run_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
-    assert run_in_process("evaluate", f"--checkpoint={final}", f"--data_path={small_dataset}",
-                          "--num_workers=0").returncode == 0
+    assert (
+        run_in_process(
+            "evaluate", f"--checkpoint={final}", f"--data_path={small_dataset}", "--num_workers=0"
+        ).returncode
+        == 0
+    )
     own = json.loads((run_dir / "mistakes.json").read_text())
     evaluated = json.loads((run_dir / f"mistakes_{final.stem}.json").read_text())
     assert own["test_images"] == 301 and own["model"] == "final"
-    assert [(m["index"], m["true"], m["predicted"]) for m in own["mistakes"]] == \
-        [(m["index"], m["true"], m["predicted"]) for m in evaluated["mistakes"]]  # rank 1's indices mapped back
-    assert [m["confidence"] for m in own["mistakes"]] == pytest.approx([m["confidence"] for m in evaluated["mistakes"]],
-                                                                        abs=2e-4)
+    assert [(m["index"], m["true"], m["predicted"]) for m in own["mistakes"]] == [
+        (m["index"], m["true"], m["predicted"]) for m in evaluated["mistakes"]
+    ]  # rank 1's indices mapped back
+    assert [m["confidence"] for m in own["mistakes"]] == pytest.approx(
+        [m["confidence"] for m in evaluated["mistakes"]], abs=2e-4
+    )
     assert len(own["mistakes"]) == mistake_grid.SHOWN and (run_dir / "mistakes.png").stat().st_size > 1000
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
     events.Reload()

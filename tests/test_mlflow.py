@@ -21,8 +21,15 @@ from tests.conftest import TINY, run_in_process
 mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
-       "--checkpoint_every=10", "--with_mlflow"]
+RUN = [
+    *TINY,
+    "--dataset=synthetic",
+    "--synthetic_size=320",
+    "--train_eval_size=0",
+    "--validate_every=1",
+    "--checkpoint_every=10",
+    "--with_mlflow",
+]
 
 
 def the_runs(output: Path) -> tuple[MlflowClient, list]:
@@ -39,8 +46,15 @@ def resumed_run(tmp_path_factory):
     first = run_in_process("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r")
     assert first.returncode == 0, first.stderr[-3000:]
     (output / "r" / "training_checkpoint_20.pt").unlink()
-    second = run_in_process("run", *RUN, "--num_epochs=2", "--resume_from=auto", "--mlflow_log_model",
-                            f"--output_path={output}", "--run_name=r")
+    second = run_in_process(
+        "run",
+        *RUN,
+        "--num_epochs=2",
+        "--resume_from=auto",
+        "--mlflow_log_model",
+        f"--output_path={output}",
+        "--run_name=r",
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     return output, output / "r"
 
@@ -106,9 +120,21 @@ def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path)
     from tests.test_tuning import tune_args, write_space
 
     space = write_space(tmp_path)
-    result = run_in_process(*tune_args(small_dataset, tmp_path, space, "s", "--trials=2", "--sampler=random",
-                                       "--sampler_seed=0", "--pruner=none", "--num_epochs=1", "--num_warmup_epochs=0.5",
-                                       "--with_mlflow"))
+    result = run_in_process(
+        *tune_args(
+            small_dataset,
+            tmp_path,
+            space,
+            "s",
+            "--trials=2",
+            "--sampler=random",
+            "--sampler_seed=0",
+            "--pruner=none",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+            "--with_mlflow",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     client, runs = the_runs(tmp_path)  # the store of the base output_path, not of the study folder
     parents = [run for run in runs if run.data.tags.get("cifar10_dist.study") == "s"]
@@ -118,8 +144,9 @@ def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path)
     assert sorted(run.info.run_name for run in children) == ["trial-0", "trial-1"]
     assert all(run.info.status == "FINISHED" for run in children)
     assert parent.data.params["space.learning_rate"].startswith("Dimension(")
-    best = max(float(json.loads((tmp_path / "s" / f"trial-{n}" / "summary.json").read_text())["best"]["value"])
-               for n in (0, 1))
+    best = max(
+        float(json.loads((tmp_path / "s" / f"trial-{n}" / "summary.json").read_text())["best"]["value"]) for n in (0, 1)
+    )
     assert parent.data.metrics["study/best_value"] == pytest.approx(best)
     assert "trial" in children[0].data.params and "mlflow_parent_run" not in children[0].data.params
 

@@ -24,8 +24,15 @@ from tests.test_recipe import SMALL, lrs_during
 MUON_YAML = REPO / "configs" / "fast_muon.yaml"
 
 
-def record_update(weight: torch.Tensor, gradient: torch.Tensor, buffer: torch.Tensor, lr: float, momentum: float,
-                  nesterov: bool = True, steps: int = 3) -> None:
+def record_update(
+    weight: torch.Tensor,
+    gradient: torch.Tensor,
+    buffer: torch.Tensor,
+    lr: float,
+    momentum: float,
+    nesterov: bool = True,
+    steps: int = 3,
+) -> None:
     """The record's Muon step, restated in float64: summed momentum, Nesterov, the filter rescaled to norm
     sqrt(out_channels), the quintic Newton-Schulz iteration (3.4445, -4.7750, 2.0315) on the flattened update."""
     buffer.mul_(momentum).add_(gradient)
@@ -113,8 +120,16 @@ def test_fast_muon_yaml_holds_the_records_values_converted_to_our_loss_and_head(
 
 
 # 640 synthetic images at batch 64: 10 iterations per epoch, 3 epochs; checkpoints at 12, 24 and 30
-MUON_TINY = [f"--config={MUON_YAML}", *SMALL, '--model_kwargs={"widths": [16, 64, 64]}', "--batch_size=64",
-             "--num_epochs=3", "--validate_every=3", "--checkpoint_every=12", "--tta=0"]
+MUON_TINY = [
+    f"--config={MUON_YAML}",
+    *SMALL,
+    '--model_kwargs={"widths": [16, 64, 64]}',
+    "--batch_size=64",
+    "--num_epochs=3",
+    "--validate_every=3",
+    "--checkpoint_every=12",
+    "--tta=0",
+]
 
 
 @pytest.mark.slow  # two processes, a resume
@@ -126,37 +141,58 @@ def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
     metrics = json.loads((tmp_path / "ref" / "metrics.json").read_text())
     assert metrics["iterations"] == 30 and metrics["test"]["accuracy"] > 0.3  # chance is 0.1
-    resumed = run_in_process("run", *MUON_TINY, *launch, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}")
+    resumed = run_in_process(
+        "run",
+        *MUON_TINY,
+        *launch,
+        "--run_name=resumed",
+        f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final_a, final_b = (tmp_path / name / "training_checkpoint_30.pt" for name in ("ref", "resumed"))
     assert_same_training_state(final_a, final_b)
     muon_state = torch.load(final_a, weights_only=True)["optimizer"]["muon"]["state"]
     assert len(muon_state) == 6 and all(s["momentum_buffer"].abs().sum() > 0 for s in muon_state.values())
-    sgd_checkpoint = run_in_process("run", *MUON_TINY, "--muon_lr=None", f"--output_path={tmp_path}",
-                                    "--run_name=sgd", f"--resume_from={final_a}")
+    sgd_checkpoint = run_in_process(
+        "run", *MUON_TINY, "--muon_lr=None", f"--output_path={tmp_path}", "--run_name=sgd", f"--resume_from={final_a}"
+    )
     assert sgd_checkpoint.returncode == 2
-    assert re.search(r"was trained with other values of keys that shape training \(muon_lr [0-9.e-]+ then, None now\)",
-                     sgd_checkpoint.stderr), sgd_checkpoint.stderr[-2000:]
+    assert re.search(
+        r"was trained with other values of keys that shape training \(muon_lr [0-9.e-]+ then, None now\)",
+        sgd_checkpoint.stderr,
+    ), sgd_checkpoint.stderr[-2000:]
 
 
 def test_muon_refuses_in_one_line(tmp_path, monkeypatch):
-    (tmp_path / "dense.py").write_text("from torch import nn\n\n\ndef net():\n"
-                                       "    return nn.Sequential(nn.Flatten(), nn.Linear(3072, 10))\n")
-    result = run_in_process("run", *MUON_TINY, f"--model={tmp_path / 'dense.py'}:net", "--model_kwargs=None",
-                            f"--output_path={tmp_path}", "--run_name=dense")
+    (tmp_path / "dense.py").write_text(
+        "from torch import nn\n\n\ndef net():\n    return nn.Sequential(nn.Flatten(), nn.Linear(3072, 10))\n"
+    )
+    result = run_in_process(
+        "run",
+        *MUON_TINY,
+        f"--model={tmp_path / 'dense.py'}:net",
+        "--model_kwargs=None",
+        f"--output_path={tmp_path}",
+        "--run_name=dense",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: muon_lr=0.24: model={tmp_path / 'dense.py'}:net has no trainable convolution filters for Muon to "
-        "train; leave muon_lr unset")
+        "train; leave muon_lr unset"
+    )
     assert not (tmp_path / "dense").exists() or not any((tmp_path / "dense").glob("training_checkpoint_*.pt"))
-    for flag, message in (("--muon_lr=0", "muon_lr=0.0 must be greater than 0 (or None: SGD only)"),
-                          ("--muon_momentum=1", "muon_momentum=1.0 must be in [0, 1)"),
-                          ("--muon_ns_steps=0", "muon_ns_steps=0 must be in 1..20")):
+    for flag, message in (
+        ("--muon_lr=0", "muon_lr=0.0 must be greater than 0 (or None: SGD only)"),
+        ("--muon_momentum=1", "muon_momentum=1.0 must be in [0, 1)"),
+        ("--muon_ns_steps=0", "muon_ns_steps=0 must be in 1..20"),
+    ):
         bad = run_in_process("run", f"--config={MUON_YAML}", flag)
         assert (bad.returncode, bad.stderr) == (2, f"error: {message}\n")
     monkeypatch.delattr(torch.optim, "Muon")
-    with pytest.raises(UserError, match=r"^muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
-                                        r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr "
-                                        r"unset$"):
+    with pytest.raises(
+        UserError,
+        match=r"^muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
+        r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr "
+        r"unset$",
+    ):
         preflight.check_before_launch(load_config(MUON_YAML))

@@ -22,8 +22,9 @@ def test_the_jupyter_notebook_trains_with_two_processes_from_a_kernel(tmp_path, 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook trains into a fresh temporary folder
     monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     notebook = nbformat.read(REPO / "notebooks" / "train_in_jupyter.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = "".join(
         output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
     )
@@ -39,6 +40,7 @@ def test_notebooks_are_committed_without_outputs_and_parse(path: Path):
         if cell.cell_type != "code":
             continue
         assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: clear the outputs"
-        python = "\n".join("pass" if line.lstrip().startswith(("!",
-                                                               "%")) else line for line in cell.source.splitlines())
+        python = "\n".join(
+            "pass" if line.lstrip().startswith(("!", "%")) else line for line in cell.source.splitlines()
+        )
         ast.parse(python)

@@ -34,8 +34,13 @@ def test_an_old_best_model_evaluates_to_the_accuracy_its_run_recorded(old_run):
 
 
 def test_an_old_training_checkpoint_resumes_to_the_end_the_old_code_reached(old_run, tmp_path):
-    result = run_in_process("run", f"--config={old_run / 'config.yaml'}", "--resume_from=auto",
-                            f"--output_path={tmp_path}", "--run_name=before-packages")
+    result = run_in_process(
+        "run",
+        f"--config={old_run / 'config.yaml'}",
+        "--resume_from=auto",
+        f"--output_path={tmp_path}",
+        "--run_name=before-packages",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resume_from=auto: continuing from {old_run / 'training_checkpoint_10.pt'}" in result.stderr
     ours = torch.load(old_run / "training_checkpoint_12.pt", weights_only=True)

@@ -11,8 +11,14 @@ import yaml
 from tests.conftest import TINY, run_in_process
 
 ONE_EPOCH = [*TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--checkpoint_every=9"]
-CHOSEN_BY_THE_RUN = ["--with_amp=auto", "--channels_last=auto", "--num_workers=auto", "--class_weights=auto",
-                     "--resume_from=auto", "--learning_rate=find"]
+CHOSEN_BY_THE_RUN = [
+    "--with_amp=auto",
+    "--channels_last=auto",
+    "--num_workers=auto",
+    "--class_weights=auto",
+    "--resume_from=auto",
+    "--learning_rate=find",
+]
 
 
 def settled(run_dir) -> dict:
@@ -20,8 +26,14 @@ def settled(run_dir) -> dict:
 
 
 def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same(small_dataset, tmp_path):
-    first = run_in_process("run", *ONE_EPOCH, *CHOSEN_BY_THE_RUN, f"--data_path={small_dataset}",
-                           f"--output_path={tmp_path}", "--run_name=first")
+    first = run_in_process(
+        "run",
+        *ONE_EPOCH,
+        *CHOSEN_BY_THE_RUN,
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=first",
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     config = settled(tmp_path / "first")
     left = {key: value for key, value in config.items() if value in ("auto", "find")}
@@ -34,16 +46,19 @@ def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same
     assert log.count("INFO plan (what this run chose for itself; config.yaml records it):") == 1
     assert "  learning_rate     " in log and "(given: find)" in log
 
-    again = run_in_process("run", f"--config={tmp_path / 'first' / 'config.yaml'}", "--run_name=again",
-                           "--overwrite=False")
+    again = run_in_process(
+        "run", f"--config={tmp_path / 'first' / 'config.yaml'}", "--run_name=again", "--overwrite=False"
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     repeated = settled(tmp_path / "again")
-    assert {key: value for key, value in repeated.items() if key != "run_name"} == \
-        {key: value for key, value in config.items() if key != "run_name"}
+    assert {key: value for key, value in repeated.items() if key != "run_name"} == {
+        key: value for key, value in config.items() if key != "run_name"
+    }
 
 
 def test_a_resumed_run_records_the_checkpoint_it_continued_from_in_provenance_and_none_in_its_config(
-        small_dataset, tmp_path):
+    small_dataset, tmp_path
+):
     """config.yaml is a recipe for a new run (replaying it trains from the start); where the run continued from
     is its provenance."""
     common = [*ONE_EPOCH, "--num_epochs=2", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]

@@ -41,8 +41,9 @@ def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained
     the accuracy evaluate computes from the dataset files (same pixels, normalisation and model)."""
     test = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
-    predicted = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "images"), "--json",
-                               "--top_k=3", "--batch_size=100")
+    predicted = run_in_process(
+        "predict", f"--checkpoint={trained}", str(tmp_path / "images"), "--json", "--top_k=3", "--batch_size=100"
+    )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     lines = [json.loads(line) for line in predicted.stdout.splitlines()]
     assert len(lines) == len(test) == 301
@@ -69,7 +70,8 @@ def test_predict_converts_resizes_and_reports_unreadable_files(trained, tmp_path
     result = run_in_process("predict", f"--checkpoint={trained}", str(folder))
     assert result.returncode == 2
     assert sorted(line.split(":")[0] for line in result.stdout.splitlines()) == sorted(
-        str(folder / name) for name in ("gray.png", "nested/big.jpg", "rgb.png", "rgba.png"))
+        str(folder / name) for name in ("gray.png", "nested/big.jpg", "rgb.png", "rgba.png")
+    )
     for line in result.stdout.splitlines():
         names_and_values = line.split(": ", 1)[1].split(", ")
         assert len(names_and_values) == 3 and all(item.split()[0] in cifar.CLASSES for item in names_and_values)
@@ -83,7 +85,8 @@ def test_predict_on_a_folder_without_images_is_one_line(trained, tmp_path):
     result = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "empty"))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'empty'}: the folder holds no image files (searched recursively)"]
+        f"error: {tmp_path / 'empty'}: the folder holds no image files (searched recursively)"
+    ]
 
 
 def test_predict_api_takes_paths_pil_images_and_uint8_tensors_alike(trained, tmp_path):
@@ -152,8 +155,13 @@ def saved_model(folder: Path, model: str, model_kwargs: dict | None = None) -> t
     with torch.no_grad():
         network.train()(torch.randn(16, 3, 32, 32) * 2 + 0.5)  # moves the running statistics
     path = folder / f"best_model_1_val_accuracy=0.5000_{model.replace('/', '_').replace(':', '_')}.pt"
-    torch.save({"model": network.state_dict(),
-                "meta": {"config": {"model": model, "model_kwargs": model_kwargs, "dataset": "synthetic"}}}, path)
+    torch.save(
+        {
+            "model": network.state_dict(),
+            "meta": {"config": {"model": model, "model_kwargs": model_kwargs, "dataset": "synthetic"}},
+        },
+        path,
+    )
     return path, network.eval()
 
 
@@ -168,10 +176,12 @@ def checkpoints(trained, tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Mod
     (folder / "mine.py").write_text(USER_MODEL)
     trained_model = models.build_model("simple_cnn", {"width": TINY_WIDTH})
     trained_model.load_state_dict(torch.load(trained, weights_only=True)["model"])
-    return {"trained simple_cnn": (trained, trained_model.eval()),
-            "airbench": saved_model(folder, "airbench"),
-            "resnet18": saved_model(folder, "resnet18"),  # torchvision as it is (the default model)
-            "user model": saved_model(folder, f"{folder / 'mine.py'}:Mine", {"width": 6})}
+    return {
+        "trained simple_cnn": (trained, trained_model.eval()),
+        "airbench": saved_model(folder, "airbench"),
+        "resnet18": saved_model(folder, "resnet18"),  # torchvision as it is (the default model)
+        "user model": saved_model(folder, f"{folder / 'mine.py'}:Mine", {"width": 6}),
+    }
 
 
 def export(checkpoint: Path, format: str, output: Path) -> str:
@@ -181,8 +191,9 @@ def export(checkpoint: Path, format: str, output: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("family", [pytest.param(family, marks=[pytest.mark.slow] if "resnet" in family else [])
-                                    for family in FAMILIES])  # the resnet's exports: the same code, 10 s of a core
+@pytest.mark.parametrize(
+    "family", [pytest.param(family, marks=[pytest.mark.slow] if "resnet" in family else []) for family in FAMILIES]
+)  # the resnet's exports: the same code, 10 s of a core
 def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_path):
     """safetensors read back torch.equal; TorchScript and ONNX (with ONNX Runtime, at batch sizes 1 and 7) give
     the model's logits; the sidecar carries the reference, classes and normalisation."""
@@ -219,7 +230,7 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     assert json.loads(extra["metadata.json"])["classes"] == list(cifar.CLASSES)
     for batch in (images[:1], images):  # a dynamic batch dimension
         with torch.no_grad():
-            assert torch.allclose(program.module()(batch), expected[:len(batch)], rtol=1e-4, atol=1e-5)
+            assert torch.allclose(program.module()(batch), expected[: len(batch)], rtol=1e-4, atol=1e-5)
 
     printed = export(checkpoint, "onnx", tmp_path / "model.onnx")
     assert "ONNX Runtime (CPU) vs PyTorch on 64 " in printed and "same top-1 class on 64 of 64" in printed
@@ -227,8 +238,8 @@ def test_every_export_computes_what_the_model_computes(checkpoints, family, tmp_
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     for batch in (images[:1], images):
         logits = torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
-        assert (logits - expected[:len(batch)]).abs().max() <= 1e-4
-        assert torch.equal(logits.argmax(1), expected[:len(batch)].argmax(1))
+        assert (logits - expected[: len(batch)]).abs().max() <= 1e-4
+        assert torch.equal(logits.argmax(1), expected[: len(batch)].argmax(1))
     metadata = {entry.key: entry.value for entry in onnx.load(str(tmp_path / "model.onnx")).metadata_props}
     assert json.loads(metadata["classes"]) == list(cifar.CLASSES)
 
@@ -240,8 +251,11 @@ def test_an_export_of_a_model_with_large_logits_is_accepted_by_their_scale(check
     checkpoint, model = saved_model(tmp_path, f"{folder / 'mine.py'}:Loud", {"width": 32})
     result = run_in_process("export", f"--checkpoint={checkpoint}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
     assert result.returncode == 0, result.stderr
-    found = re.search(r"logits max abs difference (\S+) \((\S+) of their scale (\S+); accepted: 1e-03 of it\), "
-                      r"same top-1 class on 64 of 64", result.stdout)
+    found = re.search(
+        r"logits max abs difference (\S+) \((\S+) of their scale (\S+); accepted: 1e-03 of it\), "
+        r"same top-1 class on 64 of 64",
+        result.stdout,
+    )
     assert found, result.stdout
     difference, relative, scale = (float(value) for value in found.groups())
     assert scale > 1e4 and difference > 1e-4 and relative <= 1e-3 and (tmp_path / "m.onnx").is_file()
@@ -264,9 +278,12 @@ def test_an_export_that_computes_something_else_is_refused_naming_both_numbers(t
     monkeypatch.setattr(torch.onnx, "export", export_a_perturbed_copy)
     result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
     assert result.returncode == 2
-    assert re.fullmatch(r"error: the ONNX export of \S+ does not compute what the model computes: logits max abs "
-                        r"difference \S+ \(\S+ of their scale \S+; accepted: 1e-03 of it\), same top-1 on \d+ of 64 "
-                        r"images; no file written\n", result.stderr), result.stderr
+    assert re.fullmatch(
+        r"error: the ONNX export of \S+ does not compute what the model computes: logits max abs "
+        r"difference \S+ \(\S+ of their scale \S+; accepted: 1e-03 of it\), same top-1 on \d+ of 64 "
+        r"images; no file written\n",
+        result.stderr,
+    ), result.stderr
     assert not any(tmp_path.iterdir())
 
 
@@ -277,7 +294,8 @@ def test_a_model_onnx_cannot_express_is_one_line_naming_the_operator(tmp_path, c
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: model={folder / 'mine.py'}:CumMax cannot be exported to onnx: operator aten.cummax has no ONNX "
-        f"conversion in torch {torch.__version__}"]
+        f"conversion in torch {torch.__version__}"
+    ]
     assert sorted(path.name for path in tmp_path.iterdir()) == [checkpoint.name]  # nothing half-written
 
 
@@ -285,18 +303,26 @@ def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tm
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("error: format=onnx needs the onnxruntime package, which is not installed: "
-                                     "pip install 'cifar10-dist[export]'")
+    assert result.stderr.strip() == (
+        "error: format=onnx needs the onnxruntime package, which is not installed: pip install 'cifar10-dist[export]'"
+    )
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--format=tflite"], "error: format='tflite' is not accepted: choose one of safetensors, pt2, onnx, "
-                          "torchscript"),
-    (["--format=onnx", "--output=/no/such/folder/m.onnx"], "error: output='/no/such/folder/m.onnx': the folder "
-                                                           "/no/such/folder does not exist"),
-    ([], "error: export needs --format=safetensors|pt2|onnx|torchscript (cifar10-dist export --help)"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--format=tflite"],
+            "error: format='tflite' is not accepted: choose one of safetensors, pt2, onnx, torchscript",
+        ),
+        (
+            ["--format=onnx", "--output=/no/such/folder/m.onnx"],
+            "error: output='/no/such/folder/m.onnx': the folder /no/such/folder does not exist",
+        ),
+        ([], "error: export needs --format=safetensors|pt2|onnx|torchscript (cifar10-dist export --help)"),
+    ],
+)
 def test_bad_export_arguments_are_one_line(trained, args, expected):
     result = run_in_process("export", f"--checkpoint={trained}", *args)
     assert result.returncode == 2 and result.stderr.strip() == expected
@@ -327,12 +353,18 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
     from cifar10_dist.serve.formats import FORMATS
 
     repo = Path(__file__).resolve().parents[1]
-    table = [line for line in (repo / "docs" / "models-in-and-out.md").read_text().splitlines()
-             if line.startswith("| `")]
+    table = [
+        line for line in (repo / "docs" / "models-in-and-out.md").read_text().splitlines() if line.startswith("| `")
+    ]
     usage = run_in_process("export", "--checkpoint=x.pt")
-    places = {"export --help": cli_help.page("export"), "--help": cli_help.MAIN_HELP, "api.export": api.export.__doc__,
-              "serve": serve.__doc__, "the usage error": usage.stderr,
-              "the docs' table": "\n".join(line.split("|")[1] for line in table)}
+    places = {
+        "export --help": cli_help.page("export"),
+        "--help": cli_help.MAIN_HELP,
+        "api.export": api.export.__doc__,
+        "serve": serve.__doc__,
+        "the usage error": usage.stderr,
+        "the docs' table": "\n".join(line.split("|")[1] for line in table),
+    }
     for place, text in places.items():
         missing = [name for name, record in FORMATS.items() if name.lower() not in text.lower()]
         assert not missing, f"{place} does not list {missing}"
@@ -348,7 +380,8 @@ def test_evaluate_given_an_export_refuses_in_one_line_naming_what_reads_it(train
     assert result.stderr.strip() == (
         f"error: evaluate reads training checkpoints and best-model files (.pt), and '{onnx_file}' is an export "
         f"(onnx): classify images with it: cifar10-dist predict --checkpoint={onnx_file} IMAGES; for test-set metrics "
-        "evaluate the checkpoint it was exported from (its model.onnx.json names it)")
+        "evaluate the checkpoint it was exported from (its model.onnx.json names it)"
+    )
     assert json.loads((tmp_path / "model.onnx.json").read_text())["checkpoint"] == str(trained)
     program = run_in_process("evaluate", f"--checkpoint={tmp_path / 'model.pt2'}")
     assert program.returncode == 2

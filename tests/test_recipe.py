@@ -98,8 +98,15 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
     assert len(trained) == sum(p.requires_grad for p in model.parameters())
 
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=1.0, momentum=0.85, nesterov=True)
-    scheduler = schedules.create_lr_scheduler(optimizer, 1.0, warmup_iterations=23, total_iterations=100,
-                                            start=0.2, end=0.07, group_schedules=[g.schedule for g in groups])
+    scheduler = schedules.create_lr_scheduler(
+        optimizer,
+        1.0,
+        warmup_iterations=23,
+        total_iterations=100,
+        start=0.2,
+        end=0.07,
+        group_schedules=[g.schedule for g in groups],
+    )
     lrs = lrs_during(optimizer, scheduler, 100)
     assert lrs[0] == pytest.approx([0.2, 12.8, 0.2])
     assert lrs[23] == pytest.approx([1.0, 64.0, 1.0])  # peak (iteration 24 is index 23)
@@ -110,15 +117,21 @@ def test_parameter_groups_scale_norm_biases_and_freeze_the_whitening_bias_part_w
 def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_them_as_the_muon_record_does():
     """airbench94_muon: the whitening bias's lr falls linearly from its peak to 0 over 3 epochs while the rest
     follow the main schedule; here 8 epochs of 25 iterations, so 75 iterations."""
-    config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), muon_lr=None, learning_rate=2.0,
-                                 whitening_bias_lr_scale=4.0, whitening_bias_epochs=3.0,
-                                 whitening_bias_decay=True)
+    config = dataclasses.replace(
+        load_config(REPO / "configs" / "fast_muon.yaml"),
+        muon_lr=None,
+        learning_rate=2.0,
+        whitening_bias_lr_scale=4.0,
+        whitening_bias_epochs=3.0,
+        whitening_bias_decay=True,
+    )
     model = models.build_model("airbench")
     groups = optimizers.parameter_groups(model, config, total_iterations=200)
     assert groups[2].schedule == schedules.GroupSchedule(lr_scale=4.0, train_until=75, decay_to_until=True)
     optimizer = torch.optim.SGD([group.for_optimizer() for group in groups], lr=2.0)
-    scheduler = schedules.create_lr_scheduler(optimizer, 2.0, 0, 200, start=1.0, end=0.0,
-                                            group_schedules=[g.schedule for g in groups])
+    scheduler = schedules.create_lr_scheduler(
+        optimizer, 2.0, 0, 200, start=1.0, end=0.0, group_schedules=[g.schedule for g in groups]
+    )
     lrs = lrs_during(optimizer, scheduler, 200)
     whitening = [lr[2] for lr in lrs]
     assert whitening[0] == pytest.approx(8.0) and whitening[30] == pytest.approx(8.0 * (1 - 30 / 75))
@@ -127,7 +140,8 @@ def test_the_whitening_bias_trains_for_its_epochs_and_can_decay_to_zero_over_the
 
     two_epochs = dataclasses.replace(config, whitening_bias_epochs=2.0, whitening_bias_decay=False)
     assert optimizers.parameter_groups(model, two_epochs, total_iterations=200)[2].schedule == schedules.GroupSchedule(
-        lr_scale=4.0, train_until=50)
+        lr_scale=4.0, train_until=50
+    )
 
 
 def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn.Module, list[bool], list[bool]]:
@@ -137,14 +151,19 @@ def _train_airbench(freeze: bool, decay: bool, iterations: int = 10) -> tuple[nn
     """
     from cifar10_dist import recipes
 
-    config = dataclasses.replace(load_config(REPO / "configs" / "fast_muon.yaml"), num_epochs=iterations,
-                                 whitening_bias_epochs=3.0, whitening_bias_decay=decay)
+    config = dataclasses.replace(
+        load_config(REPO / "configs" / "fast_muon.yaml"),
+        num_epochs=iterations,
+        whitening_bias_epochs=3.0,
+        whitening_bias_decay=decay,
+    )
     torch.manual_seed(0)
     model = models.AirbenchNet(widths=(8, 16, 16))
     images, labels = torch.randn(iterations, 16, 3, 32, 32), torch.randint(0, 10, (iterations, 16))
     optimizer, group_schedules = optimizers.build_optimizer(model, config, iterations)
-    scheduler = schedules.create_lr_scheduler(optimizer, config.learning_rate, 0, iterations, start=1.0,
-                                            group_schedules=group_schedules)
+    scheduler = schedules.create_lr_scheduler(
+        optimizer, config.learning_rate, 0, iterations, start=1.0, group_schedules=group_schedules
+    )
     frozen, input_needed_grad = [], []
     model.layers[1].register_forward_pre_hook(lambda _, inputs: input_needed_grad.append(inputs[0].requires_grad))
 
@@ -259,8 +278,12 @@ def test_reflect_crops_are_windows_of_the_reflect_padded_image():
     padded = nn.functional.pad(images, (2, 2, 2, 2), mode="reflect")
     offsets = set()
     for index in range(32):
-        matches = [(dy, dx) for dy in range(5) for dx in range(5)
-                   if torch.equal(out[index], padded[index, :, dy:dy + 32, dx:dx + 32])]
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(out[index], padded[index, :, dy : dy + 32, dx : dx + 32])
+        ]
         assert matches, index
         offsets.update(matches)
     assert len(offsets) > 5  # the shift varies from image to image
@@ -281,8 +304,9 @@ def test_flip_all_and_none_and_pre_flip():
 
 def test_alternating_flip_mirrors_every_image_in_every_second_epoch():
     config = load_config(flip="alternating", crop_padding=0, channels_last=True)
-    prepare = batches.train_batch_preparer(torch.device("cpu"), batches.TrainAugmentation.of(config), 3,
-                                           cifar_layouts.cifar_info("cifar10"))
+    prepare = batches.train_batch_preparer(
+        torch.device("cpu"), batches.TrainAugmentation.of(config), 3, cifar_layouts.cifar_info("cifar10")
+    )
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8)
     epoch_1 = [prepare((images, labels), iteration)[0] for iteration in (1, 3)]
@@ -306,9 +330,20 @@ def test_amp_on_cpu_means_bf16_autocast():
 
 def test_amp_dtype_float16_trains_with_a_checkpointed_grad_scaler(tmp_path):
     # fp16 autocast on the CPU is slow (no fast kernels): 3 iterations
-    result = run_in_process("run", *TINY, *SMALL, "--num_epochs=1", "--num_warmup_epochs=0.5", "--epoch_length=3",
-                            "--checkpoint_every=3", "--train_eval_size=0", "--with_amp=True", "--amp_dtype=float16",
-                            f"--output_path={tmp_path}", "--run_name=fp16")
+    result = run_in_process(
+        "run",
+        *TINY,
+        *SMALL,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        "--epoch_length=3",
+        "--checkpoint_every=3",
+        "--train_eval_size=0",
+        "--with_amp=True",
+        "--amp_dtype=float16",
+        f"--output_path={tmp_path}",
+        "--run_name=fp16",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "fp16" / "training_checkpoint_3.pt", weights_only=True)
     assert checkpoint["scaler"]["scale"] > 0
@@ -325,10 +360,18 @@ SMALL = ["--dataset=synthetic", "--synthetic_size=640", "--train_eval_size=64"]
 # configs/fast.yaml scaled down: the airbench network a quarter as wide, batch 64 (lr scaled with it), 10
 # iterations per epoch, 30 in all; lookahead from iteration 9, whitening bias trained until 9, checkpoints at 12,
 # 24 and 30 (the last 2 kept)
-FAST_TINY = ["--config=" + str(REPO / "configs" / "fast.yaml"), *SMALL, '--model_kwargs={"widths": [16, 64, 64]}',
-             "--batch_size=64", "--learning_rate=0.1",
-             "--num_epochs=3", "--num_warmup_epochs=0.69", "--validate_every=3", "--checkpoint_every=12",
-             "--log_every_iters=5"]
+FAST_TINY = [
+    "--config=" + str(REPO / "configs" / "fast.yaml"),
+    *SMALL,
+    '--model_kwargs={"widths": [16, 64, 64]}',
+    "--batch_size=64",
+    "--learning_rate=0.1",
+    "--num_epochs=3",
+    "--num_warmup_epochs=0.69",
+    "--validate_every=3",
+    "--checkpoint_every=12",
+    "--log_every_iters=5",
+]
 
 
 @pytest.mark.slow  # two processes, a resume
@@ -342,8 +385,13 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     assert metrics["iterations"] == 30 and metrics["test"]["num_samples"] == 128
     print("fast recipe accuracy", metrics["test"]["accuracy"])
     assert metrics["test"]["accuracy"] > 0.3  # chance is 0.1
-    resumed = run_in_process("run", *FAST_TINY, *launch, "--run_name=resumed",
-                      f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}")
+    resumed = run_in_process(
+        "run",
+        *FAST_TINY,
+        *launch,
+        "--run_name=resumed",
+        f"--resume_from={tmp_path / 'ref' / 'training_checkpoint_24.pt'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final_a, final_b = (tmp_path / name / "training_checkpoint_30.pt" for name in ("ref", "resumed"))
     assert_same_training_state(final_a, final_b)
@@ -358,8 +406,10 @@ def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
     for name, flag in (("loader", "False"), ("device", "True")):
         result = run_in_process(*common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100")
         assert result.returncode == 0, result.stderr[-3000:]
-    weights = [torch.load(tmp_path / name / "training_checkpoint_20.pt", weights_only=True)["model"]
-               for name in ("loader", "device")]
+    weights = [
+        torch.load(tmp_path / name / "training_checkpoint_20.pt", weights_only=True)["model"]
+        for name in ("loader", "device")
+    ]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
@@ -369,19 +419,31 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
     emulated bf16) + channels_last + tta=1 in one run of a user's model (a file reference); `evaluate` (eager,
     inheriting the model and tta from the checkpoint) reproduces its test accuracy, and checkpoints carry the plain
     module's keys."""
-    (tmp_path / "user_model.py").write_text("from cifar10_dist.models import simple_cnn\n\n\n"
-                                            "def net(width):\n    return simple_cnn(width)\n")
-    result = run_cli("run", *TINY, *SMALL, "--compile=True", "--with_amp=auto", "--channels_last=True", "--tta=1",
-                     f"--model={tmp_path / 'user_model.py'}:net", '--model_kwargs={"width": 16}',
-                     f"--output_path={tmp_path}", "--run_name=fast",
-                     env={**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"})  # no pool of compiling processes
+    (tmp_path / "user_model.py").write_text(
+        "from cifar10_dist.models import simple_cnn\n\n\ndef net(width):\n    return simple_cnn(width)\n"
+    )
+    result = run_cli(
+        "run",
+        *TINY,
+        *SMALL,
+        "--compile=True",
+        "--with_amp=auto",
+        "--channels_last=True",
+        "--tta=1",
+        f"--model={tmp_path / 'user_model.py'}:net",
+        '--model_kwargs={"width": 16}',
+        f"--output_path={tmp_path}",
+        "--run_name=fast",
+        env={**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"},
+    )  # no pool of compiling processes
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "fast" / "metrics.json").read_text())["test"]
     checkpoint = tmp_path / "fast" / "training_checkpoint_40.pt"
     model_keys = list(torch.load(checkpoint, weights_only=True)["model"])
     assert model_keys == list(models.build_model("simple_cnn").state_dict())  # no "_orig_mod." prefix
-    same = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=auto",
-                          "--channels_last=True")  # dataset, synthetic_size and tta=1 come from the checkpoint
+    same = run_in_process(
+        "evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=auto", "--channels_last=True"
+    )  # dataset, synthetic_size and tta=1 come from the checkpoint
     assert same.returncode == 0, same.stderr[-3000:]
     assert abs(json.loads(same.stdout.strip().splitlines()[-1])["accuracy"] - final["accuracy"]) <= 1 / 128
 
@@ -406,11 +468,22 @@ def test_the_benchmark_runner_trains_through_the_api_in_a_fresh_process_and_read
     """benchmarks.runner: one real run (api.train in its own process), read back through reports (no log)."""
     from benchmarks import runner
 
-    run = runner.train_ours(tmp_path, None, "cpu", model="simple_cnn", batch_size=32, num_workers=0, num_epochs=2,
-                            num_warmup_epochs=1, train_eval_size=100, data_path=str(small_dataset))
+    run = runner.train_ours(
+        tmp_path,
+        None,
+        "cpu",
+        model="simple_cnn",
+        batch_size=32,
+        num_workers=0,
+        num_epochs=2,
+        num_warmup_epochs=1,
+        train_eval_size=100,
+        data_path=str(small_dataset),
+    )
     assert run.run_dir == tmp_path / "bench" and run.summary.epochs == 2 and len(run.epochs) == 2
     assert 0 <= run.accuracy <= 1 and run.accuracy == run.summary.final["test"].accuracy
     assert run.evaluation_seconds("test") > 0 and run.wall_seconds > run.summary.total_time > 0
     assert run.peak_rss_mib > 100  # torch alone takes more
-    assert [point[1] for point in run.curve("test")] == [row["accuracy"] for row in run.evaluations
-                                                          if row["split"] == "test"]
+    assert [point[1] for point in run.curve("test")] == [
+        row["accuracy"] for row in run.evaluations if row["split"] == "test"
+    ]

@@ -62,16 +62,27 @@ def test_brightness_and_contrast_are_drawn_per_image_within_the_amount_from_the_
 
 
 def test_adamw_with_norm_and_bias_decay_off_leaves_them_undecayed():
-    config = load_config(None, model="simple_cnn", optimizer="adamw", learning_rate=0.1, weight_decay=0.5,
-                         norm_weight_decay=0.0, bias_weight_decay=0.0)
+    config = load_config(
+        None,
+        model="simple_cnn",
+        optimizer="adamw",
+        learning_rate=0.1,
+        weight_decay=0.5,
+        norm_weight_decay=0.0,
+        bias_weight_decay=0.0,
+    )
     torch.manual_seed(0)
     from cifar10_dist import models
 
     model = models.build_model("simple_cnn")
     optimizer, schedules = optimizers.build_optimizer(model, config, total_iterations=10)
     assert isinstance(optimizer, torch.optim.AdamW) and len(schedules) == len(optimizer.param_groups) == 2
-    exempt = {id(p) for m in model.modules() for name, p in m.named_parameters(recurse=False)
-              if name == "bias" or isinstance(m, nn.BatchNorm2d)}
+    exempt = {
+        id(p)
+        for m in model.modules()
+        for name, p in m.named_parameters(recurse=False)
+        if name == "bias" or isinstance(m, nn.BatchNorm2d)
+    }
     before = {id(p): p.detach().clone() for p in model.parameters()}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)  # only the decay moves anything
@@ -106,15 +117,22 @@ def torch_lrs(make, steps: int, lr: float) -> list[float]:
 @pytest.mark.parametrize("warmup", [0, 5])
 def test_cosine_and_step_schedules_match_torchs_own_schedulers_step_by_step(warmup):
     total, lr = 40, 0.8
-    cosine = lrs_over(lambda o: schedules.create_lr_scheduler(o, lr, warmup, total, end=0.05,
-                                                            shape=schedules.Shape("cosine")), total)
-    expected = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=total - warmup, eta_min=0.04),
-                         total - warmup, lr)
+    cosine = lrs_over(
+        lambda o: schedules.create_lr_scheduler(o, lr, warmup, total, end=0.05, shape=schedules.Shape("cosine")), total
+    )
+    expected = torch_lrs(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=total - warmup, eta_min=0.04), total - warmup, lr
+    )
     assert cosine[warmup:] == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    step = lrs_over(lambda o: schedules.create_lr_scheduler(o, lr, warmup, total, shape=schedules.Shape(
-        "step", drops=(10, 20), gamma=0.2)), total)
-    expected = torch_lrs(lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[10, 20], gamma=0.2),
-                         total - warmup, lr)
+    step = lrs_over(
+        lambda o: schedules.create_lr_scheduler(
+            o, lr, warmup, total, shape=schedules.Shape("step", drops=(10, 20), gamma=0.2)
+        ),
+        total,
+    )
+    expected = torch_lrs(
+        lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[10, 20], gamma=0.2), total - warmup, lr
+    )
     assert step[warmup:] == pytest.approx(expected, rel=1e-12)
     if warmup:
         assert step[:warmup] == pytest.approx([lr * i / warmup for i in range(warmup)])
@@ -142,8 +160,14 @@ def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradien
         return step(*args, **kwargs)
 
     optimizer.step = recording_step
-    train_step = TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", torch.float16),
-                           Accumulation(accumulate), clip_grad_norm=0.01)
+    train_step = TrainStep(
+        model,
+        optimizer,
+        nn.CrossEntropyLoss(),
+        Precision("cpu", torch.float16),
+        Accumulation(accumulate),
+        clip_grad_norm=0.01,
+    )
     train_step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     trainer = create_trainer(train_step, lambda batch, iteration: batch)
     data = [(10 * torch.randn(8, 3, 4, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
@@ -152,50 +176,83 @@ def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradien
     assert trainer.state.output.grad_norm.item() > 0.01  # the pre-clip norm, unscaled: far above the bound
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"optimizer": "adam"}, "optimizer='adam' is unknown: choose one of sgd, adamw"),
-    ({"optimizer": "adamw", "muon_lr": 0.1}, "muon_lr=0.1 with optimizer=adamw"),
-    ({"lr_schedule": "step"}, "lr_schedule=step needs lr_milestones"),
-    ({"lr_schedule": "step", "lr_milestones": "3,2", "num_epochs": 5}, "lr_milestones=3,2 must increase"),
-    ({"lr_schedule": "exp"}, "lr_schedule='exp' is unknown: choose one of linear, cosine, step"),
-    ({"auto_augment": "randaugment", "auto_augment_magnitude": 31}, "out of range for randaugment: 0..30"),
-    ({"auto_augment_magnitude": 5}, "auto_augment_magnitude=5 is for randaugment or trivialaugment"),
-    ({"mixup_alpha": -0.2}, "mixup_alpha=-0.2 must be 0 (off) or more"),
-    ({"random_erasing": 1.5}, "random_erasing=1.5 must be a probability in 0..1"),
-    ({"color_jitter": 1.5}, "color_jitter=1.5 must be in [0, 1)"),
-    ({"clip_grad_norm": 0}, "clip_grad_norm=0.0 must be greater than 0"),
-    ({"sync_bn": True, "backend": "gloo"}, "sync_bn=True with backend=gloo: torch's SyncBatchNorm computes on GPUs"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"optimizer": "adam"}, "optimizer='adam' is unknown: choose one of sgd, adamw"),
+        ({"optimizer": "adamw", "muon_lr": 0.1}, "muon_lr=0.1 with optimizer=adamw"),
+        ({"lr_schedule": "step"}, "lr_schedule=step needs lr_milestones"),
+        ({"lr_schedule": "step", "lr_milestones": "3,2", "num_epochs": 5}, "lr_milestones=3,2 must increase"),
+        ({"lr_schedule": "exp"}, "lr_schedule='exp' is unknown: choose one of linear, cosine, step"),
+        ({"auto_augment": "randaugment", "auto_augment_magnitude": 31}, "out of range for randaugment: 0..30"),
+        ({"auto_augment_magnitude": 5}, "auto_augment_magnitude=5 is for randaugment or trivialaugment"),
+        ({"mixup_alpha": -0.2}, "mixup_alpha=-0.2 must be 0 (off) or more"),
+        ({"random_erasing": 1.5}, "random_erasing=1.5 must be a probability in 0..1"),
+        ({"color_jitter": 1.5}, "color_jitter=1.5 must be in [0, 1)"),
+        ({"clip_grad_norm": 0}, "clip_grad_norm=0.0 must be greater than 0"),
+        (
+            {"sync_bn": True, "backend": "gloo"},
+            "sync_bn=True with backend=gloo: torch's SyncBatchNorm computes on GPUs",
+        ),
+    ],
+)
 def test_bad_recipe_options_are_one_line_naming_the_value(overrides, message):
     with pytest.raises(UserError, match=re.escape(message)):
         load_config(None, **overrides)
 
 
-MODERN = ["--optimizer=adamw", "--learning_rate=0.003", "--weight_decay=0.05", "--norm_weight_decay=0",
-          "--lr_schedule=cosine", "--auto_augment=trivialaugment", "--random_erasing=0.25", "--mixup_alpha=0.2",
-          "--cutmix_alpha=1.0", "--clip_grad_norm=1.0", "--label_smoothing=0.1", "--log_every_iters=2",
-          "--color_jitter=0.15"]
+MODERN = [
+    "--optimizer=adamw",
+    "--learning_rate=0.003",
+    "--weight_decay=0.05",
+    "--norm_weight_decay=0",
+    "--lr_schedule=cosine",
+    "--auto_augment=trivialaugment",
+    "--random_erasing=0.25",
+    "--mixup_alpha=0.2",
+    "--cutmix_alpha=1.0",
+    "--clip_grad_norm=1.0",
+    "--label_smoothing=0.1",
+    "--log_every_iters=2",
+    "--color_jitter=0.15",
+]
 
 
 @pytest.mark.slow
 def test_every_option_together_with_two_processes_resumes_exactly_and_evaluates_alike(small_dataset, tmp_path):
-    common = ["run", *TINY, *MODERN, "--num_epochs=3", "--backend=gloo", "--nproc_per_node=2",
-              f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--checkpoint_every=40",
-              "--sampler=balanced", "--best_metric=balanced_accuracy"]
+    common = [
+        "run",
+        *TINY,
+        *MODERN,
+        "--num_epochs=3",
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--checkpoint_every=40",
+        "--sampler=balanced",
+        "--best_metric=balanced_accuracy",
+    ]
     whole = run_in_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54)
     resumed = run_in_process(*common, "--run_name=resumed", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ends = [torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True)
-            for name in ("whole", "resumed")]
+    ends = [
+        torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True) for name in ("whole", "resumed")
+    ]
     assert all(torch.equal(ends[0]["model"][key], ends[1]["model"][key]) for key in ends[0]["model"])
     assert ends[0]["optimizer"]["param_groups"][0]["lr"] == ends[1]["optimizer"]["param_groups"][0]["lr"]
     events = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("epoch") == 3
     checkpoint = tmp_path / "whole" / "training_checkpoint_54.pt"
-    results = [json.loads(run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0",
-                                         *launch).stdout.strip().splitlines()[-1])
-               for launch in ([], ["--backend=gloo", "--nproc_per_node=2"])]
+    results = [
+        json.loads(
+            run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for launch in ([], ["--backend=gloo", "--nproc_per_node=2"])
+    ]
     assert results[0]["confusion_matrix"] == results[1]["confusion_matrix"]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)

@@ -26,16 +26,24 @@ def held_out_runs(small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("held-out")
     results = {}
     for world_size, launch in LAUNCHES.items():
-        result = run_in_process("run", *TINY, *HELD_OUT, *launch, f"--data_path={small_dataset}",
-                        f"--output_path={output}", f"--run_name=ws{world_size}")
+        result = run_in_process(
+            "run",
+            *TINY,
+            *HELD_OUT,
+            *launch,
+            f"--data_path={small_dataset}",
+            f"--output_path={output}",
+            f"--run_name=ws{world_size}",
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         results[world_size] = (result, output / f"ws{world_size}")
     return results
 
 
 def test_held_out_images_are_the_same_at_world_sizes_1_and_3(held_out_runs):
-    chosen = {ws: json.loads((run_dir / "held_out_indices.json").read_text())
-              for ws, (_, run_dir) in held_out_runs.items()}
+    chosen = {
+        ws: json.loads((run_dir / "held_out_indices.json").read_text()) for ws, (_, run_dir) in held_out_runs.items()
+    }
     assert len(chosen[1]) == 60 and chosen[1] == sorted(set(chosen[1]))
     assert chosen[1] == chosen[3]
     full = ImageSet(torch.zeros(600, 1, 1, 1, dtype=torch.uint8), torch.zeros(600, dtype=torch.long))
@@ -49,8 +57,9 @@ def test_the_test_set_is_evaluated_once_with_the_model_chosen_on_val(held_out_ru
         if world_size == 1:
             log = result.stderr
         assert len(re.findall(r"epoch \d+ test: accuracy", log)) == 1, world_size
-        assert len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images",
-                              log)) == 2
+        assert (
+            len(re.findall(r"epoch \d+ val: accuracy [0-9.]+(?:, top-5 [0-9.]+)?, loss [0-9.]+ on 60 images", log)) == 2
+        )
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert metrics["val"]["num_samples"] == 60 and metrics["test"]["num_samples"] == 301
         best = metrics["test"]["model"]
@@ -65,8 +74,9 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
     images[:, 0, 0, 0] = torch.arange(count) % 256  # each image carries its index
     images[:, 0, 0, 1] = torch.arange(count) // 256
     split = loaders.hold_out(ImageSet(images, torch.zeros(count, dtype=torch.long)), 0.1, seed=0)
-    made = loaders.make_loaders(split.train, split.val, val=split.val, batch_size=32, num_workers=0,
-                                train_eval_size=100, seed=5)
+    made = loaders.make_loaders(
+        split.train, split.val, val=split.val, batch_size=32, num_workers=0, train_eval_size=100, seed=5
+    )
     seen = set()
     for epoch in range(3):
         loaders.batch_sampler_of(made.train).sampler.set_epoch(epoch)
@@ -82,8 +92,15 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
 @pytest.fixture(scope="module")
 def seed_runs(held_out_runs, small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("seeds")
-    result = run_in_process("run", *TINY, *HELD_OUT, "--seeds=2", f"--data_path={small_dataset}",
-                            f"--output_path={output}", "--run_name=rep")
+    result = run_in_process(
+        "run",
+        *TINY,
+        *HELD_OUT,
+        "--seeds=2",
+        f"--data_path={small_dataset}",
+        f"--output_path={output}",
+        "--run_name=rep",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, output
 
@@ -148,8 +165,12 @@ def test_uv_installs_the_project_into_an_environment_that_has_torch():
     uv = shutil.which("uv") or shutil.which("uv", path=str(__import__("pathlib").Path(sys.executable).parent))
     if uv is None:
         pytest.fail("uv is missing: it is in the dev extra (pip install -e '.[dev]')")
-    plan = subprocess.run([uv, "pip", "install", "--dry-run", "--python", sys.executable, "-e", str(REPO)],
-                          capture_output=True, text=True, timeout=300)
+    plan = subprocess.run(
+        [uv, "pip", "install", "--dry-run", "--python", sys.executable, "-e", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plan.returncode == 0, plan.stderr
     changes = [line for line in plan.stderr.splitlines() if line.startswith((" + ", " - "))]
     assert changes and all("cifar10-dist" in line for line in changes), plan.stderr  # torch & co. already satisfied

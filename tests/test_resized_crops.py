@@ -27,11 +27,13 @@ def test_boxes_lie_in_the_image_within_the_area_and_ratio_bounds():
     torch.manual_seed(0)  # torchvision's own sampler, for the distribution: areas that do not fit are redrawn
     from torchvision.transforms import RandomResizedCrop
 
-    theirs = torch.tensor([RandomResizedCrop.get_params(torch.zeros(1, 64, 64), [0.35, 1.0], [3 / 4, 4 / 3])[2:]
-                           for _ in range(4000)]).double()
+    theirs = torch.tensor(
+        [RandomResizedCrop.get_params(torch.zeros(1, 64, 64), [0.35, 1.0], [3 / 4, 4 / 3])[2:] for _ in range(4000)]
+    ).double()
     assert float(area.mean()) == pytest.approx(float((theirs[:, 0] * theirs[:, 1]).mean()) / 64**2, abs=0.015)
-    assert float(torch.log(ratio).mean()) == pytest.approx(float(torch.log(theirs[:, 1] / theirs[:, 0]).mean()),
-                                                           abs=0.015)
+    assert float(torch.log(ratio).mean()) == pytest.approx(
+        float(torch.log(theirs[:, 1] / theirs[:, 0]).mean()), abs=0.015
+    )
     assert len({(int(row), int(column)) for row, column in zip(top, left)}) > 300  # positions vary, to both edges
     assert (top == 0).any() and (left == 0).any() and (top + height == 64).any() and (left + width == 64).any()
 
@@ -54,10 +56,10 @@ def test_a_crop_is_the_boxes_pixels_resized():
     box = torch.tensor([[2, 5, 10, 10], [0, 0, 10, 10], [10, 10, 10, 10]])
     crops = augmentation.resized_crops(images, box, 10)  # same size: exactly the pixels of the box
     for image, crop, (top, left, height, width) in zip(images, crops, box.tolist()):
-        assert torch.equal(crop, image[:, top:top + height, left:left + width])
+        assert torch.equal(crop, image[:, top : top + height, left : left + width])
     shrunk = augmentation.resized_crops(images, box, 7)  # torchvision's antialiased resize of each box
     for image, crop, (top, left, height, width) in zip(images, shrunk, box.tolist()):
-        assert torch.equal(crop, F.resize(image[:, top:top + height, left:left + width], [7, 7], antialias=True))
+        assert torch.equal(crop, F.resize(image[:, top : top + height, left : left + width], [7, 7], antialias=True))
     photos = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
     boxes = augmentation.random_resized_boxes(6, 64, 0.08, torch.Generator().manual_seed(2))  # enlarged and shrunk
     flips = torch.tensor([True, False] * 3)
@@ -103,10 +105,13 @@ def test_the_evaluation_view_is_the_central_crop_resized():
     assert (augmentation.eval_view(small, 32, 0.875).int() - expected.int()).abs().max() <= 1
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("random_resized_crop", 1.0, "random_resized_crop=1.0 must be in [0, 1) (0: off)"),
-    ("crop_fraction", 0.3, "crop_fraction=0.3 must be in [0.5, 1]"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("random_resized_crop", 1.0, "random_resized_crop=1.0 must be in [0, 1) (0: off)"),
+        ("crop_fraction", 0.3, "crop_fraction=0.3 must be in [0.5, 1]"),
+    ],
+)
 def test_bad_crop_settings_are_one_line(key, value, message):
     with pytest.raises(UserError) as refused:
         load_config(None, **{key: value})

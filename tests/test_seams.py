@@ -27,38 +27,57 @@ def best_model(long_reference) -> Path:
     return sorted(long_reference.glob("best_model_*.pt"))[-1]
 
 
-@pytest.mark.parametrize("args, line", [
-    (["lr-find", "--num_iters=5"], "lr-find does not take --num_iters (did you mean --num_iter?): it takes its flags "
-                                   "(--start_lr, --end_lr, --num_iter, --diverge_threshold, --rule, --smoothing, "
-                                   "--output_dir) and the config keys (cifar10-dist lr-find --help)"),
-    (["batch-size", "--budget_second=1"], "batch-size does not take --budget_second (did you mean --budget_seconds?)"),
-    (["evaluate", "--raw_weight"], "evaluate does not take --raw_weight (did you mean --raw_weights?)"),
-    (["tune", "--trails=2"], "tune does not take --trails (did you mean --trials?)"),
-    (["run", "--trials=3"], "run does not take --trials (tune takes it: cifar10-dist tune --trials=...): it takes the "
-                            "config keys (cifar10-dist run --help)"),
-    (["run", "--tria=3"], "unknown config key 'tria': run with --help to list the valid keys"),  # trial: tune's own
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["lr-find", "--num_iters=5"],
+            "lr-find does not take --num_iters (did you mean --num_iter?): it takes its flags "
+            "(--start_lr, --end_lr, --num_iter, --diverge_threshold, --rule, --smoothing, "
+            "--output_dir) and the config keys (cifar10-dist lr-find --help)",
+        ),
+        (
+            ["batch-size", "--budget_second=1"],
+            "batch-size does not take --budget_second (did you mean --budget_seconds?)",
+        ),
+        (["evaluate", "--raw_weight"], "evaluate does not take --raw_weight (did you mean --raw_weights?)"),
+        (["tune", "--trails=2"], "tune does not take --trails (did you mean --trials?)"),
+        (
+            ["run", "--trials=3"],
+            "run does not take --trials (tune takes it: cifar10-dist tune --trials=...): it takes the "
+            "config keys (cifar10-dist run --help)",
+        ),
+        (["run", "--tria=3"], "unknown config key 'tria': run with --help to list the valid keys"),  # trial: tune's own
+    ],
+)
 def test_a_mistyped_flag_is_matched_against_what_the_command_takes(args, line):
     result = run_in_process(*args)
-    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), \
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), (
         result.stderr[-600:]
+    )
 
 
 def test_exports_help_page_and_a_mistyped_export_flag_answer_without_importing_torch():
-    code = ("import io, contextlib, sys\nfrom cifar10_dist import cli\n"
-            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            "    codes = [cli.main(['export', '--help']), cli.main(['export', '--quantise=int8'])]\n"
-            "print(codes, 'torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import io, contextlib, sys\nfrom cifar10_dist import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    codes = [cli.main(['export', '--help']), cli.main(['export', '--quantise=int8'])]\n"
+        "print(codes, 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.strip() == "[0, 2] False", result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("device, line", [
-    ("gpu", "device='gpu' is not a device name: "),
-    ("cuda:99", "device='cuda:99' is not on this machine (torch "),
-    ("mps", "device='mps' is not on this machine (torch "),
-])
+@pytest.mark.parametrize(
+    "device, line",
+    [
+        ("gpu", "device='gpu' is not a device name: "),
+        ("cuda:99", "device='cuda:99' is not on this machine (torch "),
+        ("mps", "device='mps' is not on this machine (torch "),
+    ],
+)
 def test_a_device_this_machine_lacks_is_one_line_naming_what_it_has(device, line, best_model, tmp_path):
     if torch.cuda.is_available() or torch.backends.mps.is_available():
         pytest.skip("this machine has a GPU: the devices it lacks differ")
@@ -71,26 +90,48 @@ def test_a_device_this_machine_lacks_is_one_line_naming_what_it_has(device, line
 @pytest.mark.parametrize("args", [["predict", "--help"], ["run", "--help"]])
 def test_a_reader_that_went_away_ends_the_command_quietly(args):
     """``cifar10-dist ... | head -1``: the pipe's reader is gone before the page is written."""
-    process = subprocess.Popen([sys.executable, "-m", "cifar10_dist", *args], cwd=REPO, env=cli_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cifar10_dist", *args],
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     process.stdout.close()  # the reader went away before the child writes
     stderr = process.stderr.read()
     assert process.wait(timeout=120) == 141 and stderr == "", stderr[-2000:]
 
 
-def test_a_best_model_file_given_to_resume_from_is_refused_before_anything_is_written(best_model, small_dataset,
-                                                                                      tmp_path):
-    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                            "--run_name=job", f"--resume_from={best_model}")
+def test_a_best_model_file_given_to_resume_from_is_refused_before_anything_is_written(
+    best_model, small_dataset, tmp_path
+):
+    result = run_in_process(
+        "run",
+        *TINY,
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        f"--resume_from={best_model}",
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: resume_from='{best_model}' is a best-model file (one epoch's weights, no optimizer or trainer "
         "state), and a run continues from a training checkpoint: --resume_from takes a training_checkpoint_*.pt file "
-        f"or auto; to start a new run from these weights, give --pretrained={best_model}")
+        f"or auto; to start a new run from these weights, give --pretrained={best_model}"
+    )
     assert list(tmp_path.iterdir()) == []  # no run folder: the same command without resume_from may start it
-    taken = run_in_process("run", *TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--data_path={small_dataset}",
-                           f"--output_path={tmp_path}", "--run_name=job", f"--pretrained={best_model}",
-                           "--with_amp=auto")
+    taken = run_in_process(
+        "run",
+        *TINY,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        f"--pretrained={best_model}",
+        "--with_amp=auto",
+    )
     assert taken.returncode == 0, taken.stderr[-2000:]  # the advice works
     settled = (tmp_path / "job" / "config.yaml").read_text()  # what ran, not "auto"
     assert "\nwith_amp: auto" not in settled and "\nwarm_up_steps: 0\n" in settled
@@ -110,12 +151,14 @@ def test_a_switch_before_a_path_is_a_switch(best_model, tmp_path):
 def test_an_image_cache_without_room_is_one_line_and_leaves_no_partial_build(tmp_path, small_filesystem):  # noqa: F811
     data = write_image_folder(tmp_path / "data", train=40, test=10)
     fill(small_filesystem)
-    result = run_cli("prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}",
-                     "--image_size=64")
+    result = run_cli(
+        "prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}", "--image_size=64"
+    )
     last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
     assert result.returncode == 2, (result.returncode, result.stderr[-1500:])  # not a SIGBUS (135)
-    assert last.startswith("error: the image cache needs ") and " MiB in " in last and " MiB free: free some space" \
-        in last, last
+    assert (
+        last.startswith("error: the image cache needs ") and " MiB in " in last and " MiB free: free some space" in last
+    ), last
     assert not [path.name for path in small_filesystem.rglob("*building*")]
 
 
@@ -123,8 +166,9 @@ def test_a_cache_copied_to_a_full_disk_is_the_same_one_line(tmp_path, small_file
     data = write_image_folder(tmp_path / "data", train=40, test=10)
     assert run_cli("prepare-data", "--dataset=folder", f"--data_path={data}", "--image_size=64").returncode == 0
     fill(small_filesystem)
-    result = run_cli("prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}",
-                     "--image_size=64")
+    result = run_cli(
+        "prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}", "--image_size=64"
+    )
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and last.startswith("error: the image cache needs ") and len(last) < 300, last
     assert "make it writable" not in last and "[(" not in last
@@ -132,12 +176,20 @@ def test_a_cache_copied_to_a_full_disk_is_the_same_one_line(tmp_path, small_file
 
 def test_a_memory_mapped_array_on_a_full_disk_fails_with_an_error_not_a_sigbus(small_filesystem):  # noqa: F811
     fill(small_filesystem)
-    code = ("import errno, sys\nfrom cifar10_dist.data.cache_builds import allocated_memmap\n"
-            "try:\n    allocated_memmap(__import__('pathlib').Path(sys.argv[1]) / 'x.npy', (4096, 3, 64, 64), "
-            "'uint8')\n"
-            "except OSError as error:\n    print(errno.errorcode[error.errno])")
-    done = subprocess.run([sys.executable, "-c", code, str(small_filesystem)], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import errno, sys\nfrom cifar10_dist.data.cache_builds import allocated_memmap\n"
+        "try:\n    allocated_memmap(__import__('pathlib').Path(sys.argv[1]) / 'x.npy', (4096, 3, 64, 64), "
+        "'uint8')\n"
+        "except OSError as error:\n    print(errno.errorcode[error.errno])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(small_filesystem)],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (done.returncode, done.stdout.strip()) == (0, "ENOSPC"), (done.returncode, done.stderr[-1000:])
 
 
@@ -160,8 +212,14 @@ def test_a_rerun_study_draws_anew_and_calls_the_stopped_trial_interrupted(tmp_pa
     draws = []
     for _ in range(2):  # the rerun, twice from the same history
         again, _ = opening.open_study(options, base, space)
-        draws.append(again.sampler.sample_independent(again, again.get_trials()[0], "learning_rate",
-                                                      optuna.distributions.FloatDistribution(1e-3, 1.0, log=True)))
+        draws.append(
+            again.sampler.sample_independent(
+                again,
+                again.get_trials()[0],
+                "learning_rate",
+                optuna.distributions.FloatDistribution(1e-3, 1.0, log=True),
+            )
+        )
     assert draws[0] != drawn and draws[0] == draws[1]
     table = reporting.trial_table(study.get_trials())
     assert "INTERRUPTED" in table and "FAIL" not in table
@@ -184,11 +242,17 @@ def test_report_averages_runs_of_one_split_only():
     from cifar10_dist.outputs import reading
 
     def row(name: str, split: str, final: float, minutes: float) -> dict:
-        return {"run": name, "split": split, "final_accuracy": final, "total_time": 600.0,
-                "reached": {0.5: {"epoch": 1, "training_time": minutes * 60, "with_evaluation": minutes * 60}}}
+        return {
+            "run": name,
+            "split": split,
+            "final_accuracy": final,
+            "total_time": 600.0,
+            "reached": {0.5: {"epoch": 1, "training_time": minutes * 60, "with_evaluation": minutes * 60}},
+        }
 
-    text = reading.format_time_to_accuracy([row("a", "val", 0.6, 1.0), row("b", "test", 0.8, 3.0),
-                                            row("c", "test", 0.7, 5.0)], [0.5])
+    text = reading.format_time_to_accuracy(
+        [row("a", "val", 0.6, 1.0), row("b", "test", 0.8, 3.0), row("c", "test", 0.7, 5.0)], [0.5]
+    )
     lines = text.splitlines()
     assert not any(line.startswith("mean +- std") for line in lines)
     assert next(line for line in lines if line.startswith("mean (test)")).split()[-2:] == ["4.0+-1.4", "0.7500+-0.0707"]

@@ -49,8 +49,9 @@ def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str]:
     return _stripes(limit, 3).images, f"{limit} stripe images"
 
 
-def prepare(config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
-            ) -> PreparedData:
+def prepare(
+    config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+) -> PreparedData:
     return PreparedData("in memory", config.synthetic_size, 64, synthetic=True)
 
 
@@ -71,17 +72,29 @@ def test_no_module_compares_dataset_names_the_registry_decides():
 
 
 def test_an_unregistered_name_is_refused_with_the_registered_ones(stripes_registered):
-    with pytest.raises(UserError, match=r"^dataset='stripe' is unknown: choose one of cifar10, cifar100, synthetic, "
-                                        r"folder, stripes$"):
+    with pytest.raises(
+        UserError,
+        match=r"^dataset='stripe' is unknown: choose one of cifar10, cifar100, synthetic, "
+        r"folder, stripes$",
+    ):
         load_config(dataset="stripe")
 
 
 def test_a_source_registered_by_a_test_trains_evaluates_and_exports_end_to_end(stripes_registered, tmp_path):
     with pytest.raises(UserError, match="stripes come in pairs"):  # its own preflight, before anything starts
         api.train(dataset="stripes", synthetic_size=321, model="simple_cnn", output_path=str(tmp_path))
-    result = api.train(dataset="stripes", synthetic_size=256, model="simple_cnn", batch_size=32, num_workers=0,
-                       num_epochs=2, num_warmup_epochs=0.5, train_eval_size=0, output_path=str(tmp_path),
-                       run_name="stripes")
+    result = api.train(
+        dataset="stripes",
+        synthetic_size=256,
+        model="simple_cnn",
+        batch_size=32,
+        num_workers=0,
+        num_epochs=2,
+        num_warmup_epochs=0.5,
+        train_eval_size=0,
+        output_path=str(tmp_path),
+        run_name="stripes",
+    )
     assert result.test.num_samples == 64 and result.test.accuracy > 0.9  # two stripe directions: easy
     provenance = json.loads((tmp_path / "stripes" / "provenance.json").read_text())
     assert provenance["dataset"]["name"] == "stripes"

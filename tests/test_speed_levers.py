@@ -26,8 +26,13 @@ from tests.conftest import TINY, assert_same_training_state, run_in_process
 
 CLASSES = tuple("abcdefghij")
 CPU = torch.device("cpu")
-PER_PASS = ["--data_on_device=True", "--augment_per_pass=True", "--crop_padding=2", "--crop_pad_mode=reflect",
-            "--flip=alternating"]
+PER_PASS = [
+    "--data_on_device=True",
+    "--augment_per_pass=True",
+    "--crop_padding=2",
+    "--crop_pad_mode=reflect",
+    "--flip=alternating",
+]
 
 
 def pass_augmentation(images: int, dtype: torch.dtype = torch.float32) -> batches.PassAugmentation:
@@ -54,10 +59,20 @@ def test_a_pass_cuts_each_image_the_same_way_whatever_its_place_and_as_the_batch
 
 
 def test_a_pass_is_normalised_once_in_the_training_dtype_and_batches_are_its_slices():
-    train, test = ImageSet(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8), torch.arange(64) % 10), \
-        ImageSet(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.zeros(8, dtype=torch.long))
-    made = loaders.make_loaders(train, test, batch_size=16, num_workers=0, train_eval_size=0, seed=0, device=CPU,
-                                pass_transform=pass_augmentation(64, torch.bfloat16))
+    train, test = (
+        ImageSet(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8), torch.arange(64) % 10),
+        ImageSet(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)),
+    )
+    made = loaders.make_loaders(
+        train,
+        test,
+        batch_size=16,
+        num_workers=0,
+        train_eval_size=0,
+        seed=0,
+        device=CPU,
+        pass_transform=pass_augmentation(64, torch.bfloat16),
+    )
     config = batches.TrainAugmentation.of(load_config(None))
     prepare = batches.train_batch_preparer(CPU, config, 4, DatasetInfo(CLASSES), prepared_per_pass=True)
     got = [prepare(batch, iteration) for iteration, batch in enumerate(made.train, start=1)]
@@ -75,8 +90,9 @@ def test_a_run_augmented_per_pass_resumes_mid_epoch_bit_for_bit_and_trains(small
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "augment_per_pass: each pass's crops and flips cut at its start, normalised in fp32" in whole.stderr
     assert "augment_per_pass: true" in (tmp_path / "whole" / "config.yaml").read_text()
-    resumed = run_in_process("run", *common, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_25.pt'}")
+    resumed = run_in_process(
+        "run", *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_25.pt'}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = max((tmp_path / "whole").glob("training_checkpoint_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     assert_same_training_state(final, tmp_path / "resumed" / final.name)
@@ -84,16 +100,25 @@ def test_a_run_augmented_per_pass_resumes_mid_epoch_bit_for_bit_and_trains(small
     assert accuracy > 0.15  # 10 classes: it learned
 
 
-@pytest.mark.parametrize("flags, refusal", [
-    (["--augment_per_pass=True", "--data_on_device=False"],
-     "augment_per_pass=True cuts each pass on the training device: it needs data_on_device=True (or auto)"),
-    (["--augment_per_pass=True", "--color_jitter=0.1", "--mixup_alpha=0.2"],
-     "augment_per_pass=True cuts pad-crops and flips only, and color_jitter=0.1, mixup_alpha=0.2 augments batch by "
-     "batch: leave augment_per_pass=auto (it is then off) or turn those off"),
-    (["--half_weights=True", "--with_amp=False"],
-     "half_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
-     "amp_dtype=bfloat16), not with_amp=False, amp_dtype=auto"),
-])
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (
+            ["--augment_per_pass=True", "--data_on_device=False"],
+            "augment_per_pass=True cuts each pass on the training device: it needs data_on_device=True (or auto)",
+        ),
+        (
+            ["--augment_per_pass=True", "--color_jitter=0.1", "--mixup_alpha=0.2"],
+            "augment_per_pass=True cuts pad-crops and flips only, and color_jitter=0.1, mixup_alpha=0.2 augments "
+            "batch by batch: leave augment_per_pass=auto (it is then off) or turn those off",
+        ),
+        (
+            ["--half_weights=True", "--with_amp=False"],
+            "half_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
+            "amp_dtype=bfloat16), not with_amp=False, amp_dtype=auto",
+        ),
+    ],
+)
 def test_a_lever_that_cannot_apply_is_refused_in_one_line_before_anything_starts(flags, refusal, tmp_path):
     result = run_in_process("run", *TINY, *flags, f"--output_path={tmp_path}", "--dataset=synthetic")
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(refusal), result.stderr[-500:]
@@ -103,14 +128,14 @@ def test_a_lever_that_cannot_apply_is_refused_in_one_line_before_anything_starts
 def test_auto_cuts_per_pass_on_a_cuda_gpu_with_the_images_there_and_no_per_batch_augmentation():
     settle = batches.settle_augment_per_pass
     assert settle("auto", torch.device("cuda"), True, []) and not settle("auto", CPU, True, [])
-    assert not settle("auto", torch.device("cuda"), False, []) and not settle("auto", torch.device("cuda"), True,
-                                                                              ["color_jitter=0.1"])
+    assert not settle("auto", torch.device("cuda"), False, []) and not settle(
+        "auto", torch.device("cuda"), True, ["color_jitter=0.1"]
+    )
     with pytest.raises(Exception, match="and the images stay in host memory"):
         settle(True, torch.device("cuda"), False, [])
 
 
-def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_for_fp32_models(small_dataset,
-                                                                                               tmp_path):
+def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_for_fp32_models(small_dataset, tmp_path):
     model = models.build_model("airbench")
     model_setup.half_network(model, Precision("cpu", torch.bfloat16))
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
@@ -118,15 +143,27 @@ def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_fo
     assert len(norms) == 6 and {t.dtype for m in norms for t in (m.weight, m.bias, m.running_var)} == {torch.float32}
     with pytest.raises(Exception, match="half_weights=True keeps the weights in bf16, and this run trains in fp32"):
         model_setup.half_network(models.build_model("simple_cnn"), Precision("cpu", None, "fp32 (with_amp=False)"))
-    result = run_in_process("run", *TINY, "--half_weights=True", "--with_amp=True", "--amp_dtype=bfloat16",
-                            "--checkpoint_every=18", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                            "--run_name=half")
+    result = run_in_process(
+        "run",
+        *TINY,
+        "--half_weights=True",
+        "--with_amp=True",
+        "--amp_dtype=bfloat16",
+        "--checkpoint_every=18",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=half",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "half_weights: weights in bf16, 3 normalisation layers in fp32" in result.stderr
     saved = torch.load(tmp_path / "half" / "training_checkpoint_36.pt", weights_only=True)["model"]
     assert saved["0.0.weight"].dtype == torch.bfloat16 and saved["0.1.weight"].dtype == torch.float32
-    evaluated = run_in_process("evaluate", f"--checkpoint={tmp_path / 'half' / 'training_checkpoint_36.pt'}",
-                               f"--data_path={small_dataset}", "--json")
+    evaluated = run_in_process(
+        "evaluate",
+        f"--checkpoint={tmp_path / 'half' / 'training_checkpoint_36.pt'}",
+        f"--data_path={small_dataset}",
+        "--json",
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     trained = json.loads((tmp_path / "half" / "metrics.json").read_text())["test"]["accuracy"]
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["accuracy"] == pytest.approx(trained, abs=0.02)
@@ -260,12 +297,21 @@ def test_host_waits_are_filed_under_the_training_iteration_that_made_them(small_
         "def model(**kwargs):\n"
         "    net = simple_cnn(**kwargs)\n"
         "    net.register_forward_pre_hook(warn)\n"
-        "    return net\n")
+        "    return net\n"
+    )
     waits = HostWaits()
     with waits.caught():
         warnings.warn("called a synchronizing CUDA operation")  # outside any run
-        result = run_in_process("run", *TINY, f"--model={model}:model", "--num_epochs=1", "--num_warmup_epochs=0.5",
-                                f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=w")
+        result = run_in_process(
+            "run",
+            *TINY,
+            f"--model={model}:model",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+            f"--data_path={small_dataset}",
+            f"--output_path={tmp_path}",
+            "--run_name=w",
+        )
     assert result.returncode == 0, result.stderr[-2000:]
     waiting = waits.iterations_waiting({18})
     assert list(waiting) == [3] and sum(waiting[3].values()) == 1
@@ -289,9 +335,18 @@ def test_replicas_sharing_a_gpu_are_wrapped_in_ddp_on_the_gpu_they_use():
 # alternating flips, reflect-padded crops, label smoothing, bf16 where the CPU runs it), at widths 16/32/32 on 512
 # images, batch 64: 8 steps an epoch, 40 in all, the freeze at 24 and lookahead from 12 (the GPU issue's check that
 # the 3-epoch one never reached)
-FAST_SMALL = ["--config=fast", "--dataset=synthetic", "--synthetic_size=512", "--batch_size=64", "--num_epochs=5",
-              "--learning_rate=0.094", '--model_kwargs={"widths": [16, 32, 32]}', "--tta=0", "--num_workers=0",
-              "--validate_every=5"]
+FAST_SMALL = [
+    "--config=fast",
+    "--dataset=synthetic",
+    "--synthetic_size=512",
+    "--batch_size=64",
+    "--num_epochs=5",
+    "--learning_rate=0.094",
+    '--model_kwargs={"widths": [16, 32, 32]}',
+    "--tta=0",
+    "--num_workers=0",
+    "--validate_every=5",
+]
 GPU_PLAN = ["--fused_optimizer=True", "--augment_per_pass=True"]  # what auto settles on a CUDA GPU
 
 
@@ -308,8 +363,14 @@ def test_the_warm_up_leaves_the_whole_fast_recipe_bit_for_bit_as_it_would_have_t
         sampler = loaders.batch_sampler_of(self.loader).sampler
 
         def state():
-            return (sampler.epoch, sampler.start, sampler.order, network.whitening_bias_frozen,
-                    [group["lr"] for group in self.step.optimizer.param_groups], torch.get_rng_state())
+            return (
+                sampler.epoch,
+                sampler.start,
+                sampler.order,
+                network.whitening_bias_frozen,
+                [group["lr"] for group in self.step.optimizer.param_groups],
+                torch.get_rng_state(),
+            )
 
         before = state()
         seconds = run(self)
@@ -319,14 +380,22 @@ def test_the_warm_up_leaves_the_whole_fast_recipe_bit_for_bit_as_it_would_have_t
 
     monkeypatch.setattr(warm_up.WarmUp, "run", observed)
     for steps in (0, 3):
-        result = run_in_process("run", *FAST_SMALL, *plan, f"--warm_up_steps={steps}", f"--output_path={tmp_path}",
-                                f"--run_name=warm{steps}")
+        result = run_in_process(
+            "run",
+            *FAST_SMALL,
+            *plan,
+            f"--warm_up_steps={steps}",
+            f"--output_path={tmp_path}",
+            f"--run_name=warm{steps}",
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     assert seen == [True, True]
-    assert_same_training_state(tmp_path / "warm0" / "training_checkpoint_40.pt",
-                               tmp_path / "warm3" / "training_checkpoint_40.pt")
-    warmed, plain = (torch.load(tmp_path / f"warm{steps}" / "training_checkpoint_40.pt", weights_only=True)
-                     for steps in (3, 0))
+    assert_same_training_state(
+        tmp_path / "warm0" / "training_checkpoint_40.pt", tmp_path / "warm3" / "training_checkpoint_40.pt"
+    )
+    warmed, plain = (
+        torch.load(tmp_path / f"warm{steps}" / "training_checkpoint_40.pt", weights_only=True) for steps in (3, 0)
+    )
     assert warmed["lookahead"]["average"] is not None
     for name, tensor in plain["lookahead"]["average"].items():
         assert torch.equal(warmed["lookahead"]["average"][name], tensor), name

@@ -11,8 +11,17 @@ from cifar10_dist.config import load_config
 from cifar10_dist.data import synthetic
 from tests.conftest import run_in_process
 
-RUN = dict(dataset="synthetic", synthetic_size=320, model="simple_cnn", batch_size=32, num_workers=0, num_epochs=1,
-           num_warmup_epochs=0, train_eval_size=0, learning_rate=0.02)
+RUN = dict(
+    dataset="synthetic",
+    synthetic_size=320,
+    model="simple_cnn",
+    batch_size=32,
+    num_workers=0,
+    num_epochs=1,
+    num_warmup_epochs=0,
+    train_eval_size=0,
+    learning_rate=0.02,
+)
 
 
 def test_top5_is_reported_everywhere_and_equals_a_hand_computation(tmp_path):
@@ -22,8 +31,7 @@ def test_top5_is_reported_everywhere_and_equals_a_hand_computation(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final"]["test"]["top5_accuracy"] == result.test.top5_accuracy
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["top5_accuracy"] for line in lines if line.get("event") == "evaluation"] == [
-        result.test.top5_accuracy]
+    assert [line["top5_accuracy"] for line in lines if line.get("event") == "evaluation"] == [result.test.top5_accuracy]
 
     best = sorted(run_dir.glob("best_model_*.pt"))[-1]
     evaluated = run_in_process("evaluate", f"--checkpoint={best}", "--num_workers=0", "--json")
@@ -44,8 +52,9 @@ def test_with_five_classes_or_fewer_there_is_no_top5(tmp_path):
     from tests.test_image_folders import FOLDER_RUN, write_image_folder
 
     root = write_image_folder(tmp_path / "data", train=12, test=4)
-    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", "--num_epochs=2", f"--output_path={tmp_path}",
-                            "--run_name=three")
+    result = run_in_process(
+        "run", *FOLDER_RUN, f"--data_path={root}", "--num_epochs=2", f"--output_path={tmp_path}", "--run_name=three"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "top-5" not in result.stderr and "top-5" not in result.stdout
     summary = json.loads((tmp_path / "three" / "summary.json").read_text())

@@ -24,12 +24,22 @@ import pytest
 from cifar10_dist.outputs.tracker_guard import RETRY_VARIABLE
 from tests.conftest import TINY, kill_when, run_cli, start_cli, stop_all, wait_until
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("flask") is None,
-                                reason="mlflow server needs the full mlflow package (the dev extra installs it)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("flask") is None,
+    reason="mlflow server needs the full mlflow package (the dev extra installs it)",
+)
 
 EPOCHS = 8
-RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
-       f"--num_epochs={EPOCHS}", "--checkpoint_every=1000", "--with_mlflow"]
+RUN = [
+    *TINY,
+    "--dataset=synthetic",
+    "--synthetic_size=320",
+    "--train_eval_size=0",
+    "--validate_every=1",
+    f"--num_epochs={EPOCHS}",
+    "--checkpoint_every=1000",
+    "--with_mlflow",
+]
 
 
 def free_port() -> int:
@@ -46,9 +56,20 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        command = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port",
-                   str(self.port), "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder / 'store.db'}",
-                   "--artifacts-destination", str(self.folder / "artifacts")]
+        command = [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{self.folder / 'store.db'}",
+            "--artifacts-destination",
+            str(self.folder / "artifacts"),
+        ]
         log = (self.folder / "server.log").open("ab")
         self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
@@ -175,17 +196,32 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
     none of them a second time, and every step of the run once."""
     from mlflow.tracking import MlflowClient
 
-    command = ["run", *TINY, f"--model={slow_cnn}", "--dataset=synthetic",
-               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1", "--num_epochs=6",
-               "--checkpoint_every=15", "--log_every_iters=1", "--with_mlflow", f"--mlflow_tracking_uri={server.uri}",
-               f"--output_path={tmp_path}", "--run_name=k"]
+    command = [
+        "run",
+        *TINY,
+        f"--model={slow_cnn}",
+        "--dataset=synthetic",
+        "--synthetic_size=320",
+        "--train_eval_size=0",
+        "--validate_every=1",
+        "--num_epochs=6",
+        "--checkpoint_every=15",
+        "--log_every_iters=1",
+        "--with_mlflow",
+        f"--mlflow_tracking_uri={server.uri}",
+        f"--output_path={tmp_path}",
+        "--run_name=k",
+    ]
     run_dir, client = tmp_path / "k", MlflowClient(server.uri)
     run = start_cli(*command, env={"SLOW_STEP_SECONDS": "0.1"})  # time to see the store and kill
     try:
         wait_until(run, (run_dir / "mlflow.json").is_file, "the run ended without an MLflow run")
         run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
-        kill_when(run, lambda: 2 in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")],
-                  "the run ended before the store got epoch 2")
+        kill_when(
+            run,
+            lambda: 2 in [metric.step for metric in client.get_metric_history(run_id, "test/accuracy")],
+            "the run ended before the store got epoch 2",
+        )
     finally:
         stop_all(run)
     newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))
@@ -199,8 +235,9 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
         steps = [metric.step for metric in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), (key, sorted(steps))
     assert sorted(metric.step for metric in client.get_metric_history(run_id, "test/accuracy")) == [1, 2, 3, 4, 5, 6]
-    assert sorted(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss")) == \
-        list(range(1, 61))
+    assert sorted(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss")) == list(
+        range(1, 61)
+    )
 
 
 @pytest.mark.slow
@@ -230,26 +267,32 @@ def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(serve
     assert evaluations(run_dir) == list(range(1, EPOCHS + 1))  # the local record is complete
     note = json.loads((run_dir / "summary.json").read_text())["trackers"]["mlflow"]
     assert note["store"] == server.uri and note["unsent_metrics"] > 0 and note["missed"] == ["artifacts", "end"]
-    assert f"mlflow: the store at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end" \
+    assert (
+        f"mlflow: the store at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end"
         in gone.stderr
+    )
     report = run_cli("report", str(run_dir), f"--output={tmp_path / 'report.png'}")
     assert report.returncode == 0, report.stderr[-2000:]
-    assert f"gone: mlflow at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end" \
+    assert (
+        f"gone: mlflow at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end"
         in report.stdout
+    )
 
 
 RETRY = 1.0  # seconds between the run's tries of a store that did not answer (CIFAR10_DIST_TRACKER_RETRY_SECONDS)
 
 
-def train_through_outages(server: Gate, output: Path, name: str, comes_back: bool
-                          ) -> tuple[subprocess.CompletedProcess, Path]:
+def train_through_outages(
+    server: Gate, output: Path, name: str, comes_back: bool
+) -> tuple[subprocess.CompletedProcess, Path]:
     """A run whose store stops after epoch 1 and, ``comes_back``, answers again two or more epochs later (the test
     waits RETRY seconds meanwhile, so the run's next flush tries it; MLflow retries no request there, so the outage
     is seen before MLflow's own retries could hide it). ``took``: seconds from the outage to the end."""
     run_dir = output / name
     env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", RETRY_VARIABLE: str(RETRY)} if comes_back else None
-    run = start_cli("run", *RUN, f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}",
-                    f"--run_name={name}", env=env)
+    run = start_cli(
+        "run", *RUN, f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}", f"--run_name={name}", env=env
+    )
     try:
         paused_after_epoch(run, run_dir, 1)
         server.shut()

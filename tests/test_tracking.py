@@ -40,9 +40,21 @@ def tracked_run(small_dataset, tmp_path_factory):
     conf = output / "clearml.conf"
     conf.write_text("sdk { development { report_use_subprocess: false } }\n")
     env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache"), "CLEARML_CONFIG_FILE": str(conf)}
-    result = run_cli("run", *TINY, "--batch_size=33", "--backend=gloo", "--nproc_per_node=2", "--validate_every=1",
-                     "--with_clearml=True", "--clearml_offline=True", "--clearml_project=tests",
-                     f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=tracked", env=env)
+    result = run_cli(
+        "run",
+        *TINY,
+        "--batch_size=33",
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        "--validate_every=1",
+        "--with_clearml=True",
+        "--clearml_offline=True",
+        "--clearml_project=tests",
+        f"--data_path={small_dataset}",
+        f"--output_path={output}",
+        "--run_name=tracked",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, output / "tracked"
 
@@ -51,11 +63,28 @@ def jsonl(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-SCALARS = {"training/batch_loss", "training/lr", "training/grad_norm", "training/epoch_loss", "training/epoch_time",
-           "training/images_per_second", "test/accuracy", "test/top5_accuracy", "test/loss", "test/duration",
-           "train_subset/accuracy", "train_subset/top5_accuracy", "train_subset/loss", "train_subset/duration",
-           "test/balanced_accuracy", "test/macro_f1", "train_subset/balanced_accuracy", "train_subset/macro_f1",
-           "test/ece", "train_subset/ece"}
+SCALARS = {
+    "training/batch_loss",
+    "training/lr",
+    "training/grad_norm",
+    "training/epoch_loss",
+    "training/epoch_time",
+    "training/images_per_second",
+    "test/accuracy",
+    "test/top5_accuracy",
+    "test/loss",
+    "test/duration",
+    "train_subset/accuracy",
+    "train_subset/top5_accuracy",
+    "train_subset/loss",
+    "train_subset/duration",
+    "test/balanced_accuracy",
+    "test/macro_f1",
+    "train_subset/balanced_accuracy",
+    "train_subset/macro_f1",
+    "test/ece",
+    "train_subset/ece",
+}
 
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -80,8 +109,11 @@ def test_tensorboard_holds_each_quantity_once_under_its_documented_name(tracked_
     lines = jsonl(run_dir)
     for line in lines:  # metrics.jsonl: the same numbers under the same names (event/key = tag)
         group = "training" if line["event"] == "epoch" else line["split"]
-        names = ("epoch_loss", "epoch_time", "images_per_second") if group == "training" else (
-            "accuracy", "top5_accuracy", "loss", "duration")
+        names = (
+            ("epoch_loss", "epoch_time", "images_per_second")
+            if group == "training"
+            else ("accuracy", "top5_accuracy", "loss", "duration")
+        )
         for name in names:
             assert logged[f"{group}/{name}"][line["epoch"]] == pytest.approx(line[name], rel=1e-6), (group, name)
 
@@ -109,8 +141,14 @@ def test_hyperparameters_and_final_metrics_reach_tensorboards_hparams_tab(tracke
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {metric.name.tag for metric in experiment.metric_infos} == {
-        "final/test_accuracy", "final/test_top5_accuracy", "final/test_loss", "final/train_accuracy",
-        "final/train_top5_accuracy", "final/train_loss", "best/test_accuracy"}
+        "final/test_accuracy",
+        "final/test_top5_accuracy",
+        "final/test_loss",
+        "final/train_accuracy",
+        "final/train_top5_accuracy",
+        "final/train_loss",
+        "best/test_accuracy",
+    }
     final = scalars(run_dir)["final/test_accuracy"]
     assert list(final.values()) == [pytest.approx(summary["final"]["test"]["accuracy"])]
 
@@ -119,8 +157,13 @@ def test_metrics_jsonl_has_a_line_per_epoch_and_per_evaluation(tracked_run):
     _, run_dir = tracked_run
     lines = jsonl(run_dir)
     assert [(line["event"], line["epoch"], line.get("split")) for line in lines] == [
-        ("epoch", 1, None), ("evaluation", 1, "train_subset"), ("evaluation", 1, "test"),
-        ("epoch", 2, None), ("evaluation", 2, "train_subset"), ("evaluation", 2, "test")]
+        ("epoch", 1, None),
+        ("evaluation", 1, "train_subset"),
+        ("evaluation", 1, "test"),
+        ("epoch", 2, None),
+        ("evaluation", 2, "train_subset"),
+        ("evaluation", 2, "test"),
+    ]
     for line in lines:
         if line["event"] == "epoch":
             assert line["iteration"] == 18 * line["epoch"] and line["epoch_time"] > 0
@@ -136,8 +179,13 @@ def test_summary_json_tells_the_whole_story(tracked_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     tests = [line for line in jsonl(run_dir) if line.get("split") == "test"]
     best = max(tests, key=lambda line: line["accuracy"])
-    assert summary["best"] == {"split": "test", "accuracy": best["accuracy"], "epoch": best["epoch"],
-                               "metric": "accuracy", "value": best["accuracy"]}
+    assert summary["best"] == {
+        "split": "test",
+        "accuracy": best["accuracy"],
+        "epoch": best["epoch"],
+        "metric": "accuracy",
+        "value": best["accuracy"],
+    }
     assert summary["final"]["test"] == json.loads((run_dir / "metrics.json").read_text())["test"]
     assert (summary["world_size"], summary["backend"], summary["epochs"], summary["iterations"]) == (2, "gloo", 2, 36)
     epochs = [line for line in jsonl(run_dir) if line["event"] == "epoch"]
@@ -167,8 +215,9 @@ def test_clearml_offline_session_gets_each_quantity_once_under_the_same_names(tr
                 reported.add((f"{event['metric']}/{event['variant']}", event["iter"]))
     names = {name for name, _ in reported}
     headline = {name for name in names if name.startswith(("final/", "best/"))}  # as TensorBoard's, at the end
-    assert headline == {f"final/{split}_{metric}" for split in ("test", "train")
-                        for metric in ("accuracy", "top5_accuracy", "loss")} | {"best/test_accuracy"}
+    assert headline == {
+        f"final/{split}_{metric}" for split in ("test", "train") for metric in ("accuracy", "top5_accuracy", "loss")
+    } | {"best/test_accuracy"}
     assert names - headline == SCALARS, names ^ SCALARS  # no second copy under another name (lr/0, training/loss)
     assert sorted(step for name, step in reported if name == "training/lr") == [5, 10, 15, 20, 25, 30, 35]
     assert "[rank 1] INFO" not in result.stderr  # other ranks only warn
@@ -208,30 +257,50 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
         f"error: {cut / 'summary.json'} is damaged: not valid JSON (Expecting value at line 1, column 13; 12 bytes): "
         "cut reported from metrics.jsonl alone",
         f"error: {broken / 'metrics.jsonl'} is damaged at line {lines}: not valid JSON (Unterminated string starting "
-        "at): '{\"event\": \"epo': broken left out"]
-    names = [line.split()[0] for line in result.stdout.splitlines()[1:]
-             if not line.startswith(("*", "plot:", "mistakes"))]
+        'at): \'{"event": "epo\': broken left out',
+    ]
+    names = [
+        line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(("*", "plot:", "mistakes"))
+    ]
     assert names == ["cut", other.name]  # in the order given, the unreadable one left out
     assert result.stdout.splitlines()[1].startswith("cut *")  # numbers so far, as for an unfinished run
     assert png_size(tmp_path / "cmp.png") == (1000, 400)
     nothing = run_in_process("report", str(broken), f"--output={tmp_path / 'none.png'}")
     assert nothing.returncode == 2 and not (tmp_path / "none.png").exists()
-    assert nothing.stderr.splitlines()[-1] == ("error: nothing to report: none of the 1 run folder(s) could be read "
-                                               "(see above)")
+    assert nothing.stderr.splitlines()[-1] == (
+        "error: nothing to report: none of the 1 run folder(s) could be read (see above)"
+    )
 
 
 def test_progress_in_a_log_is_a_line_every_n_iterations_with_the_eta(tracked_run):
     result, _ = tracked_run  # stderr is a pipe there, as in a Slurm log
-    lines = re.findall(r"epoch (\d)/2 iter (\d+)/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:\d\d:\d\d",
-                       result.stderr)
+    lines = re.findall(
+        r"epoch (\d)/2 iter (\d+)/18: loss [0-9.]+, lr [0-9.e-]+, \d+ img/s, ETA 0:\d\d:\d\d", result.stderr
+    )
     assert [(int(epoch), int(step)) for epoch, step in lines] == [
-        (1, 5), (1, 10), (1, 15), (2, 2), (2, 7), (2, 12), (2, 17)]  # every 5 iterations of 36
+        (1, 5),
+        (1, 10),
+        (1, 15),
+        (2, 2),
+        (2, 7),
+        (2, 12),
+        (2, 17),
+    ]  # every 5 iterations of 36
     assert len(re.findall(r"epoch \d done in [0-9.]+ s \(\d+ img/s\)", result.stderr)) == 2
 
 
 def test_progress_on_a_terminal_is_a_bar(small_dataset, tmp_path):
-    args = [sys.executable, "-m", "cifar10_dist", "run", *TINY, "--epoch_length=6", "--train_eval_size=0",
-            f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    args = [
+        sys.executable,
+        "-m",
+        "cifar10_dist",
+        "run",
+        *TINY,
+        "--epoch_length=6",
+        "--train_eval_size=0",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+    ]
     main, secondary = os.openpty()  # stderr on a terminal, as in an interactive shell
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 x 0
     with subprocess.Popen(args, env=cli_env(), stdout=subprocess.PIPE, stderr=secondary) as process:
@@ -257,10 +326,29 @@ def write_run(folder: Path, accuracies: list[float], epoch_time: float, eval_tim
     folder.mkdir()
     lines = []
     for epoch, accuracy in enumerate(accuracies, start=1):
-        lines.append({"event": "epoch", "epoch": epoch, "iteration": epoch * 10, "lr": 0.1, "epoch_loss": 1.0,
-                      "epoch_time": epoch_time, "images_per_second": 100.0})
-        lines.append({"event": "evaluation", "split": "test", "epoch": epoch, "iteration": epoch * 10,
-                      "accuracy": accuracy, "loss": 1.0, "num_samples": 100, "duration": eval_time})
+        lines.append(
+            {
+                "event": "epoch",
+                "epoch": epoch,
+                "iteration": epoch * 10,
+                "lr": 0.1,
+                "epoch_loss": 1.0,
+                "epoch_time": epoch_time,
+                "images_per_second": 100.0,
+            }
+        )
+        lines.append(
+            {
+                "event": "evaluation",
+                "split": "test",
+                "epoch": epoch,
+                "iteration": epoch * 10,
+                "accuracy": accuracy,
+                "loss": 1.0,
+                "num_samples": 100,
+                "duration": eval_time,
+            }
+        )
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return folder
 
@@ -324,11 +412,14 @@ def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_sam
         source = (repo / "cifar10_dist" / module).read_text().lower()
         assert not [name for name in trackers.TRACKERS if name in source], module
     monkeypatch.setitem(sys.modules, "clearml", None)
-    result = run_in_process("run", *TINY, "--dataset=synthetic", "--synthetic_size=64", "--with_clearml",
-                            f"--output_path={tmp_path}")
+    result = run_in_process(
+        "run", *TINY, "--dataset=synthetic", "--synthetic_size=64", "--with_clearml", f"--output_path={tmp_path}"
+    )
     assert result.returncode == 2
-    assert result.stderr == "error: with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install " \
-                            "clearml)\n"
+    assert (
+        result.stderr == "error: with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install "
+        "clearml)\n"
+    )
     assert not any(tmp_path.iterdir())
 
 
@@ -354,15 +445,20 @@ def test_the_config_line_of_the_log_names_only_what_differs_from_the_defaults(ca
     assert log_lines.changed_keys(config) == {"model": "airbench", "batch_size": 1024}
     with caplog.at_level("INFO", logger="cifar10_dist"):
         log_lines.log_environment(config, torch.device("cpu"))
-    assert ("config (what differs from the defaults; every key is in the run folder's config.yaml): model=airbench, "
-            "batch_size=1024") in caplog.text
+    assert (
+        "config (what differs from the defaults; every key is in the run folder's config.yaml): model=airbench, "
+        "batch_size=1024"
+    ) in caplog.text
     assert log_lines.changed_keys(Config().to_dict()) == {}
 
 
-@pytest.mark.parametrize("given, seconds, warned", [(None, 10.0, False), ("2.5", 2.5, False), ("0", 0.0, False),
-                                                    ("-1", 10.0, True), ("soon", 10.0, True)])
-def test_the_seconds_between_tries_of_a_store_come_from_the_environment_or_the_default(given, seconds, warned,
-                                                                                       monkeypatch, caplog):
+@pytest.mark.parametrize(
+    "given, seconds, warned",
+    [(None, 10.0, False), ("2.5", 2.5, False), ("0", 0.0, False), ("-1", 10.0, True), ("soon", 10.0, True)],
+)
+def test_the_seconds_between_tries_of_a_store_come_from_the_environment_or_the_default(
+    given, seconds, warned, monkeypatch, caplog
+):
     from cifar10_dist.outputs import tracker_guard
 
     if given is not None:

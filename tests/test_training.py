@@ -28,8 +28,14 @@ def trained_run(small_dataset, tmp_path_factory):
     """One 3-epoch run shared by the tests that only read its outputs."""
     output = tmp_path_factory.mktemp("out")
     result = run_cli(
-        "run", *TINY, "--num_epochs=3", "--validate_every=2", "--checkpoint_every=10",
-        f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=first",
+        "run",
+        *TINY,
+        "--num_epochs=3",
+        "--validate_every=2",
+        "--checkpoint_every=10",
+        f"--data_path={small_dataset}",
+        f"--output_path={output}",
+        "--run_name=first",
     )
     return result, output / "first"
 
@@ -66,7 +72,9 @@ def test_run_folder_holds_config_checkpoints_best_models_and_tensorboard(trained
     assert len(best) == 2 and best[0].startswith("best_model_2_test_accuracy=")
     # each best-model file says where training was when its model was chosen (epochs 2 and 3: 18 iterations each)
     assert [checkpoint_layout.progress(torch.load(run_dir / name, weights_only=True)) for name in best] == [
-        {"epoch": 2, "iteration": 36}, {"epoch": 3, "iteration": 54}]
+        {"epoch": 2, "iteration": 36},
+        {"epoch": 3, "iteration": 54},
+    ]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["iterations"] == 54 and metrics["test"]["num_samples"] == 301
 
@@ -106,8 +114,14 @@ def test_lr_warms_up_then_decays_to_zero(trained_run):
 def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp_path):
     _, first_dir = trained_run
     result = run_in_process(
-        "run", *TINY, "--num_epochs=3", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-        "--run_name=resumed", f"--resume_from={first_dir / 'training_checkpoint_50.pt'}", "--keep_freed_memory=False",
+        "run",
+        *TINY,
+        "--num_epochs=3",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=resumed",
+        f"--resume_from={first_dir / 'training_checkpoint_50.pt'}",
+        "--keep_freed_memory=False",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "INFO keep_freed_memory" not in result.stderr  # off: nothing said of it (the resume's note names it)
@@ -146,14 +160,28 @@ def test_evaluate_json_counts_every_test_image(trained_run, small_dataset, capsy
     _, run_dir = trained_run
     best = sorted(run_dir.glob("best_model_*.pt"))[-1]
     for checkpoint in (best, run_dir / "training_checkpoint_54.pt"):  # in-process: the CLI's own entry point
-        code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json",
-                         "--num_workers=0"])
+        code = cli.main(
+            ["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--json", "--num_workers=0"]
+        )
         output = capsys.readouterr()
         assert code == 0, output.err[-3000:]
         metrics = json.loads(output.out.strip().splitlines()[-1])
-        assert set(metrics) == {"accuracy", "loss", "num_samples", "per_class_accuracy", "confusion_matrix", "classes",
-                                "top5_accuracy", "balanced_accuracy", "macro_f1", "per_class_precision",
-                                "per_class_f1", "mistakes", "ece", "reliability"}
+        assert set(metrics) == {
+            "accuracy",
+            "loss",
+            "num_samples",
+            "per_class_accuracy",
+            "confusion_matrix",
+            "classes",
+            "top5_accuracy",
+            "balanced_accuracy",
+            "macro_f1",
+            "per_class_precision",
+            "per_class_f1",
+            "mistakes",
+            "ece",
+            "reliability",
+        }
         assert metrics["classes"] == list(cifar.CLASSES)
         assert metrics["mistakes"] and all(m["true"] != m["predicted"] for m in metrics["mistakes"])
         assert metrics["num_samples"] == 301 and 0.4 < metrics["accuracy"] <= 1.0

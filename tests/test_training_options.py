@@ -29,9 +29,19 @@ NO_BATCHNORM = textwrap.dedent("""\
 # 1,280 in-memory images: 10 batches of 128 or 20 of 64 in one epoch; no augmentation (it is drawn per iteration)
 # and a constant learning rate (the schedule counts iterations), so that step k of both runs sees the same images
 # and lr
-EQUIVALENT = ["--dataset=synthetic", "--synthetic_size=1280", "--train_eval_size=0", "--num_workers=0",
-              "--crop_padding=0", "--flip=none", "--num_epochs=1", "--num_warmup_epochs=0", "--lr_end=1.0",
-              "--learning_rate=0.05", "--checkpoint_every=10"]
+EQUIVALENT = [
+    "--dataset=synthetic",
+    "--synthetic_size=1280",
+    "--train_eval_size=0",
+    "--num_workers=0",
+    "--crop_padding=0",
+    "--flip=none",
+    "--num_epochs=1",
+    "--num_warmup_epochs=0",
+    "--lr_end=1.0",
+    "--learning_rate=0.05",
+    "--checkpoint_every=10",
+]
 
 
 def test_two_accumulated_batches_of_64_train_like_one_batch_of_128_in_one_process_and_in_two(tmp_path):
@@ -39,8 +49,11 @@ def test_two_accumulated_batches_of_64_train_like_one_batch_of_128_in_one_proces
     accumulating 2 x 64 (32 each, gradients averaged by DDP) hold the same weights."""
     (tmp_path / "nobn.py").write_text(NO_BATCHNORM)
     common = ["run", *EQUIVALENT, f"--model={tmp_path / 'nobn.py'}:net", f"--output_path={tmp_path}"]
-    runs = {"large": ["--batch_size=128"], "accumulated": ["--batch_size=64", "--accumulation_steps=2"],
-            "accumulated-2-processes": ["--batch_size=64", "--accumulation_steps=2", *SPAWN_2]}
+    runs = {
+        "large": ["--batch_size=128"],
+        "accumulated": ["--batch_size=64", "--accumulation_steps=2"],
+        "accumulated-2-processes": ["--batch_size=64", "--accumulation_steps=2", *SPAWN_2],
+    }
     for name, args in runs.items():
         result = run_in_process(*common, *args, f"--run_name={name}")
         assert result.returncode == 0, result.stderr[-3000:]
@@ -76,8 +89,10 @@ def test_batches_that_do_not_step_skip_the_gradient_all_reduce(tmp_path):
         model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)))
         calls = counted_all_reduces(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        trainer = create_trainer(TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", None),
-                                           Accumulation(3, model)), lambda batch, iteration: batch)
+        trainer = create_trainer(
+            TrainStep(model, optimizer, nn.CrossEntropyLoss(), Precision("cpu", None), Accumulation(3, model)),
+            lambda batch, iteration: batch,
+        )
         data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(6)]
         trainer.run(data, max_epochs=1)
         assert calls[0] == 2
@@ -118,24 +133,43 @@ def test_accumulation_with_grad_scaler_matches_the_documented_amp_loop():
 def test_a_run_with_accumulation_resumes_to_the_identical_state(small_dataset, tmp_path):
     """Checkpoints are taken after optimizer steps (checkpoint_every is a multiple of accumulation_steps), so a
     resumed run ends bit-identical to the uninterrupted one."""
-    common = ["run", *TINY, "--accumulation_steps=3", "--checkpoint_every=12", f"--data_path={small_dataset}",
-              f"--output_path={tmp_path}"]
+    common = [
+        "run",
+        *TINY,
+        "--accumulation_steps=3",
+        "--checkpoint_every=12",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+    ]
     whole = run_in_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = run_in_process(*common, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}")
+    resumed = run_in_process(
+        *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_training_state(tmp_path / "whole" / "training_checkpoint_36.pt",
-                               tmp_path / "resumed" / "training_checkpoint_36.pt")
+    assert_same_training_state(
+        tmp_path / "whole" / "training_checkpoint_36.pt", tmp_path / "resumed" / "training_checkpoint_36.pt"
+    )
 
 
-def test_early_stopping_ends_the_run_normally_for_both_processes_and_a_resume_trains_no_further(small_dataset,
-                                                                                               tmp_path):
+def test_early_stopping_ends_the_run_normally_for_both_processes_and_a_resume_trains_no_further(
+    small_dataset, tmp_path
+):
     """min_delta 0.5: no validation after the first can count as a gain, so patience 1 stops after epoch 2 of 30;
     the test set is evaluated once, with the model chosen on val; resuming the run only evaluates."""
-    args = ["run", *TINY, *SPAWN_2, "--val_split=0.1", "--validate_every=1", "--num_epochs=30",
-            "--early_stopping_patience=1", "--early_stopping_min_delta=0.5", f"--data_path={small_dataset}",
-            f"--output_path={tmp_path}", "--run_name=early"]
+    args = [
+        "run",
+        *TINY,
+        *SPAWN_2,
+        "--val_split=0.1",
+        "--validate_every=1",
+        "--num_epochs=30",
+        "--early_stopping_patience=1",
+        "--early_stopping_min_delta=0.5",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=early",
+    ]
     result = run_in_process(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stopped early at epoch 2 (early_stopping_patience)" in result.stdout
@@ -162,8 +196,16 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
     """ema_decay: each evaluation reports the model (test) and its average (test_ema); the EMA chooses the best
     model; a run resumed mid warm-up ends with the identical average; evaluate takes the EMA weights of a
     training checkpoint (its test_ema accuracy) unless --raw_weights (the model's test accuracy)."""
-    common = ["run", *TINY, "--ema_decay=0.95", "--num_warmup_epochs=1.5", "--validate_every=1",
-              "--checkpoint_every=12", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
+    common = [
+        "run",
+        *TINY,
+        "--ema_decay=0.95",
+        "--num_warmup_epochs=1.5",
+        "--validate_every=1",
+        "--checkpoint_every=12",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+    ]
     whole = run_in_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     final = tmp_path / "whole" / "training_checkpoint_36.pt"
@@ -178,8 +220,9 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
     assert summary["best"]["split"] == "test_ema" and summary["final"]["test"]["model"] == "ema"
     assert summary["final"]["test"]["accuracy"] == splits["test_ema"][-1]["accuracy"]
 
-    resumed = run_in_process(*common, "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}")  # mid warm-up (27)
+    resumed = run_in_process(
+        *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}"
+    )  # mid warm-up (27)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = torch.load(tmp_path / "resumed" / "training_checkpoint_36.pt", weights_only=True)
     assert all(torch.equal(state["ema_model"][key], again["ema_model"][key]) for key in state["ema_model"])

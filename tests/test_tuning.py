@@ -39,8 +39,10 @@ from tests.conftest import (
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed")
 
-SPACE = {"learning_rate": {"type": "float", "low": 0.02, "high": 0.3, "log": True},
-         "batch_size": {"type": "categorical", "choices": [32, 64]}}
+SPACE = {
+    "learning_rate": {"type": "float", "low": 0.02, "high": 0.3, "log": True},
+    "batch_size": {"type": "categorical", "choices": [32, 64]},
+}
 IN_MEMORY = ["--dataset=synthetic", "--synthetic_size=400"]  # 320 training images after val_split=0.2
 TRIAL = [*TINY, "--val_split=0.2", "--validate_every=1", "--train_eval_size=0", "--checkpoint_every=5"]
 
@@ -52,8 +54,15 @@ def write_space(folder: Path, space: dict | None = None) -> Path:
 
 
 def tune_args(data: Path, output: Path, space: Path, study: str, *extra: str) -> list[str]:
-    return ["tune", f"--space={space}", f"--study={study}", f"--data_path={data}", f"--output_path={output}",
-            *TRIAL, *extra]
+    return [
+        "tune",
+        f"--space={space}",
+        f"--study={study}",
+        f"--data_path={data}",
+        f"--output_path={output}",
+        *TRIAL,
+        *extra,
+    ]
 
 
 def load_study(output: Path, study: str, storage: str | None = None):
@@ -65,8 +74,11 @@ def finished_study(small_dataset, tmp_path_factory):
     """3 random-sampler trials in this process (no pruning), then the report and the final test."""
     output = tmp_path_factory.mktemp("tune")
     space = write_space(output)
-    result = run_in_process(*tune_args(small_dataset, output, space, "s", "--trials=3", "--sampler=random",
-                                       "--sampler_seed=0", "--pruner=none"))
+    result = run_in_process(
+        *tune_args(
+            small_dataset, output, space, "s", "--trials=3", "--sampler=random", "--sampler_seed=0", "--pruner=none"
+        )
+    )
     return result, output
 
 
@@ -85,8 +97,11 @@ def test_trials_are_runs_ranked_on_val_and_the_test_set_is_used_once(finished_st
         assert config["learning_rate"] == trial.params["learning_rate"]
         assert trial.value == summary["best"]["accuracy"] and summary["best"]["split"] == "val"
         assert sorted(trial.intermediate_values) == [1, 2]  # reported after each validation
-        splits = {json.loads(line)["split"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                  if "split" in json.loads(line)}
+        splits = {
+            json.loads(line)["split"]
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if "split" in json.loads(line)
+        }
         assert "test" not in splits and "val" in splits, splits  # no trial evaluates the test set
         assert summary["final"].keys() == {"val"} and summary["pruned_at_epoch"] is None
     best = max(study.trials, key=lambda t: t.value)
@@ -94,9 +109,10 @@ def test_trials_are_runs_ranked_on_val_and_the_test_set_is_used_once(finished_st
     assert f"final test (trial {best.number}'s best model, the test set's only use in this study)" in result.stdout
     final = study.user_attrs[f"final_test:trial-{best.number}"]
     assert final["num_samples"] == 301 and Path(final["checkpoint"]).parent == study_dir / f"trial-{best.number}"
-    table = result.stdout[result.stdout.index("trial  state"):].splitlines()
-    assert [int(line.split()[0]) for line in table[1:4]] == [t.number for t in sorted(study.trials,
-                                                                                       key=lambda t: -t.value)]
+    table = result.stdout[result.stdout.index("trial  state") :].splitlines()
+    assert [int(line.split()[0]) for line in table[1:4]] == [
+        t.number for t in sorted(study.trials, key=lambda t: -t.value)
+    ]
 
 
 def test_best_config_runs_as_is_and_plots_are_written(finished_study):
@@ -110,8 +126,9 @@ def test_best_config_runs_as_is_and_plots_are_written(finished_study):
         assert (output / "s" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((output / "s" / "tuning_summary.json").read_text())
     assert summary["best_trial"] == study.best_trial.number and summary["states"]["COMPLETE"] == 3
-    reported = api.tune(None, study="s", output_path=str(output), report_only=True, final_test=False,
-                        echo=lambda line: None)  # the API's typed result: what tuning_summary.json holds
+    reported = api.tune(
+        None, study="s", output_path=str(output), report_only=True, final_test=False, echo=lambda line: None
+    )  # the API's typed result: what tuning_summary.json holds
     assert isinstance(reported, TuneResult) and reported.best_trial == summary["best_trial"]
     assert reported.best_params == study.best_params and reported.states == summary["states"]
 
@@ -132,9 +149,17 @@ def test_optuna_dashboard_serves_the_study(finished_study):
 
     port = free_port()
     dashboard = subprocess.Popen(
-        [str(Path(sys.executable).parent / "optuna-dashboard"), f"sqlite:///{output / 's' / 'study.db'}",
-         "--host=127.0.0.1", f"--port={port}", "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "optuna-dashboard"),
+            f"sqlite:///{output / 's' / 'study.db'}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         studies = _get_json(f"http://127.0.0.1:{port}/api/studies", dashboard)["study_summaries"]
         (study,) = [s for s in studies if s["study_name"] == "s"]
@@ -165,14 +190,25 @@ def test_pruning_is_agreed_by_spawned_gloo_workers_reaching_a_journal_study(smal
     it after epoch 1: its processes report to the study through the storage URL and stop together, pruned."""
     space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [0.2, 1e-6]}})
     journal = tmp_path / "journal.log"
-    args = tune_args(small_dataset, tmp_path, space, "p", "--trials=1", "--sampler=grid", "--sampler_seed=1",
-                     "--pruner_startup_trials=1", "--final_test=False", f"--storage=journal:{journal}")
+    args = tune_args(
+        small_dataset,
+        tmp_path,
+        space,
+        "p",
+        "--trials=1",
+        "--sampler=grid",
+        "--sampler_seed=1",
+        "--pruner_startup_trials=1",
+        "--final_test=False",
+        f"--storage=journal:{journal}",
+    )
     first = run_in_process(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     result = run_in_process(*args, "--backend=gloo", "--nproc_per_node=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    study = load_study(tmp_path, "p", optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal))))
+    study = load_study(
+        tmp_path, "p", optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    )
     states = {t.params["learning_rate"]: (t.state.name, t.last_step) for t in study.trials}
     assert states == {0.2: ("COMPLETE", 2), 1e-6: ("PRUNED", 1)}, states
     pruned = next(t for t in study.trials if t.state.name == "PRUNED")
@@ -209,8 +245,9 @@ def postgresql(tmp_path_factory):
         assert done.returncode == 0 or not check, f"{tool}: {done.stdout}{done.stderr}"
 
     server("initdb", "-D", str(data), "-U", "tune", "--auth=trust")
-    server("pg_ctl", "-D", str(data), "-w", "-l", str(folder / "log"), "-o", f"-p {port} -k {folder} -h 127.0.0.1",
-           "start")
+    server(
+        "pg_ctl", "-D", str(data), "-w", "-l", str(folder / "log"), "-o", f"-p {port} -k {folder} -h 127.0.0.1", "start"
+    )
     try:
         server("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "tune", "study")
         yield f"postgresql+psycopg2://tune@127.0.0.1:{port}/study"
@@ -226,8 +263,16 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
     if kind == "postgresql":
         storage = request.getfixturevalue("postgresql")
     space = write_space(tmp_path)
-    extra = ["--trials=1", "--sampler=random", "--pruner=none", "--final_test=False", "--num_epochs=1",
-             "--num_warmup_epochs=0", *IN_MEMORY, *([f"--storage={storage}"] if storage else [])]
+    extra = [
+        "--trials=1",
+        "--sampler=random",
+        "--pruner=none",
+        "--final_test=False",
+        "--num_epochs=1",
+        "--num_warmup_epochs=0",
+        *IN_MEMORY,
+        *([f"--storage={storage}"] if storage else []),
+    ]
     # one worker in a process of its own, the other in this one, at the same time
     other = start_cli(*tune_args(small_dataset, tmp_path, space, "shared", *extra, "--sampler_seed=1"))
     try:
@@ -250,8 +295,18 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
 @pytest.mark.slow
 def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tmp_path, slow_cnn):
     space = write_space(tmp_path, {"learning_rate": SPACE["learning_rate"]})
-    args = tune_args(small_dataset, tmp_path, space, "k", "--trials=1", "--heartbeat=1", "--final_test=False",
-                     "--num_epochs=3", f"--model={slow_cnn}", *IN_MEMORY)
+    args = tune_args(
+        small_dataset,
+        tmp_path,
+        space,
+        "k",
+        "--trials=1",
+        "--heartbeat=1",
+        "--final_test=False",
+        "--num_epochs=3",
+        f"--model={slow_cnn}",
+        *IN_MEMORY,
+    )
     worker = start_cli(*args, env=SLOWLY)
     try:
         checkpoint = wait_for_file(tmp_path / "k" / "trial-0", "training_checkpoint_*.pt", worker)
@@ -266,8 +321,9 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
     assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "COMPLETE")]
     assert trials[1].system_attrs["failed_trial"] == 0 and trials[1].params == trials[0].params
     resumed = [line for line in second.stderr.splitlines() if "Resumed from" in line]
-    assert len(resumed) == 1 and str(tmp_path / "k" / "trial-0" / "training_checkpoint_") in resumed[0], \
-        second.stderr[-3000:]
+    assert len(resumed) == 1 and str(tmp_path / "k" / "trial-0" / "training_checkpoint_") in resumed[0], second.stderr[
+        -3000:
+    ]
     assert int(resumed[0].rsplit(" ", 1)[1]) >= int(checkpoint.stem.rsplit("_", 1)[1])  # not from zero
     summary = json.loads((tmp_path / "k" / "trial-1" / "summary.json").read_text())
     assert summary["iterations"] == 3 * 10  # 320 training images, batch 32
@@ -276,23 +332,40 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
 # ---------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("space, message", [
-    ({"learning_rat": {"type": "float", "low": 0.1, "high": 1}}, "unknown config key 'learning_rat': did you mean "
-                                                                   "'learning_rate'?"),
-    ({"output_path": {"type": "categorical", "choices": ["a"]}}, "output_path cannot be tuned"),
-    ({"momentum": {"type": "uniform", "low": 0.1, "high": 1}}, "momentum needs type: float, int or categorical"),
-    ({"momentum": {"type": "float", "low": 0.9, "high": 0.5}}, "low and high must be numbers with low < high"),
-    ({"momentum": {"type": "float", "low": 0.5, "high": 1.5}}, "space: momentum=1.5 is outside what the config "
-                                                                 "accepts: momentum=1.5 must be in [0, 1)"),
-    ({"learning_rate": {"type": "float", "low": 0, "high": 1, "log": True}}, "log: true needs low > 0"),
-    ({"batch_size": {"type": "categorical", "choices": []}}, "choices must be a non-empty list"),
-    ({"batch_size": {"type": "int", "low": 16, "high": 64, "choices": [1]}}, "'choices' is not accepted for type int"),
-    ({"learning_rate": {"type": "float", "low": 0.1, "high": 1}}, "sampler=grid needs a finite set of values"),
-])
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        (
+            {"learning_rat": {"type": "float", "low": 0.1, "high": 1}},
+            "unknown config key 'learning_rat': did you mean 'learning_rate'?",
+        ),
+        ({"output_path": {"type": "categorical", "choices": ["a"]}}, "output_path cannot be tuned"),
+        ({"momentum": {"type": "uniform", "low": 0.1, "high": 1}}, "momentum needs type: float, int or categorical"),
+        ({"momentum": {"type": "float", "low": 0.9, "high": 0.5}}, "low and high must be numbers with low < high"),
+        (
+            {"momentum": {"type": "float", "low": 0.5, "high": 1.5}},
+            "space: momentum=1.5 is outside what the config accepts: momentum=1.5 must be in [0, 1)",
+        ),
+        ({"learning_rate": {"type": "float", "low": 0, "high": 1, "log": True}}, "log: true needs low > 0"),
+        ({"batch_size": {"type": "categorical", "choices": []}}, "choices must be a non-empty list"),
+        (
+            {"batch_size": {"type": "int", "low": 16, "high": 64, "choices": [1]}},
+            "'choices' is not accepted for type int",
+        ),
+        ({"learning_rate": {"type": "float", "low": 0.1, "high": 1}}, "sampler=grid needs a finite set of values"),
+    ],
+)
 def test_a_bad_space_is_one_line_before_any_trial(space, message, tmp_path):
     path = write_space(tmp_path, space)
-    result = run_in_process("tune", f"--space={path}", "--study=x", f"--output_path={tmp_path / 'out'}",
-                            "--dataset=synthetic", "--val_split=0.1", "--sampler=grid")
+    result = run_in_process(
+        "tune",
+        f"--space={path}",
+        "--study=x",
+        f"--output_path={tmp_path / 'out'}",
+        "--dataset=synthetic",
+        "--val_split=0.1",
+        "--sampler=grid",
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"error: {result.stderr.splitlines()[0][7:]}"]
     assert message in result.stderr, result.stderr
@@ -309,31 +382,55 @@ def test_every_key_tune_sets_for_its_trials_is_refused_in_a_space(tmp_path):
     from cifar10_dist.tuning import search_space, studies
 
     base = load_config(None, val_split=0.1, output_path=str(tmp_path), seeds=2, overwrite=True)
-    objective = studies.Objective(base=base, space={}, study_dir=tmp_path / "s", url=f"sqlite:///{tmp_path}/s.db",
-                                  study=types.SimpleNamespace(study_name="s"), pruner=PrunerSpec(),
-                                  mlflow_parent=("sqlite:///elsewhere.db", "parent-run-id"))
+    objective = studies.Objective(
+        base=base,
+        space={},
+        study_dir=tmp_path / "s",
+        url=f"sqlite:///{tmp_path}/s.db",
+        study=types.SimpleNamespace(study_name="s"),
+        pruner=PrunerSpec(),
+        mlflow_parent=("sqlite:///elsewhere.db", "parent-run-id"),
+    )
     trial = objective.trial_config(3, {}, str(tmp_path / "training_checkpoint_9.pt"))
     set_by_tune = sorted(key for key in base.to_dict() if getattr(trial, key) != getattr(base, key))
-    assert {"trial", "mlflow_parent_run", "mlflow_tracking_uri", "output_path", "run_name", "resume_from", "seeds",
-            "overwrite"} <= set(set_by_tune)
+    assert {
+        "trial",
+        "mlflow_parent_run",
+        "mlflow_tracking_uri",
+        "output_path",
+        "run_name",
+        "resume_from",
+        "seeds",
+        "overwrite",
+    } <= set(set_by_tune)
     for key in set_by_tune:
         path = write_space(tmp_path, {key: {"type": "categorical", "choices": [getattr(base, key)]}})
         with pytest.raises(UserError, match=f"{key} cannot be tuned"):
             search_space.read_space(path)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--val_split=0"], "tune needs val_split > 0 (got 0.0)"),
-    (["--sampler=bayes"], "sampler='bayes' is unknown: choose one of tpe, random, grid"),
-    (["--pruner=asha"], "pruner='asha' is unknown: choose one of median, hyperband, none"),
-    (["--trials=-1"], "trials=-1 must be a whole number >= 0"),
-    (["--storage=mysql:/x"], "storage='mysql:/x' is not accepted: give journal:PATH"),
-    (["--backend=gloo"], "tune starts each trial's processes itself"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--val_split=0"], "tune needs val_split > 0 (got 0.0)"),
+        (["--sampler=bayes"], "sampler='bayes' is unknown: choose one of tpe, random, grid"),
+        (["--pruner=asha"], "pruner='asha' is unknown: choose one of median, hyperband, none"),
+        (["--trials=-1"], "trials=-1 must be a whole number >= 0"),
+        (["--storage=mysql:/x"], "storage='mysql:/x' is not accepted: give journal:PATH"),
+        (["--backend=gloo"], "tune starts each trial's processes itself"),
+    ],
+)
 def test_bad_tune_options_are_one_line(args, message, tmp_path):
     path = write_space(tmp_path)
-    result = run_in_process("tune", f"--space={path}", "--study=x", f"--output_path={tmp_path / 'out'}",
-                            "--dataset=synthetic", "--val_split=0.1", *args)
+    result = run_in_process(
+        "tune",
+        f"--space={path}",
+        "--study=x",
+        f"--output_path={tmp_path / 'out'}",
+        "--dataset=synthetic",
+        "--val_split=0.1",
+        *args,
+    )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert message in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
@@ -341,8 +438,9 @@ def test_bad_tune_options_are_one_line(args, message, tmp_path):
 
 def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
     _, output = finished_study  # its own data_path, num_workers or launch are a worker's own: num_epochs is not
-    result = run_in_process(*tune_args(small_dataset, output, output / "space.yaml", "s", "--num_epochs=3",
-                                       "--num_workers=1"))
+    result = run_in_process(
+        *tune_args(small_dataset, output, output / "space.yaml", "s", "--num_epochs=3", "--num_workers=1")
+    )
     assert result.returncode == 2
     assert "study 's' was created with another base config: num_epochs is 2 there and 3 here" in result.stderr
     assert len(load_study(output, "s").trials) == 3
@@ -350,11 +448,18 @@ def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
 
 def test_missing_optuna_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
-    result = run_in_process("tune", f"--space={write_space(tmp_path)}", "--study=x", "--dataset=synthetic",
-                            "--val_split=0.1", f"--output_path={tmp_path / 'out'}")
+    result = run_in_process(
+        "tune",
+        f"--space={write_space(tmp_path)}",
+        "--study=x",
+        "--dataset=synthetic",
+        "--val_split=0.1",
+        f"--output_path={tmp_path / 'out'}",
+    )
     assert result.returncode == 2
-    assert result.stderr == ("error: tune needs the optuna package, which is not installed: "
-                             "pip install 'cifar10-dist[tune]'\n")
+    assert result.stderr == (
+        "error: tune needs the optuna package, which is not installed: pip install 'cifar10-dist[tune]'\n"
+    )
 
 
 def test_shipped_spaces_fit_their_configs():
@@ -373,9 +478,11 @@ def test_the_recipe_options_are_searchable_and_their_bounds_checked(tmp_path):
     from cifar10_dist.tuning import search_space
 
     base = load_config(None, val_split=0.1)
-    (tmp_path / "space.yaml").write_text("lr_schedule: {type: categorical, choices: [linear, cosine]}\n"
-                                         "mixup_alpha: {type: float, low: 0.0, high: 0.4}\n"
-                                         "auto_augment: {type: categorical, choices: [none, trivialaugment]}\n")
+    (tmp_path / "space.yaml").write_text(
+        "lr_schedule: {type: categorical, choices: [linear, cosine]}\n"
+        "mixup_alpha: {type: float, low: 0.0, high: 0.4}\n"
+        "auto_augment: {type: categorical, choices: [none, trivialaugment]}\n"
+    )
     search_space.check_space(base, search_space.read_space(tmp_path / "space.yaml"))
     (tmp_path / "bad.yaml").write_text("random_erasing: {type: float, low: 0.0, high: 1.5}\n")
     with pytest.raises(UserError, match=r"random_erasing=1.5 must be a probability in 0..1"):
@@ -390,19 +497,53 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     """scripts/slurm/tune_array.sbatch with the stand-in scontrol: USR1 before the time limit -> the running trial
     stops at a checkpoint and is queued again in the study (a journal file), the array task is requeued by its
     own id (ARRAYJOB_TASK), and the requeued task continues the trial from that checkpoint, then tests once."""
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump({
-        "model": slow_cnn, "model_kwargs": {"width": TINY_WIDTH}, "channels_last": True, "batch_size": 32,
-        "num_workers": 0, "num_epochs": 3, "num_warmup_epochs": 1, "learning_rate": 0.1, "train_eval_size": 0,
-        "validate_every": 1, "checkpoint_every": 5}))
-    env = {**job_script_environment(), "SLURM_JOB_ID": "7001", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "1",
-           "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2",
-           "SLURM_TMPDIR": str(tmp_path / "node-local"), "CIFAR10_DATA": str(small_dataset),
-           "CONFIG": str(tmp_path / "base.yaml"), "SPACE": str(write_space(tmp_path)), "STUDY": "array",
-           "TRIALS_PER_TASK": "1", "VAL_SPLIT": "0.2", "OUTPUT_PATH": str(tmp_path / "out"),
-           "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), **SLOWLY}
+    (tmp_path / "base.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": slow_cnn,
+                "model_kwargs": {"width": TINY_WIDTH},
+                "channels_last": True,
+                "batch_size": 32,
+                "num_workers": 0,
+                "num_epochs": 3,
+                "num_warmup_epochs": 1,
+                "learning_rate": 0.1,
+                "train_eval_size": 0,
+                "validate_every": 1,
+                "checkpoint_every": 5,
+            }
+        )
+    )
+    env = {
+        **job_script_environment(),
+        "SLURM_JOB_ID": "7001",
+        "SLURM_ARRAY_JOB_ID": "7000",
+        "SLURM_ARRAY_TASK_ID": "1",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_CPUS_PER_TASK": "2",
+        "SLURM_TMPDIR": str(tmp_path / "node-local"),
+        "CIFAR10_DATA": str(small_dataset),
+        "CONFIG": str(tmp_path / "base.yaml"),
+        "SPACE": str(write_space(tmp_path)),
+        "STUDY": "array",
+        "TRIALS_PER_TASK": "1",
+        "VAL_SPLIT": "0.2",
+        "OUTPUT_PATH": str(tmp_path / "out"),
+        "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"),
+        **SLOWLY,
+    }
     script = REPO / "scripts" / "slurm" / "tune_array.sbatch"
-    job = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_file(tmp_path / "out" / "array" / "trial-0", "training_checkpoint_*.pt", job)
         job.send_signal(signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@300` sends to the batch shell
@@ -423,20 +564,26 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
 
 
 def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
-    space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [1.0e+4]}})
-    result = run_in_process(*tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid",
-                                       "--clip_grad_norm=None"))  # unclipped, 1e4 diverges
+    space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [1.0e4]}})
+    result = run_in_process(
+        *tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid", "--clip_grad_norm=None")
+    )  # unclipped, 1e4 diverges
     assert result.returncode == 2
-    assert re.search(r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch "
-                     r"\d\): "
-                     "the (loss|weights) became", result.stdout), result.stdout
-    assert result.stderr.splitlines()[-1] == ("error: no trial of study f has completed (1 failed, the reasons are "
-                                              "above): no best config")
+    assert re.search(
+        r"trial 0: FAIL \(\d\.\d min\) learning_rate=1e\+04: training stopped at iteration \d+ \(epoch "
+        r"\d\): "
+        "the (loss|weights) became",
+        result.stdout,
+    ), result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        "error: no trial of study f has completed (1 failed, the reasons are above): no best config"
+    )
     assert load_study(tmp_path, "f").trials[0].state.name == "FAIL"
 
 
-def _open_study_at_the_barrier(barrier, folder: str, urls: list[str], worker: int, without: str | None = None
-                               ) -> list[str]:
+def _open_study_at_the_barrier(
+    barrier, folder: str, urls: list[str], worker: int, without: str | None = None
+) -> list[str]:
     """One tune worker's start: for each storage URL (a fresh database), wait for the others, then open the study
     and run one (instant) trial in it. Returns each round's outcome: "ok" or the one-line error. ``without``: "lock"
     (the lock file is a no-op) or "retry" (one attempt only), to check the other mechanism alone."""
@@ -473,8 +620,16 @@ def _start_together(folder: Path, urls: list[str], workers: int, without: str | 
     context = multiprocessing.get_context("fork")  # the workers use Optuna and the database only, not torch
     barrier = context.Manager().Barrier(workers)
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return list(pool.map(_open_study_at_the_barrier, [barrier] * workers, [str(folder)] * workers, [urls] * workers,
-                             range(workers), [without] * workers))
+        return list(
+            pool.map(
+                _open_study_at_the_barrier,
+                [barrier] * workers,
+                [str(folder)] * workers,
+                [urls] * workers,
+                range(workers),
+                [without] * workers,
+            )
+        )
 
 
 def _assert_each_study_has_every_trial(urls: list[str], workers: int) -> None:
@@ -538,8 +693,9 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
             engine.dispose()
         raise AssertionError(f"no error from {statements}")
 
-    duplicate_type = error_of(postgresql, "CREATE TYPE direction AS ENUM ('up')",
-                              "CREATE TYPE direction AS ENUM ('up')")
+    duplicate_type = error_of(
+        postgresql, "CREATE TYPE direction AS ENUM ('up')", "CREATE TYPE direction AS ENUM ('up')"
+    )
     duplicate_table = error_of(postgresql, "CREATE TABLE twice (x int)", "CREATE TABLE twice (x int)")
     missing = error_of(postgresql.rpartition("/")[0] + "/absent", "SELECT 1")
     assert type(duplicate_type).__name__ == "ProgrammingError" and "already exists" in str(duplicate_type)
@@ -549,8 +705,9 @@ def test_postgresqls_already_exists_errors_count_as_a_lost_creation_race(postgre
 
 
 @pytest.mark.slow
-def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_its_own(small_dataset, tmp_path,
-                                                                                        monkeypatch):
+def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_its_own(
+    small_dataset, tmp_path, monkeypatch
+):
     """with_mlflow against a loopback port nobody listens on: the study's own calls (its parent run, its best value)
     are warned about once; the trial runs (its run's tracker warns as a run's does). A user's own MLflow retry
     setting wins over ours (mlflow_tracking.HTTP_BOUNDS): no retries here, so no request waits out a backoff."""
@@ -562,9 +719,21 @@ def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     space = write_space(tmp_path)
-    result = run_in_process(*tune_args(small_dataset, tmp_path / "out", space, "down", "--trials=1", "--num_epochs=1",
-                                       "--num_warmup_epochs=0", "--sampler=random", "--pruner=none", "--with_mlflow",
-                                       f"--mlflow_tracking_uri=http://127.0.0.1:{port}"))
+    result = run_in_process(
+        *tune_args(
+            small_dataset,
+            tmp_path / "out",
+            space,
+            "down",
+            "--trials=1",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0",
+            "--sampler=random",
+            "--pruner=none",
+            "--with_mlflow",
+            f"--mlflow_tracking_uri=http://127.0.0.1:{port}",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count(f"MLflow: the store at http://127.0.0.1:{port} does not answer") == 1, result.stderr
     assert "the study goes on without its own run (the trials' parent)" in result.stderr

@@ -25,10 +25,24 @@ def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.Comp
     logs = Path(tempfile.mkdtemp(prefix="two-nodes-"))
     streams = [(open(logs / f"out{node}", "w+"), open(logs / f"err{node}", "w+")) for node in (0, 1)]  # not pipes:
     # a node blocked on a full pipe would hold the other in its collectives
-    processes = [hosts.start(node, [sys.executable, "-m", "cifar10_dist", "run", *args, *hosts.node_flags(node),
-                                    f"--output_path={output[node]}"],
-                             env={**cli_env(), "OMP_NUM_THREADS": "1"},  # as 2 processes of one node
-                             stdout=streams[node][0], stderr=streams[node][1]) for node in (0, 1)]
+    processes = [
+        hosts.start(
+            node,
+            [
+                sys.executable,
+                "-m",
+                "cifar10_dist",
+                "run",
+                *args,
+                *hosts.node_flags(node),
+                f"--output_path={output[node]}",
+            ],
+            env={**cli_env(), "OMP_NUM_THREADS": "1"},  # as 2 processes of one node
+            stdout=streams[node][0],
+            stderr=streams[node][1],
+        )
+        for node in (0, 1)
+    ]
     finished = []
     for process, (out, err) in zip(processes, streams):
         process.wait(timeout=300)
@@ -44,8 +58,13 @@ def test_two_nodes_train_and_resume_exactly_as_two_local_processes(small_dataset
     common = [*LONG, f"--data_path={small_dataset}", "--checkpoint_every=25"]
     with two_hosts("1gbit") as hosts:
         whole = run_two_nodes(hosts, *common, "--run_name=whole", output=[tmp_path, tmp_path])
-        resumed = run_two_nodes(hosts, *common, "--run_name=resumed",
-                                f"--resume_from={reference / 'training_checkpoint_50.pt'}", output=[tmp_path, tmp_path])
+        resumed = run_two_nodes(
+            hosts,
+            *common,
+            "--run_name=resumed",
+            f"--resume_from={reference / 'training_checkpoint_50.pt'}",
+            output=[tmp_path, tmp_path],
+        )
         sent = hosts.sent_bytes(0)
     for result in (*whole, *resumed):
         assert result.returncode == 0, result.stderr[-3000:]

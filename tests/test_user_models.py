@@ -46,9 +46,17 @@ def test_module_reference_trains_in_spawned_workers_and_evaluate_rebuilds_it(sma
     monkeypatch.setattr(sys, "path", list(sys.path))  # the import may add the current folder
     monkeypatch.delitem(sys.modules, "mynets", raising=False)
     output = tmp_path / "out"
-    result = run_in_process("run", *TINY, *SPAWN_2, "--model=mynets:small_cnn", '--model_kwargs={"width": 6}',
-                            "--channels_last=True", f"--data_path={small_dataset}", f"--output_path={output}",
-                            "--run_name=mine")
+    result = run_in_process(
+        "run",
+        *TINY,
+        *SPAWN_2,
+        "--model=mynets:small_cnn",
+        '--model_kwargs={"width": 6}',
+        "--channels_last=True",
+        f"--data_path={small_dataset}",
+        f"--output_path={output}",
+        "--run_name=mine",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = output / "mine"
     recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -57,29 +65,44 @@ def test_module_reference_trains_in_spawned_workers_and_evaluate_rebuilds_it(sma
     assert checkpoint["meta"]["config"]["model_kwargs"] == {"width": 6}
     assert checkpoint["model"]["0.weight"].shape == (6, 3, 3, 3)  # the factory got width=6
     final = json.loads((run_dir / "metrics.json").read_text())["test"]
-    evaluated = run_in_process("evaluate", f"--checkpoint={run_dir / 'training_checkpoint_36.pt'}", "--json",
-                               "--num_workers=0")
+    evaluated = run_in_process(
+        "evaluate", f"--checkpoint={run_dir / 'training_checkpoint_36.pt'}", "--json", "--num_workers=0"
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["accuracy"] == pytest.approx(final["accuracy"])
 
 
-def test_file_reference_is_recorded_absolute_and_a_run_resumes_from_its_config_elsewhere(small_dataset, tmp_path,
-                                                                                         monkeypatch):
+def test_file_reference_is_recorded_absolute_and_a_run_resumes_from_its_config_elsewhere(
+    small_dataset, tmp_path, monkeypatch
+):
     """A relative file.py reference is made absolute, so that the run folder's config.yaml continues the run
     from any folder; the resumed run ends with the uninterrupted run's weights."""
     monkeypatch.chdir(tmp_path)
     write_user_module(tmp_path / "models", "net.py")
-    whole = run_in_process("run", *TINY, "--model=models/net.py:small_cnn", f"--data_path={small_dataset}",
-                           f"--output_path={tmp_path / 'out'}", "--checkpoint_every=18", "--run_name=whole")
+    whole = run_in_process(
+        "run",
+        *TINY,
+        "--model=models/net.py:small_cnn",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path / 'out'}",
+        "--checkpoint_every=18",
+        "--run_name=whole",
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     config = tmp_path / "out" / "whole" / "config.yaml"
     assert yaml.safe_load(config.read_text())["model"] == f"{tmp_path / 'models' / 'net.py'}:small_cnn"
     monkeypatch.chdir(tmp_path / "out")
-    resumed = run_in_process("run", f"--config={config}", "--run_name=resumed",
-                             f"--resume_from={tmp_path / 'out' / 'whole' / 'training_checkpoint_18.pt'}")
+    resumed = run_in_process(
+        "run",
+        f"--config={config}",
+        "--run_name=resumed",
+        f"--resume_from={tmp_path / 'out' / 'whole' / 'training_checkpoint_18.pt'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    weights = [torch.load(tmp_path / "out" / name / "training_checkpoint_36.pt", weights_only=True)["model"]
-               for name in ("whole", "resumed")]
+    weights = [
+        torch.load(tmp_path / "out" / name / "training_checkpoint_36.pt", weights_only=True)["model"]
+        for name in ("whole", "resumed")
+    ]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
@@ -110,23 +133,33 @@ BAD_MODULE = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.parametrize(("model", "extra", "expected"), [
-    ("nets.py:raises", [], "the factory raised ValueError: width must be even"),
-    ("nets.py:not_a_module", [], "the factory returned a dict, not a torch.nn.Module"),
-    ("nets.py:five_outputs", [], "returned (2, 5) for a (2, 3, 32, 32) batch: expected a tensor of shape (2, 10)"),
-    ("nets.py:broken_forward", [], "the model's forward on a (2, 3, 32, 32) batch raised RuntimeError: mat1 and mat2"),
-    ("nets.py:WIDTH", [], "WIDTH is not callable (it is of type int)"),
-    ("nets.py:smal", [], "has no attribute 'smal' (did you mean 'small'?)"),
-    ("nets.py:small", ['--model_kwargs={"widht": 8}'], "the factory raised TypeError: small() got an unexpected "
-                                                       "keyword argument 'widht'"),
-    ("missing.py:small", [], "missing.py does not exist"),
-    ("broken.py:small", [], "importing"),
-    ("no_such_package.nets:small", [], "cannot import no_such_package.nets: ModuleNotFoundError"),
-    ("nets.py:", [], "is not a model reference: write package.module:factory or path/to/file.py:factory"),
-    ("simple_cnn", ['--model_kwargs={"depth": 3}'], "model=simple_cnn does not accept model_kwargs={'depth': 3}"),
-    ("simple_cnn", ["--model_kwargs=[3]"], "model_kwargs=[3] must be a JSON object with string keys"),
-    ("simple_cnn", ["--model_kwargs={bad json"], "is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("model", "extra", "expected"),
+    [
+        ("nets.py:raises", [], "the factory raised ValueError: width must be even"),
+        ("nets.py:not_a_module", [], "the factory returned a dict, not a torch.nn.Module"),
+        ("nets.py:five_outputs", [], "returned (2, 5) for a (2, 3, 32, 32) batch: expected a tensor of shape (2, 10)"),
+        (
+            "nets.py:broken_forward",
+            [],
+            "the model's forward on a (2, 3, 32, 32) batch raised RuntimeError: mat1 and mat2",
+        ),
+        ("nets.py:WIDTH", [], "WIDTH is not callable (it is of type int)"),
+        ("nets.py:smal", [], "has no attribute 'smal' (did you mean 'small'?)"),
+        (
+            "nets.py:small",
+            ['--model_kwargs={"widht": 8}'],
+            "the factory raised TypeError: small() got an unexpected keyword argument 'widht'",
+        ),
+        ("missing.py:small", [], "missing.py does not exist"),
+        ("broken.py:small", [], "importing"),
+        ("no_such_package.nets:small", [], "cannot import no_such_package.nets: ModuleNotFoundError"),
+        ("nets.py:", [], "is not a model reference: write package.module:factory or path/to/file.py:factory"),
+        ("simple_cnn", ['--model_kwargs={"depth": 3}'], "model=simple_cnn does not accept model_kwargs={'depth': 3}"),
+        ("simple_cnn", ["--model_kwargs=[3]"], "model_kwargs=[3] must be a JSON object with string keys"),
+        ("simple_cnn", ["--model_kwargs={bad json"], "is not valid JSON"),
+    ],
+)
 def test_a_bad_model_is_one_line_before_any_process_starts(tmp_path, monkeypatch, model, extra, expected):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nets.py").write_text(BAD_MODULE)
@@ -159,8 +192,13 @@ def test_a_network_registered_by_the_decorator_is_a_built_in_name(monkeypatch):
     from cifar10_dist.models import networks
 
     monkeypatch.setattr(networks, "REGISTRY", dict(networks.REGISTRY))
-    assert list(networks.REGISTRY)[:5] == ["simple_cnn", "airbench", "cifar_resnet18", "cifar_resnet34",
-                                           "cifar_resnet50"]
+    assert list(networks.REGISTRY)[:5] == [
+        "simple_cnn",
+        "airbench",
+        "cifar_resnet18",
+        "cifar_resnet34",
+        "cifar_resnet50",
+    ]
 
     @networks.register_model("tiny_linear")
     def tiny(num_classes: int = 10, width: int = 4) -> nn.Module:

@@ -17,8 +17,17 @@ from tests.conftest import TINY, cli_env, kill_when, run_cli, run_in_process, st
 
 wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
 
-RUN = [*TINY, "--dataset=synthetic", "--synthetic_size=320", "--train_eval_size=0", "--validate_every=1",
-       "--checkpoint_every=10", "--with_wandb"]
+RUN = [
+    *TINY,
+    "--dataset=synthetic",
+    "--synthetic_size=320",
+    "--train_eval_size=0",
+    "--validate_every=1",
+    "--checkpoint_every=10",
+    "--with_wandb",
+]
+
+
 def sessions(run_dir: Path) -> list[list]:
     """The records of each W&B session of the run folder (one per launch), oldest first."""
     return [wandb_history.records(path) for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
@@ -49,8 +58,16 @@ def resumed_run(tmp_path_factory):
     first = run_cli("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r", env=environment())
     assert first.returncode == 0, first.stderr[-3000:]
     (output / "r" / "training_checkpoint_20.pt").unlink()
-    second = run_cli("run", *RUN, "--num_epochs=2", "--resume_from=auto", "--wandb_log_model",
-                     f"--output_path={output}", "--run_name=r", env=environment())
+    second = run_cli(
+        "run",
+        *RUN,
+        "--num_epochs=2",
+        "--resume_from=auto",
+        "--wandb_log_model",
+        f"--output_path={output}",
+        "--run_name=r",
+        env=environment(),
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     return output / "r"
 
@@ -107,15 +124,30 @@ def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_
     checkpoint every 15; W&B writes its log in blocks, so the first launch may run up to 40 epochs of 0.1 s steps
     for that, and the resume runs without the sleep): the resume trains and logs them again, and W&B gets none of
     them a second time, and every step of the run once (the two sessions' .wandb files read back)."""
-    command = ["run", *TINY, f"--model={slow_cnn}", "--dataset=synthetic",
-               "--synthetic_size=320", "--train_eval_size=0", "--validate_every=5", "--num_epochs=40",
-               "--checkpoint_every=15", "--log_every_iters=1", "--with_wandb", f"--output_path={tmp_path}",
-               "--run_name=k"]
+    command = [
+        "run",
+        *TINY,
+        f"--model={slow_cnn}",
+        "--dataset=synthetic",
+        "--synthetic_size=320",
+        "--train_eval_size=0",
+        "--validate_every=5",
+        "--num_epochs=40",
+        "--checkpoint_every=15",
+        "--log_every_iters=1",
+        "--with_wandb",
+        f"--output_path={tmp_path}",
+        "--run_name=k",
+    ]
     run_dir = tmp_path / "k"
     run = start_cli(*command, env={**environment(), "SLOW_STEP_SECONDS": "0.1"})
     try:
-        kill_when(run, lambda: recorded_batch_loss(run_dir) > newest_checkpoint(run_dir),
-                  "the run ended before W&B recorded more", seconds=180)
+        kill_when(
+            run,
+            lambda: recorded_batch_loss(run_dir) > newest_checkpoint(run_dir),
+            "the run ended before W&B recorded more",
+            seconds=180,
+        )
     finally:
         stop_all(run)
     assert newest_checkpoint(run_dir) < recorded_batch_loss(run_dir) < 400  # steps the resume trains again
@@ -136,22 +168,37 @@ def test_tuning_trials_are_wandb_runs_grouped_under_their_study(small_dataset, t
     from tests.test_tuning import tune_args, write_space
 
     space = write_space(tmp_path)
-    result = run_cli(*tune_args(small_dataset, tmp_path, space, "s", "--trials=2", "--sampler=random",
-                                "--sampler_seed=0", "--pruner=none", "--num_epochs=1", "--num_warmup_epochs=0.5",
-                                "--with_wandb"), env=environment())
+    result = run_cli(
+        *tune_args(
+            small_dataset,
+            tmp_path,
+            space,
+            "s",
+            "--trials=2",
+            "--sampler=random",
+            "--sampler_seed=0",
+            "--pruner=none",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+            "--with_wandb",
+        ),
+        env=environment(),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = [of_kind(session, "run")[0] for number in (0, 1)
-            for session in sessions(tmp_path / "s" / f"trial-{number}")]
+    runs = [of_kind(session, "run")[0] for number in (0, 1) for session in sessions(tmp_path / "s" / f"trial-{number}")]
     assert [(run.display_name, run.run_group, run.job_type) for run in runs] == [
-        ("trial-0", "s", "trial"), ("trial-1", "s", "trial")]
+        ("trial-0", "s", "trial"),
+        ("trial-1", "s", "trial"),
+    ]
 
 
 def test_with_wandb_but_no_wandb_installed_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)
     result = run_in_process("run", *RUN, f"--output_path={tmp_path}")
     assert result.returncode == 2
-    assert result.stderr == ("error: with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip "
-                             "install wandb)\n")
+    assert result.stderr == (
+        "error: with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip install wandb)\n"
+    )
     assert not any(tmp_path.iterdir())
 
 
@@ -167,16 +214,24 @@ def test_an_online_server_that_does_not_answer_leaves_one_offline_run_and_a_prom
     with socket.socket() as closed:  # a free port, closed again: connections to it are refused
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    env = {**environment(), "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_API_KEY": "0" * 40,
-           "WANDB_INIT_TIMEOUT": "3"}  # W&B's own setting wins over our 10 s (a shorter test)
+    env = {
+        **environment(),
+        "WANDB_BASE_URL": f"http://127.0.0.1:{port}",
+        "WANDB_API_KEY": "0" * 40,
+        "WANDB_INIT_TIMEOUT": "3",
+    }  # W&B's own setting wins over our 10 s (a shorter test)
     started = time.monotonic()
-    result = run_cli("run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}",
-                     "--run_name=w", env=env)
+    result = run_cli(
+        "run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}", "--run_name=w", env=env
+    )
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
-    assert len(warnings) == 1 and "W&B online (project cifar10_dist): the server did not answer within 3 s" in \
-        warnings[0] and "this run is tracked offline in" in warnings[0], warnings
+    assert (
+        len(warnings) == 1
+        and "W&B online (project cifar10_dist): the server did not answer within 3 s" in warnings[0]
+        and "this run is tracked offline in" in warnings[0]
+    ), warnings
     kept = json.loads((tmp_path / "w" / "wandb.json").read_text())
     assert kept["mode"] == "offline"
     assert [path.name.split("-")[-1] for path in (tmp_path / "w" / "wandb").glob("*run-*")] == [kept["id"]]

@@ -14,10 +14,19 @@ from cifar10_dist.cli.flags import closed_pipe, switches_alone
 from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 
-COMMANDS = {"run": subcommands.run, "lr-find": subcommands.lr_find, "batch-size": subcommands.batch_size,
-            "evaluate": subcommands.evaluate, "predict": subcommands.predict, "export": subcommands.export,
-            "tune": subcommands.tune, "prepare-data": subcommands.prepare_data, "report": subcommands.report,
-            "doctor": subcommands.doctor, "config": subcommands.show_config}
+COMMANDS = {
+    "run": subcommands.run,
+    "lr-find": subcommands.lr_find,
+    "batch-size": subcommands.batch_size,
+    "evaluate": subcommands.evaluate,
+    "predict": subcommands.predict,
+    "export": subcommands.export,
+    "tune": subcommands.tune,
+    "prepare-data": subcommands.prepare_data,
+    "report": subcommands.report,
+    "doctor": subcommands.doctor,
+    "config": subcommands.show_config,
+}
 
 
 def _help_text(argv: list[str]) -> str | None:

@@ -17,11 +17,19 @@ def declared_flags() -> dict[str, tuple[commands.Flag, ...]]:
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR
     from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
 
-    return {"run": (), "lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR), "batch-size": commands.BATCH_SIZE,
-            "evaluate": commands.EVALUATE, "predict": commands.PREDICT,
-            "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization)), "tune": commands.TUNE,
-            "prepare-data": commands.PREPARE_DATA, "report": commands.REPORT, "doctor": commands.DOCTOR,
-            "config": commands.CONFIG}
+    return {
+        "run": (),
+        "lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
+        "batch-size": commands.BATCH_SIZE,
+        "evaluate": commands.EVALUATE,
+        "predict": commands.PREDICT,
+        "export": (*EXPORT_FLAGS, *commands.flags_of(Quantization)),
+        "tune": commands.TUNE,
+        "prepare-data": commands.PREPARE_DATA,
+        "report": commands.REPORT,
+        "doctor": commands.DOCTOR,
+        "config": commands.CONFIG,
+    }
 
 
 def command_flags() -> dict[str, tuple[str, ...]]:

@@ -50,9 +50,15 @@ def batch_size(config: str | None = None, **flags: Any) -> None:
     check_keys("batch-size", flags, commands.BATCH_SIZE)
     values, overrides = commands.split("batch-size", flags, commands.BATCH_SIZE)
     batch_sizes = values["batch_sizes"]
-    sizes = batch_sizes if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None else (
-        [int(size) for size in str(batch_sizes).split(",")] if str(batch_sizes).replace(",", "").isdigit()
-        else [batch_sizes])
+    sizes = (
+        batch_sizes
+        if isinstance(batch_sizes, (tuple, list)) or batch_sizes is None
+        else (
+            [int(size) for size in str(batch_sizes).split(",")]
+            if str(batch_sizes).replace(",", "").isdigit()
+            else [batch_sizes]
+        )
+    )
     result = api.batch_size(config, sizes, values["budget_seconds"], **overrides)
     if values["json"]:
         print(json_module.dumps(result.to_dict(), indent=2))
@@ -67,8 +73,9 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
     checkpoint, json, output_dir = own["checkpoint"], own["json"], own["output_dir"]
     folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
-    metrics = api.evaluate(str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder,
-                           **overrides)
+    metrics = api.evaluate(
+        str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder, **overrides
+    )
     if launch_rank(flags.get("node_rank")) != 0:
         return
     if json:
@@ -86,13 +93,21 @@ def predict(*paths: str, **flags: Any) -> None:
     _require_whole("batch_size", batch_size, 1)
     if top_k is not None:
         _require_whole("top_k", top_k, 1)
-    predictions = api.predict_files(str(checkpoint), paths, batch_size=batch_size, tta=values["tta"],
-                                    device=values["device"], raw_weights=bool(values["raw_weights"]))
+    predictions = api.predict_files(
+        str(checkpoint),
+        paths,
+        batch_size=batch_size,
+        tta=values["tta"],
+        device=values["device"],
+        raw_weights=bool(values["raw_weights"]),
+    )
     if top_k is None:
         top_k = min(commands.DEFAULT_TOP_K, len(predictions.classes))  # a two-class model shows both
     elif top_k > len(predictions.classes):
-        raise UserError(f"top_k={top_k} is more than the model's {len(predictions.classes)} classes "
-                        f"({', '.join(predictions.classes[:12])}{', ...' if len(predictions.classes) > 12 else ''})")
+        raise UserError(
+            f"top_k={top_k} is more than the model's {len(predictions.classes)} classes "
+            f"({', '.join(predictions.classes[:12])}{', ...' if len(predictions.classes) > 12 else ''})"
+        )
     failures = _report_failures(predictions.missing)
     classified = resized = 0
     for batch in predictions.batches:
@@ -102,8 +117,11 @@ def predict(*paths: str, **flags: Any) -> None:
         classified, resized = classified + len(batch.paths), resized + batch.resized
     if resized:
         size = predictions.image_size
-        print(f"note: {resized} of {classified} images were not {size}x{size} and were resized (shorter side to "
-              f"{size} pixels, then the centre {size}x{size})", file=sys.stderr)
+        print(
+            f"note: {resized} of {classified} images were not {size}x{size} and were resized (shorter side to "
+            f"{size} pixels, then the centre {size}x{size})",
+            file=sys.stderr,
+        )
     if failures:
         raise AlreadyReported(f"{len(failures)} inputs could not be classified")
 
@@ -133,8 +151,12 @@ def report(*run_dirs: str, **flags: Any) -> None:
     """Compare run folders: a table on stdout and one plot overlaying their curves; with --targets=0.9,0.93,0.94
     also the time each run took to reach those accuracies (mean and std over the runs)."""
     values = commands.resolve("report", flags, commands.REPORT)
-    result = api.report(run_dirs, str(values["output"]), _parse_targets(values["targets"]),
-                        warn=lambda problem: print(f"error: {problem}", file=sys.stderr))
+    result = api.report(
+        run_dirs,
+        str(values["output"]),
+        _parse_targets(values["targets"]),
+        warn=lambda problem: print(f"error: {problem}", file=sys.stderr),
+    )
     print(result.table)
     if result.times:
         print()
@@ -160,11 +182,18 @@ def prepare_data(**flags: Any) -> None:
     """Download and verify CIFAR-10 (or CIFAR-100), write a synthetic dataset in the same format, or build and
     check an image folder's cache (dataset=folder) and print its card (its flags: config.commands.PREPARE_DATA)."""
     values = commands.resolve("prepare-data", flags, commands.PREPARE_DATA)
-    prepared = api.prepare_data(**{**values, "data_path": str(values["data_path"]), "dataset": str(values["dataset"]),
-                                   "seed": int(values["seed"]), "image_size": int(values["image_size"]),
-                                   "skip_bad_images": bool(values["skip_bad_images"]),
-                                   "drop_test_duplicates": bool(values["drop_test_duplicates"]),
-                                   "crop_fraction": float(values["crop_fraction"])})
+    prepared = api.prepare_data(
+        **{
+            **values,
+            "data_path": str(values["data_path"]),
+            "dataset": str(values["dataset"]),
+            "seed": int(values["seed"]),
+            "image_size": int(values["image_size"]),
+            "skip_bad_images": bool(values["skip_bad_images"]),
+            "drop_test_duplicates": bool(values["drop_test_duplicates"]),
+            "crop_fraction": float(values["crop_fraction"]),
+        }
+    )
     printing.print_prepared(prepared)
 
 
@@ -194,6 +223,10 @@ def doctor(**flags: Any) -> None:
     from cifar10_dist.system.doctor import render
 
     values = commands.resolve("doctor", flags, commands.DOCTOR)
-    report = api.doctor(model=str(values["model"]), batch_size=int(values["batch_size"]),
-                        budget_seconds=float(values["budget_seconds"]), link=values["link"])
+    report = api.doctor(
+        model=str(values["model"]),
+        batch_size=int(values["batch_size"]),
+        budget_seconds=float(values["budget_seconds"]),
+        link=values["link"],
+    )
     print(json_module.dumps(report.to_dict(), indent=2) if values["json"] else render(report))

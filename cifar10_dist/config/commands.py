@@ -43,13 +43,20 @@ class Flag:
 
     def line(self) -> str:
         """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped."""
-        head = f"  --{self.name}" if self.default is False and self.shown is None else \
-            f"  --{self.name}={self.shown if self.shown is not None else self.default}"
+        head = (
+            f"  --{self.name}"
+            if self.default is False and self.shown is None
+            else f"  --{self.name}={self.shown if self.shown is not None else self.default}"
+        )
         first = head.ljust(HELP_COLUMN) if len(head) < HELP_COLUMN else head + "   "
         lines = []
         for number, paragraph in enumerate(self.help.split("\n")):
-            lines += textwrap.wrap(paragraph, PAGE_WIDTH, initial_indent="\0" * len(first) if number == 0 else
-                                   " " * HELP_COLUMN, subsequent_indent=" " * HELP_COLUMN) or [" " * HELP_COLUMN]
+            lines += textwrap.wrap(
+                paragraph,
+                PAGE_WIDTH,
+                initial_indent="\0" * len(first) if number == 0 else " " * HELP_COLUMN,
+                subsequent_indent=" " * HELP_COLUMN,
+            ) or [" " * HELP_COLUMN]
         return first + lines[0].lstrip("\0") + "".join("\n" + line for line in lines[1:])
 
 
@@ -58,32 +65,51 @@ def default(declared: Iterable[Flag], name: str) -> Any:
     return next(one.default for one in declared if one.name == name)
 
 
-def flag(default: Any, help: str, shown: str | None = None, name: str | None = None, required: bool = False,
-         waived_by: str | None = None) -> Any:
+def flag(
+    default: Any,
+    help: str,
+    shown: str | None = None,
+    name: str | None = None,
+    required: bool = False,
+    waived_by: str | None = None,
+) -> Any:
     """A dataclass field that is also a command's flag (``name``: the flag's, where it differs from the field's):
     how every command's flags are declared (the records above ``others``, lr-find's ``LrSweep``, export's)."""
-    return dataclasses.field(default=default, metadata={"help": help, "shown": shown, "flag": name,
-                                                        "required": required, "waived_by": waived_by})
+    return dataclasses.field(
+        default=default,
+        metadata={"help": help, "shown": shown, "flag": name, "required": required, "waived_by": waived_by},
+    )
 
 
 def flags_of(record: type) -> tuple[Flag, ...]:
     """The flags a dataclass declares (its fields made with ``flag``), in field order."""
-    return tuple(Flag(field.metadata["flag"] or field.name, field.default, field.metadata["help"],
-                      field.metadata["shown"], field.metadata["required"], field.metadata["waived_by"])
-                 for field in dataclasses.fields(record) if "help" in field.metadata)
+    return tuple(
+        Flag(
+            field.metadata["flag"] or field.name,
+            field.default,
+            field.metadata["help"],
+            field.metadata["shown"],
+            field.metadata["required"],
+            field.metadata["waived_by"],
+        )
+        for field in dataclasses.fields(record)
+        if "help" in field.metadata
+    )
 
 
 def field_names(record: type) -> dict[str, str]:
     """Flag name -> field name of a dataclass's flags."""
-    return {field.metadata["flag"] or field.name: field.name
-            for field in dataclasses.fields(record) if "help" in field.metadata}
+    return {
+        field.metadata["flag"] or field.name: field.name
+        for field in dataclasses.fields(record)
+        if "help" in field.metadata
+    }
 
 
 def from_flags(record: type, given: Mapping[str, Any], **fixed: Any) -> Any:
     """``record`` built from those of ``given`` that are its flags (the rest are left for others)."""
     names, declared = field_names(record), {one.name: one.default for one in flags_of(record)}
-    return record(**{names[key]: typed(declared[key], value) for key, value in given.items() if key in names},
-                  **fixed)
+    return record(**{names[key]: typed(declared[key], value) for key, value in given.items() if key in names}, **fixed)
 
 
 def typed(default: Any, value: Any) -> Any:
@@ -93,8 +119,13 @@ def typed(default: Any, value: Any) -> Any:
 
 
 # the flags every command's page shows: the config file (commands that take config keys) and --debug
-CONFIG_FILE = Flag("config", None, "a YAML file of config keys (run --help lists them), or a shipped config by name: "
-                   "demo, default, fast, fast_muon, ... (cifar10-dist config --list)", shown="FILE.yaml|NAME")
+CONFIG_FILE = Flag(
+    "config",
+    None,
+    "a YAML file of config keys (run --help lists them), or a shipped config by name: "
+    "demo, default, fast, fast_muon, ... (cifar10-dist config --list)",
+    shown="FILE.yaml|NAME",
+)
 DEBUG = Flag("debug", False, "show tracebacks for errors")
 KEYS = "[--KEY=VALUE ...]"  # a usage's config keys
 DEFAULT_TOP_K = 3  # predict's classes per image when --top_k is not given (fewer when the model has fewer)
@@ -107,8 +138,11 @@ RAW_WEIGHTS_HELP = "a run with ema_decay: use the trained weights, not the EMA (
 class BatchSizeFlags:
     """batch-size's own flags (its others are config keys)."""
 
-    batch_sizes: str | None = flag(None, "CPU: the sizes to time (the config's own is always added); GPU: the first "
-                                   "is where the doubling starts", shown="32,64,128,256,512,1024")
+    batch_sizes: str | None = flag(
+        None,
+        "CPU: the sizes to time (the config's own is always added); GPU: the first is where the doubling starts",
+        shown="32,64,128,256,512,1024",
+    )
     budget_seconds: float = flag(3.0, "about how long each size is timed")
     json: bool = flag(False, JSON_HELP)
 
@@ -118,8 +152,11 @@ class ReportFlags:
     """report's flags."""
 
     output: str = flag("report.png", "where the comparison plot goes")
-    targets: str | None = flag(None, "accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach "
-                               "each one, with the mean and std over the runs")
+    targets: str | None = flag(
+        None,
+        "accuracies (e.g. 0.9,0.93,0.94): also the training time each run took to reach "
+        "each one, with the mean and std over the runs",
+    )
 
 
 @dataclass(frozen=True)
@@ -129,8 +166,11 @@ class DoctorFlags:
     model: str = flag("airbench", "the probe's model: a built-in name or package.module:factory / file.py:factory")
     batch_size: int = flag(32, "the probe's batch")
     budget_seconds: float = flag(2.0, "about how long each probed setting runs (a step starts only if it still fits)")
-    link: Optional[str] = flag(None, "the link between your nodes (100mbit, 1gbit, 25gbit, 1.5GB/s): estimate the "
-                               "probe model's throughput at 2-16 nodes over it, without and with gradient compression")
+    link: Optional[str] = flag(
+        None,
+        "the link between your nodes (100mbit, 1gbit, 25gbit, 1.5GB/s): estimate the "
+        "probe model's throughput at 2-16 nodes over it, without and with gradient compression",
+    )
     json: bool = flag(False, "print the report as one JSON object")
 
 
@@ -138,8 +178,7 @@ class DoctorFlags:
 class ConfigFlags:
     """config's own flags (its others are config keys)."""
 
-    list: bool = flag(False, "list the configs the package ships, by name (--config=NAME takes one), with what each "
-                      "is")
+    list: bool = flag(False, "list the configs the package ships, by name (--config=NAME takes one), with what each is")
 
 
 @dataclass(frozen=True)
@@ -156,11 +195,18 @@ class EvaluateFlags:
 class PredictFlags:
     """predict's flags."""
 
-    checkpoint: str | None = flag(None, "training_checkpoint_*.pt or best_model_*.pt (its recorded model is "
-                                  "rebuilt), or an ONNX file of export (int8 too), run by ONNX Runtime on the CPU",
-                                  shown="FILE", required=True)
-    top_k: int | None = flag(None, f"classes shown per image (default: {DEFAULT_TOP_K}, or all of a model's classes "
-                             "when it has fewer)", shown="N")
+    checkpoint: str | None = flag(
+        None,
+        "training_checkpoint_*.pt or best_model_*.pt (its recorded model is "
+        "rebuilt), or an ONNX file of export (int8 too), run by ONNX Runtime on the CPU",
+        shown="FILE",
+        required=True,
+    )
+    top_k: int | None = flag(
+        None,
+        f"classes shown per image (default: {DEFAULT_TOP_K}, or all of a model's classes when it has fewer)",
+        shown="N",
+    )
     json: bool = flag(False, "one JSON object per line: path and top-k classes with probabilities")
     batch_size: int = flag(256, "images per forward pass")
     tta: int | None = flag(None, "test-time augmentation 0, 1 or 2 (default: the checkpoint's tta)")
@@ -188,30 +234,51 @@ class PrepareDataFlags:
 class TuneFlags:
     """tune's own flags (its others are config keys); the record ``tune`` is asked with (``tuning.studies``)."""
 
-    space: str | None = flag(None, "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per "
-                             "config key", shown="FILE", required=True, waived_by="report_only")
+    space: str | None = flag(
+        None,
+        "YAML: key: {type: float|int|categorical, low, high, log, step, choices} per config key",
+        shown="FILE",
+        required=True,
+        waived_by="report_only",
+    )
     study: str | None = flag(None, "study name (also the folder under output_path)", shown="NAME", required=True)
     trials: int = flag(10, "trials this process runs (workers sharing a study add theirs up)")
-    storage: str | None = flag(None, "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL "
-                               "such as postgresql://user:password@host/db (default: sqlite in "
-                               "output_path/NAME/study.db)")
+    storage: str | None = flag(
+        None,
+        "journal:PATH (a file; shared filesystems), sqlite:///PATH or a database URL "
+        "such as postgresql://user:password@host/db (default: sqlite in "
+        "output_path/NAME/study.db)",
+    )
     sampler: str = flag("tpe", "tpe, random, or grid (every key categorical or an int range)")
     sampler_seed: int | None = flag(None, "seed of the sampler (give each worker its own)")
     pruner: str = flag(PrunerSpec.name, "median, hyperband or none; asked after every validation (validate_every)")
-    pruner_startup_trials: int = flag(PrunerSpec.startup_trials, "median pruner: trials that run to the end before "
-                                      "any is pruned")
-    pruner_warmup_epochs: int = flag(PrunerSpec.warmup_epochs, "median pruner: epochs of each trial that are never "
-                                     "pruned")
+    pruner_startup_trials: int = flag(
+        PrunerSpec.startup_trials, "median pruner: trials that run to the end before any is pruned"
+    )
+    pruner_warmup_epochs: int = flag(
+        PrunerSpec.warmup_epochs, "median pruner: epochs of each trial that are never pruned"
+    )
     final_test: bool = flag(True, "after the last trial, the best trial's best model on the test set, once")
-    heartbeat: int = flag(60, "seconds between liveness beats of a running trial (database storages): a trial silent "
-                          "for 2 beats is failed and run again from its newest checkpoint by a worker")
+    heartbeat: int = flag(
+        60,
+        "seconds between liveness beats of a running trial (database storages): a trial silent "
+        "for 2 beats is failed and run again from its newest checkpoint by a worker",
+    )
     report_only: bool = flag(False, "only print the table and write best_config.yaml and the plots of the study")
 
 
-BATCH_SIZE, REPORT, DOCTOR, CONFIG = (flags_of(BatchSizeFlags), flags_of(ReportFlags), flags_of(DoctorFlags),
-                                      flags_of(ConfigFlags))
-EVALUATE, PREDICT, PREPARE_DATA, TUNE = (flags_of(EvaluateFlags), flags_of(PredictFlags),
-                                         flags_of(PrepareDataFlags), flags_of(TuneFlags))
+BATCH_SIZE, REPORT, DOCTOR, CONFIG = (
+    flags_of(BatchSizeFlags),
+    flags_of(ReportFlags),
+    flags_of(DoctorFlags),
+    flags_of(ConfigFlags),
+)
+EVALUATE, PREDICT, PREPARE_DATA, TUNE = (
+    flags_of(EvaluateFlags),
+    flags_of(PredictFlags),
+    flags_of(PrepareDataFlags),
+    flags_of(TuneFlags),
+)
 
 
 def others(given: Mapping[str, Any], *declared: Iterable[Flag]) -> dict[str, Any]:
@@ -237,22 +304,30 @@ def resolve(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -
 
 def refuse_missing(command: str, values: Mapping[str, Any], *declared: Iterable[Flag]) -> None:
     """One line naming every required flag without a value (unless the switch that waives it is on)."""
-    missing = [one for flags in declared for one in flags
-               if one.required and values.get(one.name) is None and not (one.waived_by and values.get(one.waived_by))]
+    missing = [
+        one
+        for flags in declared
+        for one in flags
+        if one.required and values.get(one.name) is None and not (one.waived_by and values.get(one.waived_by))
+    ]
     if missing:
-        raise UserError(f"{command} needs {' and '.join(f'--{one.name}={one.shown}' for one in missing)} "
-                        f"(cifar10-dist {command} --help)")
+        raise UserError(
+            f"{command} needs {' and '.join(f'--{one.name}={one.shown}' for one in missing)} "
+            f"(cifar10-dist {command} --help)"
+        )
 
 
 def split(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A command that also takes config keys: its own flags resolved (``resolve``), and the rest (the keys)."""
     names = defaults(*declared)
-    return resolve(command, {key: value for key, value in given.items() if key in names}, *declared), \
-        others(given, *declared)
+    return resolve(command, {key: value for key, value in given.items() if key in names}, *declared), others(
+        given, *declared
+    )
 
 
-def refuse_unknown_keys(command: str, given: Mapping[str, Any], *declared: Iterable[Flag],
-                        elsewhere: Mapping[str, Iterable[str]] = {}) -> None:
+def refuse_unknown_keys(
+    command: str, given: Mapping[str, Any], *declared: Iterable[Flag], elsewhere: Mapping[str, Iterable[str]] = {}
+) -> None:
     """One line for a flag of a command that also takes config keys when it is neither one of its own flags nor a
     config key a user sets: the closest of those the command accepts, its own flags first ("did you mean"), or
     the command that takes it (``elsewhere``: command -> its flags)."""
@@ -267,19 +342,29 @@ def refuse_unknown_keys(command: str, given: Mapping[str, Any], *declared: Itera
         takers = [other for other, flags in elsewhere.items() if other != command and key in flags]
         if not own and not takers:
             continue  # the config's own check speaks (config.loading: "unknown config key ...")
-        hint = (f"did you mean --{close[0]}?" if close else
-                f"{takers[0]} takes it: cifar10-dist {takers[0]} --{key}=..." if takers else "no flag or key is close")
+        hint = (
+            f"did you mean --{close[0]}?"
+            if close
+            else f"{takers[0]} takes it: cifar10-dist {takers[0]} --{key}=..."
+            if takers
+            else "no flag or key is close"
+        )
         takes = f"its flags ({', '.join('--' + name for name in own)}) and " if own else ""
-        raise UserError(f"{command} does not take --{key} ({hint}): it takes {takes}the config keys "
-                        f"(cifar10-dist {command} --help)")
+        raise UserError(
+            f"{command} does not take --{key} ({hint}): it takes {takes}the config keys (cifar10-dist {command} --help)"
+        )
 
 
 def usage(command: str, *declared: Iterable[Flag], before: Iterable[str] = (), after: Iterable[str] = ()) -> str:
     """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths), every
     other flag with its default, then ``after``; wrapped under the command."""
     flags = [one for group in declared for one in group]
-    words = [*(one.usage() for one in flags if one.required), *before,
-             *(one.usage() for one in flags if not one.required), *after]
+    words = [
+        *(one.usage() for one in flags if one.required),
+        *before,
+        *(one.usage() for one in flags if not one.required),
+        *after,
+    ]
     head = f"Usage: cifar10-dist {command} "
     lines, line = [], head
     for word in words:
@@ -302,5 +387,7 @@ def refuse_unknown(command: str, given: Mapping[str, Any], *declared: Iterable[F
     if unknown:
         close = difflib.get_close_matches(unknown[0], names, n=1)
         hint = f" (did you mean --{close[0]}?)" if close else ""
-        raise UserError(f"{command} does not take --{unknown[0]}{hint}: its flags are "
-                        f"{', '.join('--' + name for name in names)} (cifar10-dist {command} --help)")
+        raise UserError(
+            f"{command} does not take --{unknown[0]}{hint}: its flags are "
+            f"{', '.join('--' + name for name in names)} (cifar10-dist {command} --help)"
+        )

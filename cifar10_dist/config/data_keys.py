@@ -14,46 +14,98 @@ from cifar10_dist.config.options import AT_LEAST_0, Bounds, option
 class DataKeys:
     """The data a run reads and how it is fed."""
 
-    dataset: str = option("cifar10", "cifar10 or cifar100 (files in data_path), synthetic (generated in memory), or "
-                          "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)",
-                          tunable=False, inherited_by_evaluate=True)
-    data_path: str = option("cifar10", "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when "
-                            "missing)", per_worker=True, inherited_by_evaluate=True)
-    label_mode: Literal["fine", "coarse"] = option("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20 "
-                                                   "superclasses)", choices_read="fine or coarse",
-                                                   inherited_by_evaluate=True)
-    download: bool = option(True, "download CIFAR-10 into data_path when it is missing (False: fail at once)",
-                            per_worker=True)
-    image_size: int = option(32, "dataset=folder: images are stored and trained at this size (shorter side scaled, "
-                             "centre crop); CIFAR is 32", bounds=Bounds(8, 1024, reads="in 8..1024 pixels"),
-                             inherited_by_evaluate=True)
-    skip_bad_images: bool = option(False, "dataset=folder: train without unreadable image files (else refused, "
-                                   "naming them)", tunable=False, inherited_by_evaluate=True)
-    drop_test_duplicates: bool = option(False, "dataset=folder: remove test/val images that are exact copies of "
-                                        "training images (always counted and warned about)",
-                                        tunable=False, inherited_by_evaluate=True)
-    cache_dir: Optional[str] = option(None, "dataset=folder: where the decoded images are cached (default: "
-                                      "data_path/.cifar10_dist_cache); a node-local folder (e.g. $SLURM_TMPDIR) "
-                                      "gets a copy of the cache beside the data when there is one, once per node",
-                                      per_worker=True, inherited_by_evaluate=True)
-    synthetic_size: int = option(5000, "training images when dataset=synthetic (test set: a fifth of it)",
-                                 bounds=Bounds(10, reads="at least 10 (it is too small)"),
-                                 tunable=False, inherited_by_evaluate=True)
-    num_workers: Union[int, str] = option("auto", "DataLoader worker processes per node (split over local processes); "
-                                          "auto: 0 on a CPU from images that fit in memory, 2 from disk; on an "
-                                          "accelerator each process's cores but one, 2 to 8", also=("auto",),
-                                          bounds=AT_LEAST_0, per_worker=True)
-    train_eval_size: int = option(5000, "size of the fixed, non-augmented train subset used for train metrics",
-                                  bounds=Bounds(0, reads="0 (off) or more"))
-    val_split: float = option(0.0, "fraction of training images held out for validation and best-model choice; "
-                              "test set then used once at the end (0: validate on the test set)",
-                              bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"), tunable=False)
+    dataset: str = option(
+        "cifar10",
+        "cifar10 or cifar100 (files in data_path), synthetic (generated in memory), or "
+        "folder (data_path/train/<class>/<images>, optionally test/ and val/: docs/your-data.md)",
+        tunable=False,
+        inherited_by_evaluate=True,
+    )
+    data_path: str = option(
+        "cifar10",
+        "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when missing)",
+        per_worker=True,
+        inherited_by_evaluate=True,
+    )
+    label_mode: Literal["fine", "coarse"] = option(
+        "fine",
+        "CIFAR-100 labels: fine (100 classes) or coarse (20 superclasses)",
+        choices_read="fine or coarse",
+        inherited_by_evaluate=True,
+    )
+    download: bool = option(
+        True, "download CIFAR-10 into data_path when it is missing (False: fail at once)", per_worker=True
+    )
+    image_size: int = option(
+        32,
+        "dataset=folder: images are stored and trained at this size (shorter side scaled, centre crop); CIFAR is 32",
+        bounds=Bounds(8, 1024, reads="in 8..1024 pixels"),
+        inherited_by_evaluate=True,
+    )
+    skip_bad_images: bool = option(
+        False,
+        "dataset=folder: train without unreadable image files (else refused, naming them)",
+        tunable=False,
+        inherited_by_evaluate=True,
+    )
+    drop_test_duplicates: bool = option(
+        False,
+        "dataset=folder: remove test/val images that are exact copies of "
+        "training images (always counted and warned about)",
+        tunable=False,
+        inherited_by_evaluate=True,
+    )
+    cache_dir: Optional[str] = option(
+        None,
+        "dataset=folder: where the decoded images are cached (default: "
+        "data_path/.cifar10_dist_cache); a node-local folder (e.g. $SLURM_TMPDIR) "
+        "gets a copy of the cache beside the data when there is one, once per node",
+        per_worker=True,
+        inherited_by_evaluate=True,
+    )
+    synthetic_size: int = option(
+        5000,
+        "training images when dataset=synthetic (test set: a fifth of it)",
+        bounds=Bounds(10, reads="at least 10 (it is too small)"),
+        tunable=False,
+        inherited_by_evaluate=True,
+    )
+    num_workers: Union[int, str] = option(
+        "auto",
+        "DataLoader worker processes per node (split over local processes); "
+        "auto: 0 on a CPU from images that fit in memory, 2 from disk; on an "
+        "accelerator each process's cores but one, 2 to 8",
+        also=("auto",),
+        bounds=AT_LEAST_0,
+        per_worker=True,
+    )
+    train_eval_size: int = option(
+        5000,
+        "size of the fixed, non-augmented train subset used for train metrics",
+        bounds=Bounds(0, reads="0 (off) or more"),
+    )
+    val_split: float = option(
+        0.0,
+        "fraction of training images held out for validation and best-model choice; "
+        "test set then used once at the end (0: validate on the test set)",
+        bounds=Bounds(0, 1, high_open=True, note=", e.g. 0.1"),
+        tunable=False,
+    )
     val_seed: int = option(0, "seed of the held-out choice (independent of seed and world size)", tunable=False)
-    data_on_device: Union[bool, str] = option("auto", "all images kept on the training device, batches sliced there; "
-                                              "auto: on a CUDA GPU if under 25% of its free memory", also=("auto",),
-                                                  may_change_on_resume=True)
+    data_on_device: Union[bool, str] = option(
+        "auto",
+        "all images kept on the training device, batches sliced there; "
+        "auto: on a CUDA GPU if under 25% of its free memory",
+        also=("auto",),
+        may_change_on_resume=True,
+    )
     sampler: Literal["shuffle", "balanced"] = option(
-        "shuffle", "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
-        "every class equally likely, with replacement: for imbalanced classes)")
-    class_weights: Optional[str] = option(None, "weight each class in the training loss: auto (inverse class "
-                                          "frequency of the training split) or one weight per class, e.g. 1,1,5")
+        "shuffle",
+        "training order: shuffle (each image once per epoch) or balanced (each epoch draws as many images, "
+        "every class equally likely, with replacement: for imbalanced classes)",
+    )
+    class_weights: Optional[str] = option(
+        None,
+        "weight each class in the training loss: auto (inverse class "
+        "frequency of the training split) or one weight per class, e.g. 1,1,5",
+    )

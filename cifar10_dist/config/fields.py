@@ -31,16 +31,32 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
     fields from the last base up, so the keys keep that order). Defaults follow the Ignite CIFAR-10 tutorial."""
 
     # set by tune
-    trial: Optional[TrialSpec] = option(None, "set by tune: the Optuna trial this run is (study, storage, number, "
-                                        "params); rank 0 reports each val accuracy there and the run may be pruned; "
-                                        "no test set", internal=True)
-    lr_found: Optional[dict] = option(None, "set by learning_rate=find: the sweep's suggestion and where its files "
-                                      "wait for the run folder", internal=True)
-    config_source: Optional[dict] = option(None, "set when a config file is read: its path and whether the package "
-                                         "ships it (provenance.json records it; config.yaml does not)",
-                                         internal=True, per_worker=True, compare=False)
-    mlflow_parent_run: Optional[str] = option(None, "set by tune: the MLflow run of the study, parent of this "
-                                              "trial's MLflow run", internal=True, per_worker=True)
+    trial: Optional[TrialSpec] = option(
+        None,
+        "set by tune: the Optuna trial this run is (study, storage, number, "
+        "params); rank 0 reports each val accuracy there and the run may be pruned; "
+        "no test set",
+        internal=True,
+    )
+    lr_found: Optional[dict] = option(
+        None,
+        "set by learning_rate=find: the sweep's suggestion and where its files wait for the run folder",
+        internal=True,
+    )
+    config_source: Optional[dict] = option(
+        None,
+        "set when a config file is read: its path and whether the package "
+        "ships it (provenance.json records it; config.yaml does not)",
+        internal=True,
+        per_worker=True,
+        compare=False,
+    )
+    mlflow_parent_run: Optional[str] = option(
+        None,
+        "set by tune: the MLflow run of the study, parent of this trial's MLflow run",
+        internal=True,
+        per_worker=True,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -69,12 +85,18 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
 _FIELD_NAMES = frozenset(FIELDS)
 # the keys by role, from the fields (``option``): never written by hand
-UNTUNABLE = tuple(name for name, f in FIELDS.items()
-                  if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"])
+UNTUNABLE = tuple(
+    name
+    for name, f in FIELDS.items()
+    if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"]
+)
 PER_WORKER = tuple(name for name, f in FIELDS.items() if f.metadata["per_worker"])
 INHERITED_BY_EVALUATE = tuple(name for name, f in FIELDS.items() if f.metadata["inherited_by_evaluate"])
-MAY_CHANGE_ON_RESUME = tuple(name for name, f in FIELDS.items() if f.metadata["may_change_on_resume"]
-                             or f.metadata["per_worker"] or f.metadata["internal"])
+MAY_CHANGE_ON_RESUME = tuple(
+    name
+    for name, f in FIELDS.items()
+    if f.metadata["may_change_on_resume"] or f.metadata["per_worker"] or f.metadata["internal"]
+)
 
 
 @functools.lru_cache(maxsize=None)

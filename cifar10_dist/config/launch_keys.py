@@ -14,17 +14,31 @@ class LaunchKeys:
     """Where and how the processes of a run start."""
 
     backend: Optional[Literal["gloo", "nccl", "xla-tpu", "horovod"]] = option(
-        None, "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
-        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)", per_worker=True)
-    nproc_per_node: Optional[int] = option(None, "processes to spawn on this node (not under torchrun)",
-                                           bounds=Bounds(1, reads=">= 1"), per_worker=True)
-    nnodes: Optional[int] = option(None, "number of nodes when spawning (with nproc_per_node)", bounds=AT_LEAST_1,
-                                   per_worker=True)
+        None,
+        "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
+        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)",
+        per_worker=True,
+    )
+    nproc_per_node: Optional[int] = option(
+        None, "processes to spawn on this node (not under torchrun)", bounds=Bounds(1, reads=">= 1"), per_worker=True
+    )
+    nnodes: Optional[int] = option(
+        None, "number of nodes when spawning (with nproc_per_node)", bounds=AT_LEAST_1, per_worker=True
+    )
     node_rank: Optional[int] = option(None, "rank of this node when spawning over several nodes", per_worker=True)
     master_addr: Optional[str] = option(None, "address of node 0 when spawning over several nodes", per_worker=True)
-    master_port: Optional[int] = option(None, "free TCP port on node 0 when spawning (default: a free one, 1 node)",
-                                        bounds=Bounds(1, 65535), per_worker=True)
-    init_method: str = option("env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file",
-                              per_worker=True)
-    dist_timeout: int = option(1800, "seconds a process waits for the others in a gloo/nccl collective before failing",
-                               bounds=Bounds(1, reads="at least 1 second"), per_worker=True)
+    master_port: Optional[int] = option(
+        None,
+        "free TCP port on node 0 when spawning (default: a free one, 1 node)",
+        bounds=Bounds(1, 65535),
+        per_worker=True,
+    )
+    init_method: str = option(
+        "env://", "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file", per_worker=True
+    )
+    dist_timeout: int = option(
+        1800,
+        "seconds a process waits for the others in a gloo/nccl collective before failing",
+        bounds=Bounds(1, reads="at least 1 second"),
+        per_worker=True,
+    )

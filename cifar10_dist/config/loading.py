@@ -21,8 +21,9 @@ from cifar10_dist.config.yaml_files import config_path, read_yaml_mapping, sourc
 from cifar10_dist.errors import UserError
 
 
-def load_config(config_file: str | Path | None = None, *, given: Collection[str] | None = None,
-                **overrides: Any) -> Config:
+def load_config(
+    config_file: str | Path | None = None, *, given: Collection[str] | None = None, **overrides: Any
+) -> Config:
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
     path = config_path(config_file) if config_file is not None else None
@@ -38,8 +39,13 @@ def load_config(config_file: str | Path | None = None, *, given: Collection[str]
         typed["model"] = absolute_model_reference(typed["model"])
     explicit = set(overrides if given is None else given)
     if "checkpoint_every" not in explicit:
-        source = ("the default" if "checkpoint_every" not in values
-                  else f"from {config_file}" if config_file is not None else "from the config given")
+        source = (
+            "the default"
+            if "checkpoint_every" not in values
+            else f"from {config_file}"
+            if config_file is not None
+            else "from the config given"
+        )
         _checkpoints_after_steps(typed, source)
     if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:
         _warmup_within_a_shorter_run(typed, from_file, config_file)
@@ -53,8 +59,10 @@ def _note_an_unread_namesake(given: str, path: Path) -> None:
     folder."""
     namesake = unread_namesake(given, path)
     if namesake is not None:
-        note(f"--config={given} is the shipped config of that name; the {namesake} in this folder is not read "
-             f"(--config=./{namesake} reads it)")
+        note(
+            f"--config={given} is the shipped config of that name; the {namesake} in this folder is not read "
+            f"(--config=./{namesake} reads it)"
+        )
 
 
 def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
@@ -65,8 +73,10 @@ def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
     if steps < 1 or every < 1 or every % steps == 0:
         return  # validate() names a bad value
     typed["checkpoint_every"] = -(-every // steps) * steps
-    note(f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
-         f"accumulation_steps={steps}: checkpoints are taken after optimizer steps")
+    note(
+        f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
+        f"accumulation_steps={steps}: checkpoints are taken after optimizer steps"
+    )
 
 
 def _warmup_within_a_shorter_run(typed: dict[str, Any], from_file: dict[str, Any], config_file: Any) -> None:
@@ -82,8 +92,10 @@ def _warmup_within_a_shorter_run(typed: dict[str, Any], from_file: dict[str, Any
     if planned <= warmup:
         return  # the file's own warmup does not fit its own epochs: validate() refuses it
     typed["num_warmup_epochs"] = round(warmup * epochs / planned, 4)
-    note(f"num_warmup_epochs={warmup} ({source}) scaled to {typed['num_warmup_epochs']} for num_epochs={epochs}: "
-         f"the same share of the run as {warmup} of {planned} epochs")
+    note(
+        f"num_warmup_epochs={warmup} ({source}) scaled to {typed['num_warmup_epochs']} for num_epochs={epochs}: "
+        f"the same share of the run as {warmup} of {planned} epochs"
+    )
 
 
 def note(message: str) -> None:
@@ -164,9 +176,9 @@ def _json_object(name: str, value: Any) -> dict[str, Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
-            raise UserError(f"{name}={value!r} is not valid JSON ({error.msg}): give an object, "
-                            "e.g. '{\"width\": 64}'"
-                            ) from error
+            raise UserError(
+                f"{name}={value!r} is not valid JSON ({error.msg}): give an object, e.g. '{{\"width\": 64}}'"
+            ) from error
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise UserError(f"{name}={value!r} must be a JSON object with string keys, e.g. '{{\"width\": 64}}'")
     try:

@@ -30,8 +30,13 @@ class Bounds:
         if self.reads is not None:
             text = self.reads
         elif self.high is None:
-            text = (f"greater than {self.low:g}" if self.low_open else "0 or more" if self.low == 0
-                    else f"at least {self.low:g}")
+            text = (
+                f"greater than {self.low:g}"
+                if self.low_open
+                else "0 or more"
+                if self.low == 0
+                else f"at least {self.low:g}"
+            )
         elif whole:
             text = f"in {self.low:g}..{self.high:g}"
         else:
@@ -43,9 +48,19 @@ AT_LEAST_1, AT_LEAST_0, ABOVE_0 = Bounds(1), Bounds(0), Bounds(0, low_open=True)
 FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
 
 
-def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds | None = None,
-           choices_read: str | None = None, internal: bool = False, tunable: bool = True, per_worker: bool = False,
-           inherited_by_evaluate: bool = False, may_change_on_resume: bool = False, compare: bool = True) -> Any:
+def option(
+    default: Any,
+    help: str,
+    also: tuple[str, ...] = (),
+    bounds: Bounds | None = None,
+    choices_read: str | None = None,
+    internal: bool = False,
+    tunable: bool = True,
+    per_worker: bool = False,
+    inherited_by_evaluate: bool = False,
+    may_change_on_resume: bool = False,
+    compare: bool = True,
+) -> Any:
     """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
     ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
     accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
@@ -57,7 +72,18 @@ def option(default: Any, help: str, also: tuple[str, ...] = (), bounds: Bounds |
     ``compare=False``: a record of where the values came from, left out when two configs are compared.
     The lists of keys by role (``UNTUNABLE``, ``PER_WORKER``, ``INHERITED_BY_EVALUATE``, ``MAY_CHANGE_ON_RESUME``)
     are derived from these, below the class."""
-    return field(default=default, compare=compare, metadata={"help": help, "also": also, "bounds": bounds,
-                                            "choices_read": choices_read, "internal": internal, "tunable": tunable,
-                                            "per_worker": per_worker, "inherited_by_evaluate": inherited_by_evaluate,
-                                            "may_change_on_resume": may_change_on_resume})
+    return field(
+        default=default,
+        compare=compare,
+        metadata={
+            "help": help,
+            "also": also,
+            "bounds": bounds,
+            "choices_read": choices_read,
+            "internal": internal,
+            "tunable": tunable,
+            "per_worker": per_worker,
+            "inherited_by_evaluate": inherited_by_evaluate,
+            "may_change_on_resume": may_change_on_resume,
+        },
+    )

@@ -14,100 +14,186 @@ from cifar10_dist.config.options import ABOVE_0, AT_LEAST_0, AT_LEAST_1, FRACTIO
 class TrainingKeys:
     """The model, its start, and how it is optimised."""
 
-    model: str = option("resnet18", "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
-                        "your own: package.module:factory or path/to/file.py:factory", inherited_by_evaluate=True)
-    pretrained: Optional[str] = option(None, "start from pretrained weights: a torchvision weights name (DEFAULT, "
-                                       "IMAGENET1K_V1, ...) for a torchvision model, true for a timm model (its "
-                                       "pretrained tag), or a file: one of our checkpoints or best-model files, a "
-                                       "state-dict .pt/.pth or a .safetensors file; the head is new for the run's "
-                                       "classes (docs/fine-tuning.md)", also=("true",))
-    freeze_epochs: int = option(0, "train the head (the model's last Linear) alone for the first N epochs: the rest's "
-                                "lr is 0 and its BatchNorm statistics are frozen; then everything trains",
-                                bounds=AT_LEAST_0)
-    backbone_lr_scale: float = option(1.0, "learning-rate factor of everything but the head (the model's last "
-                                      "Linear), e.g. 0.1 when fine-tuning pretrained weights", bounds=ABOVE_0)
-    teacher: Optional[str] = option(None, "distil from this teacher: one of our checkpoints or best-model files (its "
-                                    "model rebuilt), or a model name whose weights teacher_pretrained gives; it must "
-                                    "have the run's classes (docs/ship-it.md)", tunable=False)
-    teacher_pretrained: Optional[str] = option(None, "the teacher's weights when teacher is a model name: a "
-                                                     "torchvision "
-                                               "weights name, true for timm, or a file that records its classes",
-                                               also=("true",), tunable=False)
-    distill_alpha: float = option(0.5, "with a teacher: the weight of its softened targets in the loss (the run's "
-                                  "own loss has 1 - distill_alpha)", bounds=Bounds(0, 1, reads="in [0, 1]"))
-    distill_temperature: float = option(4.0, "with a teacher: the temperature both distributions are softened with "
-                                        "(the soft loss is multiplied by its square)", bounds=ABOVE_0)
-    model_kwargs: Optional[dict] = option(None, "keyword arguments of the model's factory, a JSON object "
-                                          "(e.g. '{\"width\": 64}')", inherited_by_evaluate=True)
+    model: str = option(
+        "resnet18",
+        "torchvision classification model, cifar_resnet18/34/50, airbench, simple_cnn, or "
+        "your own: package.module:factory or path/to/file.py:factory",
+        inherited_by_evaluate=True,
+    )
+    pretrained: Optional[str] = option(
+        None,
+        "start from pretrained weights: a torchvision weights name (DEFAULT, "
+        "IMAGENET1K_V1, ...) for a torchvision model, true for a timm model (its "
+        "pretrained tag), or a file: one of our checkpoints or best-model files, a "
+        "state-dict .pt/.pth or a .safetensors file; the head is new for the run's "
+        "classes (docs/fine-tuning.md)",
+        also=("true",),
+    )
+    freeze_epochs: int = option(
+        0,
+        "train the head (the model's last Linear) alone for the first N epochs: the rest's "
+        "lr is 0 and its BatchNorm statistics are frozen; then everything trains",
+        bounds=AT_LEAST_0,
+    )
+    backbone_lr_scale: float = option(
+        1.0,
+        "learning-rate factor of everything but the head (the model's last "
+        "Linear), e.g. 0.1 when fine-tuning pretrained weights",
+        bounds=ABOVE_0,
+    )
+    teacher: Optional[str] = option(
+        None,
+        "distil from this teacher: one of our checkpoints or best-model files (its "
+        "model rebuilt), or a model name whose weights teacher_pretrained gives; it must "
+        "have the run's classes (docs/ship-it.md)",
+        tunable=False,
+    )
+    teacher_pretrained: Optional[str] = option(
+        None,
+        "the teacher's weights when teacher is a model name: a "
+        "torchvision "
+        "weights name, true for timm, or a file that records its classes",
+        also=("true",),
+        tunable=False,
+    )
+    distill_alpha: float = option(
+        0.5,
+        "with a teacher: the weight of its softened targets in the loss (the run's own loss has 1 - distill_alpha)",
+        bounds=Bounds(0, 1, reads="in [0, 1]"),
+    )
+    distill_temperature: float = option(
+        4.0,
+        "with a teacher: the temperature both distributions are softened with "
+        "(the soft loss is multiplied by its square)",
+        bounds=ABOVE_0,
+    )
+    model_kwargs: Optional[dict] = option(
+        None,
+        "keyword arguments of the model's factory, a JSON object (e.g. '{\"width\": 64}')",
+        inherited_by_evaluate=True,
+    )
     seed: int = option(543, "random seed of model init, shuffling and augmentation (distinct per rank and iteration)")
-    seeds: int = option(1, "train this many times, with seed, seed+1, ...; report mean, std, min and max",
-                        bounds=AT_LEAST_1, tunable=False)
-    deterministic: bool = option(False,
-                                 "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists",
-                                     may_change_on_resume=True)
+    seeds: int = option(
+        1,
+        "train this many times, with seed, seed+1, ...; report mean, std, min and max",
+        bounds=AT_LEAST_1,
+        tunable=False,
+    )
+    deterministic: bool = option(
+        False,
+        "deterministic algorithms only (torch, cuDNN, cuBLAS); errors where none exists",
+        may_change_on_resume=True,
+    )
     batch_size: int = option(512, "global batch size, split evenly over all processes", bounds=AT_LEAST_1)
-    accumulation_steps: int = option(1, "sum the gradients of N consecutive batches (each loss divided by N) before "
-                                     "one optimizer step: effective batch = batch_size x N; the LR schedule, "
-                                     "checkpoint_every and logging count batches (iterations)",
-                                     bounds=Bounds(1, note=" (1: no accumulation)"))
-    optimizer: Literal["sgd", "adamw"] = option("sgd", "sgd or adamw (torch.optim.AdamW: adam_beta1, adam_beta2, "
-                                                       "adam_eps)")
-    learning_rate: Union[float, str] = option(0.4, "peak learning rate reached after the warmup; find: sweep it first "
-                                              "as lr-find does (its defaults) and train with the suggestion "
-                                              "(docs/before-you-train.md)", also=("find",), bounds=ABOVE_0)
+    accumulation_steps: int = option(
+        1,
+        "sum the gradients of N consecutive batches (each loss divided by N) before "
+        "one optimizer step: effective batch = batch_size x N; the LR schedule, "
+        "checkpoint_every and logging count batches (iterations)",
+        bounds=Bounds(1, note=" (1: no accumulation)"),
+    )
+    optimizer: Literal["sgd", "adamw"] = option(
+        "sgd", "sgd or adamw (torch.optim.AdamW: adam_beta1, adam_beta2, adam_eps)"
+    )
+    learning_rate: Union[float, str] = option(
+        0.4,
+        "peak learning rate reached after the warmup; find: sweep it first "
+        "as lr-find does (its defaults) and train with the suggestion "
+        "(docs/before-you-train.md)",
+        also=("find",),
+        bounds=ABOVE_0,
+    )
     momentum: float = option(0.9, "SGD momentum", bounds=FRACTION)
     nesterov: bool = option(True, "use Nesterov momentum")
     weight_decay: float = option(1e-4, "weight decay (SGD's L2 term, AdamW's decoupled decay)", bounds=AT_LEAST_0)
-    norm_weight_decay: Optional[float] = option(None, "weight decay of normalisation layers' weights and biases "
-                                                "(None: weight_decay), as torchvision's reference names it",
-                                                bounds=Bounds(0, note=" (or None: weight_decay)"))
-    bias_weight_decay: Optional[float] = option(None, "weight decay of every bias (None: weight_decay; before "
-                                                "norm_weight_decay for norm biases)",
-                                                bounds=Bounds(0, note=" (or None: weight_decay)"))
+    norm_weight_decay: Optional[float] = option(
+        None,
+        "weight decay of normalisation layers' weights and biases "
+        "(None: weight_decay), as torchvision's reference names it",
+        bounds=Bounds(0, note=" (or None: weight_decay)"),
+    )
+    bias_weight_decay: Optional[float] = option(
+        None,
+        "weight decay of every bias (None: weight_decay; before norm_weight_decay for norm biases)",
+        bounds=Bounds(0, note=" (or None: weight_decay)"),
+    )
     adam_beta1: float = option(0.9, "adamw: beta1")
     adam_beta2: float = option(0.999, "adamw: beta2")
     adam_eps: float = option(1e-8, "adamw: eps", bounds=ABOVE_0)
-    clip_grad_norm: Optional[float] = option(1.0, "clip the gradient's total norm to this (after unscaling under "
-                                             "fp16; the accumulated gradient); the pre-clip norm is logged; the "
-                                             "default 1.0 keeps the ResNet-18 recipe's first epoch from a loss spike",
-                                             bounds=Bounds(0, low_open=True, note=" (or None: off)"))
-    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm over all processes (nccl: torch's "
-                           "SyncBatchNorm computes on GPUs only)")
-    label_smoothing: float = option(0.0, "label smoothing of the training loss (evaluation loss is plain)",
-                                    bounds=FRACTION)
-    bias_lr_scale: float = option(1.0, "learning-rate factor for normalisation-layer biases (their weight decay is "
-                                  "divided by it, so the decay per step stays)", bounds=ABOVE_0)
-    whitening_bias_lr_scale: float = option(1.0, "learning-rate factor for the airbench whitening bias (weight decay "
-                                            "divided by it)", bounds=ABOVE_0)
-    whitening_bias_epochs: float = option(3.0, "epochs the airbench whitening bias trains before it freezes, as "
-                                          "airbench does", bounds=ABOVE_0)
-    whitening_bias_decay: bool = option(False, "the whitening bias's lr falls linearly from its peak to 0 over "
-                                        "whitening_bias_epochs (airbench94_muon) instead of following the schedule")
-    muon_lr: Optional[float] = option(None, "train the convolution filters with torch.optim.Muon at this peak lr "
-                                      "(torch 2.9+; the rest with SGD), as airbench94_muon does; follows the same "
-                                      "schedule", bounds=Bounds(0, low_open=True, note=" (or None: SGD only)"))
+    clip_grad_norm: Optional[float] = option(
+        1.0,
+        "clip the gradient's total norm to this (after unscaling under "
+        "fp16; the accumulated gradient); the pre-clip norm is logged; the "
+        "default 1.0 keeps the ResNet-18 recipe's first epoch from a loss spike",
+        bounds=Bounds(0, low_open=True, note=" (or None: off)"),
+    )
+    sync_bn: bool = option(
+        False,
+        "convert BatchNorm to SyncBatchNorm over all processes (nccl: torch's SyncBatchNorm computes on GPUs only)",
+    )
+    label_smoothing: float = option(
+        0.0, "label smoothing of the training loss (evaluation loss is plain)", bounds=FRACTION
+    )
+    bias_lr_scale: float = option(
+        1.0,
+        "learning-rate factor for normalisation-layer biases (their weight decay is "
+        "divided by it, so the decay per step stays)",
+        bounds=ABOVE_0,
+    )
+    whitening_bias_lr_scale: float = option(
+        1.0, "learning-rate factor for the airbench whitening bias (weight decay divided by it)", bounds=ABOVE_0
+    )
+    whitening_bias_epochs: float = option(
+        3.0, "epochs the airbench whitening bias trains before it freezes, as airbench does", bounds=ABOVE_0
+    )
+    whitening_bias_decay: bool = option(
+        False,
+        "the whitening bias's lr falls linearly from its peak to 0 over "
+        "whitening_bias_epochs (airbench94_muon) instead of following the schedule",
+    )
+    muon_lr: Optional[float] = option(
+        None,
+        "train the convolution filters with torch.optim.Muon at this peak lr "
+        "(torch 2.9+; the rest with SGD), as airbench94_muon does; follows the same "
+        "schedule",
+        bounds=Bounds(0, low_open=True, note=" (or None: SGD only)"),
+    )
     muon_momentum: float = option(0.6, "Muon's Nesterov momentum (with muon_lr)", bounds=FRACTION)
     muon_ns_steps: int = option(3, "Muon's Newton-Schulz iterations per step (with muon_lr)", bounds=Bounds(1, 20))
     num_epochs: int = option(5, "number of training epochs", bounds=AT_LEAST_1)
-    num_warmup_epochs: float = option(1.0, "epochs (may be fractional) of linear warmup to learning_rate, then "
-                                      "linear decay")
+    num_warmup_epochs: float = option(
+        1.0, "epochs (may be fractional) of linear warmup to learning_rate, then linear decay"
+    )
     lr_start: float = option(0.0, "learning rate at iteration 0, as a fraction of learning_rate")
     lr_end: float = option(0.0, "learning rate at the last iteration, as a fraction of learning_rate")
     lr_schedule: Literal["linear", "cosine", "step"] = option(
-        "linear", "after the warmup: linear (to lr_end), cosine (torch's CosineAnnealingLR to lr_end) or step "
-        "(x lr_gamma at each of lr_milestones)")
+        "linear",
+        "after the warmup: linear (to lr_end), cosine (torch's CosineAnnealingLR to lr_end) or step "
+        "(x lr_gamma at each of lr_milestones)",
+    )
     lr_milestones: Optional[str] = option(None, "step: epochs at which the lr is multiplied by lr_gamma, e.g. 30,60")
     lr_gamma: float = option(0.1, "step: the factor at each milestone", bounds=Bounds(0, 1, low_open=True))
-    ema_decay: Optional[float] = option(None, "keep an exponential moving average of the weights, this decay per "
-                                        "optimizer step (e.g. 0.999), warmed up from 0.9 over the LR warm-up; it is "
-                                        "evaluated next to the model, chooses the best model and takes the test",
-                                        bounds=Bounds(0, 1, low_open=True, high_open=True, note=", e.g. 0.999"))
-    lookahead: bool = option(False, "airbench's lookahead: from 30% of training, every 5 steps move the weights "
-                             "to an EMA of them whose decay grows to 0.77")
-    epoch_length: Optional[int] = option(None, "iterations per epoch (default: one pass over the training set)",
-                                         bounds=AT_LEAST_1)
-    select_fraction: float = option(1.0, "data selection: each step trains on this fraction of each process's batch, "
-                                    "the highest-loss images under a no-grad forward of the model (1: off)",
-                                    bounds=Bounds(0, 1, low_open=True, note=" (1: off)"))
-    select_until: float = option(1.0, "data selection: the fraction of training it applies to",
-                                 bounds=Bounds(0, 1, low_open=True))
+    ema_decay: Optional[float] = option(
+        None,
+        "keep an exponential moving average of the weights, this decay per "
+        "optimizer step (e.g. 0.999), warmed up from 0.9 over the LR warm-up; it is "
+        "evaluated next to the model, chooses the best model and takes the test",
+        bounds=Bounds(0, 1, low_open=True, high_open=True, note=", e.g. 0.999"),
+    )
+    lookahead: bool = option(
+        False,
+        "airbench's lookahead: from 30% of training, every 5 steps move the weights "
+        "to an EMA of them whose decay grows to 0.77",
+    )
+    epoch_length: Optional[int] = option(
+        None, "iterations per epoch (default: one pass over the training set)", bounds=AT_LEAST_1
+    )
+    select_fraction: float = option(
+        1.0,
+        "data selection: each step trains on this fraction of each process's batch, "
+        "the highest-loss images under a no-grad forward of the model (1: off)",
+        bounds=Bounds(0, 1, low_open=True, note=" (1: off)"),
+    )
+    select_until: float = option(
+        1.0, "data selection: the fraction of training it applies to", bounds=Bounds(0, 1, low_open=True)
+    )

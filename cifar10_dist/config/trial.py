@@ -42,9 +42,15 @@ class TrialSpec:
             return values
         keys = {f.name for f in dataclasses.fields(cls)}
         pruner_keys = {f.name for f in dataclasses.fields(PrunerSpec)}
-        if (not isinstance(values, dict) or not {"study", "storage", "number", "params"} <= set(values) <= keys
-                or not isinstance(values.get("pruner", {}), dict) or not set(values.get("pruner", {})) <= pruner_keys):
-            raise UserError(f"trial={values!r} is not a tuning trial: expected study, storage, number, params and "
-                            f"pruner ({', '.join(sorted(pruner_keys))}); tune sets this key, leave it out")
+        if (
+            not isinstance(values, dict)
+            or not {"study", "storage", "number", "params"} <= set(values) <= keys
+            or not isinstance(values.get("pruner", {}), dict)
+            or not set(values.get("pruner", {})) <= pruner_keys
+        ):
+            raise UserError(
+                f"trial={values!r} is not a tuning trial: expected study, storage, number, params and "
+                f"pruner ({', '.join(sorted(pruner_keys))}); tune sets this key, leave it out"
+            )
         pruner = PrunerSpec(**values.get("pruner", {}))
         return cls(**{**values, "params": dict(values["params"]), "pruner": pruner})

@@ -101,8 +101,9 @@ def _what_exists(path: Path, example: str) -> str:
         hint = f"did you mean '{close[0] if path.parent == Path('.') else f'configs/{close[0]}.yaml'}'? "
     else:
         hint = ""
-    return (f"{hint}give a path to a YAML file, or the name of a shipped one (e.g. {example}; shipped: "
-            f"{', '.join(names)})")
+    return (
+        f"{hint}give a path to a YAML file, or the name of a shipped one (e.g. {example}; shipped: {', '.join(names)})"
+    )
 
 
 def _decoded(raw: bytes, what: str) -> str:
@@ -113,8 +114,10 @@ def _decoded(raw: bytes, what: str) -> str:
     except UnicodeDecodeError as error:
         before = raw[: error.start]
         line, column = before.count(b"\n") + 1, error.start - (before.rfind(b"\n") + 1) + 1
-        raise UserError(f"{what} is not UTF-8 text at line {line}, column {column}: byte 0x{raw[error.start]:02x} "
-                        "(saved as Latin-1 or Windows-1252?): save it as UTF-8") from error
+        raise UserError(
+            f"{what} is not UTF-8 text at line {line}, column {column}: byte 0x{raw[error.start]:02x} "
+            "(saved as Latin-1 or Windows-1252?): save it as UTF-8"
+        ) from error
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -19,11 +19,7 @@ PAD = 4  # pixels of padding before the random crop, CIFAR's default
 
 
 def augment(
-    images: torch.Tensor,
-    generator: torch.Generator,
-    padding: int = PAD,
-    pad_mode: str = "zeros",
-    flip: str = "random",
+    images: torch.Tensor, generator: torch.Generator, padding: int = PAD, pad_mode: str = "zeros", flip: str = "random"
 ) -> torch.Tensor:
     """Pad (zeros or reflect), take a random 32x32 crop per image and flip (``random``: each image with
     probability 1/2, ``all`` or ``none``), on a uint8 batch.
@@ -45,8 +41,9 @@ def crop_draws(count: int, generator: torch.Generator, padding: int, flip: str) 
     return offsets, flips
 
 
-def cut(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, padding: int, pad_mode: str = "zeros"
-        ) -> torch.Tensor:
+def cut(
+    images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, padding: int, pad_mode: str = "zeros"
+) -> torch.Tensor:
     """Each image padded (zeros or reflect), cut at its ``offsets`` (2, N) and mirrored where ``flips``, in one
     gather (the draws already on the images' device)."""
     if padding == 0:  # a flip alone, without the gather of a crop
@@ -94,8 +91,9 @@ def flip_draws(count: int, generator: torch.Generator, flip: str = "random") -> 
     return crop_draws(count, generator, 0, flip)[1]
 
 
-def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+def resized_crops(
+    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+) -> torch.Tensor:
     """Each uint8 image's box (top, left, height, width) resized to size x size, mirrored where ``flips`` says:
     torchvision's ``resized_crop`` (bilinear, antialiased) per image, on the batch's device (on a CPU the uint8
     kernel it calls, ``interpolate``, called directly: SIMD, no float copy, the same numbers), written straight
@@ -110,7 +108,7 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: t
     mirrored = [False] * len(images) if flips is None else flips.tolist()
     for index, ((top, left, height, width), mirror) in enumerate(zip(boxes.tolist(), mirrored)):
         if on_cpu:
-            box = images[index:index + 1, :, top:top + height, left:left + width]
+            box = images[index : index + 1, :, top : top + height, left : left + width]
             crop = torch.nn.functional.interpolate(box, size=(size, size), mode="bilinear", antialias=True)[0]
         else:
             crop = functional.resized_crop(images[index], top, left, height, width, [size, size], antialias=True)
@@ -118,8 +116,9 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: t
     return crops
 
 
-def batched_resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
-                          ) -> torch.Tensor:
+def batched_resized_crops(
+    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+) -> torch.Tensor:
     """``resized_crops`` in one batched kernel (torchvision.ops.roi_align, aligned: bilinear samples at the output
     pixels' centres, as ``interpolate`` takes them; a box larger than ``size`` is averaged over ceil(box / size)
     samples per pixel, near the antialiased filter but not it), rounded back to uint8: one launch for the batch
@@ -149,11 +148,12 @@ def eval_view(images: torch.Tensor, image_size: int, crop_fraction: float = 1.0)
     if side == stored == image_size:
         return images
     start = (stored - side) // 2
-    crop = images[..., start:start + side, start:start + side]
+    crop = images[..., start : start + side, start : start + side]
     if side == image_size:
         return crop.contiguous()
-    resized = torch.nn.functional.interpolate(crop.float(), size=(image_size, image_size), mode="bilinear",
-                                              antialias=True, align_corners=False)
+    resized = torch.nn.functional.interpolate(
+        crop.float(), size=(image_size, image_size), mode="bilinear", antialias=True, align_corners=False
+    )
     return resized.round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -165,13 +165,16 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[f
 
 
 @functools.lru_cache(maxsize=8)
-def _normalization(device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _normalization(
+    device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The (1, 3, 1, 1) mean and std in pixel units on ``device``, made once per device (not at every batch) on
     the CPU and sent through ``upload``: ``torch.tensor(..., device=cuda)`` copies from pageable memory, which
     waits for the GPU's queue."""
-    return (upload(torch.tensor(mean).view(1, 3, 1, 1) * 255, device),
-            upload(torch.tensor(std).view(1, 3, 1, 1) * 255, device))
+    return (
+        upload(torch.tensor(mean).view(1, 3, 1, 1) * 255, device),
+        upload(torch.tensor(std).view(1, 3, 1, 1) * 255, device),
+    )
 
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -218,14 +221,17 @@ def per_image(transform: Transform, images: torch.Tensor) -> torch.Tensor:
     return torch.stack([transform(image) for image in images])
 
 
-def mixing(mixup_alpha: float, cutmix_alpha: float, num_classes: int
-           ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+def mixing(
+    mixup_alpha: float, cutmix_alpha: float, num_classes: int
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
     """torchvision's MixUp and/or CutMix on a (float images, int labels) batch, returning soft labels (N, classes);
     with both, one of the two per batch (as torchvision's reference script does). None when both are off."""
     from torchvision.transforms import v2
 
-    chosen = [*([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []),
-              *([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])]
+    chosen = [
+        *([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []),
+        *([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []),
+    ]
     if not chosen:
         return None
     return chosen[0] if len(chosen) == 1 else v2.RandomChoice(chosen)

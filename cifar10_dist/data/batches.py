@@ -48,6 +48,7 @@ class TrainAugmentation:
     def of(cls, config: Config) -> TrainAugmentation:
         return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
 
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 PrepareBatch = Callable[[Batch, int], Batch]  # (batch, iteration) -> (inputs, targets) on the device
 
@@ -66,8 +67,9 @@ def iteration_seed(seed: int, rank: int, iteration: int) -> int:
 def seed_default_generators(seed: int, device: torch.device) -> torch.Generator:
     """Seed the CPU's default generator (returned) and, training on a GPU, that GPU's."""
     if device.type == "cuda":
-        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()
-                                      ].manual_seed(seed)
+        torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()
+        ].manual_seed(seed)
     return torch.default_generator.manual_seed(seed)
 
 
@@ -123,8 +125,7 @@ def train_crops(config: TrainAugmentation, info: DatasetInfo) -> TrainCrops | No
     if not config.random_resized_crop:
         return None
     sizes = resizing.schedule(config.resize_start, config.resize_until, config.num_epochs, info.image_size)
-    return TrainCrops(config.seed, idist.get_rank(), info.stored_size, config.random_resized_crop, config.flip,
-                      sizes)
+    return TrainCrops(config.seed, idist.get_rank(), info.stored_size, config.random_resized_crop, config.flip, sizes)
 
 
 def crops_in_workers(config: TrainAugmentation, device: torch.device, workers: int) -> bool:
@@ -132,8 +133,13 @@ def crops_in_workers(config: TrainAugmentation, device: torch.device, workers: i
     run beside the training process on the other cores, which would otherwise crop while the step waits), the
     images stay in host memory (no ``data_on_device``) and an epoch is one pass (iterations counted by the loader
     match the trainer's). Elsewhere the training device crops (a GPU's kernels, the CPU's cores for the step)."""
-    return (device.type == "cpu" and workers > 0 and bool(config.random_resized_crop) and not config.data_on_device
-            and config.epoch_length is None)
+    return (
+        device.type == "cpu"
+        and workers > 0
+        and bool(config.random_resized_crop)
+        and not config.data_on_device
+        and config.epoch_length is None
+    )
 
 
 def say_where_crops_are_cut(crops: TrainCrops | None, in_workers: bool, device: torch.device) -> None:
@@ -174,32 +180,50 @@ class PassAugmentation:
         return inputs.contiguous(memory_format=self.layout)
 
 
-def settle_augment_per_pass(setting: bool | str, device: torch.device, data_on_device: bool,
-                            per_batch: list[str]) -> bool:
+def settle_augment_per_pass(
+    setting: bool | str, device: torch.device, data_on_device: bool, per_batch: list[str]
+) -> bool:
     """``augment_per_pass``: True as given (refused in one line where the images are not on the device); auto: on
     a CUDA GPU with the images there and no augmentation drawn per batch (``per_batch``, config's
     ``per_batch_augmentations``), else off."""
     if setting is True and not data_on_device:
-        raise UserError("augment_per_pass=True cuts each pass on the training device, and the images stay in host "
-                        "memory (data_on_device settled to False): give --data_on_device=True, or leave "
-                        "augment_per_pass=auto")
+        raise UserError(
+            "augment_per_pass=True cuts each pass on the training device, and the images stay in host "
+            "memory (data_on_device settled to False): give --data_on_device=True, or leave "
+            "augment_per_pass=auto"
+        )
     if setting != "auto":
         return bool(setting)
     return device.type == "cuda" and data_on_device and not per_batch
 
 
-def pass_augmentation(config: TrainAugmentation, images: int, info: DatasetInfo, dtype: torch.dtype | None
-                      ) -> PassAugmentation:
+def pass_augmentation(
+    config: TrainAugmentation, images: int, info: DatasetInfo, dtype: torch.dtype | None
+) -> PassAugmentation:
     """The run's ``PassAugmentation`` (``dtype``: autocast's, None for fp32); channels-last unless the config says
     otherwise (auto is settled after the data; on a GPU it is on for convolutional models)."""
     layout = memory_format(config.channels_last is not False)
-    return PassAugmentation(config.seed, images, config.crop_padding, config.crop_pad_mode, config.flip,
-                            tuple(info.mean), tuple(info.std), dtype or torch.float32, layout)
+    return PassAugmentation(
+        config.seed,
+        images,
+        config.crop_padding,
+        config.crop_pad_mode,
+        config.flip,
+        tuple(info.mean),
+        tuple(info.std),
+        dtype or torch.float32,
+        layout,
+    )
 
 
-def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterations_per_epoch: int,
-                         info: DatasetInfo, cropped_in_loader: bool = False,
-                         prepared_per_pass: bool = False) -> PrepareBatch:
+def train_batch_preparer(
+    device: torch.device,
+    config: TrainAugmentation,
+    iterations_per_epoch: int,
+    info: DatasetInfo,
+    cropped_in_loader: bool = False,
+    prepared_per_pass: bool = False,
+) -> PrepareBatch:
     """Moves a uint8 batch to the device, augments and normalises it there.
 
     The default generators (CPU, and the training GPU's) are reseeded each iteration, so augmentation (the
@@ -250,8 +274,7 @@ def train_batch_preparer(device: torch.device, config: TrainAugmentation, iterat
 Crop = Callable[[torch.Tensor, torch.Generator, int], torch.Tensor]  # (uint8 images, generator, epoch) -> images
 
 
-def batch_cropper(config: TrainAugmentation, info: DatasetInfo, device: torch.device, cropped_in_loader: bool
-                  ) -> Crop:
+def batch_cropper(config: TrainAugmentation, info: DatasetInfo, device: torch.device, cropped_in_loader: bool) -> Crop:
     """How a training batch is cut: random-resized crops and flips (cut here, or only drawn when the loader's
     workers cut them), a padded crop and flip, or the evaluation view first when the images are stored larger;
     says in the log who cuts random-resized crops."""
@@ -267,8 +290,9 @@ def batch_cropper(config: TrainAugmentation, info: DatasetInfo, device: torch.de
             return crops.apply(images, epoch, generator)
         if images.shape[-1] != info.image_size:
             images = augmentation.eval_view(images, info.image_size, info.crop_fraction)
-        return augmentation.augment(images, generator, config.crop_padding, config.crop_pad_mode,
-                                    epoch_flip(config.flip, epoch))
+        return augmentation.augment(
+            images, generator, config.crop_padding, config.crop_pad_mode, epoch_flip(config.flip, epoch)
+        )
 
     return crop
 

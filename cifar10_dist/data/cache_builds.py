@@ -48,8 +48,9 @@ POOL_START_SECONDS = 3.0
 PROGRESS = "progress.json"
 
 
-def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers: int | None = None
-                 ) -> tuple[Path, CacheMeta, FolderScan, str]:
+def ensure_cache(
+    root: Path, image_size: int, under: Path | None = None, workers: int | None = None
+) -> tuple[Path, CacheMeta, FolderScan, str]:
     """The cache for the folder at this image size: read when its fingerprint matches; with ``under`` (cache_dir,
     e.g. a node's local disk) copied from the same cache beside the data when one is there (staging: no
     decoding); built otherwise. (Its folder, meta, the scan, and "reused", "copied" or "built".)"""
@@ -70,8 +71,10 @@ def ensure_cache(root: Path, image_size: int, under: Path | None = None, workers
         if out_of_space(error):
             needed = folder_bytes(shared) if copying else cache_bytes(found, image_size)
             raise no_room(needed, folder.parent) from error
-        raise UserError(f"cannot write the image cache in {folder.parent} ({_reason(error)}): make it writable or "
-                        "give cache_dir=<a writable folder>") from error
+        raise UserError(
+            f"cannot write the image cache in {folder.parent} ({_reason(error)}): make it writable or "
+            "give cache_dir=<a writable folder>"
+        ) from error
     return folder, meta, found, how
 
 
@@ -96,9 +99,11 @@ def out_of_space(error: BaseException) -> bool:
 def no_room(needed: int, folder: Path) -> UserError:
     """The one line for a cache that does not fit where it is to be written."""
     free = shutil.disk_usage(folder).free if folder.exists() else 0
-    return UserError(f"the image cache needs {needed / 2**20:.1f} MiB in {folder} and its disk has "
-                     f"{free / 2**20:.1f} MiB free: free some space there, or give cache_dir=<a folder on a disk with "
-                     "room>")
+    return UserError(
+        f"the image cache needs {needed / 2**20:.1f} MiB in {folder} and its disk has "
+        f"{free / 2**20:.1f} MiB free: free some space there, or give cache_dir=<a folder on a disk with "
+        "room>"
+    )
 
 
 def check_room(needed: int, folder: Path) -> None:
@@ -121,8 +126,9 @@ def whole_meta(folder: Path) -> CacheMeta | None:
     meta = read_meta(folder)
     damaged = damage(folder, meta) if meta is not None else None
     if damaged is not None:
-        logger.warning("image cache %s beside the data is damaged (%s): not copied; building one in cache_dir",
-                       folder, damaged)
+        logger.warning(
+            "image cache %s beside the data is damaged (%s): not copied; building one in cache_dir", folder, damaged
+        )
         return None
     return meta
 
@@ -146,9 +152,11 @@ def intact_meta(folder: Path) -> CacheMeta | None:
             folder.rename(aside)
             shutil.rmtree(aside, ignore_errors=True)
     except OSError as error:
-        raise UserError(f"image cache {folder} is damaged ({damaged}) and cannot be removed here "
-                        f"({error.strerror or error}): remove it (it is built again from the images) or give "
-                        "cache_dir=<a writable folder>") from error
+        raise UserError(
+            f"image cache {folder} is damaged ({damaged}) and cannot be removed here "
+            f"({error.strerror or error}): remove it (it is built again from the images) or give "
+            "cache_dir=<a writable folder>"
+        ) from error
     return None
 
 
@@ -164,8 +172,9 @@ def build_cache(found: FolderScan, image_size: int, target: Path, key: str, work
     return build_or_reuse(found, image_size, target, key, workers)[0]
 
 
-def build_or_reuse(found: FolderScan, image_size: int, target: Path, key: str, workers: int | None = None
-                   ) -> tuple[CacheMeta, str]:
+def build_or_reuse(
+    found: FolderScan, image_size: int, target: Path, key: str, workers: int | None = None
+) -> tuple[CacheMeta, str]:
     """``build_cache``, and "built", or "reused" when another process of this machine built it while this one
     waited for the lock (its card must not say it was built now)."""
     with _machine_lock(target):
@@ -200,15 +209,19 @@ def build_or_reuse(found: FolderScan, image_size: int, target: Path, key: str, w
 def _remove_leftovers(target: Path, building: Path) -> None:
     """Temporary folders of builds by an earlier version of this code (one per process id, never resumed)."""
     for old in target.parent.glob(f".{target.name}.building*"):
-        if old != building and old.name[len(target.name) + 10:].isdigit():
+        if old != building and old.name[len(target.name) + 10 :].isdigit():
             shutil.rmtree(old, ignore_errors=True)
 
 
 def _open_arrays(folder: Path, count: int, size: int) -> tuple[dict[str, np.ndarray], int, list[list[str]]]:
     """The build's memory maps (pixels, content hashes, readable or not, original width and height) and how far
     it had got: opened as they were when their saved progress matches this build, created empty otherwise."""
-    shapes = {"images": ((count, 3, size, size), np.uint8), "hashes": ((count,), "S16"),
-              "good": ((count,), bool), "sizes": ((count, 2), np.int32)}
+    shapes = {
+        "images": ((count, 3, size, size), np.uint8),
+        "hashes": ((count,), "S16"),
+        "good": ((count,), bool),
+        "sizes": ((count, 2), np.int32),
+    }
     try:
         progress = json.loads((folder / PROGRESS).read_text())
         if progress["images"] == count and progress["size"] == size:
@@ -264,21 +277,22 @@ def decoded_in_order(tasks: list[tuple[str, int]], workers: int) -> Iterator[tup
         yield from pool.imap(decode, rest, chunksize=64)
 
 
-def _decode_into(found: FolderScan, size: int, order: list[tuple[str, str, int]], folder: Path, workers: int
-                 ) -> CacheMeta:
+def _decode_into(
+    found: FolderScan, size: int, order: list[tuple[str, str, int]], folder: Path, workers: int
+) -> CacheMeta:
     arrays, done, bad = _open_arrays(folder, len(order), size)
     if done:
         logger.info("image cache %s: resuming the build cut short at image %d of %d", folder.name, done, len(order))
     tasks = [(str(found.root / path), size) for _, path, _ in order[done:]]
     for index, (decoded, why, digest, original) in enumerate(decoded_in_order(tasks, workers), done):
-            arrays["good"][index] = decoded is not None
-            if decoded is None:
-                bad.append([order[index][1], why])
-            else:
-                arrays["images"][index] = np.frombuffer(decoded, np.uint8).reshape(size, size, 3).transpose(2, 0, 1)
-                arrays["hashes"][index], arrays["sizes"][index] = digest, original
-            if (index + 1) % PROGRESS_EVERY == 0:
-                _save_progress(folder, arrays, index + 1, bad)
+        arrays["good"][index] = decoded is not None
+        if decoded is None:
+            bad.append([order[index][1], why])
+        else:
+            arrays["images"][index] = np.frombuffer(decoded, np.uint8).reshape(size, size, 3).transpose(2, 0, 1)
+            arrays["hashes"][index], arrays["sizes"][index] = digest, original
+        if (index + 1) % PROGRESS_EVERY == 0:
+            _save_progress(folder, arrays, index + 1, bad)
     _save_progress(folder, arrays, len(order), bad)
     splits = [split for split, _, _ in order]
     np.save(folder / "labels.npy", np.array([label for _, _, label in order], dtype=np.int64))
@@ -289,28 +303,39 @@ def _decode_into(found: FolderScan, size: int, order: list[tuple[str, str, int]]
     first = {split: splits.index(split) for split in SPLITS if split in splits}
     readable = np.asarray(arrays["sizes"])[good]
     return CacheMeta(
-        fingerprint="", image_size=size, classes=list(found.classes),
-        splits={split: [first[split], splits.count(split)] for split in first}, carved_test=found.carved_test,
-        mean=mean, std=std, bad_files=bad, resumed_at=done,
-        sizes={name: [int(v.min()), int(statistics.median(v.tolist())), int(v.max())]
-               for name, v in (("width", readable[:, 0]), ("height", readable[:, 1])) if len(v)})
+        fingerprint="",
+        image_size=size,
+        classes=list(found.classes),
+        splits={split: [first[split], splits.count(split)] for split in first},
+        carved_test=found.carved_test,
+        mean=mean,
+        std=std,
+        bad_files=bad,
+        resumed_at=done,
+        sizes={
+            name: [int(v.min()), int(statistics.median(v.tolist())), int(v.max())]
+            for name, v in (("width", readable[:, 0]), ("height", readable[:, 1]))
+            if len(v)
+        },
+    )
 
 
-def _channel_statistics(pixels: np.ndarray, indices: list[int], chunk_bytes: int = 2**25
-                        ) -> tuple[list[float], list[float]]:
+def _channel_statistics(
+    pixels: np.ndarray, indices: list[int], chunk_bytes: int = 2**25
+) -> tuple[list[float], list[float]]:
     """Per-channel mean and std (in 0..1) of the training images, in chunks of about 32 MB of pixels (float32
     copies of a chunk only; sums in float64)."""
     total, squares, count = np.zeros(3), np.zeros(3), 0
     chunk = max(1, chunk_bytes // max(1, pixels[0].size))
     for start in range(0, len(indices), chunk):
-        part = pixels[indices[start:start + chunk]].astype(np.float32) / 255
+        part = pixels[indices[start : start + chunk]].astype(np.float32) / 255
         total += part.sum(axis=(0, 2, 3), dtype=np.float64)
         squares += np.square(part).sum(axis=(0, 2, 3), dtype=np.float64)
         count += part.shape[0] * part.shape[2] * part.shape[3]
     if count == 0:
         return [0.5] * 3, [0.25] * 3
     mean = total / count
-    return mean.tolist(), np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12)).tolist()
+    return mean.tolist(), np.sqrt(np.maximum(squares / count - mean**2, 1e-12)).tolist()
 
 
 def copy_or_reuse(source: Path, target: Path, needed: int = 0) -> tuple[CacheMeta, str]:

@@ -37,6 +37,7 @@ from cifar10_dist.system import ranks
 
 logger = logging.getLogger(__name__)
 
+
 def checkpoint_info(checkpoint: Mapping[str, Any]) -> DatasetInfo:
     """The classes, normalisation and image size a checkpoint's model was trained with (recorded in its
     provenance; CIFAR's for files from before they were recorded)."""
@@ -138,16 +139,21 @@ def write_cifar100(folder: Path, train: ImageSet, test: ImageSet) -> None:
     label of fine class c is c // 5 here (the real release groups classes by meaning)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, images in (("train", train), ("test", test)):
-        entry = {"filenames": [f"image_{i:06d}.png" for i in range(len(images))], "batch_label": name,
-                 "fine_labels": images.labels.tolist(), "coarse_labels": (images.labels // 5).tolist(),
-                 "data": torch.as_tensor(images.images).reshape(len(images), -1).numpy()}
+        entry = {
+            "filenames": [f"image_{i:06d}.png" for i in range(len(images))],
+            "batch_label": name,
+            "fine_labels": images.labels.tolist(),
+            "coarse_labels": (images.labels // 5).tolist(),
+            "data": torch.as_tensor(images.images).reshape(len(images), -1).numpy(),
+        }
         (folder / name).write_bytes(pickle.dumps(entry, protocol=4))
     meta = {"fine_label_names": list(CIFAR100_FINE), "coarse_label_names": list(CIFAR100_COARSE)}
     (folder / "meta").write_bytes(pickle.dumps(meta, protocol=4))
 
 
-def read_dataset(dataset: str, data_path: Path, label_mode: str = "fine", download: bool = True
-                 ) -> tuple[Path, ImageSet, ImageSet]:
+def read_dataset(
+    dataset: str, data_path: Path, label_mode: str = "fine", download: bool = True
+) -> tuple[Path, ImageSet, ImageSet]:
     """(folder, train, test) of cifar10 or cifar100 under data_path, extracted or downloaded when missing."""
     folder = ensure_dataset(data_path, LAYOUTS[dataset], download)
     return (folder, *read_folder(dataset, folder, label_mode))
@@ -205,8 +211,10 @@ def ensure_dataset(data_path: Path, layout: Layout, download: bool = True) -> Pa
     if archive.is_file():
         _extract(archive, data_path)
     if not folder.is_dir():
-        raise UserError(f"{layout.name} not found: put {layout.archive} (from {layout.url}) or its extracted "
-                        f"{layout.folder}/ folder in '{data_path}'")
+        raise UserError(
+            f"{layout.name} not found: put {layout.archive} (from {layout.url}) or its extracted "
+            f"{layout.folder}/ folder in '{data_path}'"
+        )
     return folder
 
 
@@ -252,7 +260,6 @@ def _safe_members(tar: tarfile.TarFile, destination: Path) -> list[tarfile.TarIn
 # ---------------------------------------------------------------- synthetic data
 
 
-
 # ---------------------------------------------------------------- the cifar10 and cifar100 sources (sources.py)
 
 
@@ -273,8 +280,14 @@ def load(config: Config) -> LoadedData:
 
 def _log_dataset(folder: Path, layout: Layout, train_set: ImageSet, test_set: ImageSet) -> None:
     official = "match" if matches_official_release(folder, layout) else "differ from"  # hashes the files
-    logger.info("%s from %s: %d train, %d test images (files %s the official release)",
-                layout.name, folder, len(train_set), len(test_set), official)
+    logger.info(
+        "%s from %s: %d train, %d test images (files %s the official release)",
+        layout.name,
+        folder,
+        len(train_set),
+        len(test_set),
+        official,
+    )
 
 
 def preflight(config: Config) -> None:
@@ -291,15 +304,21 @@ def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str] | None
     return None if test is None else (test.images[:limit], f"{min(limit, len(test))} test images of {folder}")
 
 
-def prepare(config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
-            ) -> PreparedData:
+def prepare(
+    config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+) -> PreparedData:
     """Download, extract and check the dataset in data_path; or write ``synthetic`` training images (and
     ``synthetic_test``, default a fifth) in its on-disk format."""
     layout = LAYOUTS[config.dataset]
     if synthetic is None:
         folder, train_set, test_set = read_dataset(config.dataset, Path(config.data_path), config.label_mode)
-        return PreparedData(str(folder), len(train_set), len(test_set), synthetic=False,
-                            official=matches_official_release(folder, layout))
+        return PreparedData(
+            str(folder),
+            len(train_set),
+            len(test_set),
+            synthetic=False,
+            official=matches_official_release(folder, layout),
+        )
     num_test = synthetic_test if synthetic_test is not None else max(int(synthetic) // 5, 1)
     if not isinstance(synthetic, int) or synthetic < 1 or not isinstance(num_test, int) or num_test < 1:
         raise UserError(f"synthetic={synthetic!r}, synthetic_test={num_test!r}: both must be whole numbers >= 1")

@@ -24,8 +24,11 @@ OFFICIAL_MD5 = {
 CIFAR100_FOLDER = "cifar-100-python"
 CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
-CIFAR100_MD5 = {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
-                "meta": "7973b15100ade9c7d40fb424638fde48"}
+CIFAR100_MD5 = {
+    "train": "16019d7e3df5f24257cddd939b257f8d",
+    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+    "meta": "7973b15100ade9c7d40fb424638fde48",
+}
 CIFAR100_FINE = (
     "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can "
     "castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin "
@@ -33,12 +36,14 @@ CIFAR100_FINE = (
     "man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck "
     "pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk "
     "skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger "
-    "tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm").split()
+    "tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"
+).split()
 CIFAR100_COARSE = (
     "aquatic_mammals fish flowers food_containers fruit_and_vegetables household_electrical_devices "
     "household_furniture insects large_carnivores large_man-made_outdoor_things large_natural_outdoor_scenes "
     "large_omnivores_and_herbivores medium_mammals non-insect_invertebrates people reptiles small_mammals trees "
-    "vehicles_1 vehicles_2").split()
+    "vehicles_1 vehicles_2"
+).split()
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,17 @@ class Layout:
 
 LAYOUTS = {
     "cifar10": Layout("CIFAR-10", FOLDER, TRAIN_FILES, TEST_FILE, ARCHIVE, URL, OFFICIAL_MD5, {"fine": CLASSES}),
-    "cifar100": Layout("CIFAR-100", CIFAR100_FOLDER, ("train",), "test", CIFAR100_ARCHIVE, CIFAR100_URL, CIFAR100_MD5,
-                       {"fine": tuple(CIFAR100_FINE), "coarse": tuple(CIFAR100_COARSE)}, "{mode}_labels"),
+    "cifar100": Layout(
+        "CIFAR-100",
+        CIFAR100_FOLDER,
+        ("train",),
+        "test",
+        CIFAR100_ARCHIVE,
+        CIFAR100_URL,
+        CIFAR100_MD5,
+        {"fine": tuple(CIFAR100_FINE), "coarse": tuple(CIFAR100_COARSE)},
+        "{mode}_labels",
+    ),
 }
 
 

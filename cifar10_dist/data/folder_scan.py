@@ -62,27 +62,35 @@ def scan(root: Path) -> FolderScan:
     if not root.is_dir():
         raise UserError(f"data_path='{root}' is not a folder: dataset=folder wants DIR/train/<class>/<images>")
     if not (root / "train").is_dir():
-        raise UserError(f"data_path='{root}' has no train/ folder: dataset=folder wants DIR/train/<class>/<images> "
-                        "(and optionally DIR/test/ and DIR/val/ alike)")
+        raise UserError(
+            f"data_path='{root}' has no train/ folder: dataset=folder wants DIR/train/<class>/<images> "
+            "(and optionally DIR/test/ and DIR/val/ alike)"
+        )
     classes = class_folders(root / "train")
     if len(classes) < 2:
         held = f"only '{classes[0]}'" if classes else "none"
-        raise UserError(f"{root / 'train'} holds {held} of the class folders a classifier needs (at least 2): "
-                        "one folder per class, named for it")
+        raise UserError(
+            f"{root / 'train'} holds {held} of the class folders a classifier needs (at least 2): "
+            "one folder per class, named for it"
+        )
     files: dict[str, list[tuple[str, int]]] = {}
     for split in SPLITS:
         if not (root / split).is_dir():
             continue
         unknown = [name for name in class_folders(root / split) if name not in classes]
         if unknown:
-            raise UserError(f"{root / split} has class folders that train/ lacks: {', '.join(unknown[:SHOWN])}: "
-                            f"every class must have training images (train/ has {', '.join(classes)})")
+            raise UserError(
+                f"{root / split} has class folders that train/ lacks: {', '.join(unknown[:SHOWN])}: "
+                f"every class must have training images (train/ has {', '.join(classes)})"
+            )
         files[split] = []
         for label, name in enumerate(classes):
             found = _images_in(root / split / name, root) if (root / split / name).is_dir() else []
             if split == "train" and not found:
-                raise UserError(f"class folder {root / split / name} holds no images ({', '.join(SUFFIXES)}): "
-                                "remove it or add its images")
+                raise UserError(
+                    f"class folder {root / split / name} holds no images ({', '.join(SUFFIXES)}): "
+                    "remove it or add its images"
+                )
             files[split].extend((path, label) for path in found)
     carved = "test" not in files
     if carved:
@@ -199,8 +207,9 @@ def damage(folder: Path, meta: CacheMeta) -> str | None:
         try:
             with path.open("rb") as stream:
                 version = np.lib.format.read_magic(stream)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
                 shape, _, dtype = read_header(stream)
                 header = stream.tell()
             size = path.stat().st_size
@@ -209,8 +218,11 @@ def damage(folder: Path, meta: CacheMeta) -> str | None:
         except (OSError, ValueError) as error:
             return f"{name} cannot be read ({first_line(error)})"
         expected = header + int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if len(shape) != dims or shape[0] != count or (name == "images.npy" and shape[1:] != (3, meta.image_size,
-                                                                                          meta.image_size)):
+        if (
+            len(shape) != dims
+            or shape[0] != count
+            or (name == "images.npy" and shape[1:] != (3, meta.image_size, meta.image_size))
+        ):
             return f"{name} holds an array of shape {shape}, the cache {count} images at {meta.image_size} px"
         if size != expected:
             return f"{name} is {size:,} bytes, its header says {expected:,}"

@@ -37,8 +37,9 @@ class BatchTensorDataset(Dataset):
     """Serves whole batches sliced from in-memory tensors (``__getitems__``), no per-image Python work; with
     ``transform``, a numbered batch leaves transformed (in a DataLoader worker, when there are workers)."""
 
-    def __init__(self, images: ImageSet, transform: BatchTransform | None = None,
-                 pass_transform: PassTransform | None = None) -> None:
+    def __init__(
+        self, images: ImageSet, transform: BatchTransform | None = None, pass_transform: PassTransform | None = None
+    ) -> None:
         self.images = images.images
         self.labels = images.labels
         self.transform = transform
@@ -72,7 +73,7 @@ class BatchTensorDataset(Dataset):
         if self.prepared_pass is None or self.prepared_pass[0] is not order:
             self.prepared_pass = None  # (its memory free before the next pass takes its own)
             self.prepared_pass = (order, transform(self.images[order], order, batch.epoch))
-        return self.prepared_pass[1][batch.pass_offset:batch.pass_offset + len(batch)]
+        return self.prepared_pass[1][batch.pass_offset : batch.pass_offset + len(batch)]
 
     def __repr__(self) -> str:
         return f"BatchTensorDataset({len(self)} images)"
@@ -250,8 +251,13 @@ AUTO_WORKERS = 2  # num_workers=auto training on a CPU from disk: the other core
 ACCELERATOR_WORKERS = (2, 8)  # num_workers=auto per process on an accelerator: its cores but one, within these
 
 
-def workers_for(setting: int | str, device: torch.device, images: Any = None, cores_per_process: int | None = None,
-                local_processes: int | None = None) -> int:
+def workers_for(
+    setting: int | str,
+    device: torch.device,
+    images: Any = None,
+    cores_per_process: int | None = None,
+    local_processes: int | None = None,
+) -> int:
     """``num_workers`` for a node (Ignite's auto_dataloader splits it over the node's processes): a number as
     given; auto, training on a CPU: none from images held in memory (a tensor, or a memory-mapped cache the page
     cache can hold: at most DEVICE_SHARE of the memory available), where the reads and crops cost less in the
@@ -360,9 +366,11 @@ def check_fits(needed: int, free: int | None, device: torch.device) -> None:
     """data_on_device: refused in one line when the splits' pixels would take more than DEVICE_SHARE of what is
     free there."""
     if free is not None and needed > DEVICE_SHARE * free:
-        raise UserError(f"data_on_device=True: the images take {needed / 2**30:.1f} GiB and {device} has "
-                        f"{free / 2**30:.1f} GiB free ({DEVICE_SHARE:.0%} of it may hold data): leave data_on_device "
-                        "off (a folder's cache is read on demand) or use fewer or smaller images")
+        raise UserError(
+            f"data_on_device=True: the images take {needed / 2**30:.1f} GiB and {device} has "
+            f"{free / 2**30:.1f} GiB free ({DEVICE_SHARE:.0%} of it may hold data): leave data_on_device "
+            "off (a folder's cache is read on demand) or use fewer or smaller images"
+        )
 
 
 def to_device(images: ImageSet, device: torch.device) -> ImageSet:

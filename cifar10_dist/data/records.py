@@ -47,14 +47,26 @@ class DatasetInfo:
         return self.image_size if self.stored is None else self.stored
 
     def to_dict(self) -> dict[str, Any]:
-        return {"classes": list(self.classes), "mean": list(self.mean), "std": list(self.std),
-                "image_size": self.image_size, "crop_fraction": self.crop_fraction, "stored_size": self.stored_size}
+        return {
+            "classes": list(self.classes),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "image_size": self.image_size,
+            "crop_fraction": self.crop_fraction,
+            "stored_size": self.stored_size,
+        }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DatasetInfo:
         """Read back from provenance (older records lack crop_fraction and stored_size: 1 and image_size)."""
-        return cls(tuple(values["classes"]), tuple(values["mean"]), tuple(values["std"]), int(values["image_size"]),
-                   float(values.get("crop_fraction", 1.0)), values.get("stored_size"))
+        return cls(
+            tuple(values["classes"]),
+            tuple(values["mean"]),
+            tuple(values["std"]),
+            int(values["image_size"]),
+            float(values.get("crop_fraction", 1.0)),
+            values.get("stored_size"),
+        )
 
 
 @dataclass
@@ -128,7 +140,7 @@ class MappedImages:
     def chunks(self, size: int = 4096) -> Iterator[torch.Tensor]:
         """The images in order, ``size`` at a time (a checksum reads the set without holding it)."""
         for start in range(0, len(self), size):
-            yield self[start:start + size]
+            yield self[start : start + size]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "rows": self.rows, "flipped": self.flipped}
@@ -176,8 +188,9 @@ class DataSource(Protocol):
         """Up to ``limit`` uint8 images (N, 3, S, S) of the data ``config`` names and what they are (export's
         check), or None where they cannot be read."""
 
-    def prepare(self, config: Config, synthetic: int | None = None, synthetic_test: int | None = None,
-                seed: int = 0) -> PreparedData:
+    def prepare(
+        self, config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+    ) -> PreparedData:
         """The ``prepare-data`` command."""
 
 

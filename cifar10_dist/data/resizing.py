@@ -48,8 +48,10 @@ class ResizeSchedule:
                 runs[-1] = (side, runs[-1][1], epoch)
             else:
                 runs.append((side, epoch, epoch))
-        parts = [f"{side} px in epoch{'s' if last > first else ''} {first}{f'-{last}' if last > first else ''}"
-                 for side, first, last in runs]
+        parts = [
+            f"{side} px in epoch{'s' if last > first else ''} {first}{f'-{last}' if last > first else ''}"
+            for side, first, last in runs
+        ]
         return ", ".join(parts) + f" (full size {self.full} px)"
 
 
@@ -62,5 +64,6 @@ def resize(inputs: torch.Tensor, side: int) -> torch.Tensor:
     """A float batch (N, C, H, W) resized to side x side (bilinear, antialiased: what a smaller photo would show)."""
     if inputs.shape[-1] == side and inputs.shape[-2] == side:
         return inputs
-    return torch.nn.functional.interpolate(inputs, size=(side, side), mode="bilinear", antialias=True,
-                                           align_corners=False)
+    return torch.nn.functional.interpolate(
+        inputs, size=(side, side), mode="bilinear", antialias=True, align_corners=False
+    )

@@ -66,16 +66,21 @@ class RunImages:
         return [self.train_images, self.loaded.test, self.held_out.val]
 
 
-def load_run_images(config: Config, device: torch.device, precision: Precision,
-                    normalisation: Normalisation | None = None) -> RunImages:
+def load_run_images(
+    config: Config, device: torch.device, precision: Precision, normalisation: Normalisation | None = None
+) -> RunImages:
     """The run's images on every rank; ``normalisation`` (mean, std) replaces the data's own (a pretrained start's:
     images as its weights learned them)."""
     loaded = load_datasets(config)
     if normalisation is not None:
         mean, std = normalisation
         loaded.info = dataclasses.replace(loaded.info, mean=mean, std=std)
-        ranks.on_rank_zero(logger.info, "normalisation: the pretrained weights' own, mean %s, std %s (not the "
-                           "data's)", _rounded(mean), _rounded(std))
+        ranks.on_rank_zero(
+            logger.info,
+            "normalisation: the pretrained weights' own, mean %s, std %s (not the data's)",
+            _rounded(mean),
+            _rounded(std),
+        )
     record = describe_run(config.dataset, loaded, device, precision)
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(loaded.train, loaded.val, torch.empty(0, dtype=torch.long))
@@ -93,30 +98,51 @@ def setup_data(config: Config, device: torch.device, precision: Precision, image
     augment = dataclasses.replace(batches.TrainAugmentation.of(config), data_on_device=on_device)
     crops = batches.train_crops(augment, loaded.info) if batches.crops_in_workers(augment, device, workers) else None
     if per_pass:
-        ranks.on_rank_zero(logger.info, "augment_per_pass: each pass's crops and flips cut at its start, normalised "
-                           "in %s", precision.name if precision.enabled else "fp32")
+        ranks.on_rank_zero(
+            logger.info,
+            "augment_per_pass: each pass's crops and flips cut at its start, normalised in %s",
+            precision.name if precision.enabled else "fp32",
+        )
     batch_loaders = loaders.make_loaders(
-        train_images, loaded.test, val=held_out.val, batch_size=config.batch_size, num_workers=workers,
-        train_eval_size=config.train_eval_size, seed=config.seed, device=loader_device(on_device, device),
+        train_images,
+        loaded.test,
+        val=held_out.val,
+        batch_size=config.batch_size,
+        num_workers=workers,
+        train_eval_size=config.train_eval_size,
+        seed=config.seed,
+        device=loader_device(on_device, device),
         balanced=config.sampler == "balanced",
         train_transform=crops,
         pass_transform=batches.pass_augmentation(augment, len(train_images), loaded.info, precision.dtype)
-        if per_pass else None,
+        if per_pass
+        else None,
     )
     class_counts = torch.bincount(held_out.train.labels.cpu(), minlength=len(loaded.info.classes)).tolist()
     iterations_per_epoch = config.epoch_length or len(batch_loaders.train)
     per_process = loaders.batch_size_of(batch_loaders.train)
     images_per_iteration = per_process * idist.get_world_size()
     if images_per_iteration != config.batch_size:
-        ranks.on_rank_zero(logger.warning, "batch_size=%d does not divide by %d processes: each takes %d images, "
-                           "%d per step", config.batch_size, idist.get_world_size(), per_process, images_per_iteration)
+        ranks.on_rank_zero(
+            logger.warning,
+            "batch_size=%d does not divide by %d processes: each takes %d images, %d per step",
+            config.batch_size,
+            idist.get_world_size(),
+            per_process,
+            images_per_iteration,
+        )
     return DataSetup(
-        train=held_out.train, info=loaded.info, loaders=batch_loaders,
-            split="val" if held_out.val is not None else "test",
+        train=held_out.train,
+        info=loaded.info,
+        loaders=batch_loaders,
+        split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
         provenance=images.record,
-        iterations_per_epoch=iterations_per_epoch, total_iterations=config.num_epochs * iterations_per_epoch,
-        images_per_iteration=images_per_iteration, class_counts=class_counts, cropped_in_loader=crops is not None,
+        iterations_per_epoch=iterations_per_epoch,
+        total_iterations=config.num_epochs * iterations_per_epoch,
+        images_per_iteration=images_per_iteration,
+        class_counts=class_counts,
+        cropped_in_loader=crops is not None,
     )
 
 
@@ -124,9 +150,14 @@ def evaluation_loaders(config: Config, device: torch.device, loaded: LoadedData)
     """The test loader of a saved model's evaluation (``evaluate``), by a run's own rules, with the plan's
     data_on_device and num_workers (``training.setup.plan.settle_evaluation``)."""
     return loaders.make_loaders(
-        loaded.train, loaded.test, batch_size=min(config.batch_size, len(loaded.train)),
-        num_workers=int(config.num_workers), train_eval_size=0, seed=config.seed,
-        device=loader_device(bool(config.data_on_device), device))
+        loaded.train,
+        loaded.test,
+        batch_size=min(config.batch_size, len(loaded.train)),
+        num_workers=int(config.num_workers),
+        train_eval_size=0,
+        seed=config.seed,
+        device=loader_device(bool(config.data_on_device), device),
+    )
 
 
 AUTO_DEVICE_SHARE = 0.25  # data_on_device=auto: of the GPU's free memory the images may take (the model, its
@@ -143,9 +174,14 @@ def settle_data_on_device(setting: bool | str, device: torch.device, image_sets:
     needed = loaders.pixel_bytes(image_sets)
     free = loaders.free_bytes(device)
     chosen = agreed(free is not None and needed <= AUTO_DEVICE_SHARE * free)
-    ranks.on_rank_zero(logger.info, "data_on_device=auto: %s (the images take %.2f GiB, %s GiB free on %s)",
-                       "on" if chosen else f"off, more than {AUTO_DEVICE_SHARE:.0%}", needed / 2**30,
-                       "?" if free is None else f"{free / 2**30:.1f}", device)
+    ranks.on_rank_zero(
+        logger.info,
+        "data_on_device=auto: %s (the images take %.2f GiB, %s GiB free on %s)",
+        "on" if chosen else f"off, more than {AUTO_DEVICE_SHARE:.0%}",
+        needed / 2**30,
+        "?" if free is None else f"{free / 2**30:.1f}",
+        device,
+    )
     return chosen
 
 
@@ -180,19 +216,22 @@ def load_datasets(config: Config) -> LoadedData:
     """The images of the run's dataset source (``sources``): downloaded, or a folder's cache built, by one process
     per node first where that is needed."""
     loaded = records.implementation(config.dataset).load(config)
-    loaded.info = dataclasses.replace(loaded.info, crop_fraction=config.crop_fraction,
-                                      stored=int(loaded.train.images.shape[-1]))  # what evaluation's view is cut from
+    loaded.info = dataclasses.replace(
+        loaded.info, crop_fraction=config.crop_fraction, stored=int(loaded.train.images.shape[-1])
+    )  # what evaluation's view is cut from
     return loaded
 
 
-def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precision: Precision
-                 ) -> provenance.RunRecord:
+def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precision: Precision) -> provenance.RunRecord:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
     checksum = ranks.on_rank_zero(data_sha256, loaded)
     record = provenance.collect(dataset, checksum, device, precision.name)
-    images = {"train": len(loaded.train), **({"val": len(loaded.val)} if loaded.val is not None else {}),
-              "test": len(loaded.test)}
+    images = {
+        "train": len(loaded.train),
+        **({"val": len(loaded.val)} if loaded.val is not None else {}),
+        "test": len(loaded.test),
+    }
     record.dataset.info, record.dataset.images = loaded.info.to_dict(), images
     record.dataset.checks = loaded.checks or None
     record.shuffle = loaders.MIXED_ORDER

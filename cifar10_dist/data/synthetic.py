@@ -10,8 +10,9 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
 
 
-def make_synthetic(num_train: int, num_test: int, seed: int = 0, classes: int = NUM_CLASSES
-                   ) -> tuple[ImageSet, ImageSet]:
+def make_synthetic(
+    num_train: int, num_test: int, seed: int = 0, classes: int = NUM_CLASSES
+) -> tuple[ImageSet, ImageSet]:
     """A learnable CIFAR-shaped dataset: each of ``classes`` has its own colour and stripe pattern, plus noise.
 
     The class signal survives crops and flips; the heavy noise keeps it from being trivial: simple_cnn
@@ -58,7 +59,10 @@ def sample_images(config: Config, limit: int) -> tuple[torch.Tensor, str] | None
     return torch.as_tensor(make_synthetic(1, limit, seed=0)[1].images), f"{limit} synthetic images"
 
 
-def prepare(config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
-            ) -> PreparedData:
-    raise UserError("dataset=synthetic is made in memory by every run: nothing to prepare (prepare-data "
-                    "--dataset=cifar10 --synthetic=N writes synthetic images in CIFAR-10's files)")
+def prepare(
+    config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
+) -> PreparedData:
+    raise UserError(
+        "dataset=synthetic is made in memory by every run: nothing to prepare (prepare-data "
+        "--dataset=cifar10 --synthetic=N writes synthetic images in CIFAR-10's files)"
+    )

@@ -58,9 +58,11 @@ def check_resizing(config: Config, classes: int, full: int) -> None:
     try:
         models.check_model(config.model, config.model_kwargs, classes, sizes.smallest)
     except UserError as error:
-        raise UserError(f"resize_start={config.resize_start:g}: model='{config.model}' cannot take the first epoch's "
-                        f"{sizes.smallest}x{sizes.smallest} images ({str(error).split(': ', 1)[-1]}); raise "
-                        "resize_start, or leave it at 1 (off)") from error
+        raise UserError(
+            f"resize_start={config.resize_start:g}: model='{config.model}' cannot take the first epoch's "
+            f"{sizes.smallest}x{sizes.smallest} images ({str(error).split(': ', 1)[-1]}); raise "
+            "resize_start, or leave it at 1 (off)"
+        ) from error
 
 
 def check_teacher(config: Config) -> None:
@@ -69,8 +71,10 @@ def check_teacher(config: Config) -> None:
         return
     if config.teacher_pretrained is None:
         if not Path(config.teacher).expanduser().is_file():
-            raise UserError(f"teacher='{config.teacher}' does not exist: give one of our checkpoints or best-model "
-                            "files, or a model name with --teacher_pretrained")
+            raise UserError(
+                f"teacher='{config.teacher}' does not exist: give one of our checkpoints or best-model "
+                "files, or a model name with --teacher_pretrained"
+            )
         return
     weights = pretrained.resolve(config.teacher, config.teacher_pretrained)
     pretrained.fetch(weights)
@@ -86,19 +90,28 @@ def check_resume_file(path: str) -> None:
     if not missing:
         return
     if checkpoint_layout.MODEL in checkpoint and checkpoint_layout.TRAINER not in checkpoint:
-        raise UserError(f"resume_from='{path}' is a best-model file (one epoch's weights, no optimizer or trainer "
-                        f"state), and a run continues from a training checkpoint: --resume_from takes a "
-                        f"training_checkpoint_*.pt file or auto; to start a new run from these weights, give "
-                        f"--pretrained={path}")
-    raise UserError(f"resume_from='{path}' is not a training checkpoint (missing {', '.join(missing)}): give a "
-                    "training_checkpoint_*.pt file (or auto)")
+        raise UserError(
+            f"resume_from='{path}' is a best-model file (one epoch's weights, no optimizer or trainer "
+            f"state), and a run continues from a training checkpoint: --resume_from takes a "
+            f"training_checkpoint_*.pt file or auto; to start a new run from these weights, give "
+            f"--pretrained={path}"
+        )
+    raise UserError(
+        f"resume_from='{path}' is not a training checkpoint (missing {', '.join(missing)}): give a "
+        "training_checkpoint_*.pt file (or auto)"
+    )
 
 
 def check_amp_dtype(config: Config) -> None:
-    if config.with_amp and config.amp_dtype == "bfloat16" and torch.cuda.is_available() \
-            and not torch.cuda.is_bf16_supported():
-        raise UserError(f"amp_dtype=bfloat16: {torch.cuda.get_device_name()} has no bf16; use amp_dtype=float16 "
-                        "(or auto)")
+    if (
+        config.with_amp
+        and config.amp_dtype == "bfloat16"
+        and torch.cuda.is_available()
+        and not torch.cuda.is_bf16_supported()
+    ):
+        raise UserError(
+            f"amp_dtype=bfloat16: {torch.cuda.get_device_name()} has no bf16; use amp_dtype=float16 (or auto)"
+        )
 
 
 def check_files(config: Config) -> None:

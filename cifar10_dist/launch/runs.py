@@ -31,11 +31,15 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
     folder (in every process of a torchrun/srun launch: rank 0's). Several seeds are ``train_seeds``'."""
     resolved = resolve(config, **overrides)
     if resolved.seeds > 1:
-        raise UserError(f"train runs once, and seeds={resolved.seeds} asks for {resolved.seeds} runs: call "
-                        "train_seeds (a SeedsResult: the runs and their summary), as cifar10-dist run --seeds does")
+        raise UserError(
+            f"train runs once, and seeds={resolved.seeds} asks for {resolved.seeds} runs: call "
+            "train_seeds (a SeedsResult: the runs and their summary), as cifar10-dist run --seeds does"
+        )
     if resolved.trial is not None:  # a trial's config.yaml run again: a run of its own, tested
-        note(f"the config names trial {resolved.trial.number} of study {resolved.trial.study}: trained as a run of its "
-             "own (tune runs trials), its test set evaluated")
+        note(
+            f"the config names trial {resolved.trial.number} of study {resolved.trial.study}: trained as a run of its "
+            "own (tune runs trials), its test set evaluated"
+        )
         resolved = dataclasses.replace(resolved, trial=None)
     start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
@@ -106,8 +110,13 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
     return load_config(config, **{**inherited, **overrides})
 
 
-def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, raw_weights: bool = False,
-             output_dir: str | Path | None = None, **overrides: Any) -> EvaluationResult:
+def evaluate(
+    checkpoint: str | Path,
+    config: Config | str | Path | None = None,
+    raw_weights: bool = False,
+    output_dir: str | Path | None = None,
+    **overrides: Any,
+) -> EvaluationResult:
     """Test-set accuracy, loss, per-class accuracy, confusion matrix and most confident mistakes of a saved model (a
     training checkpoint or a best-model file), in one pass over the test set; with ``output_dir`` the confusion
     matrix and the mistakes are also written there. The model and data keys recorded in the checkpoint are used
@@ -122,8 +131,9 @@ def evaluate(checkpoint: str | Path, config: Config | str | Path | None = None, 
     preflight.check_before_launch(resolved)
     if output_dir is not None:
         files.make_folder(Path(output_dir))
-    worker = checkpoint_evaluation.EvaluationWorker(str(checkpoint), raw_weights,
-                                                    None if output_dir is None else str(output_dir))
+    worker = checkpoint_evaluation.EvaluationWorker(
+        str(checkpoint), raw_weights, None if output_dir is None else str(output_dir)
+    )
     return EvaluationResult.from_dict(reported_by(spawn.run(worker, resolved)))
 
 

@@ -83,8 +83,9 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
         if config.backend in NATIVE_BACKENDS and config.nproc_per_node is not None:
             _spawn(worker, config, exchange)
         elif config.backend is not None and config.nproc_per_node is not None:
-            idist.spawn(config.backend, _process_entry, args=(worker, config, exchange),
-                        nproc_per_node=config.nproc_per_node)  # xla-tpu, horovod: Ignite's own spawning
+            idist.spawn(
+                config.backend, _process_entry, args=(worker, config, exchange), nproc_per_node=config.nproc_per_node
+            )  # xla-tpu, horovod: Ignite's own spawning
         elif config.backend is not None:
             _join_started_processes(worker, config, exchange)
         else:
@@ -98,15 +99,19 @@ def run(worker: Worker, config: Config) -> dict[str, Any]:
 def caller_state_kept() -> Iterator[None]:
     """Restore what a run changes in its process: torch threads, deterministic algorithms, cuDNN flags."""
     threads = torch.get_num_threads()
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
-        if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) \
-                != deterministic:  # setting it imports torch._inductor: a second or more, only when needed
+        if (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ) != deterministic:  # setting it imports torch._inductor: a second or more, only when needed
             torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
 
@@ -179,8 +184,10 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.stop_signals())
     try:
         context = torch.multiprocessing.start_processes(
-            _spawned_entry, args=(worker, config, exchange, environment, os.getcwd(), list(sys.path)),
-            nprocs=config.nproc_per_node, join=False,
+            _spawned_entry,
+            args=(worker, config, exchange, environment, os.getcwd(), list(sys.path)),
+            nprocs=config.nproc_per_node,
+            join=False,
             start_method=start_method,
         )
         _supervise_with_signals(context, config, exchange)
@@ -195,8 +202,10 @@ def _supervise_with_signals(context: Any, config: Config, exchange: Path) -> Non
         for process in context.processes:
             process.kill()
             process.join(timeout=5)
-        raise Interrupted("interrupted again: every process stopped at once, without a new checkpoint; continue "
-                          f"from the newest one with {resume_hint(config.run_name)}")
+        raise Interrupted(
+            "interrupted again: every process stopped at once, without a new checkpoint; continue "
+            f"from the newest one with {resume_hint(config.run_name)}"
+        )
 
     with stopping.StopRequest(forward_to=context.pids, on_second_interrupt=end_at_once):
         _supervise(context, config, exchange)
@@ -205,8 +214,11 @@ def _supervise_with_signals(context: Any, config: Config, exchange: Path) -> Non
 def _spawn_environment(config: Config) -> dict[str, str]:
     """What torchrun would set for the workers (RANK and LOCAL_RANK are added per worker)."""
     nproc, nnodes = config.nproc_per_node or 1, config.nnodes or 1
-    environment = {"WORLD_SIZE": str(nproc * nnodes), "LOCAL_WORLD_SIZE": str(nproc),
-                   "GROUP_RANK": str(config.node_rank or 0)}
+    environment = {
+        "WORLD_SIZE": str(nproc * nnodes),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(config.node_rank or 0),
+    }
     if config.init_method == "env://":
         environment["MASTER_ADDR"] = config.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         environment["MASTER_PORT"] = str(_master_port(config))
@@ -246,8 +258,9 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _spawned_entry(local_rank: int, worker: Worker, config: Config, exchange: Path, environment: dict, cwd: str,
-                   import_path: list[str]) -> None:
+def _spawned_entry(
+    local_rank: int, worker: Worker, config: Config, exchange: Path, environment: dict, cwd: str, import_path: list[str]
+) -> None:
     """A spawned worker: the launcher's environment, folder and import path, with what torchrun would add, then
     the torchrun path."""
     rank = int(environment["GROUP_RANK"]) * int(environment["LOCAL_WORLD_SIZE"]) + local_rank
@@ -283,8 +296,11 @@ def _explain_failure(failure: Exception, pids: list[int], config: Config, exchan
     first = reports[0] if reports else None
     if first is not None and first.kind == PeerSilent.__name__:
         offset = (config.node_rank or 0) * len(pids)
-        silent = [f"rank {offset + index} (pid {pid})" for index, pid in enumerate(pids)
-                  if offset + index not in {report.rank for report in reports}]
+        silent = [
+            f"rank {offset + index} (pid {pid})"
+            for index, pid in enumerate(pids)
+            if offset + index not in {report.rank for report in reports}
+        ]
         who = ", ".join(silent) + " stopped answering" if silent else "a process on another node stopped answering"
         return PeerSilent(f"{first.message.replace(stopping.SILENT, who, 1)}; the others were stopped: {rerun}")
     if first is not None:
@@ -312,4 +328,3 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
     shared = ranks.from_rank_zero(lambda: result)  # every rank returns rank 0's result (a collective: all leave
     # together)
     (exchange / f"{RESULT_PREFIX}{idist.get_rank()}.json").write_text(json.dumps(shared))
-

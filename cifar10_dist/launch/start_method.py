@@ -25,8 +25,16 @@ NATIVE_BACKENDS = ("gloo", "nccl")
 # constructor: about 1 s of a core; torchvision's datasets and models, filelock) and what rank 0 imports at every
 # run (TensorBoard's writer; matplotlib for curves.png and mistakes.png); the forkserver leaves out a module that
 # is not installed
-PRELOADED = ("cifar10_dist.training.run", "torch._dynamo", "torchvision.datasets", "torchvision.models", "filelock",
-             "torch.utils.tensorboard", "matplotlib.figure", "matplotlib.backends.backend_agg")
+PRELOADED = (
+    "cifar10_dist.training.run",
+    "torch._dynamo",
+    "torchvision.datasets",
+    "torchvision.models",
+    "filelock",
+    "torch.utils.tensorboard",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+)
 
 
 def start_method() -> str:
@@ -87,10 +95,12 @@ def require_main_guard(workers: int | None) -> None:
         return
     source = linecache.getline(script, line).strip()
     source = source if len(source) <= 60 else source[:57] + "..."
-    raise UserError(f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
-                    f"`if __name__ == \"__main__\":`: each worker imports {Path(script).name} again and would run "
-                    "that line itself; put the call under `if __name__ == \"__main__\":` (Python's rule for spawned "
-                    "processes)")
+    raise UserError(
+        f"{Path(script).name} line {line} ({source}) starts {workers} worker processes without "
+        f'`if __name__ == "__main__":`: each worker imports {Path(script).name} again and would run '
+        'that line itself; put the call under `if __name__ == "__main__":` (Python\'s rule for spawned '
+        "processes)"
+    )
 
 
 def _main_script_call() -> tuple[str | None, int]:

@@ -89,15 +89,16 @@ def require_timm() -> Any:
     try:
         import timm
     except ImportError as missing:
-        raise UserError("model=timm:NAME needs the timm package, which is not installed: pip install "
-                        "'cifar10-dist[timm]'") from missing
+        raise UserError(
+            "model=timm:NAME needs the timm package, which is not installed: pip install 'cifar10-dist[timm]'"
+        ) from missing
     return timm
 
 
 def check_timm_name(name: str) -> None:
     """A model of timm's zoo (a pretrained tag may follow the name: timm:resnet50.a1_in1k), else one line."""
     timm = require_timm()
-    wanted = name[len(TIMM_PREFIX):]
+    wanted = name[len(TIMM_PREFIX) :]
     if not timm.models.is_model(wanted):
         close = difflib.get_close_matches(wanted, timm.list_models(), n=1)
         hint = f" (did you mean 'timm:{close[0]}'?)" if close else ""
@@ -106,7 +107,7 @@ def check_timm_name(name: str) -> None:
 
 def _builtin_builder(name: str) -> Callable[..., nn.Module]:
     if name.startswith(TIMM_PREFIX):
-        return lambda **kwargs: require_timm().create_model(name[len(TIMM_PREFIX):], pretrained=False, **kwargs)
+        return lambda **kwargs: require_timm().create_model(name[len(TIMM_PREFIX) :], pretrained=False, **kwargs)
     if name in REGISTRY:
         return REGISTRY[name]
     import torchvision
@@ -124,8 +125,9 @@ def _class_count(factory: Callable[..., Any], num_classes: int) -> dict[str, int
     return {"num_classes": num_classes} if takes else {}
 
 
-def check_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES,
-                image_size: int = 32) -> None:
+def check_model(
+    name: str, kwargs: dict[str, Any] | None = None, num_classes: int = NUM_CLASSES, image_size: int = 32
+) -> None:
     """Before launch: the model exists, and when it is the user's own, built with ``kwargs``, for another number
     of classes or another image size, it builds and maps a 2-image batch (N, 3, S, S) to (2, num_classes) logits.
     Each failure is one UserError naming the model."""
@@ -138,20 +140,24 @@ def check_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: in
         with torch.no_grad():
             output = model.eval()(dummy)
     except Exception as error:
-        raise UserError(f"model='{name}': the model's forward on a {tuple(dummy.shape)} batch raised "
-                        f"{_one_line(error)}") from error
+        raise UserError(
+            f"model='{name}': the model's forward on a {tuple(dummy.shape)} batch raised {_one_line(error)}"
+        ) from error
     shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
     if shape != (2, num_classes):
-        raise UserError(f"model='{name}' returned {shape} for a {tuple(dummy.shape)} batch: expected a tensor of "
-                        f"shape (2, {num_classes}), one logit per class")
+        raise UserError(
+            f"model='{name}' returned {shape} for a {tuple(dummy.shape)} batch: expected a tensor of "
+            f"shape (2, {num_classes}), one logit per class"
+        )
 
 
 def import_factory(reference: str) -> Callable[..., Any]:
     """The callable that ``module:factory`` or ``file.py:factory`` names (a UserError naming what is wrong)."""
     match = MODEL_REFERENCE.match(reference)
     if match is None:
-        raise UserError(f"model='{reference}' is not a model reference: write package.module:factory "
-                        "or path/to/file.py:factory")
+        raise UserError(
+            f"model='{reference}' is not a model reference: write package.module:factory or path/to/file.py:factory"
+        )
     module = _import_source(reference, match["source"])
     found: Any = module
     for part in match["attribute"].split("."):
@@ -162,8 +168,10 @@ def import_factory(reference: str) -> Callable[..., Any]:
             raise UserError(f"model='{reference}': {match['source']} has no attribute '{part}'{hint}")
         found = getattr(found, part)
     if not callable(found):
-        raise UserError(f"model='{reference}': {match['attribute']} is not callable (it is of type "
-                        f"{type(found).__name__}): name a function or class that returns an nn.Module")
+        raise UserError(
+            f"model='{reference}': {match['attribute']} is not callable (it is of type "
+            f"{type(found).__name__}): name a function or class that returns an nn.Module"
+        )
     return found
 
 
@@ -288,8 +296,13 @@ class AirbenchNet(nn.Module):
     whitening_bias_frozen = False
     whitening_images = WHITENING_IMAGES  # training images whose 2x2 patches set the whitening filters (airbench94's)
 
-    def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), whitening_kernel: int = 2,
-                 num_classes: int = NUM_CLASSES, activation: str = "gelu") -> None:
+    def __init__(
+        self,
+        widths: tuple[int, int, int] = (64, 256, 256),
+        whitening_kernel: int = 2,
+        num_classes: int = NUM_CLASSES,
+        activation: str = "gelu",
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UserError(f"model=airbench activation={activation!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -342,4 +355,3 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel/DataParallel wrapper (or the model itself)."""
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
     return model.module if isinstance(model, wrappers) else model
-

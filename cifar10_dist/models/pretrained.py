@@ -70,15 +70,20 @@ def resolve(model_name: str, pretrained: str) -> Weights:
     path = Path(pretrained).expanduser()
     if path.suffix in FILE_SUFFIXES or os.sep in pretrained or path.exists():
         if not path.is_file():
-            raise UserError(f"pretrained='{pretrained}' does not exist: give a checkpoint, a best-model file, a "
-                            "state-dict .pt/.pth or a .safetensors file (or a torchvision weights name)")
+            raise UserError(
+                f"pretrained='{pretrained}' does not exist: give a checkpoint, a best-model file, a "
+                "state-dict .pt/.pth or a .safetensors file (or a torchvision weights name)"
+            )
         classes, mean, std = _recorded(path)
-        return Weights("file", str(path.resolve()), str(path.resolve()), pretrained, classes=classes, mean=mean,
-                       std=std)
+        return Weights(
+            "file", str(path.resolve()), str(path.resolve()), pretrained, classes=classes, mean=mean, std=std
+        )
     if model_name.startswith(TIMM_PREFIX):
         if pretrained.lower() != "true":
-            raise UserError(f"pretrained='{pretrained}' for model={model_name}: give true (timm's weights for its "
-                            "pretrained tag) or a file of weights")
+            raise UserError(
+                f"pretrained='{pretrained}' for model={model_name}: give true (timm's weights for its "
+                "pretrained tag) or a file of weights"
+            )
         return _timm_weights(model_name)
     return _torchvision_weights(model_name, pretrained)
 
@@ -89,30 +94,50 @@ def _timm_weights(model_name: str) -> Weights:
     from cifar10_dist.models.networks import require_timm
 
     timm = require_timm()
-    config = timm.models.get_pretrained_cfg(model_name[len(TIMM_PREFIX):]) or {}
+    config = timm.models.get_pretrained_cfg(model_name[len(TIMM_PREFIX) :]) or {}
     config = config if isinstance(config, dict) else config.to_dict()
     source = f"https://huggingface.co/{config['hf_hub_id']}" if config.get("hf_hub_id") else config.get("url")
-    return Weights("timm", model_name, "", "true", source, None, tuple(config.get("mean") or ()) or None,
-                   tuple(config.get("std") or ()) or None)
+    return Weights(
+        "timm",
+        model_name,
+        "",
+        "true",
+        source,
+        None,
+        tuple(config.get("mean") or ()) or None,
+        tuple(config.get("std") or ()) or None,
+    )
 
 
 def _torchvision_weights(model_name: str, name: str) -> Weights:
     import torchvision
 
     if model_name not in torchvision.models.list_models(module=torchvision.models):
-        raise UserError(f"pretrained='{name}' is a weights name, which only torchvision models have "
-                        f"(model={model_name} is not one): give a file of weights instead, e.g. a best-model file")
+        raise UserError(
+            f"pretrained='{name}' is a weights name, which only torchvision models have "
+            f"(model={model_name} is not one): give a file of weights instead, e.g. a best-model file"
+        )
     enum = torchvision.models.get_model_weights(model_name)
     names = list(enum.__members__)
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UserError(f"pretrained='{name}' is not a weights name of {model_name}: {hint}choose one of "
-                        f"{', '.join(names)} (or give a file)")
+        raise UserError(
+            f"pretrained='{name}' is not a weights name of {model_name}: {hint}choose one of "
+            f"{', '.join(names)} (or give a file)"
+        )
     weights = enum[name]
     transforms = weights.transforms()
-    return Weights("torchvision", f"{model_name} {weights.name}", str(cache_file(weights.url)), name, weights.url,
-                   tuple(weights.meta.get("categories") or ()), tuple(transforms.mean), tuple(transforms.std))
+    return Weights(
+        "torchvision",
+        f"{model_name} {weights.name}",
+        str(cache_file(weights.url)),
+        name,
+        weights.url,
+        tuple(weights.meta.get("categories") or ()),
+        tuple(transforms.mean),
+        tuple(transforms.std),
+    )
 
 
 def cache_file(url: str) -> Path:
@@ -140,9 +165,11 @@ def fetch(weights: Weights) -> None:
         check_hash_prefix(partial, target.name, weights)
         partial.replace(target)  # complete or absent: a half-downloaded file is never used
     except OSError as error:
-        raise UserError(f"pretrained={weights.asked}: {target.name} is not in torch's cache and cannot be "
-                        f"downloaded ({getattr(error, 'reason', error)}): download {weights.url} and place it at "
-                        f"{target} (TORCH_HOME chooses the cache)") from error
+        raise UserError(
+            f"pretrained={weights.asked}: {target.name} is not in torch's cache and cannot be "
+            f"downloaded ({getattr(error, 'reason', error)}): download {weights.url} and place it at "
+            f"{target} (TORCH_HOME chooses the cache)"
+        ) from error
     finally:
         partial.unlink(missing_ok=True)
     logger.info("pretrained weights downloaded to %s", target)
@@ -159,10 +186,12 @@ def check_hash_prefix(downloaded: Path, name: str, weights: Weights) -> None:
         return
     digest = _sha256(downloaded)
     if not digest.startswith(found.group(1)):
-        raise UserError(f"pretrained={weights.asked}: the file downloaded from {weights.url} has SHA-256 "
-                        f"{digest[:12]}..., and its name {name} says it begins with {found.group(1)}: it was not "
-                        "kept (a damaged or altered download); try again, or download it yourself and place it at "
-                        f"{weights.path}")
+        raise UserError(
+            f"pretrained={weights.asked}: the file downloaded from {weights.url} has SHA-256 "
+            f"{digest[:12]}..., and its name {name} says it begins with {found.group(1)}: it was not "
+            "kept (a damaged or altered download); try again, or download it yourself and place it at "
+            f"{weights.path}"
+        )
 
 
 def load(model: nn.Module, weights: Weights, classes: tuple[str, ...]) -> None:
@@ -173,17 +202,24 @@ def load(model: nn.Module, weights: Weights, classes: tuple[str, ...]) -> None:
     head_name, head = head_of(model)
     head_tensors = [f"{head_name}.{key}" for key, _ in head.named_parameters()] if head is not None else []
     other_classes = weights.classes is not None and len(weights.classes) > 0 and tuple(weights.classes) != classes
-    new = [name for name in head_tensors
-           if other_classes or name not in found or found[name].shape != state[name].shape]
+    new = [
+        name for name in head_tensors if other_classes or name not in found or found[name].shape != state[name].shape
+    ]
     _check_fit(state, found, set(new), weights)
     model.load_state_dict({name: state[name] if name in new else found[name] for name in state})
     if new:
         was = tuple(found[new[0]].shape) if new[0] in found else "absent"
-        why = (f"{len(weights.classes)} other classes" if other_classes and weights.classes else
-               f"another shape ({was})")
-        logger.info("pretrained %s: layer %s replaced for the run's %d classes (the weights' head has %s); new "
-                    "tensors: %s; %d loaded", weights.name, head_name, len(classes), why, ", ".join(new),
-                    len(state) - len(new))
+        why = f"{len(weights.classes)} other classes" if other_classes and weights.classes else f"another shape ({was})"
+        logger.info(
+            "pretrained %s: layer %s replaced for the run's %d classes (the weights' head has %s); new "
+            "tensors: %s; %d loaded",
+            weights.name,
+            head_name,
+            len(classes),
+            why,
+            ", ".join(new),
+            len(state) - len(new),
+        )
     else:
         logger.info("pretrained %s: all %d tensors loaded (head included: same classes)", weights.name, len(state))
 
@@ -194,25 +230,30 @@ def head_of(model: nn.Module) -> tuple[str, nn.Module | None]:
     return linear[-1] if linear else ("", None)
 
 
-def _check_fit(state: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], new: set[str],
-               weights: Weights) -> None:
+def _check_fit(
+    state: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], new: set[str], weights: Weights
+) -> None:
     missing = [name for name in state if name not in found and name not in new]
     unexpected = [name for name in found if name not in state]
-    mismatched = [name for name in state
-                  if name in found and name not in new and found[name].shape != state[name].shape]
+    mismatched = [
+        name for name in state if name in found and name not in new and found[name].shape != state[name].shape
+    ]
     if not (missing or unexpected or mismatched):
         return
     parts = []
     if mismatched:
         name = mismatched[0]
-        parts.append(f"{len(mismatched)} tensors of another shape, first {name}: {tuple(found[name].shape)} there, "
-                     f"{tuple(state[name].shape)} here")
+        parts.append(
+            f"{len(mismatched)} tensors of another shape, first {name}: {tuple(found[name].shape)} there, "
+            f"{tuple(state[name].shape)} here"
+        )
     if missing:
         parts.append(f"{len(missing)} tensors of the model missing, first {missing[0]}")
     if unexpected:
         parts.append(f"{len(unexpected)} tensors the model lacks, first {unexpected[0]}")
-    raise UserError(f"pretrained {weights.name} does not fit this model: {'; '.join(parts)} (another model or "
-                    "model_kwargs?)")
+    raise UserError(
+        f"pretrained {weights.name} does not fit this model: {'; '.join(parts)} (another model or model_kwargs?)"
+    )
 
 
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm fetches from a Hugging Face repository
@@ -236,8 +277,11 @@ def _hugging_face_file(weights: Weights) -> str | None:
     from huggingface_hub import try_to_load_from_cache
 
     for name in HUB_FILES:
-        found = (try_to_load_from_cache(_repository(weights), name, cache_dir=hugging_face_cache())
-                 if _repository(weights) else None)
+        found = (
+            try_to_load_from_cache(_repository(weights), name, cache_dir=hugging_face_cache())
+            if _repository(weights)
+            else None
+        )
         if isinstance(found, str):
             return found
     return None
@@ -249,8 +293,7 @@ def _download_to_hugging_face_cache(weights: Weights) -> None:
     try:
         hf_hub_download(_repository(weights), HUB_FILES[0], cache_dir=hugging_face_cache())
     except Exception as error:  # huggingface_hub's errors: no such file, no network after all
-        raise UserError(_unreachable(weights, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")
-                        ) from error
+        raise UserError(_unreachable(weights, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}")) from error
     logger.info("pretrained weights of %s downloaded to the Hugging Face cache", weights.name)
 
 
@@ -263,8 +306,10 @@ def _refuse_without_network(weights: Weights) -> None:
 
 
 def _unreachable(weights: Weights, reason: Any) -> str:
-    return (f"pretrained=true: the weights of {weights.name} are not in the Hugging Face cache (HF_HOME) and cannot be "
-            f"downloaded ({reason}): download {weights.url} (model.safetensors) and give --pretrained=THAT_FILE")
+    return (
+        f"pretrained=true: the weights of {weights.name} are not in the Hugging Face cache (HF_HOME) and cannot be "
+        f"downloaded ({reason}): download {weights.url} (model.safetensors) and give --pretrained=THAT_FILE"
+    )
 
 
 def _timm_state(weights: Weights) -> Mapping[str, torch.Tensor]:
@@ -275,8 +320,11 @@ def _timm_state(weights: Weights) -> Mapping[str, torch.Tensor]:
     cached = _hugging_face_file(weights)
     if cached is None:
         raise UserError(_unreachable(weights, "not fetched before the workers started"))
-    return require_timm().create_model(weights.name[len(TIMM_PREFIX):], pretrained=True,
-                                       pretrained_cfg_overlay={"file": cached}).state_dict()
+    return (
+        require_timm()
+        .create_model(weights.name[len(TIMM_PREFIX) :], pretrained=True, pretrained_cfg_overlay={"file": cached})
+        .state_dict()
+    )
 
 
 def _read(weights: Weights) -> Mapping[str, torch.Tensor]:
@@ -290,13 +338,16 @@ def _read(weights: Weights) -> Mapping[str, torch.Tensor]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UserError(f"pretrained {weights.name} cannot be read: {type(error).__name__}: "
-                        f"{str(error).splitlines()[0][:200]}") from error
+        raise UserError(
+            f"pretrained {weights.name} cannot be read: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        ) from error
     try:  # a training checkpoint of a run with ema_decay: the EMA's, the weights it evaluates
         return checkpoint_layout.model_weights(loaded if isinstance(loaded, Mapping) else {}, prefer_ema=True)
     except UserError:
-        raise UserError(f"pretrained {weights.name} holds no model weights (expected a state dict, or a "
-                        "checkpoint with a 'model' entry)") from None
+        raise UserError(
+            f"pretrained {weights.name} holds no model weights (expected a state dict, or a "
+            "checkpoint with a 'model' entry)"
+        ) from None
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's, torch.compile's

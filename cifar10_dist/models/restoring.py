@@ -21,8 +21,10 @@ def check_recorded_model(checkpoint: Mapping[str, Any], model: str | None, path:
     recorded_config = checkpoint_layout.recorded_config(checkpoint)
     recorded = recorded_config.model if recorded_config is not None else None
     if model is not None and recorded is not None and recorded != model:
-        raise UserError(f"checkpoint '{path}' was made by model={recorded}, and this run builds model={model}: "
-                        f"use --model={recorded}, or a checkpoint of {model}")
+        raise UserError(
+            f"checkpoint '{path}' was made by model={recorded}, and this run builds model={model}: "
+            f"use --model={recorded}, or a checkpoint of {model}"
+        )
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str | None:
@@ -37,8 +39,10 @@ def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, tor
         parts.append(f"{len(unexpected)} tensor(s) the model does not have (e.g. {unexpected[0]})")
     if shapes:
         key = shapes[0]
-        parts.append(f"{len(shapes)} of another shape (e.g. {key}: {tuple(found[key].shape)} in the checkpoint, "
-                     f"{tuple(expected[key].shape)} in the model)")
+        parts.append(
+            f"{len(shapes)} of another shape (e.g. {key}: {tuple(found[key].shape)} in the checkpoint, "
+            f"{tuple(expected[key].shape)} in the model)"
+        )
     return "; ".join(parts) or None
 
 
@@ -56,8 +60,14 @@ def load_model_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
         raise UserError(f"checkpoint '{source}' does not fit the model: {first_line(error)}") from error
 
 
-def restore_model(checkpoint: Mapping[str, Any], path: str | Path, num_classes: int, model: str | None = None,
-                  model_kwargs: Mapping[str, Any] | None = None, raw_weights: bool = False) -> torch.nn.Module:
+def restore_model(
+    checkpoint: Mapping[str, Any],
+    path: str | Path,
+    num_classes: int,
+    model: str | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    raw_weights: bool = False,
+) -> torch.nn.Module:
     """A fresh model of ``num_classes`` outputs with the checkpoint's weights: the model (and its factory's keyword
     arguments) the checkpoint records, unless ``model`` is given (then it must be the recorded one). A training
     checkpoint of a run with ``ema_decay`` gives its EMA weights unless ``raw_weights`` (best-model files of such

@@ -98,8 +98,10 @@ def _load_failure(error: BaseException, path: Path) -> str:
     if refused:
         return f"it asks to import {refused.group(1)}, refused (only tensors and plain data are loaded)"
     if not starts_like_a_checkpoint(path):
-        return ("it is not a PyTorch checkpoint: torch.save writes a zip archive and this file is not one (give a "
-                "training_checkpoint_*.pt or best_model_*.pt of a run)")
+        return (
+            "it is not a PyTorch checkpoint: torch.save writes a zip archive and this file is not one (give a "
+            "training_checkpoint_*.pt or best_model_*.pt of a run)"
+        )
     if "weights_only" in text and "WeightsUnpickler error:" in text:
         return "refused by the safe loader: " + text.split("WeightsUnpickler error:")[1].strip().splitlines()[0][:200]
     words = first_line(error, 200)

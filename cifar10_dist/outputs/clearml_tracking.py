@@ -14,8 +14,9 @@ def require_clearml() -> None:
     try:
         import clearml  # noqa: F401
     except ImportError:
-        raise UserError("with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install clearml)") \
-            from None
+        raise UserError(
+            "with_clearml needs ClearML: pip install 'cifar10-dist[clearml]' (or pip install clearml)"
+        ) from None
 
 
 class ClearML:
@@ -40,9 +41,11 @@ class ClearML:
 
         if config["clearml_offline"]:
             Task.set_offline(offline_mode=True)
-        self.logger = ClearMLLogger(project_name=config["clearml_project"], task_name=run_dir.name,
-                                    auto_connect_frameworks={"tensorboard": False, "matplotlib": False,
-                                                             "detect_repository": False})
+        self.logger = ClearMLLogger(
+            project_name=config["clearml_project"],
+            task_name=run_dir.name,
+            auto_connect_frameworks={"tensorboard": False, "matplotlib": False, "detect_repository": False},
+        )
         self.task = Task.current_task()  # the task ClearMLLogger just started
         self.task.connect(dict(config), name="config")
 
@@ -50,8 +53,9 @@ class ClearML:
         """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""
         from ignite.handlers.clearml_logger import ClearMLSaver
 
-        return ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True) if self.enabled \
-            else None
+        return (
+            ClearMLSaver(self.logger, dirname=str(run_dir), require_empty=False, atomic=True) if self.enabled else None
+        )
 
     def log_artifacts(self, run_dir: Path) -> None:
         """The checkpoints reach ClearML through the saver; nothing more at the end."""
@@ -89,4 +93,3 @@ class ClearML:
         if self.logger is not None:
             logger_, self.logger = self.logger, None
             logger_.close()
-

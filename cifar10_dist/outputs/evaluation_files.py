@@ -41,12 +41,28 @@ def write(folder: Path, checkpoint: Path, result: EvaluationResult, test_images:
     """The confusion matrix, the mistakes and the reliability diagram of one evaluation of ``checkpoint``
     (``test_images``: the images the mistakes' indices point into)."""
     stem = confusion_stem(checkpoint)
-    files.write_json(folder / f"{stem}.json", {
-        "checkpoint": str(checkpoint), "classes": result.classes, "rows": "true class", "columns": "predicted",
-        "confusion_matrix": result.confusion_matrix, "per_class_accuracy": result.per_class_accuracy})
-    files.write_file(folder / f"{stem}.png", lambda path: plots.render_confusion(
-        result.confusion_matrix, path, checkpoint.name, result.classes))
-    mistake_grid.write(folder, mistakes_stem(checkpoint), test_images, result.mistakes, checkpoint.name,
-                       {"checkpoint": str(checkpoint), "test_images": result.num_samples})
+    files.write_json(
+        folder / f"{stem}.json",
+        {
+            "checkpoint": str(checkpoint),
+            "classes": result.classes,
+            "rows": "true class",
+            "columns": "predicted",
+            "confusion_matrix": result.confusion_matrix,
+            "per_class_accuracy": result.per_class_accuracy,
+        },
+    )
+    files.write_file(
+        folder / f"{stem}.png",
+        lambda path: plots.render_confusion(result.confusion_matrix, path, checkpoint.name, result.classes),
+    )
+    mistake_grid.write(
+        folder,
+        mistakes_stem(checkpoint),
+        test_images,
+        result.mistakes,
+        checkpoint.name,
+        {"checkpoint": str(checkpoint), "test_images": result.num_samples},
+    )
     if result.reliability:
         write_calibration(folder, calibration_stem(checkpoint), result.ece or 0.0, result.reliability, checkpoint.name)

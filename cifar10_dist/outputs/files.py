@@ -125,6 +125,6 @@ def sqlite_lock(url: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     from filelock import FileLock
 
-    database = Path(url[len("sqlite:///"):])
+    database = Path(url[len("sqlite:///") :])
     database.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(f"{database}.lock", timeout=120)

@@ -68,18 +68,27 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
     process) and the keys of the resolved config that differ from the defaults."""
     logger.info(
         "python %s, torch %s, pytorch-ignite %s, device %s, %d CPU threads per process",
-        platform.python_version(), torch.__version__, ignite.__version__, indexed(device), torch.get_num_threads(),
+        platform.python_version(),
+        torch.__version__,
+        ignite.__version__,
+        indexed(device),
+        torch.get_num_threads(),
     )
     if idist.backend() is not None:
         logger.info(
             "distributed: backend %s, world size %d, %d processes per node, %d nodes",
-            idist.backend(), idist.get_world_size(), idist.get_nproc_per_node(), idist.get_nnodes(),
+            idist.backend(),
+            idist.get_world_size(),
+            idist.get_nproc_per_node(),
+            idist.get_nnodes(),
         )
     source = config.get("config_source")
     logger.info("config file: %s", ConfigSource(**source).describe() if source else "none (the defaults and the flags)")
-    logger.info("config (what differs from the defaults; every key is in the run folder's config.yaml): %s",
-                ", ".join(f"{key}={value}" for key, value in changed_keys(config).items()
-                          if key != "config_source") or "the defaults")
+    logger.info(
+        "config (what differs from the defaults; every key is in the run folder's config.yaml): %s",
+        ", ".join(f"{key}={value}" for key, value in changed_keys(config).items() if key != "config_source")
+        or "the defaults",
+    )
 
 
 def changed_keys(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,12 +104,23 @@ def indexed(device: torch.device) -> torch.device:
     return device
 
 
-def log_metrics(epoch: int, split: str, metrics: Mapping[str, float], seconds: float,
-                best_metric: str = "accuracy") -> None:
+def log_metrics(
+    epoch: int, split: str, metrics: Mapping[str, float], seconds: float, best_metric: str = "accuracy"
+) -> None:
     """One line per evaluation: accuracy, top-5 (with more than 5 classes), the best_metric when it is another,
     the loss (the NLL) and the expected calibration error."""
     top5 = f", top-5 {metrics['top5_accuracy']:.4f}" if "top5_accuracy" in metrics else ""
     chosen = f", {best_metric} {metrics[best_metric]:.4f}" if best_metric != "accuracy" else ""
     calibration = f", ECE {metrics['ece']:.4f}" if "ece" in metrics else ""
-    logger.info("epoch %d %s: accuracy %.4f%s%s, loss %.4f on %d images%s (%.1f s)", epoch, split,
-                metrics["accuracy"], top5, chosen, metrics["loss"], metrics["num_samples"], calibration, seconds)
+    logger.info(
+        "epoch %d %s: accuracy %.4f%s%s, loss %.4f on %d images%s (%.1f s)",
+        epoch,
+        split,
+        metrics["accuracy"],
+        top5,
+        chosen,
+        metrics["loss"],
+        metrics["num_samples"],
+        calibration,
+        seconds,
+    )

@@ -27,10 +27,14 @@ def log_peak_memory() -> None:
     and reserved memory."""
     import resource
 
-    logger.info("peak resident memory %.0f MiB (this process)",
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    logger.info(
+        "peak resident memory %.0f MiB (this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
-        logger.info("peak GPU memory %.0f MiB allocated, %.0f MiB reserved (cuda:%d, this process)",
-                    torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.max_memory_reserved(device) / 2**20,
-                    device)
+        logger.info(
+            "peak GPU memory %.0f MiB allocated, %.0f MiB reserved (cuda:%d, this process)",
+            torch.cuda.max_memory_allocated(device) / 2**20,
+            torch.cuda.max_memory_reserved(device) / 2**20,
+            device,
+        )

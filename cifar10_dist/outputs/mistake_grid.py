@@ -18,8 +18,9 @@ from cifar10_dist.results import Mistake
 SHOWN = 16  # tiles in the picture: the most confident mistakes
 
 
-def write(folder: Path, stem: str, images: torch.Tensor, found: Sequence[Mistake], title: str,
-          record: dict[str, Any]) -> Any:
+def write(
+    folder: Path, stem: str, images: torch.Tensor, found: Sequence[Mistake], title: str, record: dict[str, Any]
+) -> Any:
     """``stem``.json (``record`` and the mistakes) and ``stem``.png (the grid) in ``folder``; returns the picture's
     pixels (H x W x 3 uint8, e.g. for TensorBoard): drawn once."""
     from PIL import Image
@@ -48,10 +49,15 @@ def render(images: torch.Tensor, found: Sequence[Mistake], title: str) -> Any:
     for position, mistake in enumerate(found):
         row, column = divmod(position, columns)
         y, x = row * size * 19 // 12 + size * 7 // 12, column * size * 16 // 12 + size * 2 // 12
-        montage[y:y + size, x:x + size] = images[mistake.index].cpu().permute(1, 2, 0).numpy()
-        drawing.text((column + 0.5) / columns, 1 - (0.4 + 1.9 * row + 0.65) / height,  # just above its image
-                     f"{mistake.predicted} {mistake.confidence:.2f}\n(true: {mistake.true})", fontsize=7,
-                     ha="center", va="bottom")
+        montage[y : y + size, x : x + size] = images[mistake.index].cpu().permute(1, 2, 0).numpy()
+        drawing.text(
+            (column + 0.5) / columns,
+            1 - (0.4 + 1.9 * row + 0.65) / height,  # just above its image
+            f"{mistake.predicted} {mistake.confidence:.2f}\n(true: {mistake.true})",
+            fontsize=7,
+            ha="center",
+            va="bottom",
+        )
     axes = drawing.add_axes((0, 0, 1, 1 - 0.4 / height))
     axes.imshow(montage, interpolation="nearest", aspect="auto")
     axes.axis("off")

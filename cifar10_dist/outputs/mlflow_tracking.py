@@ -38,8 +38,9 @@ def require_mlflow() -> Any:
     try:
         import mlflow
     except ImportError:
-        raise UserError("with_mlflow needs MLflow: pip install 'cifar10-dist[mlflow]' (or pip install mlflow)") \
-            from None
+        raise UserError(
+            "with_mlflow needs MLflow: pip install 'cifar10-dist[mlflow]' (or pip install mlflow)"
+        ) from None
     return mlflow
 
 
@@ -71,7 +72,7 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         return found.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+        location = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
     with files.sqlite_lock(uri):
         found = client.get_experiment_by_name(name)  # a worker beside this one may have made it meanwhile
         return found.experiment_id if found is not None else client.create_experiment(name, location)
@@ -81,18 +82,24 @@ def provenance_tags(record: RunRecord) -> dict[str, str]:
     """The provenance worth filtering runs by, as MLflow tags."""
     package, versions = record.package, record.versions or {}
     tags = {
-        "git_commit": package.git_commit, "git_dirty": package.git_dirty,
-        "package_version": package.version, "dataset": record.dataset.name,
-        "dataset_sha256": record.dataset.sha256, "precision": record.precision,
-        "backend": record.backend, "world_size": record.world_size,
+        "git_commit": package.git_commit,
+        "git_dirty": package.git_dirty,
+        "package_version": package.version,
+        "dataset": record.dataset.name,
+        "dataset_sha256": record.dataset.sha256,
+        "precision": record.precision,
+        "backend": record.backend,
+        "world_size": record.world_size,
         "devices": ", ".join(f"{count} x {name}" for name, count in (record.devices or {}).items()),
-        "cpu": record.cpu_model, "torch": versions.get("torch"),
+        "cpu": record.cpu_model,
+        "torch": versions.get("torch"),
     }
     return {f"cifar10_dist.{key}": str(value) for key, value in tags.items() if value is not None}
 
 
 def as_params(config: Mapping[str, Any]) -> dict[str, str]:
     """The config as MLflow parameters: strings (mappings and lists as JSON), at most MLflow's 6,000 characters."""
+
     def text(value: Any) -> str:
         return json.dumps(value) if isinstance(value, (dict, list, tuple)) else str(value)
 
@@ -135,20 +142,30 @@ class MLflow:
         if config.get("mlflow_parent_run"):
             tags[PARENT_TAG] = config["mlflow_parent_run"]
         run = self.client.create_run(experiment, run_name=run_dir.name, tags=tags)
-        self._log_params(run.info.run_id, as_params({key: value for key, value in config.items()
-                                                     if key != "mlflow_parent_run"}))
-        files.write_json(run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment,
-                                              "run_id": run.info.run_id})
+        self._log_params(
+            run.info.run_id, as_params({key: value for key, value in config.items() if key != "mlflow_parent_run"})
+        )
+        files.write_json(
+            run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment, "run_id": run.info.run_id}
+        )
         self.run_id = run.info.run_id
         browse = f"open {uri}" if uri.startswith(("http:", "https:")) else f"mlflow ui --backend-store-uri {uri}"
-        logger.info("mlflow: run %s (%s) in experiment %s of %s; to browse: %s", run_dir.name, self.run_id,
-                    config["mlflow_experiment"], uri, browse)
+        logger.info(
+            "mlflow: run %s (%s) in experiment %s of %s; to browse: %s",
+            run_dir.name,
+            self.run_id,
+            config["mlflow_experiment"],
+            uri,
+            browse,
+        )
 
     def _last_steps(self) -> dict[str, int]:
         """Each metric's last step in the store's run: a resume from a checkpoint trains and logs again the
         iterations (and an evaluation) that ran after it before the stop, which the store may already have."""
-        return {key: max(metric.step for metric in self.client.get_metric_history(self.run_id, key))
-                for key in self.client.get_run(self.run_id).data.metrics}
+        return {
+            key: max(metric.step for metric in self.client.get_metric_history(self.run_id, key))
+            for key in self.client.get_run(self.run_id).data.metrics
+        }
 
     def _still_there(self, run_id: str) -> bool:
         try:
@@ -161,7 +178,7 @@ class MLflow:
 
         items = [Param(key, value) for key, value in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[start:start + 100])
+            self.client.log_batch(run_id, params=items[start : start + 100])
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
         """A metric, kept until a flush sends it (each log_batch is one store transaction)."""
@@ -182,7 +199,7 @@ class MLflow:
         while self.pending:
             batch = self.pending[:BATCH]
             self.client.log_batch(self.run_id, metrics=batch)
-            del self.pending[:len(batch)]
+            del self.pending[: len(batch)]
 
     def unsent(self) -> int:
         return len(self.pending)
@@ -213,7 +230,8 @@ class MLflow:
 
 
 HTTP_BOUNDS = {  # MLflow's own defaults retry a request for minutes; the user's settings of these win
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
 
@@ -253,8 +271,10 @@ def study_run(uri: str, experiment: str, study: str, params: Mapping[str, Any]) 
         if found:
             return found[0].info.run_id
         run = client.create_run(experiment_number, run_name=f"study {study}", tags={"cifar10_dist.study": study})
-    client.log_batch(run.info.run_id, params=[require_mlflow().entities.Param(key, value)
-                                              for key, value in as_params(params).items()][:100])
+    client.log_batch(
+        run.info.run_id,
+        params=[require_mlflow().entities.Param(key, value) for key, value in as_params(params).items()][:100],
+    )
     return run.info.run_id
 
 
@@ -276,9 +296,13 @@ def for_the_study(what: str, uri: str, action: Callable[[], Any]) -> Any | None:
     except Exception as error:  # noqa: BLE001 - whatever MLflow's client raises for a store it cannot reach
         if uri not in STUDY_WARNED:
             STUDY_WARNED.add(uri)
-            logger.warning("MLflow: the store at %s does not answer (%s): the study goes on without %s; each "
-                           "trial's own run is tracked as a run's is (metrics.jsonl keeps everything)", uri,
-                           first_line(error), what)
+            logger.warning(
+                "MLflow: the store at %s does not answer (%s): the study goes on without %s; each "
+                "trial's own run is tracked as a run's is (metrics.jsonl keeps everything)",
+                uri,
+                first_line(error),
+                what,
+            )
         return None
     finally:
         restore_environment(earlier)

@@ -24,8 +24,13 @@ def render_curves(run_dir: Path, path: Path) -> None:
     epochs, evaluations = read_metrics(run_dir)
     figure = _figure(10, 4)
     loss_axes, accuracy_axes = figure.subplots(1, 2)
-    loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o--",
-                   color=SPLIT_COLOURS["training"], label="training batches (augmented)")
+    loss_axes.plot(
+        [e["epoch"] for e in epochs],
+        [e["epoch_loss"] for e in epochs],
+        "o--",
+        color=SPLIT_COLOURS["training"],
+        label="training batches (augmented)",
+    )
     splits = {e["split"] for e in evaluations}
     for split in sorted(splits):
         points = [e for e in evaluations if e["split"] == split]
@@ -53,8 +58,9 @@ def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
         epochs, evaluations = read_metrics(run_dir)
         selection, points, _ = selection_split(evaluations)
         loss_axes.plot([e["epoch"] for e in epochs], [e["epoch_loss"] for e in epochs], "o-", label=run_dir.name)
-        accuracy_axes.plot([e["epoch"] for e in points], [e["accuracy"] for e in points], "o-",
-                           label=f"{run_dir.name} ({selection})")
+        accuracy_axes.plot(
+            [e["epoch"] for e in points], [e["accuracy"] for e in points], "o-", label=f"{run_dir.name} ({selection})"
+        )
     for axes, name in ((loss_axes, "training loss (epoch mean)"), (accuracy_axes, "accuracy")):
         axes.xaxis.get_major_locator().set_params(integer=True)
         axes.set_xlabel("epoch")
@@ -65,8 +71,9 @@ def render_comparison(run_dirs: Sequence[Path], path: Path) -> None:
     figure.savefig(path, dpi=100, format="png")
 
 
-def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
-                     names: Sequence[str] | None = None) -> None:
+def render_confusion(
+    matrix: Sequence[Sequence[int]], path: Path, title: str, names: Sequence[str] | None = None
+) -> None:
     """The confusion matrix (rows: true class, columns: predicted), with counts in the cells up to 20 classes."""
     size = max(7.0, 0.16 * len(matrix))
     figure = _figure(size, size * 6 / 7)
@@ -82,21 +89,24 @@ def render_confusion(matrix: Sequence[Sequence[int]], path: Path, title: str,
     peak = max(max(row) for row in matrix) or 1
     for i, row in enumerate(matrix if len(matrix) <= 20 else []):
         for j, count in enumerate(row):
-            axes.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                      color="white" if count > peak / 2 else "black")
+            axes.text(
+                j, i, str(count), ha="center", va="center", fontsize=7, color="white" if count > peak / 2 else "black"
+            )
     axes.set_title(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100, format="png")
 
 
-def render_lr_sweep(learning_rates: Sequence[float], losses: Sequence[float], suggestion: float, rule: str,
-                    path: Path) -> None:
+def render_lr_sweep(
+    learning_rates: Sequence[float], losses: Sequence[float], suggestion: float, rule: str, path: Path
+) -> None:
     """lr-find's sweep: the smoothed training loss against learning_rate (log x), the suggestion marked."""
     figure = _figure(7, 4.2)
     axes = figure.subplots()
     axes.plot(learning_rates, losses, "-", color="tab:blue", label="training loss (smoothed, all ranks' mean)")
-    axes.axvline(suggestion, color="tab:red", linestyle="--",
-                 label=f"suggested learning_rate {suggestion:.3g} ({rule})")
+    axes.axvline(
+        suggestion, color="tab:red", linestyle="--", label=f"suggested learning_rate {suggestion:.3g} ({rule})"
+    )
     axes.set_xscale("log")
     axes.set_xlabel("learning_rate (the schedule's peak; other groups keep their ratios)")
     axes.set_ylabel("training loss")
@@ -115,10 +125,21 @@ def render_reliability(rows: dict[str, list[float]], ece: float, path: Path, tit
     figure = _figure(5.5, 5.5)
     axes, counts = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     filled = [count > 0 for count in rows["images"]]
-    axes.bar([c for c, f in zip(centres, filled) if f], [a for a, f in zip(rows["accuracy"], filled) if f],
-             width=width * 0.95, color="tab:blue", label="accuracy in the bin")
-    axes.plot([c for c, f in zip(rows["confidence"], filled) if f], [a for a, f in zip(rows["accuracy"], filled) if f],
-              "o", color="tab:red", markersize=3, label="at the bin's mean top-1 probability")
+    axes.bar(
+        [c for c, f in zip(centres, filled) if f],
+        [a for a, f in zip(rows["accuracy"], filled) if f],
+        width=width * 0.95,
+        color="tab:blue",
+        label="accuracy in the bin",
+    )
+    axes.plot(
+        [c for c, f in zip(rows["confidence"], filled) if f],
+        [a for a, f in zip(rows["accuracy"], filled) if f],
+        "o",
+        color="tab:red",
+        markersize=3,
+        label="at the bin's mean top-1 probability",
+    )
     axes.plot([0, 1], [0, 1], "--", color="gray", label="perfectly calibrated")
     axes.set_ylabel("accuracy")
     axes.set_xlim(0, 1)

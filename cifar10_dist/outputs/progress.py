@@ -60,15 +60,17 @@ class EpochClock:
         return EpochTiming(seconds, iterations, iterations * self.images_per_iteration / max(seconds, 1e-9))
 
 
-def attach_progress_logging(trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, clock: EpochClock,
-                            num_epochs: int) -> None:
+def attach_progress_logging(
+    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, clock: EpochClock, num_epochs: int
+) -> None:
     """Rank 0: a progress bar per epoch on a terminal, else a ``ProgressLines`` line every ``log_every``
     iterations; the duration and speed of each epoch either way (``clock``'s)."""
     on_rank_zero(_attach_progress, trainer, optimizer, log_every, clock, num_epochs)
 
 
-def _attach_progress(trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, clock: EpochClock,
-                     num_epochs: int) -> None:
+def _attach_progress(
+    trainer: Engine, optimizer: torch.optim.Optimizer, log_every: int, clock: EpochClock, num_epochs: int
+) -> None:
     if sys.stderr.isatty():
         ProgressBar(optimizer).attach(trainer, log_every)
     else:
@@ -77,8 +79,9 @@ def _attach_progress(trainer: Engine, optimizer: torch.optim.Optimizer, log_ever
     @trainer.on(Events.EPOCH_COMPLETED)
     def log_epoch_time(engine: Engine) -> None:
         timing = clock.timing(engine)
-        logger.info("epoch %d done in %.1f s (%.0f img/s)", engine.state.epoch, timing.seconds,
-                    timing.images_per_second)
+        logger.info(
+            "epoch %d done in %.1f s (%.0f img/s)", engine.state.epoch, timing.seconds, timing.images_per_second
+        )
 
 
 class ProgressBar:
@@ -93,7 +96,8 @@ class ProgressBar:
 
         trainer.add_event_handler(Events.ITERATION_COMPLETED(every=log_every), self._read_loss)
         IgniteBar(persist=False, bar_format=None).attach(
-            trainer, output_transform=lambda _: {"loss": self.loss, "lr": current_lr(self.optimizer)})
+            trainer, output_transform=lambda _: {"loss": self.loss, "lr": current_lr(self.optimizer)}
+        )
 
     def _read_loss(self, engine: Engine) -> None:
         self.loss = float(step_output(engine).loss)
@@ -122,10 +126,16 @@ class ProgressLines:
         in_epoch = (engine.state.iteration - 1) % epoch_length + 1 if epoch_length else engine.state.iteration
         remaining = self.num_epochs * epoch_length - engine.state.iteration
         logger.info(
-            "epoch %d/%d iter %d/%d: loss %.4f, lr %.4g, %.0f img/s, ETA %s", engine.state.epoch, self.num_epochs,
-            in_epoch, epoch_length, float(step_output(engine).loss), current_lr(self.optimizer),
+            "epoch %d/%d iter %d/%d: loss %.4f, lr %.4g, %.0f img/s, ETA %s",
+            engine.state.epoch,
+            self.num_epochs,
+            in_epoch,
+            epoch_length,
+            float(step_output(engine).loss),
+            current_lr(self.optimizer),
             self.images_per_iteration / max(seconds_per_iteration, 1e-9),
-            format_duration(remaining * seconds_per_iteration))
+            format_duration(remaining * seconds_per_iteration),
+        )
 
 
 def format_duration(seconds: float) -> str:

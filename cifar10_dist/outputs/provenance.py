@@ -57,8 +57,11 @@ class PackageRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """As provenance.json holds it (``release`` only where it was recorded)."""
-        return {one.name: getattr(self, one.name) for one in fields(self)
-                if one.name != "release" or self.release is not None}
+        return {
+            one.name: getattr(self, one.name)
+            for one in fields(self)
+            if one.name != "release" or self.release is not None
+        }
 
     @classmethod
     def from_dict(cls, recorded: Mapping[str, Any] | None) -> PackageRecord:
@@ -101,10 +104,19 @@ class RunRecord:
         data_names = {one.name for one in fields(DataRecord)}
         dataset = dict(recorded.get("dataset") or {})
         present: dict[str, Any] = {key: recorded.get(key) for key in names}
-        return cls(**present, package=PackageRecord.from_dict(recorded.get("package")),
-                   dataset=DataRecord(**{key: dataset.get(key) for key in data_names if key in dataset or  # type: ignore[arg-type]
-                                         key in ("name", "sha256")}),
-                   extra={key: value for key, value in recorded.items() if key not in names | {"dataset", "package"}})
+        return cls(
+            **present,
+            package=PackageRecord.from_dict(recorded.get("package")),
+            dataset=DataRecord(
+                **{
+                    key: dataset.get(key)
+                    for key in data_names
+                    if key in dataset  # type: ignore[arg-type]
+                    or key in ("name", "sha256")
+                }
+            ),
+            extra={key: value for key, value in recorded.items() if key not in names | {"dataset", "package"}},
+        )
 
     @property
     def cpu_model(self) -> str | None:
@@ -115,8 +127,11 @@ class RunRecord:
 
 def _set_items(record: Any) -> dict[str, Any]:
     """A record's fields, those with a default only where set (older files lack them)."""
-    return {one.name: getattr(record, one.name) for one in fields(record)
-            if getattr(record, one.name) is not None or one.default is MISSING and one.default_factory is MISSING}
+    return {
+        one.name: getattr(record, one.name)
+        for one in fields(record)
+        if getattr(record, one.name) is not None or one.default is MISSING and one.default_factory is MISSING
+    }
 
 
 def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> RunRecord:

@@ -23,8 +23,10 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise DamagedFile(f"{path} is damaged: not valid JSON ({error.msg} at line {error.lineno}, column "
-                          f"{error.colno}; {path.stat().st_size} bytes)") from error
+        raise DamagedFile(
+            f"{path} is damaged: not valid JSON ({error.msg} at line {error.lineno}, column "
+            f"{error.colno}; {path.stat().st_size} bytes)"
+        ) from error
     except (OSError, UnicodeDecodeError) as error:
         raise DamagedFile(f"{path} cannot be read: {error}") from error
 
@@ -41,8 +43,9 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise DamagedFile(f"{path} is damaged at line {number}: not valid JSON ({error.msg}): "
-                              f"{line[:60]!r}") from error
+            raise DamagedFile(
+                f"{path} is damaged at line {number}: not valid JSON ({error.msg}): {line[:60]!r}"
+            ) from error
         if not isinstance(record, dict) or "event" not in record:
             raise DamagedFile(f"{path} is damaged at line {number}: not a metrics record: {line[:60]!r}")
         events.append(record)
@@ -82,8 +85,9 @@ def read_summary(run_dir: Path) -> RunSummary | None:
         raise DamagedFile(f"{path} is damaged: not a run summary ({first_line(error)})") from error
 
 
-def selection_split(evaluations: Sequence[Mapping[str, Any]], metric: str = "accuracy"
-                    ) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
+def selection_split(
+    evaluations: Sequence[Mapping[str, Any]], metric: str = "accuracy"
+) -> tuple[str, list[Mapping[str, Any]], Mapping | None]:
     """(split that chose the best model: val if the run held one out, else test, and its EMA's evaluations when
     the run kept one; its evaluations; the best one by ``metric``, accuracy in older records that lack it)."""
     split = "val" if any(e["split"] == "val" for e in evaluations) else "test"
@@ -110,20 +114,29 @@ def time_to_accuracy(run_dir: Path, targets: Sequence[float]) -> dict[str, Any]:
             continue
         done = [epoch for epoch in train_seconds if epoch <= first["epoch"]]
         training = sum(train_seconds[epoch] for epoch in done)
-        reached[target] = {"epoch": first["epoch"], "training_time": training,
-                           "with_evaluation": training + sum(eval_seconds.get(epoch, 0.0) for epoch in done)}
+        reached[target] = {
+            "epoch": first["epoch"],
+            "training_time": training,
+            "with_evaluation": training + sum(eval_seconds.get(epoch, 0.0) for epoch in done),
+        }
     try:
         summary = read_summary(run_dir)
     except DamagedFile:  # compare() has said so already
         summary = None
     final = points[-1]["accuracy"] if points else None
-    return {"run": run_dir.name, "split": split, "final_accuracy": final, "reached": reached,
-            "total_time": summary.total_time if summary else None}
+    return {
+        "run": run_dir.name,
+        "split": split,
+        "final_accuracy": final,
+        "reached": reached,
+        "total_time": summary.total_time if summary else None,
+    }
 
 
 def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
     """Minutes of training to each target (with evaluations in brackets), final accuracy, whole-run minutes;
     with several runs, a last line of mean and sample std (time columns: over the runs that got there)."""
+
     def minutes(value: float | None) -> str:
         return "-" if value is None else f"{value / 60:.1f}"
 
@@ -134,20 +147,29 @@ def format_time_to_accuracy(rows: Sequence[Mapping[str, Any]], targets: Sequence
         cells = []
         for target in targets:
             hit = row["reached"][target]
-            cells.append("never" if hit is None else f"{minutes(hit['training_time'])} "
-                                                     f"({minutes(hit['with_evaluation'])})")
+            cells.append(
+                "never" if hit is None else f"{minutes(hit['training_time'])} ({minutes(hit['with_evaluation'])})"
+            )
         final = "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.4f} ({row['split']})"
-        lines.append(f"{row['run']:<{width}}  " + "  ".join(f"{c:>13}" for c in cells)
-                     + f"  {final:>15}  {minutes(row['total_time']):>7}")
+        lines.append(
+            f"{row['run']:<{width}}  "
+            + "  ".join(f"{c:>13}" for c in cells)
+            + f"  {final:>15}  {minutes(row['total_time']):>7}"
+        )
     splits = sorted({row["split"] for row in rows})
     if len(rows) > 1:
         for split in splits:  # runs measured on another split (val, test) are never averaged together
             group = [row for row in rows if row["split"] == split]
             label = "mean +- std" if len(splits) == 1 else f"mean ({split})"
             lines.append(f"{label:<{width}}  " + _mean_row(group, targets))
-        lines.append("times in minutes: training only (with evaluations); std is the sample standard deviation"
-                     + ("" if len(splits) == 1 else f"; the runs chose on different splits ({', '.join(splits)}): "
-                        "each split's runs are averaged apart"))
+        lines.append(
+            "times in minutes: training only (with evaluations); std is the sample standard deviation"
+            + (
+                ""
+                if len(splits) == 1
+                else f"; the runs chose on different splits ({', '.join(splits)}): each split's runs are averaged apart"
+            )
+        )
     return "\n".join(lines)
 
 
@@ -229,18 +251,25 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
     width = max(len("run"), *(len(row["run"]) for row in rows))
-    lines = [f"{'run':<{width}}  {'procs':>5}  {'epochs':>6}  {'best (split)':>15}  {'final test':>10}  {'top-5':>6}  "
-             f"{'train s':>8}"]
+    lines = [
+        f"{'run':<{width}}  {'procs':>5}  {'epochs':>6}  {'best (split)':>15}  {'final test':>10}  {'top-5':>6}  "
+        f"{'train s':>8}"
+    ]
     for row in rows:
         best = f"{cell(row['best_accuracy'])} ({row['best_split']})"
         name = row["run"] + ("" if row["finished"] else " *")
-        lines.append(f"{name:<{width}}  {cell(row['world_size']):>5}  {cell(row['epochs']):>6}  {best:>15}  "
-                     f"{cell(row['final_test_accuracy']):>10}  {cell(row.get('final_test_top5')):>6}  "
-                     f"{cell(row['training_time'], 1):>8}")
+        lines.append(
+            f"{name:<{width}}  {cell(row['world_size']):>5}  {cell(row['epochs']):>6}  {best:>15}  "
+            f"{cell(row['final_test_accuracy']):>10}  {cell(row.get('final_test_top5')):>6}  "
+            f"{cell(row['training_time'], 1):>8}"
+        )
     if not all(row["finished"] for row in rows):
         lines.append("* not finished (no readable summary.json): numbers so far")
     lines += [f"mistakes of {row['run']}: {row['mistakes']}" for row in rows if row.get("mistakes")]
-    lines += [f"{row['run']}: {name} at {note.get('store')} did not get {tracker_guard.describe_missing(note)} "
-              f"({note.get('error')}); metrics.jsonl has everything"
-              for row in rows for name, note in sorted(row.get("trackers", {}).items())]
+    lines += [
+        f"{row['run']}: {name} at {note.get('store')} did not get {tracker_guard.describe_missing(note)} "
+        f"({note.get('error')}); metrics.jsonl has everything"
+        for row in rows
+        for name, note in sorted(row.get("trackers", {}).items())
+    ]
     return "\n".join(lines)

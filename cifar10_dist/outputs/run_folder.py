@@ -44,8 +44,9 @@ HOLDER_FILE = ".run.lock.json"  # who holds it: host, pid, start time
 
 
 @contextlib.contextmanager
-def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend: str | None, resuming: bool,
-                    overwrite: bool) -> Iterator[Path]:
+def claimed_run_dir(
+    output_path: str, run_name: str | None, model: str, backend: str | None, resuming: bool, overwrite: bool
+) -> Iterator[Path]:
     """The run folder, created and locked by rank 0 for as long as the run lasts; every rank gets its path.
 
     A folder in use by another run is refused (naming the holder); a folder that already holds a run is refused
@@ -64,8 +65,9 @@ def claimed_run_dir(output_path: str, run_name: str | None, model: str, backend:
         refuse_an_unshared_folder(Path(output_path) / name, holder)
         yield Path(output_path) / name
     except OutputNotWritable as error:
-        raise OutputNotWritable(f"{error}: free space there (or make it writable) and continue with "
-                                f"{resume_hint(name)}") from error
+        raise OutputNotWritable(
+            f"{error}: free space there (or make it writable) and continue with {resume_hint(name)}"
+        ) from error
     finally:
         for lock in held:
             if lock is not None:
@@ -93,10 +95,12 @@ def refuse_an_unshared_folder(folder: Path, holder: str) -> None:
     if blind:
         hosts = idist.all_gather(platform.node())
         who = ", ".join(f"rank {rank} on {hosts[rank]}" for rank in blind)  # type: ignore[index]  # (names)
-        raise UserError(f"output_path='{folder.parent}' is not one folder shared by every process: {who} cannot see "
-                        f"the run folder rank 0 made there ({folder / HOLDER_FILE}); every node reads and writes the "
-                        "run folder (checkpoints, the best model), so give them one shared folder (NFS, Lustre, a "
-                        f"cloud file share) as --output_path, and check it by listing {folder} from each node")
+        raise UserError(
+            f"output_path='{folder.parent}' is not one folder shared by every process: {who} cannot see "
+            f"the run folder rank 0 made there ({folder / HOLDER_FILE}); every node reads and writes the "
+            "run folder (checkpoints, the best model), so give them one shared folder (NFS, Lustre, a "
+            f"cloud file share) as --output_path, and check it by listing {folder} from each node"
+        )
 
 
 def _sees(folder: Path, holder: str) -> bool:
@@ -145,11 +149,16 @@ def _lock(folder: Path) -> Any:
     try:
         lock.acquire()
     except Timeout as busy:
-        raise UserError(f"run folder '{folder}' is in use by another run ({_holder(folder)}): wait for it to end, "
-                        "or choose another --run_name") from busy
+        raise UserError(
+            f"run folder '{folder}' is in use by another run ({_holder(folder)}): wait for it to end, "
+            "or choose another --run_name"
+        ) from busy
     except (NotImplementedError, OSError) as unsupported:
-        logger.warning("run folder %s cannot be locked on this filesystem (%s): nothing keeps a second run out",
-                       folder, unsupported)
+        logger.warning(
+            "run folder %s cannot be locked on this filesystem (%s): nothing keeps a second run out",
+            folder,
+            unsupported,
+        )
         return None
     return lock
 
@@ -171,8 +180,9 @@ def describe_existing_run(folder: Path) -> str | None:
     """What a run folder holds (checkpoints, the last epoch recorded), or None when it holds no run."""
     checkpoints = checkpoint_files.training_checkpoints(folder)  # newest first
     has_metrics = (folder / "metrics.jsonl").exists()
-    if not (checkpoints or has_metrics or checkpoint_files.best_model_file(folder)
-            or (folder / "config.yaml").exists()):
+    if not (
+        checkpoints or has_metrics or checkpoint_files.best_model_file(folder) or (folder / "config.yaml").exists()
+    ):
         return None
     newest = f", the newest {checkpoints[0].name}" if checkpoints else ""
     parts = [f"{len(checkpoints)} training checkpoint(s){newest}"]
@@ -183,8 +193,9 @@ def describe_existing_run(folder: Path) -> str | None:
     return ", ".join(parts)
 
 
-def write_run_start(run_dir: Path, config: Mapping[str, Any], provenance: RunRecord,
-                    held_out_indices: list[int] | None) -> None:
+def write_run_start(
+    run_dir: Path, config: Mapping[str, Any], provenance: RunRecord, held_out_indices: list[int] | None
+) -> None:
     """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
 
     def write() -> None:

@@ -29,8 +29,9 @@ class RunLog:
 
     def __enter__(self) -> RunLog:
         if idist.get_rank() == 0:
-            self.buffer = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1,
-                                                         flushOnClose=False)
+            self.buffer = logging.handlers.MemoryHandler(
+                capacity=100_000, flushLevel=logging.CRITICAL + 1, flushOnClose=False
+            )
             logger.addHandler(self.buffer)
         return self
 

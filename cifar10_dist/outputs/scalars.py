@@ -62,16 +62,16 @@ class Recorder:
         if files.unwritable_cause(hook_args.exc_value) is None:
             self.excepthook(hook_args)
 
-    def attach_training(self, trainer: Engine, optimizer: torch.optim.Optimizer, every: int,
-                        clock: EpochClock) -> None:
+    def attach_training(self, trainer: Engine, optimizer: torch.optim.Optimizer, every: int, clock: EpochClock) -> None:
         """The training scalars: batch loss and lr (and grad norm) every ``every`` iterations, and per epoch its
         mean loss, time and speed (``clock``'s)."""
         if self.writer is None:
             return
         self.optimizer, self.clock = optimizer, clock
         trainer.add_event_handler(Events.EPOCH_STARTED, lambda _: self.epoch_losses.clear())
-        trainer.add_event_handler(Events.ITERATION_COMPLETED,
-                                  lambda engine: self.epoch_losses.append(step_output(engine).loss))
+        trainer.add_event_handler(
+            Events.ITERATION_COMPLETED, lambda engine: self.epoch_losses.append(step_output(engine).loss)
+        )
         trainer.add_event_handler(Events.ITERATION_COMPLETED(every=every), self._write_batch)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self._write_epoch)
 
@@ -86,23 +86,46 @@ class Recorder:
     def _write_epoch(self, engine: Engine) -> None:
         timing = self.clock.timing(engine)
         total = float(torch.stack(self.epoch_losses).sum()) if self.epoch_losses else 0.0
-        values = {"epoch_loss": total / max(timing.iterations, 1), "epoch_time": timing.seconds,
-                  "images_per_second": timing.images_per_second}
+        values = {
+            "epoch_loss": total / max(timing.iterations, 1),
+            "epoch_time": timing.seconds,
+            "images_per_second": timing.images_per_second,
+        }
         self._scalars("training", values, engine.state.epoch)
-        self._append({"event": "epoch", "epoch": engine.state.epoch, "iteration": engine.state.iteration,
-                      "lr": current_lr(self.optimizer), **values})
+        self._append(
+            {
+                "event": "epoch",
+                "epoch": engine.state.epoch,
+                "iteration": engine.state.iteration,
+                "lr": current_lr(self.optimizer),
+                **values,
+            }
+        )
 
-    def write_metrics(self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int,
-                      seconds: float) -> None:
+    def write_metrics(
+        self, split: str, metrics: Mapping[str, float], epoch: int, iteration: int, seconds: float
+    ) -> None:
         if self.writer is None:
             return
-        optional = {name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1", "ece")
-                    if name in metrics}
-        self._scalars(split, {"accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"],
-                              "duration": seconds}, epoch)
-        self._append({"event": "evaluation", "split": split, "epoch": epoch, "iteration": iteration,
-                      "accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"],
-                      "num_samples": metrics["num_samples"], "duration": seconds})
+        optional = {
+            name: metrics[name] for name in ("top5_accuracy", "balanced_accuracy", "macro_f1", "ece") if name in metrics
+        }
+        self._scalars(
+            split, {"accuracy": metrics["accuracy"], **optional, "loss": metrics["loss"], "duration": seconds}, epoch
+        )
+        self._append(
+            {
+                "event": "evaluation",
+                "split": split,
+                "epoch": epoch,
+                "iteration": iteration,
+                "accuracy": metrics["accuracy"],
+                **optional,
+                "loss": metrics["loss"],
+                "num_samples": metrics["num_samples"],
+                "duration": seconds,
+            }
+        )
 
     def write_event(self, line: Mapping[str, Any]) -> None:
         """One more line of metrics.jsonl (``"event"`` says what it records; rank 0 only)."""
@@ -123,8 +146,9 @@ class Recorder:
             return
         from torch.utils.tensorboard.summary import hparams
 
-        values = {key: value if isinstance(value, (int, float, str, bool)) else str(value)
-                  for key, value in config.items()}
+        values = {
+            key: value if isinstance(value, (int, float, str, bool)) else str(value) for key, value in config.items()
+        }
         with self._writing_events():
             for summary in hparams(values, dict(final)):
                 self.writer._get_file_writer().add_summary(summary)
@@ -160,7 +184,7 @@ class Recorder:
             length = stream.seek(0, os.SEEK_END)
             try:
                 while data:
-                    data = data[stream.write(data):]
+                    data = data[stream.write(data) :]
             except OSError:
                 stream.truncate(length)
                 raise

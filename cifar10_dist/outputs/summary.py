@@ -12,8 +12,13 @@ from cifar10_dist.outputs.reading import epochs_and_evaluations, read_events, se
 from cifar10_dist.results import BestResult, RunResult, RunSummary, TrialResult
 
 
-def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord | None, seconds: float,
-              best_metric: str = "accuracy") -> RunSummary:
+def summarize(
+    run_dir: Path,
+    result: RunResult | TrialResult,
+    record: RunRecord | None,
+    seconds: float,
+    best_metric: str = "accuracy",
+) -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions (from the run's ``record``, where given), checkpoint paths."""
     record = record or RunRecord(PackageRecord(), {}, None, 0, {}, "", {}, DataRecord("", None))
@@ -24,18 +29,28 @@ def summarize(run_dir: Path, result: RunResult | TrialResult, record: RunRecord 
     warm_ups = [event for event in events if event["event"] == "warm_up"]
     return RunSummary(
         run_dir=str(run_dir),
-        best=BestResult(selection, best["accuracy"], best["epoch"], best_metric,
-                        best.get(best_metric, best["accuracy"]))
-        if best else None,
+        best=BestResult(
+            selection, best["accuracy"], best["epoch"], best_metric, best.get(best_metric, best["accuracy"])
+        )
+        if best
+        else None,
         final={split: getattr(result, split) for split in ("train", "val", "test") if getattr(result, split)},
-        epochs=result.epochs, iterations=result.iterations, stopped_early=result.stopped_early,
-        total_time=seconds, training_time=sum(e["epoch_time"] for e in epochs),
+        epochs=result.epochs,
+        iterations=result.iterations,
+        stopped_early=result.stopped_early,
+        total_time=seconds,
+        training_time=sum(e["epoch_time"] for e in epochs),
         warm_up_time=sum(warm["seconds"] for warm in warm_ups) if warm_ups else None,
         world_size=record.world_size or None,
-        world_size_changes=[{key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size",
-                                                         "same_images")} for event in resumes],
-        backend=record.backend, devices=record.devices, precision=record.precision or None,
-        hardware=record.hardware, data_checks=record.dataset.checks or {},
+        world_size_changes=[
+            {key: event[key] for key in ("iteration", "checkpoint_world_size", "world_size", "same_images")}
+            for event in resumes
+        ],
+        backend=record.backend,
+        devices=record.devices,
+        precision=record.precision or None,
+        hardware=record.hardware,
+        data_checks=record.dataset.checks or {},
         versions={**record.versions, "cifar10-dist": record.package.version},
         checkpoints=sorted(str(path) for path in run_dir.glob("training_checkpoint_*.pt")),
         best_models=sorted(str(path) for path in run_dir.glob("best_model_*.pt")),

@@ -44,8 +44,12 @@ def retry_seconds() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds >= 0:
-        logger.warning("%s=%r is not a number of seconds >= 0: %.0f s between tries of a store", RETRY_VARIABLE,
-                       given, RETRY_SECONDS)
+        logger.warning(
+            "%s=%r is not a number of seconds >= 0: %.0f s between tries of a store",
+            RETRY_VARIABLE,
+            given,
+            RETRY_SECONDS,
+        )
         return RETRY_SECONDS
     return seconds
 
@@ -70,8 +74,9 @@ class Guarded:
 
     def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
         """The tracker's end: FINISHED, else KILLED for a stop by signal (a resume continues it), else FAILED."""
-        status = "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, (Interrupted, Preempted)) \
-            else "FAILED"
+        status = (
+            "FINISHED" if exc_type is None else "KILLED" if issubclass(exc_type, (Interrupted, Preempted)) else "FAILED"
+        )
         self.finish([("end", functools.partial(self.tracker.end, status))])
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
@@ -114,9 +119,15 @@ class Guarded:
 
     def _failed(self, what: str, error: BaseException) -> None:
         if self.error is None:
-            logger.warning("%s: the store at %s does not answer (%s): training goes on and metrics.jsonl keeps every "
-                           "value; the store gets what it missed when it answers again (tried every %.0f s and at the "
-                           "end of the run)", self.name, self.tracker.store, first_line(error), retry_seconds())
+            logger.warning(
+                "%s: the store at %s does not answer (%s): training goes on and metrics.jsonl keeps every "
+                "value; the store gets what it missed when it answers again (tried every %.0f s and at the "
+                "end of the run)",
+                self.name,
+                self.tracker.store,
+                first_line(error),
+                retry_seconds(),
+            )
         self.error, self.failed_at = first_line(error), time.monotonic()
 
     def _answered(self) -> None:
@@ -140,8 +151,13 @@ class Guarded:
         self.missed = [what for what in self.asked if what not in self.delivered]
         note = self.note()
         if note is not None:
-            logger.warning("%s: the store at %s did not get %s: metrics.jsonl and the run folder have everything "
-                           "(summary.json: trackers)", self.name, self.tracker.store, describe_missing(note))
+            logger.warning(
+                "%s: the store at %s did not get %s: metrics.jsonl and the run folder have everything "
+                "(summary.json: trackers)",
+                self.name,
+                self.tracker.store,
+                describe_missing(note),
+            )
             record_note(self.run_dir, self.name, note)
 
     def note(self) -> dict[str, Any] | None:
@@ -149,8 +165,12 @@ class Guarded:
         unsent = self.tracker.unsent()
         if not unsent and not self.missed:
             return None
-        return {"store": str(self.tracker.store), "unsent_metrics": unsent, "missed": list(self.missed),
-                "error": self.error or "unknown"}
+        return {
+            "store": str(self.tracker.store),
+            "unsent_metrics": unsent,
+            "missed": list(self.missed),
+            "error": self.error or "unknown",
+        }
 
 
 def describe_missing(note: dict[str, Any]) -> str:

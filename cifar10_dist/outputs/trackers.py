@@ -139,5 +139,10 @@ class OpenTrackers:
 
 def open_trackers(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> OpenTrackers:
     """Every tracker whose ``with_*`` key is on, built and guarded (enter the result to start them)."""
-    return OpenTrackers([Guarded(build(config, run_dir, provenance), name, run_dir)
-                         for name, (key, build, _) in TRACKERS.items() if config[key]])
+    return OpenTrackers(
+        [
+            Guarded(build(config, run_dir, provenance), name, run_dir)
+            for name, (key, build, _) in TRACKERS.items()
+            if config[key]
+        ]
+    )

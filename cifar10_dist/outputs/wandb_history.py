@@ -25,13 +25,13 @@ def records(path: Path) -> list[Any]:
     found, position, pieces = [], HEADER, b""
     while position + 7 <= len(data):
         left = BLOCK - position % BLOCK
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7]) if left >= 7 else (0, 0, 0)
         if left < 7 or (length, kind) == (0, 0):  # the rest of a block is padding
             position += left
             continue
         if position + 7 + length > len(data):
             break
-        pieces += data[position + 7:position + 7 + length]
+        pieces += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # (generated protobuf)
@@ -51,8 +51,9 @@ def history_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 

@@ -37,8 +37,9 @@ def require_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise UserError("with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip install "
-                        "wandb)") from None
+        raise UserError(
+            "with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip install wandb)"
+        ) from None
     return wandb
 
 
@@ -77,8 +78,9 @@ class WandB:
             self._go_offline(run_id, error)
         self.run = require_wandb().run
         self.run.define_metric("step", hidden=True)
-        files.write_json(self.run_dir / RUN_FILE, {"id": run_id, "project": self.config["wandb_project"],
-                                                   "mode": self.mode})
+        files.write_json(
+            self.run_dir / RUN_FILE, {"id": run_id, "project": self.config["wandb_project"], "mode": self.mode}
+        )
 
     def _init(self, run_id: str, mode: str) -> None:
         from ignite.handlers.wandb_logger import WandBLogger
@@ -87,10 +89,19 @@ class WandB:
         trial = self.config.get("trial")
         study = trial["study"] if isinstance(trial, Mapping) else getattr(trial, "study", None)
         config = {**self.config, "trial": None if trial is None else str(study), "provenance": self.provenance}
-        WandBLogger(project=self.config["wandb_project"], entity=self.config["wandb_entity"], name=self.run_dir.name,
-                    id=run_id, resume="allow", dir=str(self.run_dir), mode=mode, group=study,
-                    job_type="trial" if study else "run", config=config,
-                    settings=wandb.Settings(console="off", silent=True, init_timeout=init_timeout()))
+        WandBLogger(
+            project=self.config["wandb_project"],
+            entity=self.config["wandb_entity"],
+            name=self.run_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+            mode=mode,
+            group=study,
+            job_type="trial" if study else "run",
+            config=config,
+            settings=wandb.Settings(console="off", silent=True, init_timeout=init_timeout()),
+        )
 
     def _go_offline(self, run_id: str, error: BaseException) -> None:
         """After an online start that failed: W&B's service let go of the run id, the failed attempt's folder
@@ -99,9 +110,16 @@ class WandB:
         wandb.teardown()
         for attempt in (self.run_dir / "wandb").glob(f"run-*-{run_id}"):
             shutil.rmtree(attempt, ignore_errors=True)
-        logger.warning("%s: the server did not answer within %g s (%s): this run is tracked offline in %s instead; "
-                       "wandb sync %s/offline-run-*-%s sends it when the server answers", self.store,
-                       init_timeout(), first_line(error), self.run_dir / "wandb", self.run_dir / "wandb", run_id)
+        logger.warning(
+            "%s: the server did not answer within %g s (%s): this run is tracked offline in %s instead; "
+            "wandb sync %s/offline-run-*-%s sends it when the server answers",
+            self.store,
+            init_timeout(),
+            first_line(error),
+            self.run_dir / "wandb",
+            self.run_dir / "wandb",
+            run_id,
+        )
         self.mode = "offline"
         self.store = f"W&B offline (project {self.config['wandb_project']})"
         self._init(run_id, "offline")
@@ -132,7 +150,7 @@ class WandB:
                     self.run.define_metric(tag, step_metric="step")
                     self.defined.add(tag)
             self.run.log({**dict(batch), "step": step})
-            del self.pending[:len(batch)]
+            del self.pending[: len(batch)]
 
     def unsent(self) -> int:
         return len(self.pending)

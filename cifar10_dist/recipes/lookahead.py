@@ -20,8 +20,15 @@ class Lookahead:
     weights and BatchNorm statistics move to an exponential average of themselves, whose decay grows as
     ``decay**every * progress**power``; at each epoch end the weights are set to the average."""
 
-    def __init__(self, model: nn.Module, total_iterations: int, start_fraction: float = 0.3, every: int = 5,
-                 decay: float = 0.95, power: float = 3.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        total_iterations: int,
+        start_fraction: float = 0.3,
+        every: int = 5,
+        decay: float = 0.95,
+        power: float = 3.0,
+    ) -> None:
         self.model, self.total, self.every, self.decay, self.power = model, total_iterations, every, decay, power
         self.start = math.ceil(start_fraction * total_iterations)
         self.average: dict[str, torch.Tensor] | None = None

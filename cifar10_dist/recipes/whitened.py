@@ -32,8 +32,9 @@ class WhiteningBiasFreeze:
 
     def __init__(self, network: models.WhitenedFromData, optimizer: Any, until: int) -> None:
         bias = network.whiten.bias
-        self.index = next(index for index, group in enumerate(optimizer.param_groups)
-                          if any(p is bias for p in group["params"]))
+        self.index = next(
+            index for index, group in enumerate(optimizer.param_groups) if any(p is bias for p in group["params"])
+        )
         self.optimizer, self.network, self.until = optimizer, network, until  # (a resume replaces the group dicts)
 
     def __call__(self, engine: Engine) -> None:
@@ -59,21 +60,31 @@ class Whitening:
         self.bias_trains = self.bias is not None and self.bias.requires_grad
 
     def init_from_data(self, images: torch.Tensor, info: DatasetInfo) -> None:
-        first = augmentation.eval_view(images[: models.whitening_images(self.network)].cpu(),  # type: ignore[arg-type]
-                                       info.image_size,
-                                       info.crop_fraction)
+        first = augmentation.eval_view(
+            images[: models.whitening_images(self.network)].cpu(),  # type: ignore[arg-type]
+            info.image_size,
+            info.crop_fraction,
+        )
         self.network.init_whitening(augmentation.normalize(first, info.mean, info.std))
 
     def groups_apart(self, config: Config, total_iterations: int) -> list[GroupApart]:
         if self.bias is None or not self.bias_trains:
             return []
-        return [GroupApart([self.bias], config.whitening_bias_lr_scale,
-                           bias_until(config, total_iterations), config.whitening_bias_decay)]
+        return [
+            GroupApart(
+                [self.bias],
+                config.whitening_bias_lr_scale,
+                bias_until(config, total_iterations),
+                config.whitening_bias_decay,
+            )
+        ]
 
     def attach(self, trainer: Engine, optimizer: Any, config: Config, total_iterations: int) -> None:
         if self.bias_trains:
-            trainer.add_event_handler(Events.ITERATION_STARTED, WhiteningBiasFreeze(
-                self.network, optimizer, bias_until(config, total_iterations)))
+            trainer.add_event_handler(
+                Events.ITERATION_STARTED,
+                WhiteningBiasFreeze(self.network, optimizer, bias_until(config, total_iterations)),
+            )
 
     def warm_up_branches(self) -> list[contextlib.AbstractContextManager]:
         """The bias trained, then frozen: another graph to compile, other kernels to time."""

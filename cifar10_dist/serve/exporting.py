@@ -47,12 +47,18 @@ def require(format: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as error:
-            raise UserError(f"format={format} needs the {module} package, which is not installed: {INSTALL_HINT}"
-                            ) from error
+            raise UserError(
+                f"format={format} needs the {module} package, which is not installed: {INSTALL_HINT}"
+            ) from error
 
 
-def export(checkpoint: str | Path, format: str, output: str | Path | None = None,
-           raw_weights: bool = False, quantization: Quantization = Quantization()) -> ExportResult:
+def export(
+    checkpoint: str | Path,
+    format: str,
+    output: str | Path | None = None,
+    raw_weights: bool = False,
+    quantization: Quantization = Quantization(),
+) -> ExportResult:
     """Export a checkpoint's model to ``format`` at ``output`` (default: next to the checkpoint), verified; the
     EMA weights of a run with ema_decay unless ``raw_weights``; int8 ONNX with ``quantization``."""
     if format not in FORMATS:
@@ -81,13 +87,20 @@ def export(checkpoint: str | Path, format: str, output: str | Path | None = None
         files.write_json(sidecar, {**metadata, "format": format, "file": path.name})
     except OutputNotWritable as error:  # the exported file without its sidecar is not written either
         path.unlink(missing_ok=True)
-        raise OutputNotWritable(f"{error}; {path.name}, written before it, was removed (a model file without its "
-                                "sidecar is not one of ours)") from error
+        raise OutputNotWritable(
+            f"{error}; {path.name}, written before it, was removed (a model file without its "
+            "sidecar is not one of ours)"
+        ) from error
     return ExportResult(format=format, path=str(path), sidecar=str(sidecar), images=source, **found)
 
 
-def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor,
-                    quantization: Quantization) -> dict[str, Any]:
+def write_int8_onnx(
+    trained: inference.TrainedModel,
+    path: Path,
+    metadata: dict[str, Any],
+    images: torch.Tensor,
+    quantization: Quantization,
+) -> dict[str, Any]:
     """The fp32 ONNX export (verified against PyTorch), quantized to int8 and checked against it on the test set;
     written to ``path`` only when the agreement holds (serve.quantizing)."""
     import onnx
@@ -98,22 +111,32 @@ def write_int8_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[
         found = write_onnx(trained, fp32, metadata, images)
         data = quantizing.trained_data(trained.config)
         calibration, choosing, chosen_from = quantizing.calibration_and_choice(
-            data, trained.config, quantization.calibration_images, quantizing.CHOICE_IMAGES)
+            data, trained.config, quantization.calibration_images, quantizing.CHOICE_IMAGES
+        )
         if quantization.calibration is not None:
             calibration = quantization.calibration
         candidates = quantizing.candidates_for(quantization.calibration_method)
         int8, how, table = quantizing.choose(fp32, calibration, choosing, trained.info, work, candidates)
         compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
-        described = {"method": "ONNX Runtime static quantization: QDQ, int8 weights, uint8 activations",
-                     "calibration": how.name, "calibration_images": len(calibration),
-                     "chosen_on": len(choosing) if table else 0, "chosen_from": chosen_from, "candidates": table,
-                     "min_agreement": quantization.min_agreement, **compared}
+        described = {
+            "method": "ONNX Runtime static quantization: QDQ, int8 weights, uint8 activations",
+            "calibration": how.name,
+            "calibration_images": len(calibration),
+            "chosen_on": len(choosing) if table else 0,
+            "chosen_from": chosen_from,
+            "candidates": table,
+            "min_agreement": quantization.min_agreement,
+            **compared,
+        }
         quantizing.check_agreement(described, quantization.min_agreement, path)
         proto = onnx.load(str(int8))
         del proto.metadata_props[:]
-        for key, value in {"cifar10_dist": json.dumps({**metadata, "quantization": described}),
-                           "classes": json.dumps(metadata["classes"]), "mean": json.dumps(metadata["mean"]),
-                           "std": json.dumps(metadata["std"])}.items():
+        for key, value in {
+            "cifar10_dist": json.dumps({**metadata, "quantization": described}),
+            "classes": json.dumps(metadata["classes"]),
+            "mean": json.dumps(metadata["mean"]),
+            "std": json.dumps(metadata["std"]),
+        }.items():
             proto.metadata_props.add(key=key, value=value)
         files.write_file(path, lambda temporary: onnx.save(proto, str(temporary)))
     return {**found, "quantization": described}
@@ -124,9 +147,11 @@ def resize_rule(info: DatasetInfo) -> str:
     if info.crop_fraction == 1 and info.stored_size == info.image_size:
         return "shorter side to the size (bilinear), then the centre square"
     side = round(info.stored_size * info.crop_fraction)
-    return (f"shorter side to {info.stored_size} (bilinear), then the centre {info.stored_size}x{info.stored_size}, "
-            f"then its centre {side}x{side} (crop_fraction {info.crop_fraction:g})"
-            + (f" resized to {info.image_size}x{info.image_size}" if side != info.image_size else ""))
+    return (
+        f"shorter side to {info.stored_size} (bilinear), then the centre {info.stored_size}x{info.stored_size}, "
+        f"then its centre {side}x{side} (crop_fraction {info.crop_fraction:g})"
+        + (f" resized to {info.image_size}x{info.image_size}" if side != info.image_size else "")
+    )
 
 
 def describe(trained: inference.TrainedModel) -> dict[str, Any]:
@@ -135,18 +160,22 @@ def describe(trained: inference.TrainedModel) -> dict[str, Any]:
         "model": trained.config.model,
         "model_kwargs": trained.config.model_kwargs,
         "classes": list(trained.classes),
-        "input": {"shape": ["N", 3, trained.info.image_size, trained.info.image_size], "dtype": "float32",
-                  "layout": "RGB, channels first",
-                  "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255",
-                  "resize": resize_rule(trained.info)},
+        "input": {
+            "shape": ["N", 3, trained.info.image_size, trained.info.image_size],
+            "dtype": "float32",
+            "layout": "RGB, channels first",
+            "normalisation": "(pixel / 255 - mean) / std per channel, pixel in 0..255",
+            "resize": resize_rule(trained.info),
+        },
         "mean": list(trained.info.mean),
         "std": list(trained.info.std),
         "crop_fraction": trained.info.crop_fraction,
         "stored_size": trained.info.stored_size,
-        "output": "logits (N, classes); softmax gives probabilities" if trained.temperature is None else
-                  f"logits (N, classes) already divided by the temperature {trained.temperature:.6g} "
-                  "(calibrate=temperature; safetensors holds the raw weights: divide by it yourself); softmax gives "
-                  "calibrated probabilities",
+        "output": "logits (N, classes); softmax gives probabilities"
+        if trained.temperature is None
+        else f"logits (N, classes) already divided by the temperature {trained.temperature:.6g} "
+        "(calibrate=temperature; safetensors holds the raw weights: divide by it yourself); softmax gives "
+        "calibrated probabilities",
         "temperature": trained.temperature,
         "checkpoint": str(trained.checkpoint),
         "provenance": trained.provenance,
@@ -159,8 +188,11 @@ def check_images(config: Config, info: DatasetInfo) -> tuple[torch.Tensor, str]:
     model was trained on when that is still readable (its source says), else synthetic images of its size."""
     known = config.dataset in sources.SOURCES  # (a checkpoint of a source this installation lacks: synthetic ones)
     found = records.implementation(config.dataset).sample_images(config, CHECK_IMAGES) if known else None
-    images, described = found if found is not None else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images,
-                                                         f"{CHECK_IMAGES} synthetic images")
+    images, described = (
+        found
+        if found is not None
+        else (make_synthetic(1, CHECK_IMAGES, seed=0)[1].images, f"{CHECK_IMAGES} synthetic images")
+    )
     images = torch.as_tensor(images)
     if images.shape[-1] not in (info.image_size, info.stored_size):  # synthetic check images: 32 px
         images = torch.nn.functional.interpolate(images.float(), size=info.stored_size).to(torch.uint8)
@@ -177,10 +209,15 @@ def compare(reference: torch.Tensor, exported: torch.Tensor) -> dict[str, Any]:
     same = reference.argmax(1) == exported.argmax(1)
     best_two = reference.topk(min(2, reference.shape[1]), dim=1).values
     decided = best_two[:, 0] - best_two[:, -1] > 2 * RELATIVE_TOLERANCE * scale
-    return {"max_abs_difference": difference, "relative_difference": difference / scale, "logit_scale": scale,
-            "accepted_relative_difference": RELATIVE_TOLERANCE, "same_top1": int(same.sum()),
-                "num_images": len(reference),
-            "agrees": difference <= RELATIVE_TOLERANCE * scale and bool(same[decided].all())}
+    return {
+        "max_abs_difference": difference,
+        "relative_difference": difference / scale,
+        "logit_scale": scale,
+        "accepted_relative_difference": RELATIVE_TOLERANCE,
+        "same_top1": int(same.sum()),
+        "num_images": len(reference),
+        "agrees": difference <= RELATIVE_TOLERANCE * scale and bool(same[decided].all()),
+    }
 
 
 @torch.no_grad()
@@ -188,27 +225,32 @@ def logits(model: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor) 
     return model(images).float()
 
 
-def write_safetensors(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
-                      images: torch.Tensor) -> dict[str, Any]:
+def write_safetensors(
+    trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor
+) -> dict[str, Any]:
     """The state dict (no pickle), loaded back into a freshly built model to compare tensors and logits."""
     from safetensors.torch import load_model, save_model
 
     model = trained.model
     save_model(model, str(path), metadata={"cifar10_dist": json.dumps(metadata)})
-    rebuilt = models.build_model(trained.config.model, trained.config.model_kwargs,
-                                 len(trained.classes)).eval()
+    rebuilt = models.build_model(trained.config.model, trained.config.model_kwargs, len(trained.classes)).eval()
     load_model(rebuilt, str(path), strict=True)
     state, loaded = model.state_dict(), rebuilt.state_dict()
     equal = sum(torch.equal(state[key], loaded[key]) for key in state)
     if equal != len(state):
-        raise UserError(f"safetensors export of {trained.checkpoint}: only {equal} of {len(state)} tensors read back "
-                        "equal; no file written")
-    return {**checked(trained, "safetensors", compare(logits(model, images), logits(rebuilt, images))),
-            "tensors_equal": equal}
+        raise UserError(
+            f"safetensors export of {trained.checkpoint}: only {equal} of {len(state)} tensors read back "
+            "equal; no file written"
+        )
+    return {
+        **checked(trained, "safetensors", compare(logits(model, images), logits(rebuilt, images))),
+        "tensors_equal": equal,
+    }
 
 
-def write_pt2(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
-              images: torch.Tensor) -> dict[str, Any]:
+def write_pt2(
+    trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor
+) -> dict[str, Any]:
     """``torch.export`` of the model in eval mode with a dynamic batch dimension (an ExportedProgram, torch's
     supported form for deployment), saved with the metadata as ``metadata.json``, loaded back with
     ``torch.export.load`` and run against the PyTorch model."""
@@ -223,8 +265,9 @@ def write_pt2(trained: inference.TrainedModel, path: Path, metadata: dict[str, A
     return checked(trained, "pt2", compare(logits(trained.scaled, images), logits(loaded.module(), images)))
 
 
-def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
-                      images: torch.Tensor) -> dict[str, Any]:
+def write_torchscript(
+    trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor
+) -> dict[str, Any]:
     """A traced module in eval mode. Deprecated: torch deprecates TorchScript (torch 2.14 warns on
     ``torch.jit.load``: "Please switch to torch.export"); kept for libtorch users, pt2 is its successor."""
     with warnings.catch_warnings():
@@ -238,8 +281,9 @@ def write_torchscript(trained: inference.TrainedModel, path: Path, metadata: dic
     return checked(trained, "TorchScript", compare(logits(trained.scaled, images), logits(loaded, images)))
 
 
-def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, Any],
-               images: torch.Tensor) -> dict[str, Any]:
+def write_onnx(
+    trained: inference.TrainedModel, path: Path, metadata: dict[str, Any], images: torch.Tensor
+) -> dict[str, Any]:
     """torch.onnx (dynamo) with a dynamic batch dimension and the metadata as metadata_props; checked by
     onnx.checker, then run by ONNX Runtime (CPU) against PyTorch."""
     import onnx
@@ -249,20 +293,36 @@ def write_onnx(trained: inference.TrainedModel, path: Path, metadata: dict[str, 
     with contextlib.redirect_stdout(messages), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(trained.scaled, (images[:2],), None, dynamo=True, input_names=["images"],
-                                        output_names=["logits"], dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+            program = torch.onnx.export(
+                trained.scaled,
+                (images[:2],),
+                None,
+                dynamo=True,
+                input_names=["images"],
+                output_names=["logits"],
+                dynamic_shapes=({0: torch.export.Dim.DYNAMIC},),
+            )
             assert program is not None  # (dynamo=True returns the program)
             proto = program.model_proto
         except Exception as error:
             raise cannot_export(trained, "onnx", error) from error
-    for key, value in {"cifar10_dist": json.dumps(metadata), "classes": json.dumps(metadata["classes"]),
-                       "mean": json.dumps(metadata["mean"]), "std": json.dumps(metadata["std"])}.items():
+    for key, value in {
+        "cifar10_dist": json.dumps(metadata),
+        "classes": json.dumps(metadata["classes"]),
+        "mean": json.dumps(metadata["mean"]),
+        "std": json.dumps(metadata["std"]),
+    }.items():
         proto.metadata_props.add(key=key, value=value)
     onnx.save(proto, str(path))
     onnx.checker.check_model(str(path), full_check=True)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return checked(trained, "ONNX", compare(logits(trained.scaled, images),
-                                           torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])))
+    return checked(
+        trained,
+        "ONNX",
+        compare(
+            logits(trained.scaled, images), torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])
+        ),
+    )
 
 
 def checked(trained: inference.TrainedModel, form: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -271,14 +331,17 @@ def checked(trained: inference.TrainedModel, form: str, result: dict[str, Any]) 
         raise UserError(
             f"the {form} export of {trained.checkpoint} does not compute what the model computes: "
             f"{describe_difference(result)}, same top-1 on {result['same_top1']} of {result['num_images']} images; "
-            "no file written")
+            "no file written"
+        )
     return {key: value for key, value in result.items() if key != "agrees"}
 
 
 def describe_difference(result: dict[str, Any]) -> str:
     """'logits max abs difference 1.22e-04 (1.2e-05 of their scale 10.1; accepted: 1e-03 of it)'."""
-    return (f"logits max abs difference {result['max_abs_difference']:.2e} ({result['relative_difference']:.1e} "
-            f"of their scale {result['logit_scale']:.3g}; accepted: {RELATIVE_TOLERANCE:.0e} of it)")
+    return (
+        f"logits max abs difference {result['max_abs_difference']:.2e} ({result['relative_difference']:.1e} "
+        f"of their scale {result['logit_scale']:.3g}; accepted: {RELATIVE_TOLERANCE:.0e} of it)"
+    )
 
 
 def cannot_export(trained: inference.TrainedModel, format: str, error: BaseException) -> UserError:

@@ -21,16 +21,36 @@ class ExportFormat:
     help: str  # one line: what the file holds
 
 
-FORMATS: dict[str, ExportFormat] = {record.name: record for record in (
-    ExportFormat("safetensors", ".safetensors", ("safetensors",), "write_safetensors",
-                 "safetensors read back into the model", "the weights"),
-    ExportFormat("pt2", ".pt2", (), "write_pt2", "torch.export.load",
-                 "a torch.export program, dynamic batch size"),
-    ExportFormat("onnx", ".onnx", ("onnx", "onnxscript", "onnxruntime"), "write_onnx", "ONNX Runtime (CPU)",
-                 "an ONNX graph, dynamic batch size (checked by onnx.checker, then ONNX Runtime)"),
-    ExportFormat("torchscript", ".torchscript.pt", (), "write_torchscript", "torch.jit.load",
-                 "a traced module (deprecated by torch: use pt2)"),
-)}
+FORMATS: dict[str, ExportFormat] = {
+    record.name: record
+    for record in (
+        ExportFormat(
+            "safetensors",
+            ".safetensors",
+            ("safetensors",),
+            "write_safetensors",
+            "safetensors read back into the model",
+            "the weights",
+        ),
+        ExportFormat("pt2", ".pt2", (), "write_pt2", "torch.export.load", "a torch.export program, dynamic batch size"),
+        ExportFormat(
+            "onnx",
+            ".onnx",
+            ("onnx", "onnxscript", "onnxruntime"),
+            "write_onnx",
+            "ONNX Runtime (CPU)",
+            "an ONNX graph, dynamic batch size (checked by onnx.checker, then ONNX Runtime)",
+        ),
+        ExportFormat(
+            "torchscript",
+            ".torchscript.pt",
+            (),
+            "write_torchscript",
+            "torch.jit.load",
+            "a traced module (deprecated by torch: use pt2)",
+        ),
+    )
+}
 NAMES = "|".join(FORMATS)  # safetensors|pt2|onnx|torchscript
 
 

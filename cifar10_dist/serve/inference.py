@@ -27,7 +27,6 @@ from cifar10_dist.system.hardware import usable_device
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class TrainedModel:
     """A checkpoint's model in eval mode on ``device``, with what it was trained with."""
@@ -55,8 +54,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_trained_model(checkpoint: str | Path, device: str | torch.device | None = None,
-                       raw_weights: bool = False) -> TrainedModel:
+def load_trained_model(
+    checkpoint: str | Path, device: str | torch.device | None = None, raw_weights: bool = False
+) -> TrainedModel:
     """The model a checkpoint (training checkpoint or best-model file) records, rebuilt with its weights (the EMA
     weights of a run with ema_decay, unless ``raw_weights``); or an ONNX file of ``export`` (int8 included) on
     ONNX Runtime, on the CPU."""
@@ -68,22 +68,38 @@ def load_trained_model(checkpoint: str | Path, device: str | torch.device | None
             raise UserError(f"checkpoint '{checkpoint}' does not exist")
         metadata = quantizing.onnx_metadata(checkpoint)
         info = quantizing.info_of(metadata)
-        return TrainedModel(quantizing.OnnxModel(checkpoint), Path(checkpoint),
-                            Config.from_record({"model": metadata["model"], "tta": 0}),
-                            info.classes, torch.device("cpu"), metadata.get("provenance") or {}, info)
+        return TrainedModel(
+            quantizing.OnnxModel(checkpoint),
+            Path(checkpoint),
+            Config.from_record({"model": metadata["model"], "tta": 0}),
+            info.classes,
+            torch.device("cpu"),
+            metadata.get("provenance") or {},
+            info,
+        )
     loaded = checkpoint_files.load_checkpoint(checkpoint)
     info = cifar.checkpoint_info(loaded)
     model = restore_model(loaded, checkpoint, len(info.classes), raw_weights=raw_weights)
     config = checkpoint_layout.recorded_config(loaded) or Config.from_record({})  # (restore_model found its model)
-    return TrainedModel(model.eval().to(chosen), Path(checkpoint), config,
-                        info.classes, chosen, checkpoint_layout.recorded_provenance(loaded), info,
-                        checkpoint_layout.temperature(loaded))
+    return TrainedModel(
+        model.eval().to(chosen),
+        Path(checkpoint),
+        config,
+        info.classes,
+        chosen,
+        checkpoint_layout.recorded_provenance(loaded),
+        info,
+        checkpoint_layout.temperature(loaded),
+    )
 
 
 @torch.no_grad()
-def probabilities(trained: TrainedModel, images: torch.Tensor,
-                  batch_size: int = commands.default(commands.PREDICT, "batch_size"),
-                  tta: int | None = commands.default(commands.PREDICT, "tta")) -> torch.Tensor:
+def probabilities(
+    trained: TrainedModel,
+    images: torch.Tensor,
+    batch_size: int = commands.default(commands.PREDICT, "batch_size"),
+    tta: int | None = commands.default(commands.PREDICT, "tta"),
+) -> torch.Tensor:
     """Class probabilities (N, classes) on the CPU of uint8 images (N, 3, S, S) as the model's images were stored
     (the evaluation view is cut from them), in batches."""
     views = trained.tta if tta is None else check_tta(tta)
@@ -91,10 +107,10 @@ def probabilities(trained: TrainedModel, images: torch.Tensor,
         raise UserError(f"batch_size={batch_size} must be at least 1")
     chunks = []
     for start in range(0, len(images), batch_size):
-        view = augmentation.eval_view(images[start:start + batch_size].to(trained.device), trained.info.image_size,
-                                      trained.info.crop_fraction)
-        batch = augmentation.normalize(view, trained.info.mean,
-                                       trained.info.std)
+        view = augmentation.eval_view(
+            images[start : start + batch_size].to(trained.device), trained.info.image_size, trained.info.crop_fraction
+        )
+        batch = augmentation.normalize(view, trained.info.mean, trained.info.std)
         chunks.append(torch.softmax(tta_logits(trained.scaled, batch, views).float(), dim=1).cpu())
     return torch.cat(chunks) if chunks else torch.zeros(0, len(trained.classes))
 
@@ -134,8 +150,11 @@ def find_images(paths: Iterable[str | Path]) -> ImageFiles:
             suffixes = suffixes or image_suffixes()
             named = sorted(path for path in given.rglob("*") if path.suffix.lower() in suffixes)
             inside = [path for path in named if path.is_file()]
-            broken = [(str(path), "a broken link (it points to nothing)") for path in named
-                      if path.is_symlink() and not path.exists()]
+            broken = [
+                (str(path), "a broken link (it points to nothing)")
+                for path in named
+                if path.is_symlink() and not path.exists()
+            ]
             found.failures.extend(broken)
             if inside:
                 found.files.extend(inside)
@@ -206,15 +225,17 @@ class FilePredictions:
     batches: Iterator[ClassifiedBatch]
 
 
-def classify_files(trained: TrainedModel, paths: Iterable[str | Path], batch_size: int, tta: int | None
-                   ) -> FilePredictions:
+def classify_files(
+    trained: TrainedModel, paths: Iterable[str | Path], batch_size: int, tta: int | None
+) -> FilePredictions:
     found = find_images(paths)
 
     def batches() -> Iterator[ClassifiedBatch]:
         for start in range(0, len(found.files), batch_size):
-            read = read_images(found.files[start:start + batch_size], trained.info.stored_size)
-            yield ClassifiedBatch(read.paths, probabilities(trained, read.images, batch_size, tta), read.failures,
-                                  read.resized)
+            read = read_images(found.files[start : start + batch_size], trained.info.stored_size)
+            yield ClassifiedBatch(
+                read.paths, probabilities(trained, read.images, batch_size, tta), read.failures, read.resized
+            )
 
     return FilePredictions(trained.classes, trained.info.stored_size, list(found.failures), batches())
 
@@ -225,8 +246,10 @@ def as_uint8_batch(images: Any, size: int = IMAGE_SIZE) -> torch.Tensor:
     if isinstance(images, torch.Tensor):
         batch = images.unsqueeze(0) if images.dim() == 3 else images
         if batch.dtype != torch.uint8 or tuple(batch.shape[1:]) != (3, size, size):
-            raise UserError(f"images: expected a uint8 tensor of shape (N, 3, {size}, {size}), got {batch.dtype} "
-                            f"{tuple(batch.shape)}")
+            raise UserError(
+                f"images: expected a uint8 tensor of shape (N, 3, {size}, {size}), got {batch.dtype} "
+                f"{tuple(batch.shape)}"
+            )
         return batch
     items = list(images) if isinstance(images, (list, tuple)) else [images]
     if all(isinstance(item, (str, Path)) for item in items):

@@ -94,15 +94,23 @@ def onnx_metadata(path: str | Path) -> dict[str, Any]:
         raise UserError(f"'{path}' is not an ONNX file ONNX can read: {error}") from error
     props = {prop.key: prop.value for prop in proto.metadata_props}
     if "cifar10_dist" not in props:
-        raise UserError(f"'{path}' was not exported by cifar10-dist export: it does not say its classes and "
-                        "normalisation (export it with cifar10-dist export --format=onnx)")
+        raise UserError(
+            f"'{path}' was not exported by cifar10-dist export: it does not say its classes and "
+            "normalisation (export it with cifar10-dist export --format=onnx)"
+        )
     return json.loads(props["cifar10_dist"])
 
 
 def info_of(metadata: dict[str, Any]) -> DatasetInfo:
     size = int(metadata["input"]["shape"][-1])
-    return DatasetInfo(tuple(metadata["classes"]), tuple(metadata["mean"]), tuple(metadata["std"]), size,
-                       float(metadata.get("crop_fraction", 1.0)), metadata.get("stored_size"))
+    return DatasetInfo(
+        tuple(metadata["classes"]),
+        tuple(metadata["mean"]),
+        tuple(metadata["std"]),
+        size,
+        float(metadata.get("crop_fraction", 1.0)),
+        metadata.get("stored_size"),
+    )
 
 
 def trained_data(config: Config) -> Any:
@@ -112,24 +120,28 @@ def trained_data(config: Config) -> Any:
 
 def model_inputs(images: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
     """uint8 images as stored -> the model's normalised float32 evaluation view."""
-    return augmentation.normalize(augmentation.eval_view(images, info.image_size, info.crop_fraction), info.mean,
-                                  info.std)
+    return augmentation.normalize(
+        augmentation.eval_view(images, info.image_size, info.crop_fraction), info.mean, info.std
+    )
 
 
 def logits_of(model: Any, images: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
-    return torch.cat([model(model_inputs(images[start:start + BATCH], info)) for start in range(0, len(images), BATCH)])
+    return torch.cat(
+        [model(model_inputs(images[start : start + BATCH], info)) for start in range(0, len(images), BATCH)]
+    )
 
 
 def held_out_split(train: torch.Tensor, calibrating: int, choosing: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two disjoint fixed random choices (SEED) of training images: ``calibrating`` to set the int8 ranges, and up
     to ``choosing`` of the others to choose the calibration on (fewer when the training images run out)."""
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(SEED))
-    first, rest = order[:calibrating], order[calibrating:calibrating + choosing]
+    first, rest = order[:calibrating], order[calibrating : calibrating + choosing]
     return train[first.sort().values], train[rest.sort().values]
 
 
-def calibration_and_choice(data: Any, config: Config, calibrating: int, choosing: int
-                           ) -> tuple[torch.Tensor, torch.Tensor, str]:
+def calibration_and_choice(
+    data: Any, config: Config, calibrating: int, choosing: int
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The training images that calibrate, the images that choose the calibration and what they are: the run's
     validation images where it had them (a val/ folder, or the val_split its config records: never trained on),
     else training images the calibration does not use."""
@@ -155,8 +167,15 @@ def prepared(fp32: Path, work: Path) -> Path:
     return path
 
 
-def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInfo, work: Path,
-             signed_activations: bool = False, how: Calibration = Calibration()) -> None:
+def quantize(
+    fp32: Path,
+    int8: Path,
+    calibration: torch.Tensor,
+    info: DatasetInfo,
+    work: Path,
+    signed_activations: bool = False,
+    how: Calibration = Calibration(),
+) -> None:
     """Static int8 quantization of ``fp32`` into ``int8``, its activation ranges calibrated on ``calibration``
     (uint8 images) ``how``; ``signed_activations``: int8 activations instead of uint8 (S8S8: what
     benchmarks.int8 compares)."""
@@ -173,22 +192,36 @@ def quantize(fp32: Path, int8: Path, calibration: torch.Tensor, info: DatasetInf
 
     class Batches(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{"images": model_inputs(calibration[start:start + size], info).numpy()}
-                                 for start in range(0, len(calibration), size)])
+            self.batches = iter(
+                [
+                    {"images": model_inputs(calibration[start : start + size], info).numpy()}
+                    for start in range(0, len(calibration), size)
+                ]
+            )
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.batches, None)
 
-    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
-               "entropy": CalibrationMethod.Entropy}
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+    }
     # the histogram calibrators print their progress; per-channel quantization warns on the root logger for every
     # 1-d weight (a BatchNorm's, "Axis 1 is out-of-range"), which it then quantizes per tensor as it should
     graph = prepared(fp32, work)
     with contextlib.redirect_stdout(io.StringIO()), quiet_root_warnings():
-        quantize_static(str(graph), str(int8), Batches(), quant_format=QuantFormat.QDQ,
-                        per_channel=how.per_channel, weight_type=QuantType.QInt8,
-                        activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
-                        calibrate_method=methods[how.method], nodes_to_exclude=classifier_nodes(graph))
+        quantize_static(
+            str(graph),
+            str(int8),
+            Batches(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=how.per_channel,
+            weight_type=QuantType.QInt8,
+            activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
+            calibrate_method=methods[how.method],
+            nodes_to_exclude=classifier_nodes(graph),
+        )
 
 
 def classifier_nodes(graph: Path) -> list[str]:
@@ -197,8 +230,11 @@ def classifier_nodes(graph: Path) -> list[str]:
     Zen 5: test agreement 94.4% -> 97.3%, benchmarks.int8_calibration)."""
     import onnx
 
-    layers = [node.name for node in onnx.load(str(graph), load_external_data=False).graph.node
-              if node.op_type in ("Gemm", "MatMul", "Conv")]
+    layers = [
+        node.name
+        for node in onnx.load(str(graph), load_external_data=False).graph.node
+        if node.op_type in ("Gemm", "MatMul", "Conv")
+    ]
     return layers[-1:]
 
 
@@ -220,8 +256,14 @@ def decided_agreement(reference: torch.Tensor, logits: torch.Tensor) -> torch.Te
     return chosen > others
 
 
-def choose(fp32: Path, calibration: torch.Tensor, choosing: torch.Tensor, info: DatasetInfo, work: Path,
-           candidates: tuple[Calibration, ...]) -> tuple[Path, Calibration, list[dict[str, Any]]]:
+def choose(
+    fp32: Path,
+    calibration: torch.Tensor,
+    choosing: torch.Tensor,
+    info: DatasetInfo,
+    work: Path,
+    candidates: tuple[Calibration, ...],
+) -> tuple[Path, Calibration, list[dict[str, Any]]]:
     """Quantize with each candidate calibration and keep the one whose top-1 agrees with the fp32 model's on the
     most ``choosing`` images (the first of equals: CANDIDATES' order); its file, itself and every candidate's
     agreement. One candidate is taken without a choice."""
@@ -244,9 +286,12 @@ def compared_on_test(fp32: Path, int8: Path, test: Any, info: DatasetInfo) -> di
     """Test accuracy of both files and their top-1 agreement, over every test image (ties: neither)."""
     labels = test.labels.cpu()
     full, low = (logits_of(OnnxModel(path), test.images.cpu(), info) for path in (fp32, int8))
-    return {"test_images": len(labels), "accuracy_fp32": float(decided_agreement(labels, full).float().mean()),
-            "accuracy_int8": float(decided_agreement(labels, low).float().mean()),
-            "agreement": float(decided_agreement(full.argmax(1), low).float().mean())}
+    return {
+        "test_images": len(labels),
+        "accuracy_fp32": float(decided_agreement(labels, full).float().mean()),
+        "accuracy_int8": float(decided_agreement(labels, low).float().mean()),
+        "agreement": float(decided_agreement(full.argmax(1), low).float().mean()),
+    }
 
 
 def accepted_floor(agreement: float) -> float:
@@ -258,12 +303,15 @@ def check_agreement(found: dict[str, Any], min_agreement: float, path: Path) -> 
     if found["agreement"] >= min_agreement:
         return
     tried = len(found["candidates"]) or 1
-    choice = (f"the best of {tried} calibrations on {found['chosen_on']} {found['chosen_from']} images: "
-              if tried > 1 else "")
+    choice = (
+        f"the best of {tried} calibrations on {found['chosen_on']} {found['chosen_from']} images: " if tried > 1 else ""
+    )
     floor = accepted_floor(found["agreement"])
     accept = f", or accept this agreement with --min_agreement={floor:g}" if floor >= WORTH_ACCEPTING else ""
-    raise UserError(f"int8 export refused: its top-1 class ({choice}{found['calibration']}) agrees with the fp32 "
-                    f"model's on {found['agreement']:.2%} of the {found['test_images']} test images, below "
-                    f"min_agreement={min_agreement:g} (test accuracy fp32 {found['accuracy_fp32']:.4f}, int8 "
-                    f"{found['accuracy_int8']:.4f}); nothing written to {path}: ship the fp32 model (--format=onnx "
-                    f"without --quantize){accept}")
+    raise UserError(
+        f"int8 export refused: its top-1 class ({choice}{found['calibration']}) agrees with the fp32 "
+        f"model's on {found['agreement']:.2%} of the {found['test_images']} test images, below "
+        f"min_agreement={min_agreement:g} (test accuracy fp32 {found['accuracy_fp32']:.4f}, int8 "
+        f"{found['accuracy_int8']:.4f}); nothing written to {path}: ship the fp32 model (--format=onnx "
+        f"without --quantize){accept}"
+    )

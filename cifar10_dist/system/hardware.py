@@ -52,10 +52,15 @@ class GpuInfo:
 def cpu_info() -> CpuInfo:
     """This CPU, from torch (2.7+: torch.cpu.get_capabilities) or else /proc/cpuinfo's flags."""
     flags = _cpu_flags()
-    return CpuInfo(model=cpu_model(), capability=torch.backends.cpu.get_cpu_capability(),
-                   amx_bf16="amx_bf16" in flags, avx512_bf16="avx512_bf16" in flags,
-                   logical_cores=usable_cores(),
-                   torch_threads=torch.get_num_threads(), family=cpu_family())
+    return CpuInfo(
+        model=cpu_model(),
+        capability=torch.backends.cpu.get_cpu_capability(),
+        amx_bf16="amx_bf16" in flags,
+        avx512_bf16="avx512_bf16" in flags,
+        logical_cores=usable_cores(),
+        torch_threads=torch.get_num_threads(),
+        family=cpu_family(),
+    )
 
 
 def usable_cores() -> int:
@@ -111,8 +116,14 @@ def gpus() -> list[GpuInfo]:
     found = []
     for index in range(torch.cuda.device_count()):
         properties = torch.cuda.get_device_properties(index)
-        found.append(GpuInfo(properties.name, round(properties.total_memory / 2**30, 1),
-                             f"{properties.major}.{properties.minor}", properties.major >= 8))
+        found.append(
+            GpuInfo(
+                properties.name,
+                round(properties.total_memory / 2**30, 1),
+                f"{properties.major}.{properties.minor}",
+                properties.major >= 8,
+            )
+        )
     return found
 
 
@@ -167,9 +178,15 @@ def usable_device(name: str) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, ValueError):
         raise UserError(f"device={name!r} is not a device name: give one of {here}") from None
-    if device.type == "cpu" or (device.type == "mps" and mps) or \
-            (device.type == "cuda" and cuda and (device.index is None or f"cuda:{device.index}" in cuda)):
+    if (
+        device.type == "cpu"
+        or (device.type == "mps" and mps)
+        or (device.type == "cuda" and cuda and (device.index is None or f"cuda:{device.index}" in cuda))
+    ):
         return device
-    seen = f"it has {len(cuda)} CUDA GPU{'s' if len(cuda) != 1 else ''}" if device.type == "cuda" and cuda else \
-        f"torch {torch.__version__} sees no {device.type} device here"
+    seen = (
+        f"it has {len(cuda)} CUDA GPU{'s' if len(cuda) != 1 else ''}"
+        if device.type == "cuda" and cuda
+        else f"torch {torch.__version__} sees no {device.type} device here"
+    )
     raise UserError(f"device={name!r} is not on this machine ({seen}): give one of {here}")

@@ -43,8 +43,10 @@ class LayoutNumerics:
     def describe(self) -> str:
         ratio = self.channels_last_error / max(self.contiguous_error, 1e-30)
         verdict = "within fp32 noise" if self.within_noise else f"beyond fp32 noise (over {TOLERANCE:g}x)"
-        return (f"fp32 error against float64 {self.channels_last_error:.1e} channels-last, "
-                f"{self.contiguous_error:.1e} contiguous ({ratio:.1f}x, {self.layers} layers): {verdict}")
+        return (
+            f"fp32 error against float64 {self.channels_last_error:.1e} channels-last, "
+            f"{self.contiguous_error:.1e} contiguous ({ratio:.1f}x, {self.layers} layers): {verdict}"
+        )
 
 
 def check(build: Callable[[], nn.Module], image_size: int = 32, batch_size: int = 4) -> LayoutNumerics:
@@ -58,7 +60,8 @@ def check(build: Callable[[], nn.Module], image_size: int = 32, batch_size: int 
         expected = results(model, images, inputs, torch.float64, torch.contiguous_format)
         contiguous, channels_last = (
             max(map(relative_error, results(model, images, inputs, torch.float32, layout), expected))
-            for layout in (torch.contiguous_format, torch.channels_last))
+            for layout in (torch.contiguous_format, torch.channels_last)
+        )
     return LayoutNumerics(contiguous, channels_last, len(inputs))
 
 
@@ -69,11 +72,15 @@ def layer_inputs(model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tens
     def keep(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
             seen.setdefault(name, args[0])  # the first call (a layer used twice is checked on its first input)
+
         return hook
 
     copied = copy.deepcopy(model)
-    hooks = [module.register_forward_hook(keep(name)) for name, module in copied.named_modules()
-             if isinstance(module, LAYERS)]
+    hooks = [
+        module.register_forward_hook(keep(name))
+        for name, module in copied.named_modules()
+        if isinstance(module, LAYERS)
+    ]
     try:
         with torch.no_grad():
             copied(images)
@@ -89,8 +96,13 @@ def layer_inputs(model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tens
     return {name: seen[name].detach() for name in distinct.values()}
 
 
-def results(model: nn.Module, images: torch.Tensor, inputs: dict[str, torch.Tensor], dtype: torch.dtype,
-            layout: torch.memory_format) -> list[torch.Tensor]:
+def results(
+    model: nn.Module,
+    images: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    layout: torch.memory_format,
+) -> list[torch.Tensor]:
     """The model's output, then each checked layer's output and gradients, in ``dtype`` and ``layout``."""
     copied = copy.deepcopy(model).to(dtype=dtype).to(memory_format=layout)
     with torch.no_grad():
@@ -101,8 +113,9 @@ def results(model: nn.Module, images: torch.Tensor, inputs: dict[str, torch.Tens
     return found
 
 
-def layer_results(layer: nn.Module, tensor: torch.Tensor, dtype: torch.dtype, layout: torch.memory_format
-                  ) -> list[torch.Tensor]:
+def layer_results(
+    layer: nn.Module, tensor: torch.Tensor, dtype: torch.dtype, layout: torch.memory_format
+) -> list[torch.Tensor]:
     """A layer's output, input gradient and parameter gradients for a fixed output gradient."""
     copied = copy.deepcopy(layer).to(dtype=dtype).to(memory_format=layout)
     given = tensor.to(dtype=dtype, copy=True).contiguous(memory_format=layout).requires_grad_()

@@ -56,9 +56,11 @@ def choose_precision(device: torch.device, with_amp: bool | str, amp_dtype: str 
     warning = None
     cpu = hardware.cpu_info() if device.type == "cpu" and dtype == torch.bfloat16 else None
     if cpu is not None and not cpu.native_bf16:
-        warning = (f"with_amp=True on a CPU without native bf16 ({cpu.describe()}): bf16 autocast is "
-                   "emulated here, typically 5-15x slower than fp32 (measured on an AVX2 AMD EPYC: 15x for airbench, "
-                   "5.6x for ResNet-18); --with_amp=auto trains in fp32 on this CPU")
+        warning = (
+            f"with_amp=True on a CPU without native bf16 ({cpu.describe()}): bf16 autocast is "
+            "emulated here, typically 5-15x slower than fp32 (measured on an AVX2 AMD EPYC: 15x for airbench, "
+            "5.6x for ResNet-18); --with_amp=auto trains in fp32 on this CPU"
+        )
     return Precision(device.type, dtype, reason, warning)
 
 
@@ -69,19 +71,27 @@ def automatic_precision(device: torch.device) -> Precision:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if major >= 8:
-            return Precision("cuda", torch.bfloat16, "bf16 autocast (with_amp=auto: compute capability "
-                                                     f"{major}.{minor} "
-                                                     "has bf16 tensor cores)")
-        return Precision("cuda", torch.float16, f"fp16 autocast with a GradScaler (with_amp=auto: compute capability "
-                                                f"{major}.{minor} has no bf16)")
+            return Precision(
+                "cuda",
+                torch.bfloat16,
+                f"bf16 autocast (with_amp=auto: compute capability {major}.{minor} has bf16 tensor cores)",
+            )
+        return Precision(
+            "cuda",
+            torch.float16,
+            f"fp16 autocast with a GradScaler (with_amp=auto: compute capability {major}.{minor} has no bf16)",
+        )
     if device.type == "xla":
         return Precision("xla", torch.bfloat16, "bf16 autocast (with_amp=auto on XLA)")
     if device.type == "cpu":
         info = hardware.cpu_info()
         if info.native_bf16:
             return Precision("cpu", torch.bfloat16, f"bf16 autocast (with_amp=auto: {info.describe()})")
-        return Precision("cpu", None, f"fp32 (with_amp=auto: {info.describe()}; bf16 autocast would be emulated "
-                                      "here, many times slower)")
+        return Precision(
+            "cpu",
+            None,
+            f"fp32 (with_amp=auto: {info.describe()}; bf16 autocast would be emulated here, many times slower)",
+        )
     return Precision(device.type, None, f"fp32 (with_amp=auto: no mixed precision chosen for {device.type})")
 
 

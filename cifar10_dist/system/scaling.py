@@ -63,24 +63,37 @@ class Estimate:
     images_per_second: float  # over all nodes
 
 
-def estimate(compute_seconds: float, exchanged_bytes: int, bandwidth: float, nodes: int, images_per_step: int,
-             kind: str = "none") -> Estimate:
+def estimate(
+    compute_seconds: float, exchanged_bytes: int, bandwidth: float, nodes: int, images_per_step: int, kind: str = "none"
+) -> Estimate:
     """One node's step at ``nodes`` nodes of ``images_per_step`` images each; ``compute_seconds``: one process's
     step alone (with the compression's own work, where it measures it)."""
-    exchange = 0.0 if nodes == 1 else 2 * (nodes - 1) / nodes * exchanged_bytes / (bandwidth * WIRE_EFFICIENCY) + \
-        2 * (nodes - 1) * LATENCY_SECONDS
+    exchange = (
+        0.0
+        if nodes == 1
+        else 2 * (nodes - 1) / nodes * exchanged_bytes / (bandwidth * WIRE_EFFICIENCY)
+        + 2 * (nodes - 1) * LATENCY_SECONDS
+    )
     step = compute_seconds + exchange - min(exchange, OVERLAP * compute_seconds)
     return Estimate(nodes, kind, step, exchange / step, nodes * images_per_step / step)
 
 
-def table(model: nn.Module, compute_seconds: float, images_per_step: int, link: str,
-          node_counts: tuple[int, ...] = (2, 4, 8, 16), rank: int = 2) -> list[str]:
+def table(
+    model: nn.Module,
+    compute_seconds: float,
+    images_per_step: int,
+    link: str,
+    node_counts: tuple[int, ...] = (2, 4, 8, 16),
+    rank: int = 2,
+) -> list[str]:
     """The lines ``doctor --link`` prints: per node count, each kind's images/s and the share spent communicating."""
     bandwidth = link_bytes_per_second(link)
     sizes = {kind: wire_bytes(model, kind, rank) for kind in KINDS}
-    lines = [f"on a {link} link ({bandwidth / 1e6:.1f} MB/s), a step of {compute_seconds * 1e3:.0f} ms compute on "
-             f"{images_per_step} images per node, gradients {sizes['none'] / 1e6:.1f} MB (bf16 "
-             f"{sizes['bf16'] / 1e6:.1f} MB, powersgd rank {rank} {sizes['powersgd'] / 1e6:.2f} MB):"]
+    lines = [
+        f"on a {link} link ({bandwidth / 1e6:.1f} MB/s), a step of {compute_seconds * 1e3:.0f} ms compute on "
+        f"{images_per_step} images per node, gradients {sizes['none'] / 1e6:.1f} MB (bf16 "
+        f"{sizes['bf16'] / 1e6:.1f} MB, powersgd rank {rank} {sizes['powersgd'] / 1e6:.2f} MB):"
+    ]
     for nodes in node_counts:
         cells = []
         for kind in KINDS:

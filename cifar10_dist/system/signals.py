@@ -19,12 +19,17 @@ def preemption_signals() -> tuple[str, ...]:
     text = os.environ.get(PREEMPTION_SIGNALS_VARIABLE, "").strip()
     if not text:
         return DEFAULT_PREEMPTION_SIGNALS
-    names = tuple(name if name.startswith("SIG") else f"SIG{name}"
-                  for name in (part.strip().upper() for part in text.split(",")) if name)
+    names = tuple(
+        name if name.startswith("SIG") else f"SIG{name}"
+        for name in (part.strip().upper() for part in text.split(","))
+        if name
+    )
     for name in names:
         if name not in signal.Signals.__members__ or name in NOT_FOR_PREEMPTION:
-            raise UserError(f"{PREEMPTION_SIGNALS_VARIABLE}='{text}': {name} cannot announce a preemption; give "
-                            "signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP (comma-separated)")
+            raise UserError(
+                f"{PREEMPTION_SIGNALS_VARIABLE}='{text}': {name} cannot announce a preemption; give "
+                "signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP (comma-separated)"
+            )
     return names
 
 

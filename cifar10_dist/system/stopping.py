@@ -29,13 +29,15 @@ from cifar10_dist.system.signals import preemption_signals, stop_signals
 
 logger = logging.getLogger(__name__)
 
+
 class StopRequest:
     """Records Ctrl-C (SIGINT) and the preemption signals (SIGTERM/SIGUSR1 by default); optionally passes each on to
     other processes (spawned workers). A second Ctrl-C calls ``on_second_interrupt`` (when given; a worker leaves that
     to its launcher)."""
 
-    def __init__(self, forward_to: Callable[[], list[int]] | None = None,
-                 on_second_interrupt: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, forward_to: Callable[[], list[int]] | None = None, on_second_interrupt: Callable[[], None] | None = None
+    ) -> None:
         self.received: list[str] = []
         self.forward_to = forward_to
         self.on_second_interrupt = on_second_interrupt
@@ -109,8 +111,14 @@ class LossWatch:
         return self.first_iteration + index, float(losses[index])
 
 
-def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Callable[[Engine], None],
-                       run_dir: Path, step_every: int = 1, reads_at: Callable[[int], bool] = lambda _: True) -> None:
+def attach_stop_checks(
+    trainer: Engine,
+    stop: StopRequest,
+    save_checkpoint: Callable[[Engine], None],
+    run_dir: Path,
+    step_every: int = 1,
+    reads_at: Callable[[int], bool] = lambda _: True,
+) -> None:
     """After each iteration: agree on Ctrl-C and preemption across processes, and on NaN where ``reads_at`` the
     iteration (log, checkpoint and epoch-end iterations) or before a stop's checkpoint, then act on them; a stop
     waits for the next optimizer step (every ``step_every`` iterations), so that no accumulated gradient is lost.
@@ -139,8 +147,11 @@ def attach_stop_checks(trainer: Engine, stop: StopRequest, save_checkpoint: Call
         if interrupted:
             save_checkpoint(engine)
             checkpoint = run_dir / f"training_checkpoint_{iteration}.pt"
-            raise Interrupted(f"interrupted at epoch {epoch}, iteration {iteration}: checkpoint {checkpoint} written; "
-                              f"continue with {resume_hint(run_dir.name)}", str(checkpoint))
+            raise Interrupted(
+                f"interrupted at epoch {epoch}, iteration {iteration}: checkpoint {checkpoint} written; "
+                f"continue with {resume_hint(run_dir.name)}",
+                str(checkpoint),
+            )
         if preempted:
             save_checkpoint(engine)
             raise Preempted(
@@ -196,7 +207,6 @@ def finite_weights_only(save: Callable[[Engine], None], model: torch.nn.Module) 
         save(engine)
 
     return save_if_finite
-
 
 
 # ---------------------------------------------------------------- peers that stop answering

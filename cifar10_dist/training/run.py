@@ -34,12 +34,7 @@ from cifar10_dist.training.before_training import lr_finding, profiling
 from cifar10_dist.training.loop import checkpointing, run_end
 from cifar10_dist.training.loop.evaluators import attach_validation
 from cifar10_dist.training.loop.validation import EngineSet, Validation
-from cifar10_dist.training.setup import (
-    compression,
-    model_setup,
-    plan,
-    process_setup,
-)
+from cifar10_dist.training.setup import compression, model_setup, plan, process_setup
 from cifar10_dist.training.setup.resumption import Resumption
 from cifar10_dist.training.shipping import temperature
 
@@ -52,8 +47,11 @@ def training(config: Config) -> dict[str, Any]:
     """Train in this process (one of world_size); returns the final metrics and the run folder (a RunResult)."""
     started = time.perf_counter()
     second_interrupt = process_setup.second_interrupt_ends_at_once()
-    with log_lines.package_logging(), RunLog() as run_log, \
-            stopping.StopRequest(on_second_interrupt=second_interrupt) as stop:
+    with (
+        log_lines.package_logging(),
+        RunLog() as run_log,
+        stopping.StopRequest(on_second_interrupt=second_interrupt) as stop,
+    ):
         built = build_training(config, stop)
         result = train_in_run_folder(built, run_log, started)
         memory_use.log_peak_memory()
@@ -84,13 +82,25 @@ def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     precision, resumption = plan.process_choices(config, device)
     weights = model_setup.setup_pretrained(config)
     fed, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
-    the_plan, network, sweep = plan_the_run(config, fed, data, device=device, precision=precision,
-                                            resumption=resumption, weights=weights, stop=stop)
+    the_plan, network, sweep = plan_the_run(
+        config, fed, data, device=device, precision=precision, resumption=resumption, weights=weights, stop=stop
+    )
     settled = the_plan.config
     optimization = engines.setup_optimization(settled, network, data, device, precision)
     engine_set = engines.setup_engines(settled, device, network, optimization, data)
-    return TrainingParts(settled, device, precision, data, network, optimization, engine_set, stop, resumption,
-                         the_plan.resume_from, sweep)
+    return TrainingParts(
+        settled,
+        device,
+        precision,
+        data,
+        network,
+        optimization,
+        engine_set,
+        stop,
+        resumption,
+        the_plan.resume_from,
+        sweep,
+    )
 
 
 def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -> RunResult | TrialResult:
@@ -99,9 +109,16 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
     config, data = built.config, built.data
     with contextlib.ExitStack() as scope:
         scope.enter_context(contextlib.closing(data.loaders))
-        run_dir = scope.enter_context(run_folder.claimed_run_dir(
-            config.output_path, config.run_name, config.model, config.backend, resuming=built.resumption.asked,
-            overwrite=config.overwrite))
+        run_dir = scope.enter_context(
+            run_folder.claimed_run_dir(
+                config.output_path,
+                config.run_name,
+                config.model,
+                config.backend,
+                resuming=built.resumption.asked,
+                overwrite=config.overwrite,
+            )
+        )
         resume_from = checkpointing.checked_resume_path(built.resume_from, config, data.provenance)
         checkpointing.continue_order(resume_from, data)
         opened = scope.enter_context(trackers.open_trackers(config.replayable(), run_dir, data.provenance))
@@ -118,14 +135,31 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
         logger.info("run folder: %s", run_dir)
         findings = run_end.RunFindings()
         result = run_to_the_end(built, run_dir, validation, findings)
-        run_end.report_run_end(config, run_dir, result, findings, data=data, opened=opened, recorder=recorder,
-                               mistakes=built.engines.mistakes, seconds=time.perf_counter() - started)
+        run_end.report_run_end(
+            config,
+            run_dir,
+            result,
+            findings,
+            data=data,
+            opened=opened,
+            recorder=recorder,
+            mistakes=built.engines.mistakes,
+            seconds=time.perf_counter() - started,
+        )
     return result
 
 
-def plan_the_run(config: Config, fed: Config, data_setup: run_data.DataSetup, *, device: torch.device,
-                 precision: Precision, resumption: Resumption, weights: Any, stop: stopping.StopRequest
-                 ) -> tuple[plan.RunPlan, model_setup.Network, Any]:
+def plan_the_run(
+    config: Config,
+    fed: Config,
+    data_setup: run_data.DataSetup,
+    *,
+    device: torch.device,
+    precision: Precision,
+    resumption: Resumption,
+    weights: Any,
+    stop: stopping.StopRequest,
+) -> tuple[plan.RunPlan, model_setup.Network, Any]:
     """The rest of the planner's choices for a run (``fed``: ``config`` with the data's already settled by
     ``plan.plan_data``), in the order they need each other: what the device, precision and classes decide
     (``plan.settled_choices``), the memory layout (``layouts``), then the model built with them and, with
@@ -140,8 +174,9 @@ def plan_the_run(config: Config, fed: Config, data_setup: run_data.DataSetup, *,
     network.compression = compression.attach(network.model, settled)  # (after the sweep, which runs uncompressed)
     data_setup.provenance.grad_compression = compression.described(network.compression, settled)
     the_plan = plan.made(settled, config, device, precision, data_setup.provenance.grad_compression)
-    ranks.on_rank_zero(logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s",
-                       the_plan.table())
+    ranks.on_rank_zero(
+        logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s", the_plan.table()
+    )
     return the_plan, network, sweep
 
 
@@ -152,24 +187,51 @@ def setup_checkpoints(built: TrainingParts, run_dir: Path, saver: Any) -> dict[s
     """Periodic training checkpoints (never of NaN weights), the agreed stop on signals and NaN, and the best
     models on the selection split, written by ``saver`` (a tracker's that uploads them) or as plain files; returns
     the objects a checkpoint holds (for resuming)."""
-    config, data_setup, network, optimization, engine_set = (built.config, built.data, built.network,
-                                                            built.optimization, built.engines)
+    config, data_setup, network, optimization, engine_set = (
+        built.config,
+        built.data,
+        built.network,
+        built.optimization,
+        built.engines,
+    )
     meta = checkpoint_layout.RunMetadata(config.replayable(), data_setup.provenance.to_dict(), idist.get_world_size())
     to_save = checkpoint_layout.training_contents(
-        engine_set.trainer, network.model, optimization.optimizer, optimization.lr_scheduler,
-        optimization.step.scaler, engine_set.lookahead, engine_set.early_stopping, engine_set.ema, network.compression)
+        engine_set.trainer,
+        network.model,
+        optimization.optimizer,
+        optimization.lr_scheduler,
+        optimization.step.scaler,
+        engine_set.lookahead,
+        engine_set.early_stopping,
+        engine_set.ema,
+        network.compression,
+    )
     best_model = engine_set.ema.model if engine_set.ema is not None else network.model
-    checkpoint = checkpointing.create_training_checkpoint(checkpoint_layout.with_meta(to_save, meta), run_dir, saver,
-                                                          config.checkpoint_in_background)
+    checkpoint = checkpointing.create_training_checkpoint(
+        checkpoint_layout.with_meta(to_save, meta), run_dir, saver, config.checkpoint_in_background
+    )
     save_training_checkpoint = stopping.finite_weights_only(checkpoint, network.model)
-    stopping.attach_stop_checks(engine_set.trainer, built.stop,
-                                checkpointing.saved_and_written(save_training_checkpoint, checkpoint), run_dir,
-                                step_every=config.accumulation_steps, reads_at=reading_iterations(config, data_setup))
-    checkpointing.attach_training_checkpoints(engine_set.trainer, save_training_checkpoint, config.checkpoint_every,
-                                              checkpoint)
+    stopping.attach_stop_checks(
+        engine_set.trainer,
+        built.stop,
+        checkpointing.saved_and_written(save_training_checkpoint, checkpoint),
+        run_dir,
+        step_every=config.accumulation_steps,
+        reads_at=reading_iterations(config, data_setup),
+    )
+    checkpointing.attach_training_checkpoints(
+        engine_set.trainer, save_training_checkpoint, config.checkpoint_every, checkpoint
+    )
     best_contents = checkpoint_layout.best_model_contents(best_model, meta, engine_set.trainer)
-    checkpointing.attach_best_model_checkpoints(engine_set.choosing_evaluator, engine_set.trainer, best_contents,
-                                                run_dir, data_setup.split, saver, config.best_metric)
+    checkpointing.attach_best_model_checkpoints(
+        engine_set.choosing_evaluator,
+        engine_set.trainer,
+        best_contents,
+        run_dir,
+        data_setup.split,
+        saver,
+        config.best_metric,
+    )
     return to_save
 
 
@@ -199,22 +261,30 @@ def setup_recorder(built: TrainingParts, run_dir: Path, opened: trackers.OpenTra
 # ---------------------------------------------------------------- running and reporting
 
 
-def run_to_the_end(built: TrainingParts, run_dir: Path, validation: Validation, findings: run_end.RunFindings
-                   ) -> RunResult | TrialResult:
+def run_to_the_end(
+    built: TrainingParts, run_dir: Path, validation: Validation, findings: run_end.RunFindings
+) -> RunResult | TrialResult:
     """Train what is left (or only evaluate a finished checkpoint), then the one test evaluation of a held-out run;
     the profile and the calibration go to ``findings``."""
     config, network, engine_set, data_setup = built.config, built.network, built.engines, built.data
     trainer = engine_set.trainer
     if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
-        logger.info("the checkpoint is from the end of training%s: evaluating only",
-                    " (stopped early)" if engine_set.stopped_early else "")
+        logger.info(
+            "the checkpoint is from the end of training%s: evaluating only",
+            " (stopped early)" if engine_set.stopped_early else "",
+        )
         validation(trainer)  # Ignite would restart a finished run from iteration 0
     else:
         warmed = engine_set.warm_up.run() if engine_set.warm_up is not None else None
         if warmed is not None:
-            validation.recorder.write_event({"event": "warm_up", "iteration": trainer.state.iteration,
-                                             "steps": engine_set.warm_up.steps if engine_set.warm_up else 0,
-                                             "seconds": warmed})
+            validation.recorder.write_event(
+                {
+                    "event": "warm_up",
+                    "iteration": trainer.state.iteration,
+                    "steps": engine_set.warm_up.steps if engine_set.warm_up else 0,
+                    "seconds": warmed,
+                }
+            )
         profiler = profiling.attach(config.profile, run_dir, trainer)
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
         if profiler is not None:
@@ -226,9 +296,13 @@ def run_to_the_end(built: TrainingParts, run_dir: Path, validation: Validation, 
     latest = dict(validation.latest or {})
     if latest.get(f"{data_setup.split}_ema"):  # the EMA's numbers on the split that chose it
         latest[data_setup.split] = {**latest[f"{data_setup.split}_ema"], "model": "ema"}
-    values = {"run_dir": str(run_dir), "epochs": trainer.state.epoch, "iterations": trainer.state.iteration,
-              "stopped_early": trainer.state.epoch if stopped_early else None,
-              **{split: latest[split] for split in ("test", "val", "train") if latest.get(split)}}
+    values = {
+        "run_dir": str(run_dir),
+        "epochs": trainer.state.epoch,
+        "iterations": trainer.state.iteration,
+        "stopped_early": trainer.state.epoch if stopped_early else None,
+        **{split: latest[split] for split in ("test", "val", "train") if latest.get(split)},
+    }
     if engine_set.trial_reporter is not None:
         return TrialResult.from_dict({**values, "pruned_at": engine_set.trial_reporter.pruned_at})
     return RunResult.from_dict(values)

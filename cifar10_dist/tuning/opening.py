@@ -25,9 +25,12 @@ def check_options(options: TuneOptions) -> TuneOptions:
     """tune's flags checked before anything starts."""
     if not options.study or "/" in options.study or options.study in (".", ".."):
         raise UserError(f"study='{options.study}' must be a plain name (it is also the folder under output_path)")
-    for name, value, minimum in (("trials", options.trials, 0), ("heartbeat", options.heartbeat, 1),
-                                 ("pruner_startup_trials", options.pruner_startup_trials, 0),
-                                 ("pruner_warmup_epochs", options.pruner_warmup_epochs, 0)):
+    for name, value, minimum in (
+        ("trials", options.trials, 0),
+        ("heartbeat", options.heartbeat, 1),
+        ("pruner_startup_trials", options.pruner_startup_trials, 0),
+        ("pruner_warmup_epochs", options.pruner_warmup_epochs, 0),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
     if options.sampler not in SAMPLERS:
@@ -43,10 +46,12 @@ def storage_url(storage: str | None, study_dir: Path) -> str:
     if storage is None:
         return f"sqlite:///{(study_dir / 'study.db').resolve()}"
     if storage.startswith(JOURNAL_PREFIX):
-        return JOURNAL_PREFIX + str(Path(storage[len(JOURNAL_PREFIX):]).expanduser().resolve())
+        return JOURNAL_PREFIX + str(Path(storage[len(JOURNAL_PREFIX) :]).expanduser().resolve())
     if "://" not in storage:
-        raise UserError(f"storage='{storage}' is not accepted: give journal:PATH, sqlite:///PATH, or a database URL "
-                        "such as postgresql://user@host/db")
+        raise UserError(
+            f"storage='{storage}' is not accepted: give journal:PATH, sqlite:///PATH, or a database URL "
+            "such as postgresql://user@host/db"
+        )
     return storage
 
 
@@ -68,8 +73,12 @@ RESEED_STEP = 1_000_003  # a rerun's seed: sampler_seed + this x the trials so f
 
 def pruner_spec(options: TuneOptions, num_epochs: int) -> PrunerSpec:
     """The study's pruner as plain data, which each trial's processes build again."""
-    return PrunerSpec(name=options.pruner, startup_trials=options.pruner_startup_trials,
-                      warmup_epochs=options.pruner_warmup_epochs, max_epochs=num_epochs)
+    return PrunerSpec(
+        name=options.pruner,
+        startup_trials=options.pruner_startup_trials,
+        warmup_epochs=options.pruner_warmup_epochs,
+        max_epochs=num_epochs,
+    )
 
 
 def study_record(base: Config, space: Mapping[str, Dimension]) -> dict[str, Any]:
@@ -83,8 +92,14 @@ def open_study(options: TuneOptions, base: Config, space: Mapping[str, Dimension
     study_dir = Path(base.output_path) / str(options.study)
     url = storage_url(options.storage, study_dir)
     sampler, pruner = make_sampler(options, space), make_pruner(pruner_spec(options, base.num_epochs))
-    study = optuna.create_study(storage=open_storage(url, options.heartbeat), study_name=options.study,
-                                direction="maximize", sampler=sampler, pruner=pruner, load_if_exists=True)
+    study = optuna.create_study(
+        storage=open_storage(url, options.heartbeat),
+        study_name=options.study,
+        direction="maximize",
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
     record = json_roundtrip({**study_record(base, space), "study_dir": str(study_dir.resolve())})
     if RECORD not in study.user_attrs:  # one attribute, written at once: a worker joining now sees all or none
         study.set_user_attr(RECORD, record)
@@ -115,6 +130,8 @@ def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any
             if part == "base_config" and key not in stored and record[part][key] == FIELDS[key].default:
                 continue  # a key newer than the study, at its default: the study trained with that too
             if stored.get(key) != record[part].get(key):
-                raise UserError(f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "
-                                f"{stored.get(key)!r} there and {record[part].get(key)!r} here (use the same "
-                                "--config, --space and flags in every worker, or another --study)")
+                raise UserError(
+                    f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "
+                    f"{stored.get(key)!r} there and {record[part].get(key)!r} here (use the same "
+                    "--config, --space and flags in every worker, or another --study)"
+                )

@@ -38,8 +38,10 @@ def format_trial_line(trial: Any) -> str:
     value = "" if trial.value is None else f" value {trial.value:.4f}"
     pruned = f" at epoch {trial.last_step}" if trial.state == TrialState.PRUNED and trial.last_step is not None else ""
     reason = f": {trial.user_attrs['fail_reason']}" if "fail_reason" in trial.user_attrs else ""
-    return (f"trial {trial.number}: {state_name(trial)}{pruned}{value} ({_minutes(trial):.1f} min) "
-            f"{format_params(trial.params)}{reason}")
+    return (
+        f"trial {trial.number}: {state_name(trial)}{pruned}{value} ({_minutes(trial):.1f} min) "
+        f"{format_params(trial.params)}{reason}"
+    )
 
 
 def _minutes(trial: Any) -> float:
@@ -54,8 +56,9 @@ def trial_table(trials: list[Any]) -> str:
     """Trials sorted by value (best first; pruned and failed after), one line each."""
     from optuna.trial import TrialState
 
-    ranked = sorted(trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0),
-                                           t.number))
+    ranked = sorted(
+        trials, key=lambda t: (t.value is None or t.state != TrialState.COMPLETE, -(t.value or 0.0), t.number)
+    )
     names = sorted({name for trial in trials for name in trial.params})
     header = f"{'trial':>5}  {'state':<11}{'value':>8}  {'epochs':>6}  {'minutes':>7}  " + "  ".join(names)
     lines = [header]
@@ -63,8 +66,9 @@ def trial_table(trials: list[Any]) -> str:
         value = f"{trial.value:.4f}" if trial.value is not None else "-"
         epochs = str(trial.last_step) if trial.last_step is not None else "-"
         params = "  ".join(f"{_short(trial.params.get(name, '-')):>{len(name)}}" for name in names)
-        lines.append(f"{trial.number:>5}  {state_name(trial):<11}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  "
-                     f"{params}")
+        lines.append(
+            f"{trial.number:>5}  {state_name(trial):<11}{value:>8}  {epochs:>6}  {_minutes(trial):>7.1f}  {params}"
+        )
     return "\n".join(lines)
 
 
@@ -75,7 +79,6 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as plots
-
 
     written = []
     for name in PLOTS:

@@ -35,8 +35,9 @@ class Dimension:
         if self.type == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.bounds()[0]), int(self.bounds()[1]), step=int(self.step or 1),
-                                     log=self.log)
+            return trial.suggest_int(
+                self.name, int(self.bounds()[0]), int(self.bounds()[1]), step=int(self.step or 1), log=self.log
+            )
         return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
 
     def extremes(self) -> list[Any]:
@@ -52,8 +53,10 @@ class Dimension:
             return list(self.choices)
         if self.type == "int" and not self.log:
             return list(range(int(self.bounds()[0]), int(self.bounds()[1]) + 1, int(self.step or 1)))
-        raise UserError(f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
-                        f"(give it choices: {{type: categorical, choices: [...]}})")
+        raise UserError(
+            f"sampler=grid needs a finite set of values: {self.name} is a {self.type} range "
+            f"(give it choices: {{type: categorical, choices: [...]}})"
+        )
 
 
 def read_space(path: str | Path) -> dict[str, Dimension]:
@@ -61,8 +64,10 @@ def read_space(path: str | Path) -> dict[str, Dimension]:
     path = config_path(path)
     loaded = read_yaml_mapping(path, "space file", "space_fast")
     if not loaded:
-        raise UserError(f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
-                        "{type: float, low: 0.01, high: 1.0, log: true}")
+        raise UserError(
+            f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
+            "{type: float, low: 0.01, high: 1.0, log: true}"
+        )
     return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
 
 
@@ -76,12 +81,16 @@ def _dimension(name: str, entry: Any, path: Path) -> Dimension:
         raise UserError(f"{where} cannot be tuned (tune sets it, or it decides the data every trial must share)")
     if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
         raise UserError(f"{where} needs type: float, int or categorical (got {entry!r})")
-    known = {"float": {"low", "high", "log", "step"}, "int": {"low", "high", "log", "step"},
-             "categorical": {"choices"}}[entry["type"]] | {"type"}
+    known = {
+        "float": {"low", "high", "log", "step"},
+        "int": {"low", "high", "log", "step"},
+        "categorical": {"choices"},
+    }[entry["type"]] | {"type"}
     unknown = sorted(set(entry) - known)
     if unknown:
-        raise UserError(f"{where}: '{unknown[0]}' is not accepted for type {entry['type']} "
-                        f"(accepted: {', '.join(sorted(known))})")
+        raise UserError(
+            f"{where}: '{unknown[0]}' is not accepted for type {entry['type']} (accepted: {', '.join(sorted(known))})"
+        )
     if entry["type"] == "categorical":
         choices = entry.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -110,5 +119,6 @@ def check_space(base: Config, space: Mapping[str, Dimension]) -> None:
             try:
                 load_config(None, **{**base.to_dict(), dimension.name: value})
             except UserError as error:
-                raise UserError(f"space: {dimension.name}={value!r} is outside what the config accepts: {error}"
-                                ) from error
+                raise UserError(
+                    f"space: {dimension.name}={value!r} is outside what the config accepts: {error}"
+                ) from error

@@ -23,12 +23,7 @@ from cifar10_dist.config import Config, PrunerSpec, TrialSpec, load_config
 from cifar10_dist.errors import Interrupted, Preempted, UserError
 from cifar10_dist.outputs import log_lines, reading
 from cifar10_dist.results import TuneResult
-from cifar10_dist.training.loop.trials import (
-    RETRIES,
-    open_storage,
-    require_optuna,
-    without_password,
-)
+from cifar10_dist.training.loop.trials import RETRIES, open_storage, require_optuna, without_password
 from cifar10_dist.tuning.opening import TuneOptions, open_study, pruner_spec, storage_url, study_of
 from cifar10_dist.tuning.reporting import (
     INTERRUPTED,
@@ -72,8 +67,12 @@ class Objective:
         history = retry_history(self.study, trial.number)
         resume = retried_checkpoint(history, self.study_dir)
         trial.set_user_attr("run_dir", str(self.study_dir / f"trial-{trial.number}"))
-        logger.info("trial %d: %s%s", trial.number, format_params(params),
-                    f" (retry of trial {history[0]}, from {resume})" if resume else "")
+        logger.info(
+            "trial %d: %s%s",
+            trial.number,
+            format_params(params),
+            f" (retry of trial {history[0]}, from {resume})" if resume else "",
+        )
         try:
             result = runs.train_trial(self.trial_config(trial.number, params, resume))  # a refused one fails too
         except (Preempted, Interrupted):
@@ -87,10 +86,19 @@ class Objective:
         return best_accuracy(Path(result.run_dir))
 
     def trial_config(self, number: int, params: Mapping[str, Any], resume: str | None) -> Config:
-        trial = TrialSpec(study=self.study.study_name, storage=self.url, number=number, params=dict(params),
-                          pruner=self.pruner)
-        values = {**self.base.to_dict(), **params, "output_path": str(self.study_dir), "run_name": f"trial-{number}",
-                  "resume_from": resume, "overwrite": False, "seeds": 1, "trial": trial}
+        trial = TrialSpec(
+            study=self.study.study_name, storage=self.url, number=number, params=dict(params), pruner=self.pruner
+        )
+        values = {
+            **self.base.to_dict(),
+            **params,
+            "output_path": str(self.study_dir),
+            "run_name": f"trial-{number}",
+            "resume_from": resume,
+            "overwrite": False,
+            "seeds": 1,
+            "trial": trial,
+        }
         if self.mlflow_parent is not None:  # the trial's MLflow run: a child of the study's, in the same store
             values.update(mlflow_tracking_uri=self.mlflow_parent[0], mlflow_parent_run=self.mlflow_parent[1])
         return load_config(None, **values)
@@ -127,13 +135,16 @@ def best_accuracy(run_dir: Path) -> float:
 # ---------------------------------------------------------------- the tuning loop, the final test, the report
 
 
-def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
-         echo: Callable[[str], None] = print) -> TuneResult:
+def tune(
+    base: Config, space: Mapping[str, Dimension], options: TuneOptions, echo: Callable[[str], None] = print
+) -> TuneResult:
     """Run ``options.trials`` trials of the study in this process, then report (and the final test)."""
     require_optuna()
     if base.val_split <= 0:
-        raise UserError(f"tune needs val_split > 0 (got {base.val_split}): trials are ranked on held-out training "
-                        "images, never on the test set (e.g. --val_split=0.1)")
+        raise UserError(
+            f"tune needs val_split > 0 (got {base.val_split}): trials are ranked on held-out training "
+            "images, never on the test set (e.g. --val_split=0.1)"
+        )
     if base.resume_from is not None or base.seeds != 1:
         raise UserError("tune sets resume_from and runs one seed per trial: drop resume_from and seeds")
     check_space(base, space)
@@ -141,15 +152,25 @@ def tune(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
         return run_study(base, space, options, echo)
 
 
-def run_study(base: Config, space: Mapping[str, Dimension], options: TuneOptions,
-              echo: Callable[[str], None] = print) -> TuneResult:
+def run_study(
+    base: Config, space: Mapping[str, Dimension], options: TuneOptions, echo: Callable[[str], None] = print
+) -> TuneResult:
     """The checked study: open it, run the trials, report."""
     study, url = open_study(options, base, space)
     study_dir = Path(study_of(study)["study_dir"])
-    objective = Objective(base, space, study_dir, url, study, pruner_spec(options, base.num_epochs),
-                          mlflow_parent=study_mlflow_run(base, space, options) if base.with_mlflow else None)
-    echo(f"study {options.study} in {without_password(url)}: {len(study.trials)} trials so far; running "
-         f"{options.trials} here")
+    objective = Objective(
+        base,
+        space,
+        study_dir,
+        url,
+        study,
+        pruner_spec(options, base.num_epochs),
+        mlflow_parent=study_mlflow_run(base, space, options) if base.with_mlflow else None,
+    )
+    echo(
+        f"study {options.study} in {without_password(url)}: {len(study.trials)} trials so far; running "
+        f"{options.trials} here"
+    )
 
     def announce(done_study: Any, trial: Any) -> None:
         echo(format_trial_line(trial))
@@ -158,16 +179,21 @@ def run_study(base: Config, space: Mapping[str, Dimension], options: TuneOptions
 
             finished = sum(t.state.is_finished() for t in done_study.get_trials(deepcopy=False))
             uri, run_id = objective.mlflow_parent
-            mlflow_tracking.for_the_study("its best value", uri, lambda: mlflow_tracking.log_study_best(
-                uri, run_id, done_study.best_value, finished))
+            mlflow_tracking.for_the_study(
+                "its best value",
+                uri,
+                lambda: mlflow_tracking.log_study_best(uri, run_id, done_study.best_value, finished),
+            )
 
     try:
         study.optimize(objective, n_trials=options.trials, catch=(TrialFailed,), callbacks=[announce])
     except (Preempted, Interrupted) as stop:
         queue_again(study, objective.current)
         how = str(stop).split(":", 1)[0]  # "stopped at iteration 12 on SIGTERM" / "interrupted at epoch 1, ..."
-        message = (f"trial {objective.current} {how}: checkpoint written and the trial queued again in study "
-                   f"{options.study}; run the same tune command (or any worker of the study) to continue it")
+        message = (
+            f"trial {objective.current} {how}: checkpoint written and the trial queued again in study "
+            f"{options.study}; run the same tune command (or any worker of the study) to continue it"
+        )
         raise (Preempted(message) if isinstance(stop, Preempted) else Interrupted(message)) from stop
     return report(study, echo, final_test=options.final_test)
 
@@ -179,10 +205,18 @@ def study_mlflow_run(base: Config, space: Mapping[str, Dimension], options: Tune
     from cifar10_dist.outputs import mlflow_tracking
 
     uri = mlflow_tracking.tracking_uri(base.mlflow_tracking_uri, base.output_path)
-    params = {"study": options.study, "sampler": options.sampler, "pruner": options.pruner,
-              "best_metric": base.best_metric, **{f"space.{name}": dim for name, dim in space.items()}}
-    run_id = mlflow_tracking.for_the_study("its own run (the trials' parent)", uri, lambda: mlflow_tracking.study_run(
-        uri, base.mlflow_experiment, str(options.study), params))
+    params = {
+        "study": options.study,
+        "sampler": options.sampler,
+        "pruner": options.pruner,
+        "best_metric": base.best_metric,
+        **{f"space.{name}": dim for name, dim in space.items()},
+    }
+    run_id = mlflow_tracking.for_the_study(
+        "its own run (the trials' parent)",
+        uri,
+        lambda: mlflow_tracking.study_run(uri, base.mlflow_experiment, str(options.study), params),
+    )
     return (uri, run_id) if run_id is not None else None
 
 
@@ -202,8 +236,16 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
     study_dir = Path(study_of(study)["study_dir"])
     trials = study.get_trials(deepcopy=False)
     trial_state = require_optuna().trial.TrialState
-    shown = [each.name for each in (trial_state.COMPLETE, trial_state.PRUNED, trial_state.FAIL, trial_state.RUNNING,
-                                    trial_state.WAITING)] + ["INTERRUPTED"]
+    shown = [
+        each.name
+        for each in (
+            trial_state.COMPLETE,
+            trial_state.PRUNED,
+            trial_state.FAIL,
+            trial_state.RUNNING,
+            trial_state.WAITING,
+        )
+    ] + ["INTERRUPTED"]
     states = {each: sum(state_name(t) == each for t in trials) for each in shown}
     echo(trial_table(trials))
     echo("trials: " + ", ".join(f"{count} {state.lower()}" for state, count in states.items() if count))
@@ -215,16 +257,25 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         files.write_yaml(study_dir / "best_config.yaml", best_config)
         metric = study_of(study)["base_config"].get("best_metric", "accuracy")
         echo(f"best: trial {best.number}, val {metric} {best.value:.4f}, {format_params(best.params)}")
-        echo(f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run "
-             f"--config={study_dir / 'best_config.yaml'})")
-        summary = dataclasses.replace(summary, best_trial=best.number, best_value=best.value,
-                                      best_params=dict(best.params), plots=write_plots(study, study_dir))
+        echo(
+            f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run "
+            f"--config={study_dir / 'best_config.yaml'})"
+        )
+        summary = dataclasses.replace(
+            summary,
+            best_trial=best.number,
+            best_value=best.value,
+            best_params=dict(best.params),
+            plots=write_plots(study, study_dir),
+        )
         if final_test:
             summary = dataclasses.replace(summary, final_test=run_final_test(study, best, echo))
     files.write_json(study_dir / "tuning_summary.json", summary.to_dict())
     if not completed and states["FAIL"]:
-        raise UserError(f"no trial of study {study.study_name} has completed ({states['FAIL']} failed, the reasons "
-                        "are above): no best config")
+        raise UserError(
+            f"no trial of study {study.study_name} has completed ({states['FAIL']} failed, the reasons "
+            "are above): no best config"
+        )
     return summary
 
 
@@ -243,15 +294,20 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
     key = f"final_test:trial-{best.number}"
     if key in study.user_attrs:
         done = study.user_attrs[key]
-        echo(f"final test (trial {best.number}, evaluated once earlier): accuracy {done['accuracy']:.4f} "
-             f"({done['num_samples']} test images)")
+        echo(
+            f"final test (trial {best.number}, evaluated once earlier): accuracy {done['accuracy']:.4f} "
+            f"({done['num_samples']} test images)"
+        )
         return done
     trial_state = require_optuna().trial.TrialState
-    running = [t.number for t in study.get_trials(deepcopy=False)
-               if t.state in (trial_state.RUNNING, trial_state.WAITING)]
+    running = [
+        t.number for t in study.get_trials(deepcopy=False) if t.state in (trial_state.RUNNING, trial_state.WAITING)
+    ]
     if running:
-        echo(f"final test not run: trials {', '.join(map(str, running))} are still running or queued in other "
-             "workers (the last worker to finish runs it)")
+        echo(
+            f"final test not run: trials {', '.join(map(str, running))} are still running or queued in other "
+            "workers (the last worker to finish runs it)"
+        )
         return None
     run_dir = Path(best.user_attrs["run_dir"])
     best_file = checkpoint_files.best_model_file(run_dir)
@@ -261,24 +317,34 @@ def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[s
     launch = {key: base[key] for key in ("backend", "nproc_per_node", "batch_size", "num_workers") if key in base}
     started = time.perf_counter()
     result = runs.evaluate(best_file, **launch)
-    done = {"trial": best.number, "checkpoint": str(best_file), "accuracy": result.accuracy, "loss": result.loss,
-            "num_samples": result.num_samples, "seconds": time.perf_counter() - started}
+    done = {
+        "trial": best.number,
+        "checkpoint": str(best_file),
+        "accuracy": result.accuracy,
+        "loss": result.loss,
+        "num_samples": result.num_samples,
+        "seconds": time.perf_counter() - started,
+    }
     study.set_user_attr(key, done)
     used = [name for name in study.user_attrs if name.startswith("final_test:")]
-    echo(f"final test (trial {best.number}'s best model, the test set's only use in this study"
-         f"{'' if len(used) <= 1 else f'; now used by {len(used)} best trials'}): accuracy {result.accuracy:.4f}, "
-         f"loss {result.loss:.4f} ({result.num_samples} test images)")
+    echo(
+        f"final test (trial {best.number}'s best model, the test set's only use in this study"
+        f"{'' if len(used) <= 1 else f'; now used by {len(used)} best trials'}): accuracy {result.accuracy:.4f}, "
+        f"loss {result.loss:.4f} ({result.num_samples} test images)"
+    )
     return done
 
 
-def report_only(study_name: str, storage: str | None, output_path: str, final_test: bool,
-                echo: Callable[[str], None] = print) -> TuneResult:
+def report_only(
+    study_name: str, storage: str | None, output_path: str, final_test: bool, echo: Callable[[str], None] = print
+) -> TuneResult:
     """The report of an existing study (while it runs, or after)."""
     optuna = require_optuna()
     url = storage_url(storage, Path(output_path) / study_name)
-    if storage is None and not Path(url[len("sqlite:///"):]).is_file():
-        raise UserError(f"no study database at {url[len('sqlite:///'):]}: give --storage (and --output_path) of "
-                        "the study")
+    if storage is None and not Path(url[len("sqlite:///") :]).is_file():
+        raise UserError(
+            f"no study database at {url[len('sqlite:///') :]}: give --storage (and --output_path) of the study"
+        )
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(url))
     except KeyError as missing:

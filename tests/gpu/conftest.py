@@ -47,8 +47,9 @@ def record(request):
         print(f"figure {name}: {value} {unit}")
         if out:
             with open(Path(out) / "checks.jsonl", "a") as figures:
-                figures.write(json.dumps({"test": request.node.name, "name": name, "value": value,
-                                          "unit": unit}) + "\n")
+                figures.write(
+                    json.dumps({"test": request.node.name, "name": name, "value": value, "unit": unit}) + "\n"
+                )
 
     return write
 

@@ -37,11 +37,15 @@ pytestmark = pytest.mark.gpu
 FAST = REPO / "configs" / "fast.yaml"
 
 
-@pytest.mark.parametrize("augment", [
-    {"crop_padding": 4, "color_jitter": 0.1},  # fast.yaml's pad-crop and flip, with colour jitter
-    {"crop_padding": 0, "random_resized_crop": 0.35},  # random-resized crops: one batched kernel on a GPU
-    {"crop_padding": 2, "crop_pad_mode": "reflect", "flip": "alternating", "augment_per_pass": True},  # fast.yaml's
-], ids=["pad-crop", "resized-crop", "per-pass"])
+@pytest.mark.parametrize(
+    "augment",
+    [
+        {"crop_padding": 4, "color_jitter": 0.1},  # fast.yaml's pad-crop and flip, with colour jitter
+        {"crop_padding": 0, "random_resized_crop": 0.35},  # random-resized crops: one batched kernel on a GPU
+        {"crop_padding": 2, "crop_pad_mode": "reflect", "flip": "alternating", "augment_per_pass": True},  # fast.yaml's
+    ],
+    ids=["pad-crop", "resized-crop", "per-pass"],
+)
 def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment, record):
     """data_on_device: 20 training batches sliced from the images there and prepared (crops, flips, jitter,
     normalisation; or a whole pass cut at once) under torch.cuda.set_sync_debug_mode("error"): no step of it
@@ -57,9 +61,16 @@ def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment,
     info = DatasetInfo(tuple("abcdefghij"))
     config = batches.TrainAugmentation.of(load_config(None, data_on_device=True, **augment))
     per_pass = augment.get("augment_per_pass", False)
-    made = loaders.make_loaders(train, test, batch_size=64, num_workers=0, train_eval_size=0, seed=0, device=device,
-                                pass_transform=batches.pass_augmentation(config, len(train), info, torch.bfloat16)
-                                if per_pass else None)
+    made = loaders.make_loaders(
+        train,
+        test,
+        batch_size=64,
+        num_workers=0,
+        train_eval_size=0,
+        seed=0,
+        device=device,
+        pass_transform=batches.pass_augmentation(config, len(train), info, torch.bfloat16) if per_pass else None,
+    )
     prepare = batches.train_batch_preparer(device, config, len(made.train), info, prepared_per_pass=per_pass)
     prepared = []
     if ON_CUDA:
@@ -74,15 +85,20 @@ def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment,
     inputs, labels = prepared[-1]
     assert len(prepared) == 20 and inputs.shape == (64, 3, 32, 32) and inputs.device.type == device.type
     assert inputs.dtype == (torch.bfloat16 if per_pass else torch.float32)
-    record(f"batches prepared without a host wait ({'-'.join(f'{k}={v}' for k, v in augment.items())})",
-           len(prepared))
+    record(f"batches prepared without a host wait ({'-'.join(f'{k}={v}' for k, v in augment.items())})", len(prepared))
 
 
 WAITING_RUNS = {
     "default": [*SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5"],  # simple_cnn, data_on_device
     "fp16-fused": [*SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5", "--with_amp=True"],  # GradScaler + fused
-    "fast.yaml": [f"--config={FAST}", "--num_epochs=2", "--num_warmup_epochs=0.5", "--whitening_bias_epochs=1",
-                  "--tta=0", "--validate_every=1"],  # airbench: lookahead, the bias's freeze, a pass at a time
+    "fast.yaml": [
+        f"--config={FAST}",
+        "--num_epochs=2",
+        "--num_warmup_epochs=0.5",
+        "--whitening_bias_epochs=1",
+        "--tta=0",
+        "--validate_every=1",
+    ],  # airbench: lookahead, the bias's freeze, a pass at a time
 }
 
 
@@ -97,9 +113,17 @@ def test_training_iterations_do_not_wait_for_the_gpu(name, check_data, tmp_path,
     with waits.caught():
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = run_in_process("run", *WAITING_RUNS[name], f"--data_path={check_data}",
-                                    f"--output_path={tmp_path}", "--run_name=sync", "--data_on_device=True",
-                                    "--log_every_iters=100000", "--checkpoint_every=100000", "--train_eval_size=0")
+            result = run_in_process(
+                "run",
+                *WAITING_RUNS[name],
+                f"--data_path={check_data}",
+                f"--output_path={tmp_path}",
+                "--run_name=sync",
+                "--data_on_device=True",
+                "--log_every_iters=100000",
+                "--checkpoint_every=100000",
+                "--train_eval_size=0",
+            )
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -119,14 +143,28 @@ def test_the_warm_up_is_undone_and_what_it_saves_is_timed_with_autotuning_on(che
     """warm_up_steps=3 against none: deterministic runs end with the same weights; then, with cuDNN's autotuning
     on (not deterministic, as users train), epoch 1's training seconds with and without the warm-up."""
     for name, steps in (("warm", 3), ("cold", 0)):
-        run(check_data, tmp_path, name, f"--warm_up_steps={steps}", "--deterministic=True", "--num_epochs=1",
-            "--num_warmup_epochs=0.5")
+        run(
+            check_data,
+            tmp_path,
+            name,
+            f"--warm_up_steps={steps}",
+            "--deterministic=True",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+        )
     final = newest_checkpoint(tmp_path / "warm").name
     assert_same_training_state(tmp_path / "cold" / final, tmp_path / "warm" / final)
     seconds = {}
     for name, steps in (("warm-timed", 3), ("cold-timed", 0)):
-        run(check_data, tmp_path, name, f"--warm_up_steps={steps}", "--num_epochs=1", "--num_warmup_epochs=0.5",
-            "--data_on_device=True")
+        run(
+            check_data,
+            tmp_path,
+            name,
+            f"--warm_up_steps={steps}",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+            "--data_on_device=True",
+        )
         seconds[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert seconds["warm-timed"]["warm_up_time"] > 0 and seconds["cold-timed"]["warm_up_time"] is None
     record("warm-up seconds (3 steps, simple_cnn, autotuning on)", seconds["warm-timed"]["warm_up_time"], "s")
@@ -138,8 +176,12 @@ def test_batched_resized_crops_under_deterministic_mode_use_torchvisions_kernel(
     """deterministic=True with random_resized_crop on the GPU: torchvision's own roi_align kernel (deterministic
     forward), not its compiled pure-Python stand-in; a run resumed mid-epoch ends as the whole run; the peak
     GPU memory is recorded."""
-    crops = ["--random_resized_crop=0.35", "--data_on_device=True", "--deterministic=True",
-             checkpoint_inside(check_data)]
+    crops = [
+        "--random_resized_crop=0.35",
+        "--data_on_device=True",
+        "--deterministic=True",
+        checkpoint_inside(check_data),
+    ]
     whole = resumed_alike(check_data, tmp_path, crops)
     assert ("random-resized crops and flips: one batched kernel on the GPU" in whole.stderr) == ON_CUDA
     assert "_roi_align" not in whole.stderr
@@ -157,8 +199,18 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     ranks on one GPU): the run trains with data_on_device agreed by both ranks (one value in config.yaml), its
     checkpoint evaluates identically at world sizes 1 and 2, and a Ctrl-C to the group stops both processes
     with exit code 130 and a checkpoint."""
-    trained = run_torchrun(2, "run", *SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5", *TWO,
-                           f"--data_path={check_data}", f"--output_path={tmp_path}", "--run_name=two", timeout=1800)
+    trained = run_torchrun(
+        2,
+        "run",
+        *SHORT,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        *TWO,
+        f"--data_path={check_data}",
+        f"--output_path={tmp_path}",
+        "--run_name=two",
+        timeout=1800,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "distributed: backend gloo, world size 2" in trained.stderr
     settled = re.search(r"^data_on_device: (\w+)$", (tmp_path / "two" / "config.yaml").read_text(), re.MULTILINE)
@@ -167,17 +219,27 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     record("two processes on one GPU: test accuracy, 1 epoch", final_test(tmp_path / "two")["accuracy"])
     checkpoint = newest_checkpoint(tmp_path / "two")
     one = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", timeout=600)
-    both = run_torchrun(2, "evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *TWO,
-                        timeout=600)
+    both = run_torchrun(
+        2, "evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *TWO, timeout=600
+    )
     assert one.returncode == 0 and both.returncode == 0, (one.stderr[-2000:], both.stderr[-2000:])
     results = [json.loads(done.stdout.strip().splitlines()[-1]) for done in (one, both)]
     assert results[0]["confusion_matrix"] == results[1]["confusion_matrix"]
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     record("evaluation at world sizes 1 and 2: confusion matrices identical", 1.0)
 
-    job = start_cli("run", *SHORT, "--num_epochs=2", "--checkpoint_every=20", *TWO, f"--data_path={check_data}",
-                    f"--output_path={tmp_path}", "--run_name=stopped", torchrun=["--nproc_per_node=2", "--standalone"],
-                    env={"SLOW_STEP_SECONDS": "0.05"} if not is_real(check_data) else None)
+    job = start_cli(
+        "run",
+        *SHORT,
+        "--num_epochs=2",
+        "--checkpoint_every=20",
+        *TWO,
+        f"--data_path={check_data}",
+        f"--output_path={tmp_path}",
+        "--run_name=stopped",
+        torchrun=["--nproc_per_node=2", "--standalone"],
+        env={"SLOW_STEP_SECONDS": "0.05"} if not is_real(check_data) else None,
+    )
     try:
         wait_for_file(tmp_path / "stopped", "training_checkpoint_*.pt", job, timeout=600)
         workers = worker_pids(job.pid)
@@ -198,10 +260,21 @@ def test_a_compiled_airbench_step_compiles_both_branches_before_the_timer(check_
     the forward with the bias trained and frozen, so no recompilation happens between the warm-up and the first
     evaluation (torch's recompile log, TORCH_LOGS=recompiles); the steady epoch's seconds are recorded."""
     cuda_only()
-    result = run_cli("run", f"--config={FAST}", "--num_epochs=2", "--num_warmup_epochs=0.5",
-                     "--whitening_bias_epochs=1", "--tta=0", "--compile=True", f"--data_path={check_data}",
-                     f"--output_path={tmp_path}", "--run_name=compiled", env={**cli_env(), "TORCH_LOGS": "recompiles"},
-                     timeout=1800, fresh=True)
+    result = run_cli(
+        "run",
+        f"--config={FAST}",
+        "--num_epochs=2",
+        "--num_warmup_epochs=0.5",
+        "--whitening_bias_epochs=1",
+        "--tta=0",
+        "--compile=True",
+        f"--data_path={check_data}",
+        f"--output_path={tmp_path}",
+        "--run_name=compiled",
+        env={**cli_env(), "TORCH_LOGS": "recompiles"},
+        timeout=1800,
+        fresh=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr
     warmed = log.index("warm-up:")

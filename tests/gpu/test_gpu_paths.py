@@ -20,14 +20,31 @@ from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
 pytestmark = pytest.mark.gpu
 
 # a short run of simple_cnn: 2 epochs of the data in check_data (real CIFAR-10: 2 x 50,000 images)
-SHORT = ["--model=simple_cnn", "--batch_size=256", "--num_workers=2", "--num_epochs=2", "--num_warmup_epochs=1",
-         "--learning_rate=0.2", "--train_eval_size=500", "--validate_every=2", "--checkpoint_every=5",
-         "--log_every_iters=50"]
+SHORT = [
+    "--model=simple_cnn",
+    "--batch_size=256",
+    "--num_workers=2",
+    "--num_epochs=2",
+    "--num_warmup_epochs=1",
+    "--learning_rate=0.2",
+    "--train_eval_size=500",
+    "--validate_every=2",
+    "--checkpoint_every=5",
+    "--log_every_iters=50",
+]
 
 
 def run(data: Path, output: Path, name: str, *extra: str, env: dict | None = None):
-    result = run_cli("run", *SHORT, f"--data_path={data}", f"--output_path={output}", f"--run_name={name}", *extra,
-                     env=env, timeout=1800)
+    result = run_cli(
+        "run",
+        *SHORT,
+        f"--data_path={data}",
+        f"--output_path={output}",
+        f"--run_name={name}",
+        *extra,
+        env=env,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -55,18 +72,37 @@ def test_no_backend_run_trains_on_cuda0_and_logs_peak_gpu_memory(check_data, tmp
 
 def test_nccl_under_torchrun_with_one_process(check_data, tmp_path):
     cuda_only()
-    result = run_torchrun(1, "run", *SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5", "--backend=nccl",
-                          f"--data_path={check_data}", f"--output_path={tmp_path}", "--run_name=nccl1", timeout=1800)
+    result = run_torchrun(
+        1,
+        "run",
+        *SHORT,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        "--backend=nccl",
+        f"--data_path={check_data}",
+        f"--output_path={tmp_path}",
+        "--run_name=nccl1",
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "distributed: backend nccl, world size 1" in result.stderr
 
 
 def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_world_sizes_1_and_2(
-        check_data, tmp_path, record):
+    check_data, tmp_path, record
+):
     cuda_only()
     gpus(2)
-    mission = run_torchrun(2, "run", *SHORT, "--backend=nccl", f"--data_path={check_data}",
-                           f"--output_path={tmp_path}", "--run_name=torchrun2", timeout=1800)  # the README's command
+    mission = run_torchrun(
+        2,
+        "run",
+        *SHORT,
+        "--backend=nccl",
+        f"--data_path={check_data}",
+        f"--output_path={tmp_path}",
+        "--run_name=torchrun2",
+        timeout=1800,
+    )  # the README's command
     assert mission.returncode == 0, mission.stderr[-3000:]
     assert "distributed: backend nccl, world size 2" in mission.stderr
     spawned = run(check_data, tmp_path, "spawn2", "--backend=nccl", "--nproc_per_node=2")
@@ -97,8 +133,14 @@ def test_mixed_precision_trains_to_the_fp32_band_and_resumes_exactly(check_data,
     if ON_CUDA:
         assert state["scaler"]["scale"] > 0, "fp16 on CUDA checkpoints its GradScaler"
     mid = sorted(int(p.stem.rsplit("_", 1)[1]) for p in (tmp_path / "amp").glob("training_checkpoint_*.pt"))[0]
-    resumed = run(check_data, tmp_path, "amp-resumed", "--with_amp=True", "--deterministic=True",
-                  f"--resume_from={tmp_path / 'amp' / f'training_checkpoint_{mid}.pt'}")
+    resumed = run(
+        check_data,
+        tmp_path,
+        "amp-resumed",
+        "--with_amp=True",
+        "--deterministic=True",
+        f"--resume_from={tmp_path / 'amp' / f'training_checkpoint_{mid}.pt'}",
+    )
     assert f"at iteration {mid}" in resumed.stderr
     assert_same_training_state(final, tmp_path / "amp-resumed" / final.name)
     if ON_CUDA:
@@ -116,8 +158,15 @@ def test_bf16_autocast_where_the_gpu_supports_it(check_data, tmp_path, record):
 
 def test_data_on_device_trains_exactly_as_the_loader_does(check_data, tmp_path, record):
     for name, flag in (("loader", "False"), ("device", "True")):
-        run(check_data, tmp_path, name, f"--data_on_device={flag}", "--deterministic=True", "--num_epochs=1",
-            "--num_warmup_epochs=0.5")
+        run(
+            check_data,
+            tmp_path,
+            name,
+            f"--data_on_device={flag}",
+            "--deterministic=True",
+            "--num_epochs=1",
+            "--num_warmup_epochs=0.5",
+        )
     final = newest_checkpoint(tmp_path / "loader").name
     weights = [torch.load(tmp_path / name / final, weights_only=True)["model"] for name in ("loader", "device")]
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
@@ -148,8 +197,9 @@ def test_tf32_and_cudnn_benchmark_switch_the_backend_flags():
     device = torch.device("cuda", 0)
     process_setup.configure_device_speed(load_config(None, tf32=True, cudnn_benchmark=True), device)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark
-    process_setup.configure_device_speed(load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True),
-                                         device)
+    process_setup.configure_device_speed(
+        load_config(None, tf32=False, cudnn_benchmark=True, deterministic=True), device
+    )
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert not torch.backends.cudnn.benchmark  # deterministic mode wins
 
@@ -173,8 +223,14 @@ def test_evaluation_on_the_gpu_agrees_with_the_cpu(check_data, tmp_path, record)
     # cuDNN (TF32 by default) and oneDNN sum in other orders: an image near a tie may change class, no more
     # than 1 in 1,000 (the first H200 check moved 1 of 10,000); the loss agrees to 1e-3
     images = sum(map(sum, cpu["confusion_matrix"]))
-    moved = sum(abs(g - c) for gpu_row, cpu_row in zip(gpu["confusion_matrix"], cpu["confusion_matrix"])
-                for g, c in zip(gpu_row, cpu_row)) // 2
+    moved = (
+        sum(
+            abs(g - c)
+            for gpu_row, cpu_row in zip(gpu["confusion_matrix"], cpu["confusion_matrix"])
+            for g, c in zip(gpu_row, cpu_row)
+        )
+        // 2
+    )
     record("predictions moved between GPU and CPU", moved, f"of {images}")
     record("evaluation loss |gpu - cpu|", abs(gpu["loss"] - cpu["loss"]))
     assert moved <= images / 1000, (gpu["confusion_matrix"], cpu["confusion_matrix"])
@@ -188,8 +244,9 @@ def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(reco
     from cifar10_dist import api
     from cifar10_dist.training.before_training import batch_sizes
 
-    result = api.batch_size(None, [256], budget_seconds=1.0, model="simple_cnn", image_size=128,
-                            dataset="folder", data_path="unused")
+    result = api.batch_size(
+        None, [256], budget_seconds=1.0, model="simple_cnn", image_size=128, dataset="folder", data_path="unused"
+    )
     assert result.device == "cuda" and result.batch_size > 256
     record("batch-size finder: suggested batch (simple_cnn, 128 px)", result.batch_size)
     config = api.resolve(None, model="simple_cnn", image_size=128, dataset="folder", data_path="unused")
@@ -218,8 +275,15 @@ def checkpoint_inside(data: Path) -> str:
 def test_progressive_resizing_and_data_selection_train_on_the_gpu_and_resume_exactly(check_data, tmp_path, record):
     """Both levers on the device path (data_on_device, bf16 where the GPU has it): a run resumed mid-epoch, while
     still selecting and at a reduced size, ends with the uninterrupted run's weights; evaluation at full size."""
-    levers = ["--resize_start=0.5", "--resize_until=0.75", "--select_fraction=0.5",
-              "--data_on_device=True", "--with_amp=auto", "--deterministic=True", checkpoint_inside(check_data)]
+    levers = [
+        "--resize_start=0.5",
+        "--resize_until=0.75",
+        "--select_fraction=0.5",
+        "--data_on_device=True",
+        "--with_amp=auto",
+        "--deterministic=True",
+        checkpoint_inside(check_data),
+    ]
     whole = resumed_alike(check_data, tmp_path, levers)
     assert "progressive resizing: 16 px in epoch 1, 24 px in epoch 2 (full size 32 px)" in whole.stderr
     record("test accuracy, 2 epochs with resizing and selection", final_test(tmp_path / "whole")["accuracy"])

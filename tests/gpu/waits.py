@@ -68,8 +68,11 @@ class HostWaits:
     def iterations_waiting(self, allowed: set[int] | None = None) -> dict[int, collections.Counter]:
         """The iterations with a wait, but those in ``allowed`` (that log, checkpoint or end an epoch) and
         iteration 0 (the trainer's start, before the first)."""
-        return {iteration: places for iteration, places in sorted(self.by_iteration.items())
-                if iteration and iteration not in (allowed or set())}
+        return {
+            iteration: places
+            for iteration, places in sorted(self.by_iteration.items())
+            if iteration and iteration not in (allowed or set())
+        }
 
     def places(self, iterations: dict[int, collections.Counter]) -> collections.Counter:
         """In how many of ``iterations`` each place waited."""

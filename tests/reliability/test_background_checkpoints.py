@@ -31,8 +31,9 @@ def engine_at(iteration: int) -> Engine:
 def test_the_loop_goes_on_while_the_disk_writes_and_the_file_holds_the_state_of_the_save(tmp_path, monkeypatch):
     model = torch.nn.Linear(50, 50)
     saved_weight = model.weight.detach().clone()
-    handler = checkpointing.create_training_checkpoint({"model": model, "other": torch.nn.Linear(2, 2)}, tmp_path,
-                                                        in_background=True)
+    handler = checkpointing.create_training_checkpoint(
+        {"model": model, "other": torch.nn.Linear(2, 2)}, tmp_path, in_background=True
+    )
     disk_may_write, real_save = threading.Event(), torch.save
 
     def slow_disk(obj, file, **kwargs):
@@ -52,10 +53,12 @@ def test_the_loop_goes_on_while_the_disk_writes_and_the_file_holds_the_state_of_
 
 
 def test_a_failed_write_ends_training_at_the_next_iteration_with_one_line_and_keeps_the_earlier_file(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     model = torch.nn.Linear(4, 4)
-    handler = checkpointing.create_training_checkpoint({"model": model, "other": torch.nn.Linear(2, 2)}, tmp_path,
-                                                        in_background=True)
+    handler = checkpointing.create_training_checkpoint(
+        {"model": model, "other": torch.nn.Linear(2, 2)}, tmp_path, in_background=True
+    )
     real_save, saves = torch.save, []
 
     def disk_full_at_the_second_save(obj, file, **kwargs):
@@ -75,8 +78,9 @@ def test_a_failed_write_ends_training_at_the_next_iteration_with_one_line_and_ke
     with pytest.raises(OutputNotWritable) as failure:
         trainer.run(range(10), max_epochs=1)
     assert trainer.state.iteration == 5  # the iteration after the failed save at 4, not the next save at 6
-    assert str(failure.value).startswith(f"cannot write training_checkpoint_4.pt in {tmp_path}: No space left on "
-                                         "device (")
+    assert str(failure.value).startswith(
+        f"cannot write training_checkpoint_4.pt in {tmp_path}: No space left on device ("
+    )
     assert "\n" not in str(failure.value)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["training_checkpoint_2.pt"]  # no temporary file
     checkpoint_files.load_checkpoint(tmp_path / "training_checkpoint_2.pt")
@@ -86,7 +90,8 @@ def test_a_tracker_saver_writes_inline_and_a_plain_run_dir_in_the_background(tmp
     model = torch.nn.Linear(2, 2)
     plain = checkpointing.create_training_checkpoint({"model": model}, tmp_path, in_background=True)
     tracker_like = checkpointing.create_training_checkpoint(
-        {"model": model}, tmp_path, DiskSaver(tmp_path, require_empty=False, atomic=True), in_background=True)
+        {"model": model}, tmp_path, DiskSaver(tmp_path, require_empty=False, atomic=True), in_background=True
+    )
     inline = checkpointing.create_training_checkpoint({"model": model}, tmp_path, in_background=False)
     assert isinstance(plain.save_handler, BackgroundWrites)
     assert isinstance(tracker_like.save_handler, checkpointing.KeepUntilSaved)
@@ -106,8 +111,15 @@ def test_the_host_copy_keeps_the_state_dicts_metadata_and_a_tensor_named_twice_o
 def test_a_run_writes_the_same_checkpoints_in_the_background_as_inline(small_dataset, tmp_path):
     runs = {}
     for name, setting in (("background", "True"), ("inline", "False")):
-        result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-                                f"--run_name={name}", "--checkpoint_every=10", f"--checkpoint_in_background={setting}")
+        result = run_in_process(
+            "run",
+            *TINY,
+            f"--data_path={small_dataset}",
+            f"--output_path={tmp_path}",
+            f"--run_name={name}",
+            "--checkpoint_every=10",
+            f"--checkpoint_in_background={setting}",
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = sorted(path.name for path in (tmp_path / name).glob("training_checkpoint_*.pt"))
     assert runs["background"] == runs["inline"] == ["training_checkpoint_30.pt", "training_checkpoint_36.pt"]

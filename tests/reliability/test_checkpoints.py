@@ -54,22 +54,28 @@ def test_checkpoints_record_config_versions_and_world_size(finished_run):
 def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, small_dataset, tmp_path):
     broken = tmp_path / "broken.pt"
     broken.write_bytes((finished_run / "training_checkpoint_36.pt").read_bytes()[:5000])
-    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
-                     f"--resume_from={broken}")
+    result = run_cli(
+        "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}", f"--resume_from={broken}"
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or damaged")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: checkpoint '{broken}' cannot be loaded: the file is truncated or damaged")
+    )
 
 
 def test_a_file_that_is_no_checkpoint_is_refused_saying_so_without_a_bare_number(small_dataset, tmp_path):
     text = tmp_path / "notes.pt"
     text.write_text("hello world\n")  # torch.load raises KeyError(104): the first byte, nothing a user can read
-    result = run_cli("run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
-                     f"--teacher={text}")
+    result = run_cli(
+        "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}", f"--teacher={text}"
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: checkpoint '{text}' cannot be loaded: it is not a PyTorch checkpoint: torch.save writes a zip "
-        "archive and this file is not one (give a training_checkpoint_*.pt or best_model_*.pt of a run)")
+        "archive and this file is not one (give a training_checkpoint_*.pt or best_model_*.pt of a run)"
+    )
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, capsys):
@@ -81,8 +87,10 @@ def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, ca
 
     hostile = tmp_path / "hostile.pt"
     torch.save({"model": Exploit()}, hostile, pickle_module=pickle)
-    for command in (["evaluate", f"--checkpoint={hostile}", "--json"],
-                    ["run", *TINY, f"--resume_from={hostile}", f"--output_path={tmp_path / 'out'}"]):
+    for command in (
+        ["evaluate", f"--checkpoint={hostile}", "--json"],
+        ["run", *TINY, f"--resume_from={hostile}", f"--output_path={tmp_path / 'out'}"],
+    ):
         code = cli.main([*command, f"--data_path={small_dataset}"])  # in-process: the CLI's own entry point
         stderr = capsys.readouterr().err
         assert code == 2, stderr[-2000:]
@@ -95,31 +103,48 @@ def test_a_checkpoint_that_would_run_code_is_refused(small_dataset, tmp_path, ca
 
 def test_a_checkpoint_of_another_model_is_one_short_line_naming_both(finished_run, small_dataset, tmp_path, capsys):
     checkpoint = finished_run / "training_checkpoint_36.pt"
-    code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=other",
-                     "--model=cifar_resnet18", "--model_kwargs=None", f"--resume_from={checkpoint}"])
+    code = cli.main(
+        [
+            "run",
+            *TINY,
+            f"--data_path={small_dataset}",
+            f"--output_path={tmp_path}",
+            "--run_name=other",
+            "--model=cifar_resnet18",
+            "--model_kwargs=None",
+            f"--resume_from={checkpoint}",
+        ]
+    )
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: checkpoint '{checkpoint}' was made by model=simple_cnn, and this run builds model=cifar_resnet18: "
-        "use --model=simple_cnn, or a checkpoint of cifar_resnet18")
-    code = cli.main(["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}",
-                     "--model=cifar_resnet18"])
+        "use --model=simple_cnn, or a checkpoint of cifar_resnet18"
+    )
+    code = cli.main(
+        ["evaluate", f"--checkpoint={checkpoint}", f"--data_path={small_dataset}", "--model=cifar_resnet18"]
+    )
     assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "was made by model=simple_cnn, and this run builds model=cifar_resnet18: use --model=simple_cnn, or a "
-        "checkpoint of cifar_resnet18")
+        "checkpoint of cifar_resnet18"
+    )
     bare = tmp_path / "weights.pt"  # a bare state dict records no model: its tensors are compared
     torch.save(torch.load(checkpoint, weights_only=True)["model"], bare)
     code = cli.main(["evaluate", f"--checkpoint={bare}", "--model=cifar_resnet18", f"--data_path={small_dataset}"])
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and len(last_line) < 400, last_line
-    assert last_line == (f"error: checkpoint '{bare}' does not fit the model this run builds: 122 tensor(s) of the "
-                         "model missing (e.g. conv1.weight); 20 tensor(s) the model does not have (e.g. 0.0.weight)")
+    assert last_line == (
+        f"error: checkpoint '{bare}' does not fit the model this run builds: 122 tensor(s) of the "
+        "model missing (e.g. conv1.weight); 20 tensor(s) the model does not have (e.g. 0.0.weight)"
+    )
 
 
-def test_resuming_from_a_model_only_file_says_how_to_start_from_it_and_writes_nothing(finished_run, small_dataset,
-                                                                                      tmp_path, capsys):
+def test_resuming_from_a_model_only_file_says_how_to_start_from_it_and_writes_nothing(
+    finished_run, small_dataset, tmp_path, capsys
+):
     best = sorted(finished_run.glob("best_model_*.pt"))[-1]
-    code = cli.main(["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}",
-                     f"--resume_from={best}"])
+    code = cli.main(
+        ["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}", f"--resume_from={best}"]
+    )
     assert code == 2
     error = capsys.readouterr().err
     assert "is a best-model file (one epoch's weights, no optimizer or trainer state)" in error

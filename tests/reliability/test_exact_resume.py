@@ -42,8 +42,15 @@ def reference(request, small_dataset):
 def test_resume_mid_epoch_ends_with_identical_state_and_metrics(reference, tmp_path):
     world_size, data_path, ref_dir = reference
     checkpoint = ref_dir / "training_checkpoint_50.pt"  # epoch 3, 14 of 18 iterations done
-    result = run_in_process("run", *RUN, *LAUNCH[world_size], f"--data_path={data_path}", f"--output_path={tmp_path}",
-                            "--run_name=resumed", f"--resume_from={checkpoint}")
+    result = run_in_process(
+        "run",
+        *RUN,
+        *LAUNCH[world_size],
+        f"--data_path={data_path}",
+        f"--output_path={tmp_path}",
+        "--run_name=resumed",
+        f"--resume_from={checkpoint}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_training_state(ref_dir / FINAL, tmp_path / "resumed" / FINAL)
     reference_metrics = json.loads((ref_dir / "metrics.json").read_text())
@@ -60,8 +67,17 @@ def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference
     parent only, which passes it on to its workers.
     """
     world_size, data_path, ref_dir = reference
-    command = ["run", *RUN, *LAUNCH[world_size], f"--model={slow_cnn}", f"--data_path={data_path}",
-               f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto", "--checkpoint_every=3"]
+    command = [
+        "run",
+        *RUN,
+        *LAUNCH[world_size],
+        f"--model={slow_cnn}",
+        f"--data_path={data_path}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        "--resume_from=auto",
+        "--checkpoint_every=3",
+    ]
     process = start_cli(*command, env=SLOWLY)
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", process)
@@ -78,17 +94,26 @@ def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference
 
     again = run_in_process(*command)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"continuing from {tmp_path / 'job' / f'training_checkpoint_{stopped_at}.pt'}" in run_log(again,
-                                                                                                   tmp_path / "job")
+    assert f"continuing from {tmp_path / 'job' / f'training_checkpoint_{stopped_at}.pt'}" in run_log(
+        again, tmp_path / "job"
+    )
     assert_same_training_state(ref_dir / "training_checkpoint_72.pt", tmp_path / "job" / "training_checkpoint_72.pt")
-    assert json.loads((tmp_path / "job" / "metrics.json").read_text())["test"] == json.loads(
-        (ref_dir / "metrics.json").read_text()
-    )["test"]
+    assert (
+        json.loads((tmp_path / "job" / "metrics.json").read_text())["test"]
+        == json.loads((ref_dir / "metrics.json").read_text())["test"]
+    )
 
 
 def test_auto_resume_without_checkpoint_starts_fresh_and_after_the_end_only_evaluates(small_dataset, tmp_path):
-    command = ["run", *TINY, "--num_epochs=2", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-               "--run_name=auto", "--resume_from=auto"]
+    command = [
+        "run",
+        *TINY,
+        "--num_epochs=2",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=auto",
+        "--resume_from=auto",
+    ]
     first = run_in_process(*command)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "no checkpoint, starting fresh" in first.stderr
@@ -105,8 +130,15 @@ def test_auto_resume_skips_a_truncated_newest_checkpoint(reference, tmp_path):
     shutil.copytree(ref_dir, run_dir)
     newest = run_dir / "training_checkpoint_72.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    result = run_in_process("run", *RUN, *LAUNCH[world_size], f"--data_path={data_path}", f"--output_path={tmp_path}",
-                            "--run_name=ref", "--resume_from=auto")
+    result = run_in_process(
+        "run",
+        *RUN,
+        *LAUNCH[world_size],
+        f"--data_path={data_path}",
+        f"--output_path={tmp_path}",
+        "--run_name=ref",
+        "--resume_from=auto",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = run_log(result, run_dir)
     assert "skipping training_checkpoint_72.pt: checkpoint" in log
@@ -116,7 +148,7 @@ def test_auto_resume_skips_a_truncated_newest_checkpoint(reference, tmp_path):
 
 # A linear model that writes, per rank and training step, a fingerprint of every image it is fed (no crop, no
 # flip: the fingerprint of an image is the same in every run)
-SEEN_MODEL = '''
+SEEN_MODEL = """
 import os
 
 import torch.distributed as dist
@@ -139,11 +171,22 @@ class Seen(nn.Module):
 
 def seen():
     return Seen()
-'''
+"""
 # 960 synthetic training images, global batch 96 (48 per process at 2, 32 at 3): 10 steps an epoch either way
-SEEN_RUN = ["--dataset=synthetic", "--synthetic_size=960", "--batch_size=96", "--num_epochs=2", "--num_warmup_epochs=0",
-            "--crop_padding=0", "--flip=none", "--train_eval_size=0", "--num_workers=0", "--validate_every=2",
-            "--learning_rate=0.01", "--backend=gloo"]
+SEEN_RUN = [
+    "--dataset=synthetic",
+    "--synthetic_size=960",
+    "--batch_size=96",
+    "--num_epochs=2",
+    "--num_warmup_epochs=0",
+    "--crop_padding=0",
+    "--flip=none",
+    "--train_eval_size=0",
+    "--num_workers=0",
+    "--validate_every=2",
+    "--learning_rate=0.01",
+    "--backend=gloo",
+]
 
 
 def seen_images(folder, steps):
@@ -161,8 +204,15 @@ def run_seen(tmp_path, name, processes, *extra):
     folder.mkdir()
     os.environ["SEEN_FOLDER"] = str(folder)  # the spawned workers take the launcher's environment
     try:
-        return folder, run_in_process("run", *SEEN_RUN, f"--nproc_per_node={processes}", f"--output_path={tmp_path}",
-                                      f"--run_name={name}", f"--model={tmp_path / 'seen.py'}:seen", *extra)
+        return folder, run_in_process(
+            "run",
+            *SEEN_RUN,
+            f"--nproc_per_node={processes}",
+            f"--output_path={tmp_path}",
+            f"--run_name={name}",
+            f"--model={tmp_path / 'seen.py'}:seen",
+            *extra,
+        )
     finally:
         del os.environ["SEEN_FOLDER"]
 
@@ -173,10 +223,12 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     trains on every one of the 960 images exactly once, a warning says so, and summary.json records the change."""
     (tmp_path / "seen.py").write_text(SEEN_MODEL)
     runs = {}
-    for name, processes, resume, every in (("two", 2, None, 18),
-                                           ("two-to-three", 3, "two/training_checkpoint_18.pt", 100),
-                                           ("three", 3, None, 14),
-                                           ("three-to-two", 2, "three/training_checkpoint_14.pt", 100)):
+    for name, processes, resume, every in (
+        ("two", 2, None, 18),
+        ("two-to-three", 3, "two/training_checkpoint_18.pt", 100),
+        ("three", 3, None, 14),
+        ("three-to-two", 2, "three/training_checkpoint_14.pt", 100),
+    ):
         extra = [f"--checkpoint_every={every}"] + ([f"--resume_from={tmp_path / resume}"] if resume else [])
         runs[name] = run_seen(tmp_path, name, processes, *extra)
         assert runs[name][1].returncode == 0, runs[name][1].stderr[-3000:]
@@ -190,10 +242,12 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     assert len(warning) == 1 and warning[0].endswith(
         "WARNING resuming at world size 3 from a checkpoint written at world size 2 (iteration 18, epoch 2): the rest "
         "of epoch 2 sees exactly the images an uninterrupted run would, each once; augmentation and BatchNorm "
-        "statistics are per process, so the result will differ from an uninterrupted run at world size 2"), warning
+        "statistics are per process, so the result will differ from an uninterrupted run at world size 2"
+    ), warning
     summary = json.loads((tmp_path / "three-to-two" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["world_size_changes"] == [
-        {"iteration": 14, "checkpoint_world_size": 3, "world_size": 2, "same_images": True}]
+        {"iteration": 14, "checkpoint_world_size": 3, "world_size": 2, "same_images": True}
+    ]
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size_changes"] == []
 
 
@@ -201,8 +255,17 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
     from tests.test_image_folders import FOLDER_RUN, write_image, write_image_folder
 
     root = write_image_folder(tmp_path / "data", train=10, test=3)  # 30 training images, 2 steps of 15 an epoch
-    command = ["run", *FOLDER_RUN, f"--data_path={root}", "--image_size=24", "--train_eval_size=0",
-               "--checkpoint_every=2", f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto"]
+    command = [
+        "run",
+        *FOLDER_RUN,
+        f"--data_path={root}",
+        "--image_size=24",
+        "--train_eval_size=0",
+        "--checkpoint_every=2",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        "--resume_from=auto",
+    ]
     first = run_in_process(*command)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "job"
@@ -216,12 +279,16 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
     refused = run_in_process(*command)
     assert refused.returncode == 2, refused.stderr[-3000:]
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: checkpoint '{run_dir / 'training_checkpoint_4.pt'}' was made with other data: "
-                           f"sha256 {recorded['sha256'][:12]}... then, ")
-    assert ("now; images then train 30, test 9, now train 35, test 9: resuming would not continue the same run "
-            "(another epoch length, another shuffle); resume on the data it was made with, start afresh (another "
-            "--run_name, or --overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in "
-            "provenance)") in last
+    assert last.startswith(
+        f"error: checkpoint '{run_dir / 'training_checkpoint_4.pt'}' was made with other data: "
+        f"sha256 {recorded['sha256'][:12]}... then, "
+    )
+    assert (
+        "now; images then train 30, test 9, now train 35, test 9: resuming would not continue the same run "
+        "(another epoch length, another shuffle); resume on the data it was made with, start afresh (another "
+        "--run_name, or --overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in "
+        "provenance)"
+    ) in last
     assert "Traceback" not in refused.stderr
     after = {path.name: path.read_bytes() for path in run_dir.glob("[!.]*") if path.is_file()}
     assert after == before  # nothing written: config, provenance, checkpoints, metrics, log as they were
@@ -237,34 +304,58 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
 def test_a_resume_on_changed_cifar_files_is_refused_too(long_reference, tmp_path):
     other = write_dataset(tmp_path / "other", 600, 301, seed=1)  # the same shape, other pixels and labels
     checkpoint = long_reference / "training_checkpoint_50.pt"
-    result = run_in_process("run", *RUN, f"--data_path={other}", f"--output_path={tmp_path}", "--run_name=job",
-                            f"--resume_from={checkpoint}")
+    result = run_in_process(
+        "run",
+        *RUN,
+        f"--data_path={other}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        f"--resume_from={checkpoint}",
+    )
     assert result.returncode == 2, result.stderr[-3000:]
-    assert (f"error: checkpoint '{checkpoint}' was made with other data: sha256 "
-            in result.stderr.strip().splitlines()[-1])
+    assert (
+        f"error: checkpoint '{checkpoint}' was made with other data: sha256 " in result.stderr.strip().splitlines()[-1]
+    )
     assert "images then train 600, test 301, now train 600, test 301" in result.stderr
 
 
-def test_a_warm_up_is_undone_bit_for_bit_and_counted_apart(long_reference, long_spawned_reference, small_dataset,
-                                                            tmp_path):
+def test_a_warm_up_is_undone_bit_for_bit_and_counted_apart(
+    long_reference, long_spawned_reference, small_dataset, tmp_path
+):
     """warm_up_steps=3 (what auto gives on a GPU): 3 steps at the run's learning rate before the timed training,
     then undone, so a 2-process run and a 1-process run resumed mid-epoch (the sampler's position untouched by
     the warm-up's batch) end with the references' weights, optimizer state and position; the seconds are
     recorded apart from the training time."""
-    whole = run_in_process("run", *RUN, *SPAWN_2, "--warm_up_steps=3", f"--data_path={small_dataset}",
-                           f"--output_path={tmp_path}", "--run_name=whole")
+    whole = run_in_process(
+        "run",
+        *RUN,
+        *SPAWN_2,
+        "--warm_up_steps=3",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=whole",
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert_same_training_state(long_spawned_reference, tmp_path / "whole" / FINAL)
-    resumed = run_in_process("run", *RUN, "--warm_up_steps=3", f"--data_path={small_dataset}",
-                             f"--output_path={tmp_path}", "--run_name=resumed",
-                             f"--resume_from={long_reference / 'training_checkpoint_50.pt'}")
+    resumed = run_in_process(
+        "run",
+        *RUN,
+        "--warm_up_steps=3",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=resumed",
+        f"--resume_from={long_reference / 'training_checkpoint_50.pt'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_training_state(long_reference / FINAL, tmp_path / "resumed" / FINAL)
     log = run_log(resumed, tmp_path / "resumed")
     assert re.search(r"warm-up: 3 training steps on a batch of the real shapes in [0-9.]+ s, then undone", log), log
     summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
-    warm_ups = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
-                if '"warm_up"' in line]
+    warm_ups = [
+        json.loads(line)
+        for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+        if '"warm_up"' in line
+    ]
     assert [(w["iteration"], w["steps"]) for w in warm_ups] == [(50, 3)]
     assert summary["warm_up_time"] == pytest.approx(warm_ups[0]["seconds"]) and summary["warm_up_time"] > 0
     reference = json.loads((long_reference / "summary.json").read_text())

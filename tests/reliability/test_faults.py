@@ -13,15 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import LONG as LONG_RUN
-from tests.conftest import (
-    SLOWLY,
-    TINY,
-    assert_same_training_state,
-    run_in_process,
-    start_cli,
-    stop_all,
-    wait_for_file,
-)
+from tests.conftest import SLOWLY, TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
@@ -43,16 +35,28 @@ def command_line(pid: int) -> str:
 
 
 @pytest.mark.slow
-def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(small_dataset, tmp_path,
-                                                                                    long_spawned_reference, slow_cnn):
-    common = [*LONG, f"--model={slow_cnn}", "--backend=gloo", f"--data_path={small_dataset}",
-              f"--output_path={tmp_path}"]
+def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_run(
+    small_dataset, tmp_path, long_spawned_reference, slow_cnn
+):
+    common = [
+        *LONG,
+        f"--model={slow_cnn}",
+        "--backend=gloo",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+    ]
 
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and the
     # workers, restarted gloo workers can read the dead round's addresses and hang (pytorch/pytorch#135712)
-    job = start_cli("run", *common, "--run_name=job", "--resume_from=auto", "--dist_timeout=60",
-                    torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=2"],
-                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **SLOWLY})
+    job = start_cli(
+        "run",
+        *common,
+        "--run_name=job",
+        "--resume_from=auto",
+        "--dist_timeout=60",
+        torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=2"],
+        env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **SLOWLY},
+    )
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
         victim = worker_pids(job.pid)[-1]
@@ -78,8 +82,17 @@ def gone(pids: list[int], within: float = 5.0) -> bool:
 def signal_a_spawned_worker(data: Path, output: Path, timeout: int, worker_signal: signal.Signals):
     """Start a long 2-process spawned run, send worker_signal to local rank 1 after the first checkpoint;
     returns (the launcher after it ended, its stderr, seconds from the signal to its end, the worker pids)."""
-    job = start_cli("run", *LONG, "--num_epochs=30", "--backend=gloo", "--nproc_per_node=2",
-                    f"--dist_timeout={timeout}", f"--data_path={data}", f"--output_path={output}", "--run_name=job")
+    job = start_cli(
+        "run",
+        *LONG,
+        "--num_epochs=30",
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        f"--dist_timeout={timeout}",
+        f"--data_path={data}",
+        f"--output_path={output}",
+        "--run_name=job",
+    )
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", job)
         workers = worker_pids(job.pid)
@@ -113,7 +126,9 @@ def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_datas
     assert re.fullmatch(
         rf"error: rank 1 \(pid {workers[-1]}\) stopped answering: rank 0 waited {timeout} s \(dist_timeout\) for it "
         r"in a collective operation; the others were stopped: rerun with --resume_from=auto --run_name=job to "
-        r"continue from the last checkpoint", last_line), last_line
+        r"continue from the last checkpoint",
+        last_line,
+    ), last_line
     assert "Traceback" not in stderr, stderr[-3000:]
     assert gone(workers)
     newest = max((tmp_path / "job").glob("training_checkpoint_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
@@ -121,8 +136,15 @@ def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_datas
 
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(small_dataset, tmp_path):
-    result = run_in_process("run", *TINY, "--learning_rate=1e30", "--checkpoint_every=1",
-                            f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=nan")
+    result = run_in_process(
+        "run",
+        *TINY,
+        "--learning_rate=1e30",
+        "--checkpoint_every=1",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=nan",
+    )
     assert result.returncode == 3, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: training stopped at iteration ")
@@ -139,9 +161,17 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(sma
 def test_the_preemption_signal_is_configurable(small_dataset, tmp_path, slow_cnn):
     """A cluster that announces preemption with SIGUSR2: CIFAR10_DIST_PREEMPTION_SIGNALS=SIGUSR2 makes it a stop at
     a checkpoint with exit code 75, as SIGTERM is by default."""
-    process = start_cli("run", *TINY, f"--model={slow_cnn}", "--num_epochs=6", "--checkpoint_every=5",
-                        f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=usr2",
-                        env={"CIFAR10_DIST_PREEMPTION_SIGNALS": "SIGUSR2", **SLOWLY})
+    process = start_cli(
+        "run",
+        *TINY,
+        f"--model={slow_cnn}",
+        "--num_epochs=6",
+        "--checkpoint_every=5",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=usr2",
+        env={"CIFAR10_DIST_PREEMPTION_SIGNALS": "SIGUSR2", **SLOWLY},
+    )
     try:
         wait_for_file(tmp_path / "usr2", "training_checkpoint_*.pt", process)
         process.send_signal(signal.SIGUSR2)  # without the variable, SIGUSR2 would end the process at once
@@ -156,7 +186,9 @@ def test_a_bad_preemption_signal_name_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("CIFAR10_DIST_PREEMPTION_SIGNALS", "SIGTERM,SIGKIL")
     result = run_in_process("run", *TINY, "--dataset=synthetic", f"--output_path={tmp_path}")
     assert result.returncode == 2
-    assert result.stderr == ("error: CIFAR10_DIST_PREEMPTION_SIGNALS='SIGTERM,SIGKIL': SIGKIL cannot announce a "
-                             "preemption; give signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP "
-                             "(comma-separated)\n")
+    assert result.stderr == (
+        "error: CIFAR10_DIST_PREEMPTION_SIGNALS='SIGTERM,SIGKIL': SIGKIL cannot announce a "
+        "preemption; give signal names such as SIGTERM, SIGUSR1, SIGUSR2, SIGHUP "
+        "(comma-separated)\n"
+    )
     assert not any(tmp_path.iterdir())

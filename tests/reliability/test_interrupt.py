@@ -32,15 +32,18 @@ from tests.reliability.test_faults import gone, worker_pids
 
 RUN = [*LONG, "--checkpoint_every=2"]  # 72 iterations, a checkpoint every 2
 SPAWN = ["--backend=gloo", "--nproc_per_node=2"]
-INTERRUPTED = re.compile(r"interrupted at epoch (\d+), iteration (\d+): checkpoint (\S+) written; "
-                         r"continue with --resume_from=auto --run_name=job")
+INTERRUPTED = re.compile(
+    r"interrupted at epoch (\d+), iteration (\d+): checkpoint (\S+) written; "
+    r"continue with --resume_from=auto --run_name=job"
+)
 
 
 def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, float, list[int]]:
     """Start a 2-process run (RUN and extra flags; SLOWLY, for a --model=slow_cnn), call send(launcher) after its
     first checkpoint; returns (exit code, stderr, seconds from the signal to the launcher's end, worker pids)."""
-    job = start_cli("run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job",
-                    env=SLOWLY)
+    job = start_cli(
+        "run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job", env=SLOWLY
+    )
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", job)
         workers = worker_pids(job.pid)
@@ -53,10 +56,12 @@ def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, fl
 
 
 @pytest.mark.slow
-def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(small_dataset, tmp_path, slow_cnn,
-                                                                                  long_spawned_reference):
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT),
-                                               f"--model={slow_cnn}")
+def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(
+    small_dataset, tmp_path, slow_cnn, long_spawned_reference
+):
+    code, stderr, seconds, workers = interrupt(
+        small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT), f"--model={slow_cnn}"
+    )
     print(f"Ctrl-C to exit: {seconds:.2f} s")
     assert code == 130, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
@@ -67,8 +72,16 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert gone(workers)
 
-    again = run_in_process("run", *RUN, *SPAWN, f"--model={slow_cnn}", f"--data_path={small_dataset}",
-                           f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto")
+    again = run_in_process(
+        "run",
+        *RUN,
+        *SPAWN,
+        f"--model={slow_cnn}",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+        "--resume_from=auto",
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"continuing from {match.group(3)}" in run_log(again, tmp_path / "job")
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
@@ -76,30 +89,44 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preemption", [signal.SIGTERM, signal.SIGUSR1])
-def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(small_dataset, tmp_path, slow_cnn,
-                                                                            long_spawned_reference, preemption):
+def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(
+    small_dataset, tmp_path, slow_cnn, long_spawned_reference, preemption
+):
     """As Slurm delivers a preemption to every process of a job: the launcher, its workers and the forkserver they
     came from (which, ended by it, left the launcher reading exit code 255 for every worker: exit 4, a lost
     worker)."""
-    code, stderr, _, workers = interrupt(small_dataset, tmp_path, lambda job: os.killpg(job.pid, preemption),
-                                         f"--model={slow_cnn}")
+    code, stderr, _, workers = interrupt(
+        small_dataset, tmp_path, lambda job: os.killpg(job.pid, preemption), f"--model={slow_cnn}"
+    )
     assert code == 75, stderr[-3000:]
-    match = re.fullmatch(rf"error: stopped at iteration (\d+) on {preemption.name}: checkpoint written; run the "
-                         r"same command with --resume_from=auto to continue", stderr.strip().splitlines()[-1])
+    match = re.fullmatch(
+        rf"error: stopped at iteration (\d+) on {preemption.name}: checkpoint written; run the "
+        r"same command with --resume_from=auto to continue",
+        stderr.strip().splitlines()[-1],
+    )
     assert match, stderr[-2000:]
     assert (tmp_path / "job" / f"training_checkpoint_{match.group(1)}.pt").is_file()
     assert "Traceback" not in stderr and gone(workers)
     if preemption == signal.SIGTERM:
-        again = run_in_process("run", *RUN, *SPAWN, f"--model={slow_cnn}", f"--data_path={small_dataset}",
-                               f"--output_path={tmp_path}", "--run_name=job", "--resume_from=auto")
+        again = run_in_process(
+            "run",
+            *RUN,
+            *SPAWN,
+            f"--model={slow_cnn}",
+            f"--data_path={small_dataset}",
+            f"--output_path={tmp_path}",
+            "--run_name=job",
+            "--resume_from=auto",
+        )
         assert again.returncode == 0, again.stderr[-3000:]
         assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
 
 @pytest.mark.slow
 def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path, slow_cnn):
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT),
-                                               f"--model={slow_cnn}")
+    code, stderr, seconds, workers = interrupt(
+        small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT), f"--model={slow_cnn}"
+    )
     assert code == 130, stderr[-3000:]
     assert INTERRUPTED.fullmatch(stderr.strip().splitlines()[-1]), stderr[-1000:]
     assert "Traceback" not in stderr
@@ -127,8 +154,10 @@ def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_datase
 def test_a_ctrl_c_while_a_stopped_run_cleans_up_still_reports_its_checkpoint(monkeypatch):
     """A further Ctrl-C after the workers agreed and stopped, while the launcher tidies up, is not "before the
     run could take it in hand": the run's own line and exit code stay."""
-    stopped = "interrupted at epoch 1, iteration 2: checkpoint out/job/training_checkpoint_2.pt written; " \
-              "continue with --resume_from=auto --run_name=job"
+    stopped = (
+        "interrupted at epoch 1, iteration 2: checkpoint out/job/training_checkpoint_2.pt written; "
+        "continue with --resume_from=auto --run_name=job"
+    )
 
     def train(config):
         try:
@@ -142,9 +171,20 @@ def test_a_ctrl_c_while_a_stopped_run_cleans_up_still_reports_its_checkpoint(mon
 
 
 def test_train_in_process_raises_interrupted_with_the_checkpoint_after_the_workers_are_gone(small_dataset, tmp_path):
-    config = load_config(model="simple_cnn", batch_size=32, num_workers=0, num_epochs=4, learning_rate=0.1,
-                         train_eval_size=100, checkpoint_every=2, backend="gloo", nproc_per_node=2,
-                         data_path=str(small_dataset), output_path=str(tmp_path), run_name="job")
+    config = load_config(
+        model="simple_cnn",
+        batch_size=32,
+        num_workers=0,
+        num_epochs=4,
+        learning_rate=0.1,
+        train_eval_size=100,
+        checkpoint_every=2,
+        backend="gloo",
+        nproc_per_node=2,
+        data_path=str(small_dataset),
+        output_path=str(tmp_path),
+        run_name="job",
+    )
     before = signal.getsignal(signal.SIGINT)
     workers: list[int] = []
 
@@ -171,8 +211,14 @@ def test_train_in_process_raises_interrupted_with_the_checkpoint_after_the_worke
 @pytest.mark.slow
 def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_dataset, tmp_path):
     """The second run starts while the first holds the folder (its lock is taken), however slowly either starts."""
-    args = ["run", *TINY, "--num_epochs=40", f"--data_path={small_dataset}", f"--output_path={tmp_path}",
-            "--run_name=job"]
+    args = [
+        "run",
+        *TINY,
+        "--num_epochs=40",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=job",
+    ]
     first = start_cli(*args)
     try:
         wait_for_file(tmp_path / "job", ".run.lock.json", first)
@@ -183,12 +229,18 @@ def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_datase
     finally:
         stop_all(first)
     assert second.returncode == 2, second.stderr[-1500:]
-    assert re.fullmatch(rf"error: run folder '{re.escape(str(tmp_path / 'job'))}' is in use by another run \(host \S+, "
-                        rf"pid {first.pid}, started \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\): wait for it to end, or choose "
-                        r"another --run_name", second.stderr.strip().splitlines()[-1]), second.stderr[-1000:]
+    assert re.fullmatch(
+        rf"error: run folder '{re.escape(str(tmp_path / 'job'))}' is in use by another run \(host \S+, "
+        rf"pid {first.pid}, started \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\): wait for it to end, or choose "
+        r"another --run_name",
+        second.stderr.strip().splitlines()[-1],
+    ), second.stderr[-1000:]
     assert first.returncode == 130, first_stderr[-1500:]  # the first run went on undisturbed until its Ctrl-C
-    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["event"] == "epoch"]
+    epochs = [
+        json.loads(line)["epoch"]
+        for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "epoch"
+    ]
     assert epochs == list(range(1, len(epochs) + 1))  # one run's rows only
 
 
@@ -201,7 +253,8 @@ def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwr
     assert again.stderr.strip().splitlines()[-1] == (
         f"error: run folder '{tmp_path / 'job'}' already holds a run (1 training checkpoint(s), the newest "
         "training_checkpoint_36.pt, last epoch recorded 2, finished): continue it with --resume_from=auto, choose "
-        "another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)")
+        "another --run_name, or start afresh with --overwrite=True (the old folder is moved aside)"
+    )
     assert sorted(path.name for path in (tmp_path / "job").iterdir()) == before  # nothing written
 
     fresh = run_in_process(*args, "--overwrite=True")

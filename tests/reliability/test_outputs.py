@@ -14,15 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import (
-    LONG,
-    SLOWLY,
-    assert_same_training_state,
-    run_in_process,
-    start_cli,
-    stop_all,
-    wait_for_file,
-)
+from tests.conftest import LONG, SLOWLY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
 
 RUN = [*LONG, "--checkpoint_every=4"]  # 72 iterations, a checkpoint every 4
 FINAL = "training_checkpoint_72.pt"
@@ -32,8 +24,9 @@ FINAL = "training_checkpoint_72.pt"
 def small_filesystem(tmp_path):
     mount_point = tmp_path / "fs"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     yield mount_point
@@ -58,11 +51,19 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-def interrupt_by_output_fault(small_dataset: Path, output: Path, slow_cnn: str,
-                              break_filesystem) -> tuple[list[str], str]:
+def interrupt_by_output_fault(
+    small_dataset: Path, output: Path, slow_cnn: str, break_filesystem
+) -> tuple[list[str], str]:
     """Start the run (SLOWLY), break its filesystem after the first checkpoint, return (command, stderr)."""
-    command = ["run", *RUN, f"--model={slow_cnn}", f"--data_path={small_dataset}", f"--output_path={output}",
-               "--run_name=job", "--resume_from=auto"]
+    command = [
+        "run",
+        *RUN,
+        f"--model={slow_cnn}",
+        f"--data_path={small_dataset}",
+        f"--output_path={output}",
+        "--run_name=job",
+        "--resume_from=auto",
+    ]
     process = start_cli(*command, env=SLOWLY)
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", process)
@@ -87,16 +88,20 @@ def assert_run_folder_is_clean(run_dir: Path) -> None:
         json.loads(line)
 
 
-def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(small_dataset, small_filesystem,
-                                                                               reference, slow_cnn):
+def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(
+    small_dataset, small_filesystem, reference, slow_cnn
+):
     fillers = []
-    command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, slow_cnn,
-                                                lambda: fillers.append(fill(small_filesystem)))
+    command, stderr = interrupt_by_output_fault(
+        small_dataset, small_filesystem, slow_cnn, lambda: fillers.append(fill(small_filesystem))
+    )
     run_dir = small_filesystem / "job"
     last_line = stderr.strip().splitlines()[-1]
-    pattern = (rf"error: cannot write (\S+) in {re.escape(str(run_dir))}: No space left on device "
-               r"\((\d+ bytes|[0-9.]+ KiB) free there\); the files written before it are intact: free space there "
-               r"\(or make it writable\) and continue with --resume_from=auto --run_name=job")
+    pattern = (
+        rf"error: cannot write (\S+) in {re.escape(str(run_dir))}: No space left on device "
+        r"\((\d+ bytes|[0-9.]+ KiB) free there\); the files written before it are intact: free space there "
+        r"\(or make it writable\) and continue with --resume_from=auto --run_name=job"
+    )
     assert re.fullmatch(pattern, last_line), last_line
     assert "Traceback" not in stderr, stderr[-4000:]
     assert_run_folder_is_clean(run_dir)
@@ -117,8 +122,11 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
     def make_read_only() -> None:
         subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], check=True)
         for attempt in range(50):  # the kernel refuses (busy) while the run has a file open for writing through
-            remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)],  # the new mount: a
-                                       capture_output=True, text=True)  # checkpoint being written; it soon is not
+            remounted = subprocess.run(
+                ["mount", "-o", "remount,bind,ro", str(run_dir)],  # the new mount: a
+                capture_output=True,
+                text=True,
+            )  # checkpoint being written; it soon is not
             if remounted.returncode == 0:
                 return
             time.sleep(0.02)
@@ -126,8 +134,9 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
 
     command, stderr = interrupt_by_output_fault(small_dataset, small_filesystem, slow_cnn, make_read_only)
     last_line = stderr.strip().splitlines()[-1]
-    assert re.match(rf"error: cannot write \S+ in {re.escape(str(run_dir))}: Read-only file system",
-                    last_line), last_line
+    assert re.match(rf"error: cannot write \S+ in {re.escape(str(run_dir))}: Read-only file system", last_line), (
+        last_line
+    )
     assert "Traceback" not in stderr, stderr[-4000:]
     assert_run_folder_is_clean(run_dir)
 

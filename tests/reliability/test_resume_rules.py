@@ -31,8 +31,9 @@ def reference_copy(long_reference, tmp_path) -> Path:
 
 def test_a_resumed_runs_config_yaml_replays_the_run_from_the_start(reference_copy, small_dataset, tmp_path):
     common = [*LONG, f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    continued = run_in_process("run", *common, "--run_name=continued",
-                               f"--resume_from={reference_copy / 'training_checkpoint_50.pt'}")
+    continued = run_in_process(
+        "run", *common, "--run_name=continued", f"--resume_from={reference_copy / 'training_checkpoint_50.pt'}"
+    )
     assert continued.returncode == 0, continued.stderr[-3000:]
     (reference_copy / "training_checkpoint_50.pt").unlink()  # pruned, as a run's later checkpoints prune it
 
@@ -61,22 +62,31 @@ def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_w
         f"error: checkpoint '{newest}' was trained with other values of keys that shape training (learning_rate 0.1 "
         "then, 0.05 now, num_epochs 4 then, 6 now): a resume continues the same run; resume with the checkpoint's "
         f"values (--learning_rate=0.1 --num_epochs=4), or train a new run from its weights (--pretrained={newest} "
-        "with another --run_name and no --resume_from)")
+        "with another --run_name and no --resume_from)"
+    )
     after = {path.name: path.read_bytes() for path in reference_copy.iterdir() if not path.name.startswith(".")}
     assert after == before
 
-    advised = run_in_process("run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--resume_from=auto",
-                             "--learning_rate=0.1", "--num_epochs=4")
+    advised = run_in_process(
+        "run",
+        f"--config={config_yaml}",
+        f"--output_path={tmp_path}",
+        "--resume_from=auto",
+        "--learning_rate=0.1",
+        "--num_epochs=4",
+    )
     assert advised.returncode == 0, advised.stderr[-2000:]
 
 
 def test_a_resume_may_change_how_a_run_is_kept_and_says_so(reference_copy, tmp_path):
     edit(reference_copy / "config.yaml", checkpoint_every=9, log_every_iters=3)
-    result = run_in_process("run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}",
-                            "--resume_from=auto")
+    result = run_in_process(
+        "run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}", "--resume_from=auto"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert ("resuming with keys changed that may change on a resume: checkpoint_every 9 (was 25), log_every_iters 3 "
-            "(was 5)") in (reference_copy / "run.log").read_text()
+    assert (
+        "resuming with keys changed that may change on a resume: checkpoint_every 9 (was 25), log_every_iters 3 (was 5)"
+    ) in (reference_copy / "run.log").read_text()
 
 
 def test_the_docs_list_the_keys_a_resume_may_change():
@@ -91,11 +101,14 @@ def test_a_resume_removes_the_partial_files_of_killed_writes_and_nothing_else(re
     kept = {"tmp_notes.txt": b"mine", "tmpabcdefgh.pt": b"mine too"}
     for name, content in {**partial, **kept}.items():
         (reference_copy / name).write_bytes(content)
-    result = run_in_process("run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}",
-                            "--resume_from=auto")
+    result = run_in_process(
+        "run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}", "--resume_from=auto"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (f"removed what writes killed mid-way left in {reference_copy}: .config.yaml.tmp4242 (5 bytes), "
-            "tmpab_c1d2e (1004 bytes)") in result.stderr
+    assert (
+        f"removed what writes killed mid-way left in {reference_copy}: .config.yaml.tmp4242 (5 bytes), "
+        "tmpab_c1d2e (1004 bytes)"
+    ) in result.stderr
     assert not any((reference_copy / name).exists() for name in partial)
     assert all((reference_copy / name).read_bytes() == content for name, content in kept.items())
 

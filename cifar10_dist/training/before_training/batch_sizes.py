@@ -43,13 +43,15 @@ def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[
     torch.manual_seed(0)
     layout = batches.memory_format(config.channels_last)  # settled once by find_batch_size
     model = models.build_model(config.model, config.model_kwargs).to(device).to(memory_format=layout)
-    numeric = dataclasses.replace(config,
-                                  learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate)
+    numeric = dataclasses.replace(
+        config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate
+    )
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
     precision = choose_precision(device, config.with_amp, config.amp_dtype)  # (settled by the plan: no auto here)
     train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), precision)
-    inputs = torch.randn(batch_size, 3, config.image_size, config.image_size, device=device
-                         ).contiguous(memory_format=layout)
+    inputs = torch.randn(batch_size, 3, config.image_size, config.image_size, device=device).contiguous(
+        memory_format=layout
+    )
     targets = torch.randint(0, models.NUM_CLASSES, (batch_size,), device=device)
     return lambda: train(inputs, targets)
 
@@ -74,8 +76,13 @@ def compared(timings: list[doctor.Timing]) -> list[BatchSpeed]:
     for timed in timings:
         low, middle, high = timed.band()
         speed = timed.batch_size / middle
-        verdict = ("fastest" if timed is fastest else "slower" if timed.batch_size / low < fastest_low
-                   else "no difference measurable from the fastest")
+        verdict = (
+            "fastest"
+            if timed is fastest
+            else "slower"
+            if timed.batch_size / low < fastest_low
+            else "no difference measurable from the fastest"
+        )
         rows.append(BatchSpeed(timed.batch_size, speed, (high - low) / 2 / middle, len(timed.steps), verdict))
     return rows
 
@@ -151,16 +158,22 @@ def cpu_choice(rows: list[BatchSpeed], own: int) -> tuple[int, str]:
     best = next(row for row in rows if row.verdict == "fastest")
     mine = next((row for row in rows if row.batch_size == own), None)
     if mine is None:
-        return best.batch_size, (f"the config's {own} per process is more than the training split holds; "
-                                 f"{best.batch_size} trains fastest of the sizes that fit "
-                                 f"({best.images_per_second:.0f} img/s)")
+        return best.batch_size, (
+            f"the config's {own} per process is more than the training split holds; "
+            f"{best.batch_size} trains fastest of the sizes that fit "
+            f"({best.images_per_second:.0f} img/s)"
+        )
     if mine is best:
         return own, f"the config's own batch ({own} per process) is the fastest"
     if mine.verdict != "slower":
-        return own, (f"no difference measurable between the config's {own} and the fastest ({best.batch_size}, "
-                     f"{best.images_per_second:.0f} img/s): keep it")
-    return best.batch_size, (f"{best.batch_size} per process trains fastest here ({best.images_per_second:.0f} img/s "
-                             f"against {mine.images_per_second:.0f} at the config's {own}, beyond both spreads)")
+        return own, (
+            f"no difference measurable between the config's {own} and the fastest ({best.batch_size}, "
+            f"{best.images_per_second:.0f} img/s): keep it"
+        )
+    return best.batch_size, (
+        f"{best.batch_size} per process trains fastest here ({best.images_per_second:.0f} img/s "
+        f"against {mine.images_per_second:.0f} at the config's {own}, beyond both spreads)"
+    )
 
 
 def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_seconds: float) -> BatchSizeResult:
@@ -172,14 +185,20 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     own = max(1, config.batch_size // world)
     limit, limit_note = per_process_limit(config, world)
     if device.type == "cuda":
-        largest = largest_fitting(fits_on_gpu(config, device), candidates[0] if candidates else 32,
-                                  min(GPU_LIMIT, limit or GPU_LIMIT))
+        largest = largest_fitting(
+            fits_on_gpu(config, device), candidates[0] if candidates else 32, min(GPU_LIMIT, limit or GPU_LIMIT)
+        )
         chosen = max(ROUND_TO, int(largest * GPU_MARGIN) // ROUND_TO * ROUND_TO) if largest else 0
         chosen = min(chosen, limit) if limit else chosen
         rows = compared([timing(config, chosen, device, budget_seconds)]) if chosen else []
-        reason = (f"the largest batch that fit was {largest} per process; {GPU_MARGIN:.0%} of it, rounded down to a "
-                  f"multiple of {ROUND_TO}, leaves room for evaluation and fragmentation") if chosen else \
-            "not even the smallest batch fit on this GPU"
+        reason = (
+            (
+                f"the largest batch that fit was {largest} per process; {GPU_MARGIN:.0%} of it, rounded down to a "
+                f"multiple of {ROUND_TO}, leaves room for evaluation and fragmentation"
+            )
+            if chosen
+            else "not even the smallest batch fit on this GPU"
+        )
     else:
         sizes = capped(sorted(set(candidates or CPU_CANDIDATES) | {own}), limit)
         rows = compared([timing(config, size, device, budget_seconds) for size in sizes])
@@ -187,7 +206,16 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     if limit_note:
         reason = f"{reason}; {limit_note}"
     learning_rate, rule = scaled_learning_rate(config, chosen * world)
-    return BatchSizeResult(device=device.type, model=config.model, image_size=config.image_size, world_size=world,
-                           config_batch_size=config.batch_size, speeds=rows, batch_size=chosen * world,
-                           reason=reason, learning_rate=learning_rate, rule=rule,
-                           seconds=time.perf_counter() - started)
+    return BatchSizeResult(
+        device=device.type,
+        model=config.model,
+        image_size=config.image_size,
+        world_size=world,
+        config_batch_size=config.batch_size,
+        speeds=rows,
+        batch_size=chosen * world,
+        reason=reason,
+        learning_rate=learning_rate,
+        rule=rule,
+        seconds=time.perf_counter() - started,
+    )

@@ -57,21 +57,29 @@ class RunProfiler:
     def _plan(self, engine: Engine) -> None:
         """A launch too short for the warm-up and the window shortens the warm-up (to none at the least), so that
         as many of the asked iterations as it has are traced, and says so."""
-        self.launch_iterations = max((engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
-                                     - engine.state.iteration, 0)
+        self.launch_iterations = max(
+            (engine.state.max_epochs or 0) * (engine.state.epoch_length or 0) - engine.state.iteration, 0
+        )
         self.warmup = WARMUP if self.launch_iterations > WARMUP else 0
         if self.launch_iterations < WARMUP + self.iterations:
-            ranks.on_rank_zero(logger.warning, "profile: this launch has %d training iterations, fewer than %d of "
-                               "warm-up and the %d asked: %s", self.launch_iterations, WARMUP, self.iterations,
-                               self.shortened())
+            ranks.on_rank_zero(
+                logger.warning,
+                "profile: this launch has %d training iterations, fewer than %d of warm-up and the %d asked: %s",
+                self.launch_iterations,
+                WARMUP,
+                self.iterations,
+                self.shortened(),
+            )
 
     def shortened(self) -> str:
         """What a launch too short for the warm-up and the window traces."""
         if not self.launch_iterations:
             return "nothing is traced"
         if not self.warmup:
-            return (f"tracing all {self.launch_iterations} with no warm-up (first-call costs, allocations and "
-                    f"autotuning, show in the trace)")
+            return (
+                f"tracing all {self.launch_iterations} with no warm-up (first-call costs, allocations and "
+                f"autotuning, show in the trace)"
+            )
         return f"tracing the last {self.launch_iterations - WARMUP} after {WARMUP} of warm-up"
 
     def _maybe_start(self, _: Engine) -> None:
@@ -96,11 +104,18 @@ class RunProfiler:
         self.profiler.export_chrome_trace(str(self.trace))
         sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         self.table = self.profiler.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS)
-        ranks.on_rank_zero(files.write_file, self.folder / "top_operators.txt",
-                           f"{self.traced} training iterations after {self.warmup} of warm-up, sorted by {sort_by}\n"
-                           f"{self.table}\n")
-        ranks.on_rank_zero(logger.info, "profile: top operators by self time over %d iterations (%s)\n%s",
-                           self.traced, self.trace.parent, self.table)
+        ranks.on_rank_zero(
+            files.write_file,
+            self.folder / "top_operators.txt",
+            f"{self.traced} training iterations after {self.warmup} of warm-up, sorted by {sort_by}\n{self.table}\n",
+        )
+        ranks.on_rank_zero(
+            logger.info,
+            "profile: top operators by self time over %d iterations (%s)\n%s",
+            self.traced,
+            self.trace.parent,
+            self.table,
+        )
 
     def report(self) -> dict[str, Any]:
         """After the run: the trace ended (if the run was shorter than the window) and each part's share of the
@@ -112,13 +127,20 @@ class RunProfiler:
         shown = {name: seconds for name, seconds in shares.items() if seconds / total >= SHOWN_SHARE}
         others = (sum(shares.values()) - sum(shown.values())) / total
         rest = f", {len(shares) - len(shown)} other handlers {others:.1%}"
-        ranks.on_rank_zero(logger.info, "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s%s",
-                           total, ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shown.items()),
-                           rest if len(shown) < len(shares) else "")
-        return {"iterations_traced": self.traced, "warmup_iterations": self.warmup,
-                "trace": str(self.trace) if self.trace else None,
-                "seconds": {k: round(v, 4) for k, v in shares.items()},
-                "shares": {name: round(seconds / total, 4) for name, seconds in shares.items()}}
+        ranks.on_rank_zero(
+            logger.info,
+            "profile: where the run's time went (HandlersTimeProfiler, %.1f s): %s%s",
+            total,
+            ", ".join(f"{name} {seconds / total:.1%}" for name, seconds in shown.items()),
+            rest if len(shown) < len(shares) else "",
+        )
+        return {
+            "iterations_traced": self.traced,
+            "warmup_iterations": self.warmup,
+            "trace": str(self.trace) if self.trace else None,
+            "seconds": {k: round(v, 4) for k, v in shares.items()},
+            "shares": {name: round(seconds / total, 4) for name, seconds in shares.items()},
+        }
 
 
 def activities() -> list[torch.profiler.ProfilerActivity]:
@@ -144,8 +166,12 @@ def quiet_kineto_without_gpu() -> Iterator[None]:
         os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
-LABELS = {"Dataflow": "data loading", "Processing": "training step",
-          "attach_validation.maybe_validate": "evaluation", "finite_weights_only.save_if_finite": "checkpoints"}
+LABELS = {
+    "Dataflow": "data loading",
+    "Processing": "training step",
+    "attach_validation.maybe_validate": "evaluation",
+    "finite_weights_only.save_if_finite": "checkpoints",
+}
 
 
 def time_shares(results: list[list[Any]]) -> dict[str, float]:

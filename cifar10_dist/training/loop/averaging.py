@@ -20,9 +20,13 @@ class WeightAverage:
     def __init__(self, model: nn.Module, trainer: Engine, decay: float, warmup_steps: int, every: int = 1) -> None:
         momentum = 1 - decay
         self.warm = warmup_steps > 0 and momentum < self.WARMUP_MOMENTUM
-        self.handler = EMAHandler(model, momentum=momentum,
-                                  momentum_warmup=self.WARMUP_MOMENTUM if self.warm else None,
-                                  warmup_iters=warmup_steps if self.warm else None, handle_buffers="copy")
+        self.handler = EMAHandler(
+            model,
+            momentum=momentum,
+            momentum_warmup=self.WARMUP_MOMENTUM if self.warm else None,
+            warmup_iters=warmup_steps if self.warm else None,
+            handle_buffers="copy",
+        )
         self.handler.attach(trainer, event=Events.ITERATION_COMPLETED(every=every))
 
     @property

@@ -59,8 +59,11 @@ class BackgroundWrites(BaseSaveHandler):
             self.saver(checkpoint, filename, metadata)
             return
         snapshot = host_copy(checkpoint)
-        self.writer = threading.Thread(target=self._write, args=(snapshot, filename, copy.deepcopy(metadata)),
-                                       name=f"checkpoint writer ({filename})")
+        self.writer = threading.Thread(
+            target=self._write,
+            args=(snapshot, filename, copy.deepcopy(metadata)),
+            name=f"checkpoint writer ({filename})",
+        )
         self.writer.start()
 
     def _write(self, snapshot: Mapping, filename: str, metadata: Mapping | None) -> None:

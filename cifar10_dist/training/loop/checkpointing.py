@@ -25,12 +25,7 @@ from cifar10_dist.data import cifar, loaders, run_data
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import files, provenance, scalars
-from cifar10_dist.outputs.checkpoint_files import (
-    BEST_PATTERN,
-    TRAINING_PATTERN,
-    existing_checkpoints,
-    load_checkpoint,
-)
+from cifar10_dist.outputs.checkpoint_files import BEST_PATTERN, TRAINING_PATTERN, existing_checkpoints, load_checkpoint
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.system import ranks
 from cifar10_dist.training.loop.background_writes import BackgroundWrites
@@ -74,8 +69,9 @@ def _saver(run_dir: Path, saver: BaseSaveHandler | None) -> KeepUntilSaved:
     return KeepUntilSaved(saver or DiskSaver(run_dir, require_empty=False, atomic=True), run_dir)
 
 
-def create_training_checkpoint(to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None,
-                               in_background: bool = False) -> Checkpoint:
+def create_training_checkpoint(
+    to_save: Mapping[str, Any], run_dir: Path, saver: DiskSaver | None = None, in_background: bool = False
+) -> Checkpoint:
     """A handler saving ``to_save`` as training_checkpoint_<iteration>.pt, keeping the newest 2 in run_dir.
 
     Checkpoints already in run_dir (from before a resume) count towards the 2 and get pruned too.
@@ -114,8 +110,9 @@ def saved_and_written(save: Callable[[Engine], None], handler: Checkpoint) -> Ca
     return save_and_wait
 
 
-def attach_training_checkpoints(trainer: Engine, save: Callable[[Engine], None], every_iterations: int,
-                                handler: Checkpoint) -> None:
+def attach_training_checkpoints(
+    trainer: Engine, save: Callable[[Engine], None], every_iterations: int, handler: Checkpoint
+) -> None:
     """Save every N iterations and when training completes (``save``: ``handler``, or a wrapper of it), the last
     one on disk before training completes. Written in the background: a failed write is raised at the next
     iteration, and an epoch's end waits for the write in flight (its evaluation may write a best-model file: the
@@ -129,8 +126,13 @@ def attach_training_checkpoints(trainer: Engine, save: Callable[[Engine], None],
 
 
 def attach_best_model_checkpoints(
-    evaluator: Engine, trainer: Engine, to_save: Mapping[str, Any], run_dir: Path, split: str,
-    saver: DiskSaver | None = None, metric: str = "accuracy",
+    evaluator: Engine,
+    trainer: Engine,
+    to_save: Mapping[str, Any],
+    run_dir: Path,
+    split: str,
+    saver: DiskSaver | None = None,
+    metric: str = "accuracy",
 ) -> Checkpoint:
     """After each evaluation on ``split`` (val or test) keep the 2 models with the highest ``metric`` there."""
     handler = Checkpoint(
@@ -170,10 +172,12 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None =
             f"(found {', '.join(sorted(checkpoint)) or 'nothing'})"
         )
     restoring.check_recorded_model(checkpoint, config.model if config is not None else None, path)
-    restoring.check_fits(models.unwrap(to_load[checkpoint_layout.MODEL]).state_dict(),
-                         checkpoint_layout.model_weights(checkpoint), path)
-    check_optimizer_fits(to_load[checkpoint_layout.OPTIMIZER].state_dict(),
-                         checkpoint[checkpoint_layout.OPTIMIZER], path)
+    restoring.check_fits(
+        models.unwrap(to_load[checkpoint_layout.MODEL]).state_dict(), checkpoint_layout.model_weights(checkpoint), path
+    )
+    check_optimizer_fits(
+        to_load[checkpoint_layout.OPTIMIZER].state_dict(), checkpoint[checkpoint_layout.OPTIMIZER], path
+    )
     try:
         Checkpoint.load_objects(to_load=checkpoint_layout.restorable(to_load, checkpoint), checkpoint=checkpoint)
     except (RuntimeError, KeyError, ValueError, TypeError) as error:
@@ -181,8 +185,12 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None =
     iteration = checkpoint_layout.iteration(checkpoint)
     logger.info("Resumed from %s at iteration %d", path, iteration)
     recorded = checkpoint_layout.recorded_config(checkpoint)
-    return Resumed(str(path), iteration, checkpoint_layout.recorded_world_size(checkpoint),
-                   recorded.batch_size if recorded is not None else None)
+    return Resumed(
+        str(path),
+        iteration,
+        checkpoint_layout.recorded_world_size(checkpoint),
+        recorded.batch_size if recorded is not None else None,
+    )
 
 
 def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Config) -> Resumed | None:
@@ -194,8 +202,10 @@ def check_optimizer_fits(expected: Mapping[str, Any], found: Mapping[str, Any], 
     """Param groups and their sizes (as ``bias_lr_scale`` and the model decide them) must be the same."""
     sizes = [[len(group["params"]) for group in state.get("param_groups", [])] for state in (found, expected)]
     if sizes[0] != sizes[1]:
-        raise UserError(f"checkpoint '{path}' holds an optimizer with param groups of {sizes[0]} tensors, and this run "
-                        f"builds {sizes[1]}: resume with the settings it was made with (its run folder's config.yaml)")
+        raise UserError(
+            f"checkpoint '{path}' holds an optimizer with param groups of {sizes[0]} tensors, and this run "
+            f"builds {sizes[1]}: resume with the settings it was made with (its run folder's config.yaml)"
+        )
 
 
 def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> str | None:
@@ -209,14 +219,22 @@ def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> 
     if change is None:
         return path
     then, now = change["sha256_then"], change["sha256_now"]
-    difference = (f"checkpoint '{path}' was made with other data: sha256 {then[:12]}... then, {now[:12]}... now; "
-                  f"images then {_counts(change['images_then'])}, now {_counts(change['images_now'])}")
+    difference = (
+        f"checkpoint '{path}' was made with other data: sha256 {then[:12]}... then, {now[:12]}... now; "
+        f"images then {_counts(change['images_then'])}, now {_counts(change['images_now'])}"
+    )
     if not config.resume_on_changed_data:
-        raise UserError(f"{difference}: resuming would not continue the same run (another epoch length, another "
-                        "shuffle); resume on the data it was made with, start afresh (another --run_name, or "
-                        "--overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in provenance)")
-    ranks.on_rank_zero(logger.warning, "%s: going on as asked (resume_on_changed_data); this is no longer the same "
-                       "run (recorded in provenance.json: resumed_on_changed_data)", difference)
+        raise UserError(
+            f"{difference}: resuming would not continue the same run (another epoch length, another "
+            "shuffle); resume on the data it was made with, start afresh (another --run_name, or "
+            "--overwrite), or give --resume_on_changed_data=True to go on anyway (recorded in provenance)"
+        )
+    ranks.on_rank_zero(
+        logger.warning,
+        "%s: going on as asked (resume_on_changed_data); this is no longer the same "
+        "run (recorded in provenance.json: resumed_on_changed_data)",
+        difference,
+    )
     record.resumed_on_changed_data = change
     return path
 
@@ -236,8 +254,10 @@ def _recorded_settings(path: str) -> tuple[dict[str, Any] | None, list[str]]:
     ranks) and the keys the file has (an older release's lacks the keys added since: none of those is compared)."""
     checkpoint = load_checkpoint(path, mmap=True)
     recorded = checkpoint_layout.recorded_config(checkpoint)
-    return (recorded.replayable() if recorded is not None else None,
-            sorted(checkpoint_layout.recorded_keys(checkpoint)))
+    return (
+        recorded.replayable() if recorded is not None else None,
+        sorted(checkpoint_layout.recorded_keys(checkpoint)),
+    )
 
 
 def refuse_changed_training(path: str, config: Config) -> None:
@@ -249,22 +269,30 @@ def refuse_changed_training(path: str, config: Config) -> None:
     if then is None or then["model"] != config.model:
         return  # nothing recorded, or another model altogether: restoring says so, naming both
     present = config.replayable()
-    changed = {key: (then[key], value) for key, value in present.items()
-               if key in keys and key != "model" and then[key] not in ("auto", "find") and then[key] != value}
+    changed = {
+        key: (then[key], value)
+        for key, value in present.items()
+        if key in keys and key != "model" and then[key] not in ("auto", "find") and then[key] != value
+    }
     shaping = [key for key in changed if key not in MAY_CHANGE_ON_RESUME]
     if shaping:
-        shown = ", ".join(f"{key} {_flag_value(changed[key][0])} then, {_flag_value(changed[key][1])} now"
-                          for key in shaping)
+        shown = ", ".join(
+            f"{key} {_flag_value(changed[key][0])} then, {_flag_value(changed[key][1])} now" for key in shaping
+        )
         restore = " ".join(f"--{key}={_flag_value(changed[key][0])}" for key in shaping)
-        raise UserError(f"checkpoint '{path}' was trained with other values of keys that shape training ({shown}): "
-                        f"a resume continues the same run; resume with the checkpoint's values ({restore}), or "
-                        f"train a new run from its weights (--pretrained={path} with another --run_name and no "
-                        "--resume_from)")
+        raise UserError(
+            f"checkpoint '{path}' was trained with other values of keys that shape training ({shown}): "
+            f"a resume continues the same run; resume with the checkpoint's values ({restore}), or "
+            f"train a new run from its weights (--pretrained={path} with another --run_name and no "
+            "--resume_from)"
+        )
     said = {key: pair for key, pair in changed.items() if key not in WHERE_A_RUN_IS}
     if said:
-        ranks.on_rank_zero(logger.info, "resuming with keys changed that may change on a resume: %s",
-                           ", ".join(f"{key} {_flag_value(now)} (was {_flag_value(then)})"
-                                     for key, (then, now) in said.items()))
+        ranks.on_rank_zero(
+            logger.info,
+            "resuming with keys changed that may change on a resume: %s",
+            ", ".join(f"{key} {_flag_value(now)} (was {_flag_value(then)})" for key, (then, now) in said.items()),
+        )
 
 
 def _flag_value(value: Any) -> str:
@@ -280,12 +308,17 @@ def refuse_other_classes(path: str, record: RunRecord) -> None:
     if now is None or then is None or list(then) == list(now):
         return
     removed, added = [name for name in then if name not in now], [name for name in now if name not in then]
-    changes = "; ".join(part for part in (f"removed: {', '.join(removed)}" if removed else "",
-                                          f"added: {', '.join(added)}" if added else "") if part)
-    raise UserError(f"checkpoint '{path}' was trained on {len(then)} classes and the data now has {len(now)} "
-                    f"({changes or 'the same names in another order'}): its model cannot continue on other classes, "
-                    "even with resume_on_changed_data; restore the class folders, or start afresh (another "
-                    "--run_name, or --overwrite; --pretrained=<checkpoint> starts from its weights with a new head)")
+    changes = "; ".join(
+        part
+        for part in (f"removed: {', '.join(removed)}" if removed else "", f"added: {', '.join(added)}" if added else "")
+        if part
+    )
+    raise UserError(
+        f"checkpoint '{path}' was trained on {len(then)} classes and the data now has {len(now)} "
+        f"({changes or 'the same names in another order'}): its model cannot continue on other classes, "
+        "even with resume_on_changed_data; restore the class folders, or start afresh (another "
+        "--run_name, or --overwrite; --pretrained=<checkpoint> starts from its weights with a new head)"
+    )
 
 
 def data_change(path: str, record: RunRecord) -> dict[str, Any] | None:
@@ -295,16 +328,22 @@ def data_change(path: str, record: RunRecord) -> dict[str, Any] | None:
     then, now = recorded.sha256, record.dataset.sha256
     if then is None or now is None or then == now:
         return None
-    return {"checkpoint": str(path), "sha256_then": then, "sha256_now": now,
-            "images_then": recorded.images, "images_now": record.dataset.images}
+    return {
+        "checkpoint": str(path),
+        "sha256_then": then,
+        "sha256_now": now,
+        "images_then": recorded.images,
+        "images_now": record.dataset.images,
+    }
 
 
 def _counts(images: Mapping[str, int] | None) -> str:
     return ", ".join(f"{split} {count}" for split, count in images.items()) if images else "not recorded"
 
 
-def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: run_data.DataSetup,
-                           recorder: scalars.Recorder) -> None:
+def note_world_size_change(
+    resumed: Resumed | None, config: Config, data_setup: run_data.DataSetup, recorder: scalars.Recorder
+) -> None:
     """Resuming at another world size: one warning line saying what follows, and a ``resume`` line in
     metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
     process takes every W-th image of it, so with the same images per step the rest of the epoch is exactly the
@@ -324,11 +363,29 @@ def note_world_size_change(resumed: Resumed | None, config: Config, data_setup: 
         rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
     else:
         because = ", with epoch_length set" if config.epoch_length else ""
-        rest = (f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
-                f"size {before}, {data_setup.images_per_iteration} now{because})")
-    ranks.on_rank_zero(logger.warning, "resuming at world size %d from a checkpoint written at world size %d "
-                          "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
-                          "the result will differ from an uninterrupted run at world size %d", now, before,
-                          resumed.iteration, epoch, rest, before)
-    recorder.write_event({"event": "resume", "iteration": resumed.iteration, "epoch": epoch, "world_size": now,
-                          "checkpoint_world_size": before, "same_images": same_images})
+        rest = (
+            f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
+            f"size {before}, {data_setup.images_per_iteration} now{because})"
+        )
+    ranks.on_rank_zero(
+        logger.warning,
+        "resuming at world size %d from a checkpoint written at world size %d "
+        "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
+        "the result will differ from an uninterrupted run at world size %d",
+        now,
+        before,
+        resumed.iteration,
+        epoch,
+        rest,
+        before,
+    )
+    recorder.write_event(
+        {
+            "event": "resume",
+            "iteration": resumed.iteration,
+            "epoch": epoch,
+            "world_size": now,
+            "checkpoint_world_size": before,
+            "same_images": same_images,
+        }
+    )

@@ -79,8 +79,11 @@ def reliability(sums: torch.Tensor) -> dict[str, list[float]]:
     accuracy (0 for an empty bin)."""
     counts, confidence, correct = sums.double().cpu()
     filled = counts.clamp(min=1)
-    return {"images": counts.tolist(), "confidence": (confidence / filled).tolist(),
-            "accuracy": (correct / filled).tolist()}
+    return {
+        "images": counts.tolist(),
+        "confidence": (confidence / filled).tolist(),
+        "accuracy": (correct / filled).tolist(),
+    }
 
 
 def balanced_accuracy(matrix: torch.Tensor) -> float:
@@ -163,8 +166,9 @@ class MistakeCollector:
         logits, targets = engine.state.output  # type: ignore[misc]  # (Ignite types it as an int)
         confidence, predicted = logits.softmax(dim=1).max(dim=1)
         first = (engine.state.iteration - 1) * self.batch_size
-        index = idist.get_rank() + idist.get_world_size() * torch.arange(first, first + len(targets),
-                                                                          device=targets.device)
+        index = idist.get_rank() + idist.get_world_size() * torch.arange(
+            first, first + len(targets), device=targets.device
+        )
         found = [torch.where(predicted != targets, confidence.float(), -1.0), index, predicted, targets]
         if self.kept:
             found = [torch.cat([kept, new]) for kept, new in zip(self.kept, found)]
@@ -173,20 +177,23 @@ class MistakeCollector:
 
     def gathered(self, classes: list[str]) -> list[Mistake]:
         """The ``count`` most confident mistakes over all processes, most confident first (a collective)."""
-        rows = (torch.stack([values.float() for values in self.kept], dim=1) if self.kept  # indices exact to 2^24
-                else torch.zeros(0, 4, device=idist.device()))
+        rows = (
+            torch.stack([values.float() for values in self.kept], dim=1)
+            if self.kept  # indices exact to 2^24
+            else torch.zeros(0, 4, device=idist.device())
+        )
         padding = torch.full((self.count - len(rows), 4), -1.0, device=rows.device)
         everyone: Any = idist.all_gather(torch.cat([rows, padding]))
         everyone = everyone.cpu()
         wrong = everyone[everyone[:, 0] >= 0]
         wrong = wrong[wrong[:, 0].argsort(descending=True, stable=True)][: self.count]
-        return [Mistake(int(index), classes[int(true)], classes[int(predicted)], round(float(confidence), 4))
-                for confidence, index, predicted, true in wrong.tolist()]
+        return [
+            Mistake(int(index), classes[int(true)], classes[int(predicted)], round(float(confidence), 4))
+            for confidence, index, predicted, true in wrong.tolist()
+        ]
 
 
-def attach_validation(
-    trainer: Engine, every_epochs: int, validate: Callable[[Engine], Any]
-) -> None:
+def attach_validation(trainer: Engine, every_epochs: int, validate: Callable[[Engine], Any]) -> None:
     """Call ``validate(trainer)`` every N epochs and once at the end, never twice for the same epoch."""
     last_validated = {"epoch": -1}
 
@@ -199,8 +206,9 @@ def attach_validation(
     trainer.add_event_handler(Events.EPOCH_COMPLETED(every=every_epochs) | Events.COMPLETED, maybe_validate)
 
 
-def early_stopping(patience: int | None, min_delta: float, metric: str, trainer: Engine, selection: Engine
-                   ) -> EarlyStopping | None:
+def early_stopping(
+    patience: int | None, min_delta: float, metric: str, trainer: Engine, selection: Engine
+) -> EarlyStopping | None:
     """Ignite's EarlyStopping on the val ``metric`` after each validation (every rank sees the same all-reduced
     value, so all agree); its counter is checkpointed, so a resumed early-stopped run does not train on."""
     if patience is None:
@@ -211,8 +219,14 @@ def early_stopping(patience: int | None, min_delta: float, metric: str, trainer:
     def log_stop(engine: Engine) -> None:
         at_the_end = engine.state.iteration >= (engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
         if stopper.counter >= stopper.patience and not at_the_end:
-            logger.info("early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
-                        engine.state.epoch, metric, stopper.best_score, stopper.threshold, stopper.patience)
+            logger.info(
+                "early stopping at epoch %d: val %s did not rise above %.4f + %g for %d validations",
+                engine.state.epoch,
+                metric,
+                stopper.best_score,
+                stopper.threshold,
+                stopper.patience,
+            )
 
     selection.add_event_handler(Events.COMPLETED, stopper)
     trainer.add_event_handler(Events.TERMINATE, log_stop)  # EarlyStopping or a tuning pruner (stops raise)

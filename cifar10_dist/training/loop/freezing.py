@@ -22,9 +22,13 @@ class BackboneFreeze:
     def __init__(self, model: nn.Module, step: TrainStep, until: int) -> None:
         network = models.unwrap(model)
         head_name, _ = head_of(network)
-        self.norms: list[nn.Module] = [module for name, module in network.named_modules()
-                      if isinstance(module, nn.modules.batchnorm._BatchNorm)
-                      and name != head_name and not name.startswith(head_name + ".")]
+        self.norms: list[nn.Module] = [
+            module
+            for name, module in network.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and name != head_name
+            and not name.startswith(head_name + ".")
+        ]
         self.step, self.until = step, until
 
     def attach(self, trainer: Engine) -> None:

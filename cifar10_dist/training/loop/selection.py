@@ -48,8 +48,9 @@ class HardestSelection:
         """BatchNorm normalises the scoring pass with its batch's statistics but does not update its running
         ones (momentum 0 while it runs; the batch counter restored)."""
         momenta = [norm.momentum for norm in self.norms]
-        counts = [norm.num_batches_tracked.clone() if norm.num_batches_tracked is not None else None
-                  for norm in self.norms]
+        counts = [
+            norm.num_batches_tracked.clone() if norm.num_batches_tracked is not None else None for norm in self.norms
+        ]
         for norm in self.norms:
             norm.momentum = 0.0
         try:
@@ -61,13 +62,19 @@ class HardestSelection:
                     norm.num_batches_tracked.copy_(count)
 
 
-def from_config(fraction: float, until: float, model: nn.Module, precision: Precision, total_iterations: int,
-                batch_size: int) -> HardestSelection | None:
+def from_config(
+    fraction: float, until: float, model: nn.Module, precision: Precision, total_iterations: int, batch_size: int
+) -> HardestSelection | None:
     """The run's selection (None when select_fraction is 1), logged once with what each process keeps."""
     if fraction >= 1:
         return None
     selection = HardestSelection(model, precision, fraction, round(until * total_iterations))
-    logger.info("data selection: each process trains on the %d highest-loss images of its %d per step (the model's "
-                "own forward pass scores them), for iterations 1-%d of %d", selection.kept(batch_size), batch_size,
-                selection.until, total_iterations)
+    logger.info(
+        "data selection: each process trains on the %d highest-loss images of its %d per step (the model's "
+        "own forward pass scores them), for iterations 1-%d of %d",
+        selection.kept(batch_size),
+        batch_size,
+        selection.until,
+        total_iterations,
+    )
     return selection

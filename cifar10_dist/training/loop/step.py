@@ -57,10 +57,17 @@ class TrainStep:
     (unscaled first under the GradScaler) is clipped to that total norm before the step. The GradScaler (fp16
     only) is ``scaler``, checkpointed with the run."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, precision: Precision,
-                 accumulation: Accumulation | None = None, clip_grad_norm: float | None = None,
-                 teacher: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 selection: HardestSelection | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: nn.Module,
+        precision: Precision,
+        accumulation: Accumulation | None = None,
+        clip_grad_norm: float | None = None,
+        teacher: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        selection: HardestSelection | None = None,
+    ) -> None:
         self.model, self.optimizer, self.loss_fn, self.precision = model, optimizer, loss_fn, precision
         self.selection = selection  # data selection: the hardest part of a batch (``training.loop.selection``)
         self.teacher = teacher  # distillation: its logits on the same batch are the loss's third argument
@@ -71,8 +78,9 @@ class TrainStep:
         self.grad_norm: torch.Tensor | None = None
         self.frozen_norms: list[nn.Module] = []  # kept in eval mode (``freezing.BackboneFreeze``)
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, stepping: bool = True,
-                 select: bool = False) -> StepOutput:
+    def __call__(
+        self, inputs: torch.Tensor, targets: torch.Tensor, stepping: bool = True, select: bool = False
+    ) -> StepOutput:
         if not self.model.training:  # after an evaluation (model.train() visits every module: ~1 us each)
             self.model.train()
             for norm in self.frozen_norms:
@@ -82,8 +90,11 @@ class TrainStep:
         with contextlib.nullcontext() if stepping else self.accumulation.without_gradient_sync():
             with self.precision.autocast():
                 outputs = self.model(inputs)
-                loss = self.loss_fn(outputs, targets) if self.teacher is None else \
-                    self.loss_fn(outputs, targets, self.teacher(inputs))
+                loss = (
+                    self.loss_fn(outputs, targets)
+                    if self.teacher is None
+                    else self.loss_fn(outputs, targets, self.teacher(inputs))
+                )
             share = loss / self.accumulation.steps if self.accumulation.steps > 1 else loss
             (self.scaler.scale(share) if self.scaler is not None else share).backward()
         if stepping:

@@ -44,12 +44,18 @@ def open_storage(url: str, heartbeat: int | None = None) -> Any:
     if url.startswith(JOURNAL_PREFIX):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-        path = Path(url[len(JOURNAL_PREFIX):])
+        path = Path(url[len(JOURNAL_PREFIX) :])
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
-    beats = {} if heartbeat is None else {
-        "heartbeat_interval": heartbeat, "grace_period": 2 * heartbeat,
-        "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)}
+    beats = (
+        {}
+        if heartbeat is None
+        else {
+            "heartbeat_interval": heartbeat,
+            "grace_period": 2 * heartbeat,
+            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=RETRIES),
+        }
+    )
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # several workers wait their turn
     for attempt in range(CREATION_ATTEMPTS):
         try:
@@ -67,8 +73,9 @@ def _lost_creation_race(error: Exception) -> bool:
     """True for the errors of two workers creating the same tables, types or rows at once: a unique-key violation,
     or "already exists" (SQLite and MySQL say it as an OperationalError, PostgreSQL as a ProgrammingError)."""
     name = type(error).__name__
-    return name == "IntegrityError" or (name in ("OperationalError", "ProgrammingError")
-                                        and "already exists" in str(error))
+    return name == "IntegrityError" or (
+        name in ("OperationalError", "ProgrammingError") and "already exists" in str(error)
+    )
 
 
 def without_password(url: str) -> str:
@@ -83,8 +90,7 @@ def make_pruner(spec: PrunerSpec) -> Any:
     """The Optuna pruner that ``spec`` describes."""
     optuna = require_optuna()
     if spec.name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials,
-                                           n_warmup_steps=spec.warmup_epochs)
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials, n_warmup_steps=spec.warmup_epochs)
     if spec.name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec.max_epochs)
     return optuna.pruners.NopPruner()
@@ -108,8 +114,13 @@ class TrialReporter:
         finished = state.iteration >= state.max_epochs * state.epoch_length  # reported, never pruned: it is done
         if ranks.from_rank_zero(self._report, accuracy, epoch) and not finished:
             self.pruned_at = epoch
-            logger.info("pruned at epoch %d: val %s %.4f is below what the pruner keeps (trial %d)", epoch,
-                        self.metric, accuracy, self.spec.number)
+            logger.info(
+                "pruned at epoch %d: val %s %.4f is below what the pruner keeps (trial %d)",
+                epoch,
+                self.metric,
+                accuracy,
+                self.spec.number,
+            )
             self.trainer.terminate()
 
     def _report(self, accuracy: float, epoch: int) -> bool:
@@ -128,11 +139,13 @@ class TrialReporter:
             study_id = storage.get_study_id_from_name(self.spec.study)
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, self.spec.number)
             if storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
-                logger.warning("trial %d of study %s is not running: its results are not reported",
-                               self.spec.number, self.spec.study)
+                logger.warning(
+                    "trial %d of study %s is not running: its results are not reported",
+                    self.spec.number,
+                    self.spec.study,
+                )
                 self._trial = False
                 return None
-            study = optuna.load_study(study_name=self.spec.study, storage=storage,
-                                      pruner=make_pruner(self.spec.pruner))
+            study = optuna.load_study(study_name=self.spec.study, storage=storage, pruner=make_pruner(self.spec.pruner))
             self._trial = optuna.trial.Trial(study, trial_id)
         return self._trial or None

@@ -66,13 +66,15 @@ class Validation:
         epoch, self.iteration = trainer.state.epoch, trainer.state.iteration
         results: dict[str, Any] = {"epoch": epoch, "train": None}
         if self.loaders.train_eval is not None:
-            results["train"] = self.measure("train_subset", self.engine_set.train_evaluator,
-                                            self.loaders.train_eval, epoch)
+            results["train"] = self.measure(
+                "train_subset", self.engine_set.train_evaluator, self.loaders.train_eval, epoch
+            )
         loader = self.loaders.val if self.split == "val" else self.loaders.test
         results[self.split] = self.measure(self.split, self.engine_set.selection_evaluator, loader, epoch)
         if self.engine_set.ema_evaluator is not None:
-            results[f"{self.split}_ema"] = self.measure(f"{self.split}_ema", self.engine_set.ema_evaluator, loader,
-                                                        epoch)
+            results[f"{self.split}_ema"] = self.measure(
+                f"{self.split}_ema", self.engine_set.ema_evaluator, loader, epoch
+            )
         self.latest = results
 
     def measure(self, split: str, evaluator: Engine, loader: Any, epoch: int) -> dict[str, Any]:

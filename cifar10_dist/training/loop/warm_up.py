@@ -24,6 +24,7 @@ from cifar10_dist.training.loop.step import TrainStep
 
 logger = logging.getLogger("cifar10_dist")
 
+
 @dataclass
 class Saved:
     """What a training step changes, copied before the warm-up."""
@@ -37,11 +38,14 @@ class Saved:
 
 
 def save(step: TrainStep, network: nn.Module) -> Saved:
-    return Saved({name: value.detach().clone() for name, value in network.state_dict().items()},
-                 copy.deepcopy(step.optimizer.state_dict()),
-                 copy.deepcopy(step.scaler.state_dict()) if step.scaler is not None else None,
-                 torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-                 step.grad_norm)
+    return Saved(
+        {name: value.detach().clone() for name, value in network.state_dict().items()},
+        copy.deepcopy(step.optimizer.state_dict()),
+        copy.deepcopy(step.scaler.state_dict()) if step.scaler is not None else None,
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        step.grad_norm,
+    )
 
 
 def restore(saved: Saved, step: TrainStep, network: nn.Module) -> None:
@@ -104,7 +108,12 @@ class WarmUp:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
-        ranks.on_rank_zero(logger.info, "warm-up: %d training steps on a batch of the real shapes in %.2f s, then "
-                           "undone (outside the training time; %s)", steps, seconds,
-                           "warm_up_steps=0 to skip it" if self.steps else "for PowerSGD's bucket layout")
+        ranks.on_rank_zero(
+            logger.info,
+            "warm-up: %d training steps on a batch of the real shapes in %.2f s, then "
+            "undone (outside the training time; %s)",
+            steps,
+            seconds,
+            "warm_up_steps=0 to skip it" if self.steps else "for PowerSGD's bucket layout",
+        )
         return seconds

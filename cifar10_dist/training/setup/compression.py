@@ -21,8 +21,10 @@ from cifar10_dist.system import ranks
 
 logger = logging.getLogger("cifar10_dist")
 
-HALF_HOOKS: dict[str, Callable[..., Any]] = {"fp16": default_hooks.fp16_compress_hook,
-                                             "bf16": default_hooks.bf16_compress_hook}
+HALF_HOOKS: dict[str, Callable[..., Any]] = {
+    "fp16": default_hooks.fp16_compress_hook,
+    "bf16": default_hooks.bf16_compress_hook,
+}
 
 
 class GradientCompression:
@@ -39,11 +41,19 @@ class GradientCompression:
             return {"kind": self.kind}
         errors = {bucket: gathered(error) for bucket, error in sorted(self.state.error_dict.items())}
         generator: Any = self.state.rng.get_state()
-        return {"kind": self.kind, "iter": int(self.state.iter), "errors": errors,
-                "p": {bucket: p.cpu() for bucket, p in self.state.p_memory_dict.items()},
-                "q": {bucket: q.cpu() for bucket, q in self.state.q_memory_dict.items()},
-                "rng": {"keys": torch.from_numpy(generator[1].astype(np.int64)), "position": int(generator[2]),
-                        "has_gauss": int(generator[3]), "cached_gaussian": float(generator[4])}}
+        return {
+            "kind": self.kind,
+            "iter": int(self.state.iter),
+            "errors": errors,
+            "p": {bucket: p.cpu() for bucket, p in self.state.p_memory_dict.items()},
+            "q": {bucket: q.cpu() for bucket, q in self.state.q_memory_dict.items()},
+            "rng": {
+                "keys": torch.from_numpy(generator[1].astype(np.int64)),
+                "position": int(generator[2]),
+                "has_gauss": int(generator[3]),
+                "cached_gaussian": float(generator[4]),
+            },
+        }
 
     @property
     def continued(self) -> bool:
@@ -65,13 +75,23 @@ class GradientCompression:
         self.state.p_memory_dict = {bucket: p.to(device) for bucket, p in saved["p"].items()}  # (its keys: warm)
         self.state.q_memory_dict = {bucket: q.to(device) for bucket, q in saved["q"].items()}
         rng = saved["rng"]
-        self.state.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["position"],
-                                  rng["has_gauss"], rng["cached_gaussian"]))
+        self.state.rng.set_state(
+            (
+                "MT19937",
+                rng["keys"].numpy().astype(np.uint32),
+                rng["position"],
+                rng["has_gauss"],
+                rng["cached_gaussian"],
+            )
+        )
         errors, rank = saved["errors"], idist.get_rank()
         if errors and next(iter(errors.values())).shape[0] != idist.get_world_size():
-            ranks.on_rank_zero(logger.warning, "powersgd: the checkpoint's error feedback is of %d processes and this "
-                               "run has %d: it starts afresh", next(iter(errors.values())).shape[0],
-                               idist.get_world_size())
+            ranks.on_rank_zero(
+                logger.warning,
+                "powersgd: the checkpoint's error feedback is of %d processes and this run has %d: it starts afresh",
+                next(iter(errors.values())).shape[0],
+                idist.get_world_size(),
+            )
             self.state.error_dict = {}
             return
         self.state.error_dict = {bucket: stacked[rank].to(device) for bucket, stacked in errors.items()}
@@ -92,21 +112,35 @@ def attach(model: nn.Module, config: Config, process_group: Any = None) -> Gradi
     if config.grad_compression == "none":
         return None
     if not isinstance(model, nn.parallel.DistributedDataParallel):
-        ranks.on_rank_zero(logger.warning, "grad_compression=%s does nothing at world size %d: there is no exchange "
-                           "of gradients to compress", config.grad_compression, idist.get_world_size())
+        ranks.on_rank_zero(
+            logger.warning,
+            "grad_compression=%s does nothing at world size %d: there is no exchange of gradients to compress",
+            config.grad_compression,
+            idist.get_world_size(),
+        )
         return None
     if config.grad_compression in HALF_HOOKS:
         model.register_comm_hook(process_group, HALF_HOOKS[config.grad_compression])
         state = None
     else:
-        state = powerSGD_hook.PowerSGDState(process_group, matrix_approximation_rank=config.powersgd_rank,
-                                            start_powerSGD_iter=config.powersgd_start_step,
-                                            use_error_feedback=True, warm_start=True, random_seed=config.seed)
+        state = powerSGD_hook.PowerSGDState(
+            process_group,
+            matrix_approximation_rank=config.powersgd_rank,
+            start_powerSGD_iter=config.powersgd_start_step,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=config.seed,
+        )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    ranks.on_rank_zero(logger.info, "grad_compression: %s%s on the gradients exchanged between %d processes",
-                       config.grad_compression, f" rank {config.powersgd_rank} (uncompressed for the first "
-                       f"{config.powersgd_start_step} steps)" if state is not None else "",
-                       idist.get_world_size())
+    ranks.on_rank_zero(
+        logger.info,
+        "grad_compression: %s%s on the gradients exchanged between %d processes",
+        config.grad_compression,
+        f" rank {config.powersgd_rank} (uncompressed for the first {config.powersgd_start_step} steps)"
+        if state is not None
+        else "",
+        idist.get_world_size(),
+    )
     return GradientCompression(config.grad_compression, state)
 
 

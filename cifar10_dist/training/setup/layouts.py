@@ -41,8 +41,9 @@ def convolutions(build: Callable[[], nn.Module]) -> int:
     return sum(isinstance(module, nn.Conv2d) for module in model.modules())
 
 
-def choose(setting: bool | str, device: torch.device, build: Callable[[], nn.Module], image_size: int = 32
-           ) -> tuple[bool, str]:
+def choose(
+    setting: bool | str, device: torch.device, build: Callable[[], nn.Module], image_size: int = 32
+) -> tuple[bool, str]:
     """(channels_last, why) for ``setting`` (True, False or "auto") on ``device``; on a CPU, auto also checks that
     the layout leaves the model's fp32 numbers within noise here (``system.layout_numerics``)."""
     if setting != "auto":
@@ -67,8 +68,12 @@ def choose(setting: bool | str, device: torch.device, build: Callable[[], nn.Mod
 def settle(config: Config, device: torch.device, classes: int, record: RunRecord | None = None) -> Config:
     """The config with channels_last settled to True or False for its model with ``classes`` outputs; the reason
     is logged and, given a provenance ``record``, kept in it as ``memory_format``."""
-    chosen, why = choose(config.channels_last, device,
-                         lambda: models.build_model(config.model, config.model_kwargs, classes), config.image_size)
+    chosen, why = choose(
+        config.channels_last,
+        device,
+        lambda: models.build_model(config.model, config.model_kwargs, classes),
+        config.image_size,
+    )
     if config.channels_last == "auto":
         logger.info("memory format: %s", why)
     if record is not None:

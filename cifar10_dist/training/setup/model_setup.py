@@ -22,6 +22,7 @@ from cifar10_dist.training.setup.resumption import Resumption
 
 logger = logging.getLogger("cifar10_dist")
 
+
 @dataclass
 class Network:
     model: nn.Module  # wrapped for the backend (DDP, ...); checkpoints save this one
@@ -35,8 +36,13 @@ def setup_pretrained(config: Config) -> pretrained.Weights | None:
     return pretrained.resolve(config.model, config.pretrained) if config.pretrained is not None else None
 
 
-def setup_model(config: Config, data_setup: run_data.DataSetup, weights: pretrained.Weights | None,
-                precision: Precision | None = None, resumption: Resumption | None = None) -> Network:
+def setup_model(
+    config: Config,
+    data_setup: run_data.DataSetup,
+    weights: pretrained.Weights | None,
+    precision: Precision | None = None,
+    resumption: Resumption | None = None,
+) -> Network:
     """The model (started from ``weights`` unless resuming, else with what its recipe sets from training images),
     its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
     format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
@@ -81,8 +87,10 @@ def half_network(model: nn.Module, precision: Precision | None) -> None:
     unless the run trains in bf16."""
     if precision is None or precision.dtype != torch.bfloat16:
         trains = f"{precision.name} ({precision.reason})" if precision else "fp32"
-        raise UserError(f"half_weights=True keeps the weights in bf16, and this run trains in {trains}: give "
-                        "--with_amp=True --amp_dtype=bfloat16 on hardware with bf16, or leave half_weights off")
+        raise UserError(
+            f"half_weights=True keeps the weights in bf16, and this run trains in {trains}: give "
+            "--with_amp=True --amp_dtype=bfloat16 on hardware with bf16, or leave half_weights off"
+        )
     norms = [module for module in model.modules() if isinstance(module, NORMALISATION)]
     model.to(torch.bfloat16)
     for norm in norms:

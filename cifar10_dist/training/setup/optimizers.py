@@ -33,8 +33,9 @@ class ParamGroup:
         return {"params": self.params, "lr": self.lr, "weight_decay": self.weight_decay}
 
 
-def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
-                     leave_out: frozenset[int] = frozenset()) -> list[ParamGroup]:
+def parameter_groups(
+    model: nn.Module, config: Config, total_iterations: int, leave_out: frozenset[int] = frozenset()
+) -> list[ParamGroup]:
     """One group, or: normalisation biases (lr x bias_lr_scale, weight decay / bias_lr_scale), the groups the
     model's recipe trains apart (``recipes.parts_of``: their lr scale and schedule), and everything else; parameters
     whose id is in ``leave_out`` are in none of them (another optimizer trains them)."""
@@ -49,11 +50,21 @@ def parameter_groups(model: nn.Module, config: Config, total_iterations: int,
         return [ParamGroup(trained, lr, decay)]
     groups = [
         ParamGroup([p for p in trained if id(p) not in norm_biases | set_apart], lr, decay),
-        ParamGroup([p for p in trained if id(p) in norm_biases], lr * scale, decay / scale,
-                   schedules.GroupSchedule(lr_scale=scale)),
-        *(ParamGroup([p for p in trained if id(p) in {id(q) for q in group.params}], lr * group.lr_scale,
-                     decay / group.lr_scale, schedules.GroupSchedule(group.lr_scale, group.train_until,
-                                                                       group.decay_to_zero)) for group in apart),
+        ParamGroup(
+            [p for p in trained if id(p) in norm_biases],
+            lr * scale,
+            decay / scale,
+            schedules.GroupSchedule(lr_scale=scale),
+        ),
+        *(
+            ParamGroup(
+                [p for p in trained if id(p) in {id(q) for q in group.params}],
+                lr * group.lr_scale,
+                decay / group.lr_scale,
+                schedules.GroupSchedule(group.lr_scale, group.train_until, group.decay_to_zero),
+            )
+            for group in apart
+        ),
     ]
     return [group for group in groups if group.params]
 
@@ -83,8 +94,15 @@ def with_decay_overrides(groups: list[ParamGroup], overrides: dict[int, float]) 
     split: list[ParamGroup] = []
     for group in groups:
         decays = sorted({overrides.get(id(p), group.weight_decay) for p in group.params})
-        split.extend(ParamGroup([p for p in group.params if overrides.get(id(p), group.weight_decay) == decay],
-                                group.lr, decay, group.schedule) for decay in decays)
+        split.extend(
+            ParamGroup(
+                [p for p in group.params if overrides.get(id(p), group.weight_decay) == decay],
+                group.lr,
+                decay,
+                group.schedule,
+            )
+            for decay in decays
+        )
     return split
 
 
@@ -92,8 +110,10 @@ def head_parameters(model: nn.Module, config: Config) -> set[int]:
     """ids of the head's parameters (the model's last Linear: the classifier a fine-tuning run trains first)."""
     name, head = head_of(models.unwrap(model))
     if head is None:
-        raise UserError(f"freeze_epochs={config.freeze_epochs} and backbone_lr_scale={config.backbone_lr_scale} need a "
-                        f"head, the model's last nn.Linear: model={config.model} has none")
+        raise UserError(
+            f"freeze_epochs={config.freeze_epochs} and backbone_lr_scale={config.backbone_lr_scale} need a "
+            f"head, the model's last nn.Linear: model={config.model} has none"
+        )
     return {id(parameter) for parameter in head.parameters()}
 
 
@@ -102,8 +122,9 @@ def frozen_iterations(config: Config, total_iterations: int) -> int:
     return total_iterations * config.freeze_epochs // config.num_epochs
 
 
-def with_backbone_schedule(groups: list[ParamGroup], head: set[int], config: Config,
-                           total_iterations: int) -> list[ParamGroup]:
+def with_backbone_schedule(
+    groups: list[ParamGroup], head: set[int], config: Config, total_iterations: int
+) -> list[ParamGroup]:
     """Each group split into its head and backbone parameters: the backbone's lr times ``backbone_lr_scale``,
     and 0 for its first ``freeze_epochs`` (the head trains alone); the head's as the group's."""
     if config.freeze_epochs == 0 and config.backbone_lr_scale == 1.0:
@@ -111,47 +132,68 @@ def with_backbone_schedule(groups: list[ParamGroup], head: set[int], config: Con
     scale, train_from = config.backbone_lr_scale, frozen_iterations(config, total_iterations)
     split = []
     for group in groups:
-        split.append(ParamGroup([p for p in group.params if id(p) in head], group.lr, group.weight_decay,
-                                group.schedule))
-        split.append(ParamGroup([p for p in group.params if id(p) not in head], group.lr * scale, group.weight_decay,
-                                dataclasses.replace(group.schedule, lr_scale=group.schedule.lr_scale * scale,
-                                                    train_from=train_from)))
+        split.append(
+            ParamGroup([p for p in group.params if id(p) in head], group.lr, group.weight_decay, group.schedule)
+        )
+        split.append(
+            ParamGroup(
+                [p for p in group.params if id(p) not in head],
+                group.lr * scale,
+                group.weight_decay,
+                dataclasses.replace(group.schedule, lr_scale=group.schedule.lr_scale * scale, train_from=train_from),
+            )
+        )
     return [group for group in split if group.params]
 
 
-def build_optimizer(model: nn.Module, config: Config,
-                    total_iterations: int) -> tuple[torch.optim.Optimizer, list[schedules.GroupSchedule]]:
+def build_optimizer(
+    model: nn.Module, config: Config, total_iterations: int
+) -> tuple[torch.optim.Optimizer, list[schedules.GroupSchedule]]:
     """SGD (Nesterov when asked), or with ``muon_lr`` SGD for everything but the convolution filters and Muon for
     those; with the schedule of each param group in the optimizer's order."""
     fused = {"fused": True} if config.fused_optimizer is True else {}  # (auto is settled per device: fused_on)
     learning_rate = float(config.learning_rate)  # (find: settled before an optimizer is built)
-    sgd_options: dict[str, Any] = dict(lr=learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
-                                       nesterov=config.nesterov and config.momentum > 0, **fused)
+    sgd_options: dict[str, Any] = dict(
+        lr=learning_rate,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        nesterov=config.nesterov and config.momentum > 0,
+        **fused,
+    )
     fine_tuning = config.freeze_epochs > 0 or config.backbone_lr_scale != 1.0
     head = head_parameters(model, config) if fine_tuning else set()
     if config.muon_lr is None:
         groups = with_decay_overrides(parameter_groups(model, config, total_iterations), decay_overrides(model, config))
         groups = with_backbone_schedule(groups, head, config, total_iterations)
         if config.optimizer == "adamw":
-            adamw = torch.optim.AdamW([g.for_optimizer() for g in groups], lr=learning_rate,
-                                          betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                                          weight_decay=config.weight_decay, **fused)
+            adamw = torch.optim.AdamW(
+                [g.for_optimizer() for g in groups],
+                lr=learning_rate,
+                betas=(config.adam_beta1, config.adam_beta2),
+                eps=config.adam_eps,
+                weight_decay=config.weight_decay,
+                **fused,
+            )
             return adamw, [g.schedule for g in groups]
         return torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options), [g.schedule for g in groups]
     filters = convolution_filters(model)
     if not filters:
-        raise UserError(f"muon_lr={config.muon_lr}: model={config.model} has no trainable convolution filters for "
-                        "Muon to train; leave muon_lr unset")
+        raise UserError(
+            f"muon_lr={config.muon_lr}: model={config.model} has no trainable convolution filters for "
+            "Muon to train; leave muon_lr unset"
+        )
     grouped = parameter_groups(model, config, total_iterations, leave_out=frozenset(map(id, filters)))
-    groups = with_decay_overrides(grouped,
-                                  decay_overrides(model, config))
+    groups = with_decay_overrides(grouped, decay_overrides(model, config))
     groups = with_backbone_schedule(groups, head, config, total_iterations)
     sgd = torch.optim.SGD([g.for_optimizer() for g in groups], **sgd_options)
     optimizer = SGDWithMuon(sgd, filters, config.muon_lr, config.muon_momentum, config.muon_ns_steps)
     muon_schedule = schedules.GroupSchedule(lr_scale=config.muon_lr / learning_rate)  # filters: backbone
     if fine_tuning:
-        muon_schedule = dataclasses.replace(muon_schedule, lr_scale=muon_schedule.lr_scale * config.backbone_lr_scale,
-                                            train_from=frozen_iterations(config, total_iterations))
+        muon_schedule = dataclasses.replace(
+            muon_schedule,
+            lr_scale=muon_schedule.lr_scale * config.backbone_lr_scale,
+            train_from=frozen_iterations(config, total_iterations),
+        )
     return optimizer, [*(g.schedule for g in groups), muon_schedule]
 
 
@@ -171,8 +213,10 @@ def convolution_filters(model: nn.Module) -> list[nn.Parameter]:
 def check_muon_available(muon_lr: float | None) -> None:
     """A one-line error where the config asks for Muon and this torch has none (torch.optim.Muon: torch 2.9+)."""
     if muon_lr is not None and not hasattr(torch.optim, "Muon"):
-        raise UserError(f"muon_lr={muon_lr} needs torch.optim.Muon (torch 2.9 or newer), and this torch is "
-                        f"{torch.__version__}: upgrade torch (pip install 'torch>=2.9') or leave muon_lr unset")
+        raise UserError(
+            f"muon_lr={muon_lr} needs torch.optim.Muon (torch 2.9 or newer), and this torch is "
+            f"{torch.__version__}: upgrade torch (pip install 'torch>=2.9') or leave muon_lr unset"
+        )
 
 
 def as_matrix(filters: torch.Tensor) -> torch.Tensor:
@@ -199,15 +243,17 @@ class SGDWithMuon(torch.optim.Optimizer):
     ``param_groups`` are SGD's groups followed by one group of the 4D filters: LR schedulers set their lr,
     GradScaler unscales their gradients and ``zero_grad`` clears them, as for any optimizer."""
 
-    def __init__(self, sgd: torch.optim.SGD, filters: list[nn.Parameter], lr: float, momentum: float,
-                 ns_steps: int) -> None:
+    def __init__(
+        self, sgd: torch.optim.SGD, filters: list[nn.Parameter], lr: float, momentum: float, ns_steps: int
+    ) -> None:
         self.sgd = sgd
         self.matrices = [as_matrix(f.detach()) for f in filters]
         for matrix, tensor in zip(self.matrices, filters):
             if matrix.data_ptr() != tensor.data_ptr() or not matrix.is_contiguous():
                 raise ValueError(f"a filter of shape {tuple(tensor.shape)} cannot be viewed as a matrix in place")
-        self.muon = torch.optim.Muon(self.matrices, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0,
-                                     ns_steps=ns_steps)
+        self.muon = torch.optim.Muon(
+            self.matrices, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0, ns_steps=ns_steps
+        )
         filter_group = {"params": filters, "lr": lr, "momentum": momentum, "weight_decay": 0.0}
         super().__init__([*sgd.param_groups, filter_group], defaults={"lr": lr})
         self.param_groups[: len(sgd.param_groups)] = sgd.param_groups  # the same dicts: one lr for both views
@@ -234,8 +280,12 @@ class SGDWithMuon(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """Both optimizers' states, the filters' lr, and the group sizes (which checkpointing compares)."""
         sizes = [{"params": list(range(len(group["params"])))} for group in self.param_groups]
-        return {"sgd": self.sgd.state_dict(), "muon": self.muon.state_dict(), "filter_lr": self.filter_group["lr"],
-                "param_groups": sizes}
+        return {
+            "sgd": self.sgd.state_dict(),
+            "muon": self.muon.state_dict(),
+            "filter_lr": self.filter_group["lr"],
+            "param_groups": sizes,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not {"sgd", "muon", "filter_lr"} <= set(state_dict):

@@ -35,8 +35,19 @@ from cifar10_dist.training.setup.resumption import Resumption
 logger = logging.getLogger("cifar10_dist")
 
 # the keys a run settles, in the order the table shows them (channels_last and learning_rate: by their modules)
-SETTLED = ("with_amp", "amp_dtype", "data_on_device", "augment_per_pass", "num_workers", "channels_last",
-           "fused_optimizer", "learning_rate", "warm_up_steps", "class_weights", "resume_from")
+SETTLED = (
+    "with_amp",
+    "amp_dtype",
+    "data_on_device",
+    "augment_per_pass",
+    "num_workers",
+    "channels_last",
+    "fused_optimizer",
+    "learning_rate",
+    "warm_up_steps",
+    "class_weights",
+    "resume_from",
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,11 @@ class RunPlan:
 
     def table(self) -> str:
         """The settled keys, a line each: the value taken, and what was given where it differs."""
-        rows = [("device", self.device, ""), ("precision", self.precision, ""),
-                ("grad_compression", self.grad_compression, "")]
+        rows = [
+            ("device", self.device, ""),
+            ("precision", self.precision, ""),
+            ("grad_compression", self.grad_compression, ""),
+        ]
         for key in SETTLED:
             taken, given = getattr(self.config, key), self.given[key]
             rows.append((key, str(taken), "" if taken == given else f"(given: {given})"))
@@ -74,8 +88,9 @@ def precision_for(config: Config, device: torch.device) -> Precision:
     return process_setup.setup_precision(config, device)
 
 
-def plan_data(config: Config, device: torch.device, precision: Precision,
-              normalisation: Normalisation | None = None) -> tuple[Config, DataSetup]:
+def plan_data(
+    config: Config, device: torch.device, precision: Precision, normalisation: Normalisation | None = None
+) -> tuple[Config, DataSetup]:
     """A run's data: its images loaded, then how they are fed decided (``data_choices``), then their loaders
     built with those choices; returns the config with them settled, and the data."""
     images = run_data.load_run_images(config, device, precision, normalisation)
@@ -89,27 +104,38 @@ def data_choices(config: Config, device: torch.device, images: run_data.RunImage
     on_device = run_data.settle_data_on_device(config.data_on_device, device, images.image_sets)
     workers = loaders.workers_for(config.num_workers, device, images.train_images.images)
     if config.num_workers == "auto" and not on_device:
-        ranks.on_rank_zero(logger.info, "num_workers=auto: %d per node (%s)", workers, "training on the CPU from "
-                           "memory: batches are read in the training process" if workers == 0 else
-                           "reads overlap the step" if device.type == "cpu" else
-                           "each process's cores but the one that drives the device, 2 to 8 per process")
-    per_pass = batches.settle_augment_per_pass(config.augment_per_pass, device, on_device,
-                                               per_batch_augmentations(config))
+        ranks.on_rank_zero(
+            logger.info,
+            "num_workers=auto: %d per node (%s)",
+            workers,
+            "training on the CPU from memory: batches are read in the training process"
+            if workers == 0
+            else "reads overlap the step"
+            if device.type == "cpu"
+            else "each process's cores but the one that drives the device, 2 to 8 per process",
+        )
+    per_pass = batches.settle_augment_per_pass(
+        config.augment_per_pass, device, on_device, per_batch_augmentations(config)
+    )
     return {"data_on_device": on_device, "num_workers": 0 if on_device else workers, "augment_per_pass": per_pass}
 
 
-def settled_choices(config: Config, device: torch.device, precision: Precision, resumption: Resumption,
-                    data_setup: DataSetup) -> dict[str, Any]:
+def settled_choices(
+    config: Config, device: torch.device, precision: Precision, resumption: Resumption, data_setup: DataSetup
+) -> dict[str, Any]:
     """The values of the keys the device, the precision, the resume and the data's classes decide, as taken: for
     ``dataclasses.replace`` (channels_last and learning_rate follow: ``layouts``, then ``lr_finding``'s sweep on
     the model built with them)."""
     weights = class_weights(config.class_weights)
     counts = data_setup.class_counts or []
     taken = weights.for_counts(counts, data_setup.info.classes) if weights is not None and weights.auto else None
-    return {"fused_optimizer": optimizers.fused_on(config.fused_optimizer, device),
-            "warm_up_steps": warm_up_steps_for(config.warm_up_steps, device), "resume_from": resumption.checkpoint,
-            **({"class_weights": ",".join(str(weight) for weight in taken)} if taken is not None else {}),
-            **process_setup.settled_precision(config, precision)}
+    return {
+        "fused_optimizer": optimizers.fused_on(config.fused_optimizer, device),
+        "warm_up_steps": warm_up_steps_for(config.warm_up_steps, device),
+        "resume_from": resumption.checkpoint,
+        **({"class_weights": ",".join(str(weight) for weight in taken)} if taken is not None else {}),
+        **process_setup.settled_precision(config, precision),
+    }
 
 
 def settle_layout(config: Config, device: torch.device, data_setup: DataSetup) -> Config:
@@ -136,11 +162,17 @@ def settle_measurement(config: Config, device: torch.device, num_classes: int) -
     return layouts.settle(settled, device, num_classes)
 
 
-def made(settled: Config, given: Config, device: torch.device, precision: Precision,
-         grad_compression: str = "none") -> RunPlan:
+def made(
+    settled: Config, given: Config, device: torch.device, precision: Precision, grad_compression: str = "none"
+) -> RunPlan:
     """The plan of a run whose config was ``given`` and is now ``settled``."""
-    return RunPlan(settled, str(device), precision.reason or precision.name,
-                   {key: getattr(given, key) for key in SETTLED}, grad_compression)
+    return RunPlan(
+        settled,
+        str(device),
+        precision.reason or precision.name,
+        {key: getattr(given, key) for key in SETTLED},
+        grad_compression,
+    )
 
 
 AUTO_STEPS = 3  # warm_up_steps=auto on a GPU: cuDNN times its algorithms on the first pass of each shape

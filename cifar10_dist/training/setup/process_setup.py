@@ -28,8 +28,10 @@ def second_interrupt_ends_at_once() -> Callable[[], None] | None:
         return None
 
     def stop_now() -> None:
-        raise Interrupted("interrupted again: stopped at once, without a new checkpoint; continue from the newest "
-                          "one with --resume_from=auto and the same --run_name")
+        raise Interrupted(
+            "interrupted again: stopped at once, without a new checkpoint; continue from the newest "
+            "one with --resume_from=auto and the same --run_name"
+        )
 
     return stop_now
 

@@ -56,12 +56,19 @@ def step_corners(shape: Shape, learning_rate: float, steps: int, end: float) -> 
     """torch's MultiStepLR (times ``gamma`` at each of ``drops``), a corner only where the value changes: before
     and at each drop, and the end."""
     corners = list(enumerate(torch_schedule(shape, learning_rate, steps, end)))
-    return [c for i, c in enumerate(corners) if i in (0, len(corners) - 1)
-            or c[1] != corners[i + 1][1] or c[1] != corners[i - 1][1]]
+    return [
+        c
+        for i, c in enumerate(corners)
+        if i in (0, len(corners) - 1) or c[1] != corners[i + 1][1] or c[1] != corners[i - 1][1]
+    ]
 
 
 def lr_milestones(
-    learning_rate: float, warmup_iterations: int, total_iterations: int, start: float = 0.0, end: float = 0.0,
+    learning_rate: float,
+    warmup_iterations: int,
+    total_iterations: int,
+    start: float = 0.0,
+    end: float = 0.0,
     shape: Shape = Shape(),
 ) -> Corners:
     """(iteration, lr) corners, linear between them: start*lr, linear warmup to lr, then the shape (``SHAPES``) to
@@ -143,8 +150,7 @@ def create_lr_scheduler(
     if len(group_schedules) != len(optimizer.param_groups):
         raise ValueError(f"{len(group_schedules)} group schedules for {len(optimizer.param_groups)} param groups")
     schedulers: list[Any] = [
-        PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule),
-                        param_group_index=index)
+        PiecewiseLinear(optimizer, "lr", _scaled(milestones, schedule), param_group_index=index)
         for index, schedule in enumerate(group_schedules)
     ]
     return ParamGroupScheduler(schedulers, names=[f"lr_group_{index}" for index in range(len(group_schedules))])

@@ -44,8 +44,14 @@ class EvaluationWorker:
             batch_loaders = run_data.evaluation_loaders(config, device, loaded)
             model, info = self.load_model(config, loaded, device, precision)
             evaluator = create_evaluator(
-                model, nn.CrossEntropyLoss(), batches.eval_batch_preparer(device, config.channels_last, info),
-                precision, device, num_classes=len(info.classes), tta=config.tta, top5=len(info.classes) > 5,
+                model,
+                nn.CrossEntropyLoss(),
+                batches.eval_batch_preparer(device, config.channels_last, info),
+                precision,
+                device,
+                num_classes=len(info.classes),
+                tta=config.tta,
+                top5=len(info.classes) > 5,
                 confusion_matrix=True,
             )
             stopping.attach_stop_without_checkpoint(evaluator, stop, "evaluate")
@@ -54,37 +60,49 @@ class EvaluationWorker:
                 metrics = evaluator.run(batch_loaders.test).metrics
             matrix = metrics["confusion_matrix"].long()
             result = EvaluationResult(
-                accuracy=metrics["accuracy"], loss=metrics["loss"], num_samples=metrics["num_samples"],
-                top5_accuracy=metrics.get("top5_accuracy"), balanced_accuracy=metrics["balanced_accuracy"],
+                accuracy=metrics["accuracy"],
+                loss=metrics["loss"],
+                num_samples=metrics["num_samples"],
+                top5_accuracy=metrics.get("top5_accuracy"),
+                balanced_accuracy=metrics["balanced_accuracy"],
                 macro_f1=metrics["macro_f1"],
                 per_class_accuracy=(matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist(),
                 per_class_precision=(matrix.diag() / matrix.sum(dim=0).clamp(min=1)).tolist(),
-                per_class_f1=per_class_f1(matrix.double()).tolist(), confusion_matrix=matrix.tolist(),
-                classes=list(info.classes), mistakes=collector.gathered(list(info.classes)), ece=metrics["ece"],
+                per_class_f1=per_class_f1(matrix.double()).tolist(),
+                confusion_matrix=matrix.tolist(),
+                classes=list(info.classes),
+                mistakes=collector.gathered(list(info.classes)),
+                ece=metrics["ece"],
                 reliability=reliability(metrics["calibration_bins"]),
             )
             if self.output_dir is not None:
-                ranks.on_rank_zero(evaluation_files.write, Path(self.output_dir), Path(self.checkpoint), result,
-                                   loaded.test.images)
+                ranks.on_rank_zero(
+                    evaluation_files.write, Path(self.output_dir), Path(self.checkpoint), result, loaded.test.images
+                )
             return result.to_dict()  # travels to the launcher as JSON, read back by EvaluationResult.from_dict
 
-    def load_model(self, config: Config, loaded: LoadedData, device: torch.device,
-                   precision: Precision) -> tuple[nn.Module, DatasetInfo]:
+    def load_model(
+        self, config: Config, loaded: LoadedData, device: torch.device, precision: Precision
+    ) -> tuple[nn.Module, DatasetInfo]:
         """The checkpoint's weights in a fresh model, wrapped for the backend, and what it was trained with
         (classes, normalisation); warns (rank 0) when the checkpoint was made with another package version or
         other data, and refuses data with other classes."""
         checkpoint = checkpoint_files.load_checkpoint(self.checkpoint)
         info = cifar.checkpoint_info(checkpoint)
         if info.classes != loaded.info.classes:
-            raise UserError(f"checkpoint '{self.checkpoint}' was trained on the classes {', '.join(info.classes[:6])}"
-                            f"{'...' if len(info.classes) > 6 else ''}, this data has "
-                            f"{', '.join(loaded.info.classes[:6])}{'...' if len(loaded.info.classes) > 6 else ''}: "
-                            "evaluate it on data with its classes")
-        model = restoring.restore_model(checkpoint, self.checkpoint, len(info.classes), config.model,
-                                        config.model_kwargs, self.raw_weights)
+            raise UserError(
+                f"checkpoint '{self.checkpoint}' was trained on the classes {', '.join(info.classes[:6])}"
+                f"{'...' if len(info.classes) > 6 else ''}, this data has "
+                f"{', '.join(loaded.info.classes[:6])}{'...' if len(loaded.info.classes) > 6 else ''}: "
+                "evaluate it on data with its classes"
+            )
+        model = restoring.restore_model(
+            checkpoint, self.checkpoint, len(info.classes), config.model, config.model_kwargs, self.raw_weights
+        )
         present = run_data.describe_run(config.dataset, loaded, device, precision)
         for difference in provenance.differences(provenance.of_checkpoint(checkpoint), present):
-            ranks.on_rank_zero(logger.warning, "checkpoint %s: %s; the numbers may not be comparable",
-                                  self.checkpoint, difference)
+            ranks.on_rank_zero(
+                logger.warning, "checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference
+            )
         model = model_setup.wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
         return temperature.with_temperature(model, checkpoint), info  # calibrate=temperature: its probabilities

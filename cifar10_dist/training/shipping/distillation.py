@@ -44,9 +44,16 @@ class Distillation(nn.Module):
 
     def forward(self, student: torch.Tensor, targets: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         t = self.temperature
-        soft = nn.functional.kl_div(nn.functional.log_softmax(student.float() / t, dim=1),
-                                    nn.functional.log_softmax(teacher.float() / t, dim=1), reduction="batchmean",
-                                    log_target=True) * t * t
+        soft = (
+            nn.functional.kl_div(
+                nn.functional.log_softmax(student.float() / t, dim=1),
+                nn.functional.log_softmax(teacher.float() / t, dim=1),
+                reduction="batchmean",
+                log_target=True,
+            )
+            * t
+            * t
+        )
         if self.alpha == 1:
             return soft
         return (1 - self.alpha) * self.base(student, targets) + self.alpha * soft
@@ -82,12 +89,20 @@ def _other_classes(what: str, theirs: Sequence[str], ours: Sequence[str]) -> Use
     def listed(names: Sequence[str]) -> str:
         return ", ".join(names[:6]) + (f", ... ({len(names)})" if len(names) > 6 else f" ({len(names)})")
 
-    return UserError(f"teacher {what} was trained on the classes {listed(theirs)}, this run has {listed(ours)}: a "
-                     "teacher must have the run's classes (fine-tune it on this data first)")
+    return UserError(
+        f"teacher {what} was trained on the classes {listed(theirs)}, this run has {listed(ours)}: a "
+        "teacher must have the run's classes (fine-tune it on this data first)"
+    )
 
 
-def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple[Sequence[float], Sequence[float]],
-                  device: torch.device, precision: Precision, layout: torch.memory_format) -> Teacher | None:
+def build_teacher(
+    config: Config,
+    classes: tuple[str, ...],
+    normalisation: tuple[Sequence[float], Sequence[float]],
+    device: torch.device,
+    precision: Precision,
+    layout: torch.memory_format,
+) -> Teacher | None:
     """The run's teacher on ``device``, or None without one; refused in one line when its classes differ."""
     if config.teacher is None:
         return None
@@ -101,14 +116,19 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
         own = (info.mean, info.std)
         described = pretrained.Weights("file", str(path.resolve()), str(path.resolve()))
         recorded = checkpoint_layout.recorded_config(checkpoint)
-        record = {"kind": "checkpoint", "model": recorded.model if recorded is not None else None,
-                  **{key: value for key, value in ranks.from_rank_zero(described.describe).items() if key != "kind"}}
+        record = {
+            "kind": "checkpoint",
+            "model": recorded.model if recorded is not None else None,
+            **{key: value for key, value in ranks.from_rank_zero(described.describe).items() if key != "kind"},
+        }
     else:
         weights = pretrained.resolve(config.teacher, config.teacher_pretrained)
         if not weights.classes:
-            raise UserError(f"teacher={config.teacher} with teacher_pretrained={config.teacher_pretrained}: these "
-                            "weights do not say which classes their head predicts, so they cannot be checked against "
-                            "the run's; give one of our checkpoints or best-model files as the teacher instead")
+            raise UserError(
+                f"teacher={config.teacher} with teacher_pretrained={config.teacher_pretrained}: these "
+                "weights do not say which classes their head predicts, so they cannot be checked against "
+                "the run's; give one of our checkpoints or best-model files as the teacher instead"
+            )
         if tuple(weights.classes) != tuple(classes):
             raise _other_classes(weights.name, weights.classes, classes)
         model = models.build_model(config.teacher, None, len(classes))
@@ -118,21 +138,39 @@ def build_teacher(config: Config, classes: tuple[str, ...], normalisation: tuple
     model = model.to(device).to(memory_format=layout).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    ranks.on_rank_zero(logger.info, "teacher %s (%s): %.2fM parameters, distill_alpha %g, distill_temperature %g",
-                       record.get("model"), record["kind"], models.count_parameters(model) / 1e6, config.distill_alpha,
-                       config.distill_temperature)
-    return Teacher(model, normalisation, own, precision, {**record, "alpha": config.distill_alpha,
-                                                           "temperature": config.distill_temperature})
+    ranks.on_rank_zero(
+        logger.info,
+        "teacher %s (%s): %.2fM parameters, distill_alpha %g, distill_temperature %g",
+        record.get("model"),
+        record["kind"],
+        models.count_parameters(model) / 1e6,
+        config.distill_alpha,
+        config.distill_temperature,
+    )
+    return Teacher(
+        model,
+        normalisation,
+        own,
+        precision,
+        {**record, "alpha": config.distill_alpha, "temperature": config.distill_temperature},
+    )
 
 
-def setup_teacher(config: Config, info: Any, device: torch.device, precision: Precision,
-                  record: RunRecord) -> Teacher | None:
+def setup_teacher(
+    config: Config, info: Any, device: torch.device, precision: Precision, record: RunRecord
+) -> Teacher | None:
     """The run's teacher (``build_teacher`` for the data's classes and normalisation, in the run's memory format),
     recorded in the run's provenance (``record``) as ``teacher``."""
     from cifar10_dist.data import batches
 
-    teacher = build_teacher(config, tuple(info.classes), (info.mean, info.std), device, precision,
-                            batches.memory_format(config.channels_last))
+    teacher = build_teacher(
+        config,
+        tuple(info.classes),
+        (info.mean, info.std),
+        device,
+        precision,
+        batches.memory_format(config.channels_last),
+    )
     if teacher is not None:
         record.teacher = teacher.record
     return teacher

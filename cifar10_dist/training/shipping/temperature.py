@@ -25,14 +25,17 @@ from cifar10_dist.training.loop.evaluators import CalibrationBins, expected_cali
 
 logger = logging.getLogger("cifar10_dist")
 
+
 def scaled_test_model(calibrate: str | None, split: str, forward: nn.Module) -> TemperatureScaled | None:
     """With ``calibrate``, the model the test evaluation runs (T = 1 until it is fitted); refused in one line
     when the run has no validation split to fit it on (a folder without val/ and val_split=0)."""
     if calibrate is None:
         return None
     if split != "val":
-        raise UserError(f"calibrate={calibrate} fits the temperature on a validation split, never on the test set, "
-                        "and this run has none: give val_split > 0 (e.g. --val_split=0.1) or a val/ folder")
+        raise UserError(
+            f"calibrate={calibrate} fits the temperature on a validation split, never on the test set, "
+            "and this run has none: give val_split > 0 (e.g. --val_split=0.1) or a val/ folder"
+        )
     return TemperatureScaled(forward, 1.0)
 
 
@@ -75,8 +78,12 @@ class LogitsKept:
         targets = torch.cat([part[1] for part in self.parts])
         count = torch.tensor([len(targets)], device=logits.device)
         longest = int(torch.as_tensor(idist.all_reduce(count.clone(), op="MAX")).item())
-        padded = torch.cat([torch.cat([logits, targets[:, None].float()], dim=1),
-                            torch.full((longest - len(targets), logits.shape[1] + 1), -1.0, device=logits.device)])
+        padded = torch.cat(
+            [
+                torch.cat([logits, targets[:, None].float()], dim=1),
+                torch.full((longest - len(targets), logits.shape[1] + 1), -1.0, device=logits.device),
+            ]
+        )
         rows = torch.as_tensor(idist.all_gather(padded)).cpu()
         rows = rows[rows[:, -1] >= 0]
         return rows[:, :-1], rows[:, -1].long()
@@ -98,10 +105,18 @@ def calibrate(evaluator: Engine, loader: Any, run_dir: Path, chosen: str) -> dic
         found[f"val_nll_{when}"] = float(nn.functional.cross_entropy(scaled, targets))
         found[f"val_ece_{when}"] = expected_calibration_error(bins.compute())
     stored = ranks.on_rank_zero(store_temperature, run_dir, temperature, chosen)
-    ranks.on_rank_zero(logger.info, "calibrate=temperature: T %.4f fitted on %d val images: NLL %.4f -> %.4f, ECE "
-                       "%.4f -> %.4f; stored with the model it was fitted to: %s", temperature,
-                       found["images"], found["val_nll_before"], found["val_nll_after"], found["val_ece_before"],
-                       found["val_ece_after"], ", ".join(stored or []) or "no file holds it")
+    ranks.on_rank_zero(
+        logger.info,
+        "calibrate=temperature: T %.4f fitted on %d val images: NLL %.4f -> %.4f, ECE "
+        "%.4f -> %.4f; stored with the model it was fitted to: %s",
+        temperature,
+        found["images"],
+        found["val_nll_before"],
+        found["val_nll_after"],
+        found["val_ece_before"],
+        found["val_ece_after"],
+        ", ".join(stored or []) or "no file holds it",
+    )
     return found
 
 
@@ -133,8 +148,9 @@ def holds_the_same_model(checkpoint: dict[str, Any], best: dict[str, Any]) -> bo
     chosen_at = checkpoint_layout.progress(best)
     if chosen_at is not None:
         return checkpoint_layout.iteration(checkpoint) == chosen_at["iteration"]
-    return same_weights(checkpoint_layout.model_weights(checkpoint, prefer_ema=True),
-                        checkpoint_layout.model_weights(best))
+    return same_weights(
+        checkpoint_layout.model_weights(checkpoint, prefer_ema=True), checkpoint_layout.model_weights(best)
+    )
 
 
 def same_weights(one: Any, other: Any) -> bool:
