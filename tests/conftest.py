@@ -48,20 +48,6 @@ LONGEST_FILES = [
 ]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Before any test process starts: the package, the benchmarks and the test helpers compiled to bytecode once.
-    Every Python these tests start (about 140: CLI processes, torchrun's and srun's workers, scripts) then reads
-    it instead of compiling each module it imports again, where PYTHONDONTWRITEBYTECODE keeps them from writing it
-    (an editable install is not compiled by pip); about 0.3 s of a core per process. The controller does it,
-    before pytest-xdist starts its workers."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    import compileall
-
-    for folder in ("cifar10_dist", "benchmarks", "tests"):
-        compileall.compile_dir(REPO / folder, quiet=1)
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """LONGEST_FILES' tests first, in that order; the others after them, as collected."""
 
