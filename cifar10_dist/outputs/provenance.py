@@ -42,6 +42,12 @@ class DataRecord:
     def to_dict(self) -> dict[str, Any]:
         return _set_items(self)
 
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names trained on, in label order (None where not recorded)."""
+        found = (self.info or {}).get("classes")
+        return list(found) if found is not None else None
+
 
 @dataclass(slots=True)
 class PackageRecord:

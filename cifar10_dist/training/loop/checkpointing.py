@@ -303,7 +303,7 @@ def _flag_value(value: Any) -> str:
 def refuse_other_classes(path: str, record: RunRecord) -> None:
     """One line, before anything of the run folder is written, when the checkpoint's classes are not this run's
     (a class folder added or removed): its model's head cannot take them, whatever resume_on_changed_data says."""
-    now = (record.dataset.info or {}).get("classes")
+    now = record.dataset.classes
     then = ranks.from_rank_zero(lambda: cifar.checkpoint_info(load_checkpoint(path, mmap=True)).classes)
     if now is None or then is None or list(then) == list(now):
         return
