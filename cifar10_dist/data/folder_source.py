@@ -84,6 +84,18 @@ def load_folder(
     return FolderData(sets["train"], sets["test"], info, sets.get("val"), checks, warnings, folder, how, meta)
 
 
+def load_configured(config: Config) -> FolderData:
+    """``load_folder`` with what the config says: the folder, the stored size, the bad images and duplicates
+    settings, and the cache's place."""
+    return load_folder(
+        Path(config.data_path),
+        stored_size(config),
+        config.skip_bad_images,
+        config.drop_test_duplicates,
+        Path(config.cache_dir) if config.cache_dir else None,
+    )
+
+
 def _note_duplicates(
     duplicates: list[tuple[str, str]], indices: dict[str, list[int]], paths: list[str], drop: bool, warnings: list[str]
 ) -> int:
@@ -220,13 +232,7 @@ def load(config: Config) -> FolderData:
     """The folder through its cache (local rank 0 builds it, the others wait and read it), its warnings logged
     once."""
     with idist.one_rank_first(local=True):
-        loaded = load_folder(
-            Path(config.data_path),
-            stored_size(config),
-            config.skip_bad_images,
-            config.drop_test_duplicates,
-            Path(config.cache_dir) if config.cache_dir else None,
-        )
+        loaded = load_configured(config)
     loaded.info = dataclasses.replace(loaded.info, image_size=config.image_size)
     sizes = ", ".join(
         f"{name} {len(images)}"
@@ -273,13 +279,7 @@ def prepare(
     config: Config, synthetic: int | None = None, synthetic_test: int | None = None, seed: int = 0
 ) -> PreparedData:
     """Build (or reuse) and check the folder's cache, and describe it in a card."""
-    loaded = load_folder(
-        Path(config.data_path),
-        stored_size(config),
-        config.skip_bad_images,
-        config.drop_test_duplicates,
-        Path(config.cache_dir) if config.cache_dir else None,
-    )
+    loaded = load_configured(config)
     return PreparedData(
         str(loaded.cache),
         len(loaded.train),
