@@ -50,6 +50,33 @@ class DataRecord:
 
 
 @dataclass(slots=True)
+class DataChange:
+    """A resume on other data (``resume_on_changed_data``): the checkpoint continued from, and the data's checksum
+    and images per split as it records them (then) and as this run has them (now)."""
+
+    checkpoint: str
+    sha256_then: str
+    sha256_now: str
+    images_then: dict[str, int] | None
+    images_now: dict[str, int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {one.name: getattr(self, one.name) for one in fields(self)}
+
+    @classmethod
+    def from_dict(cls, recorded: Mapping[str, Any] | None) -> DataChange | None:
+        if not recorded:
+            return None
+        return cls(
+            str(recorded["checkpoint"]),
+            str(recorded["sha256_then"]),
+            str(recorded["sha256_now"]),
+            recorded.get("images_then"),
+            recorded.get("images_now"),
+        )
+
+
+@dataclass(slots=True)
 class PackageRecord:
     """The package that ran: its name and version, whether that is a release (False: a development build; None in
     files from before it was recorded), and its checkout's git commit and whether tracked files differed from it
@@ -91,7 +118,7 @@ class RunRecord:
     class_weights: list[float] | None = None  # class_weights=auto's weights (training.setup.loss)
     pretrained: dict[str, Any] | None = None  # the pretrained start: kind, name, url or path, sha256
     teacher: dict[str, Any] | None = None  # distillation's teacher (training.shipping.distillation)
-    resumed_on_changed_data: dict[str, Any] | None = None  # resume_on_changed_data: what changed
+    resumed_on_changed_data: DataChange | None = None  # resume_on_changed_data: what changed
     config_file: dict[str, Any] | None = None  # the config file read: path, shipped (config.ConfigSource)
     resumed_from: str | None = None  # the training checkpoint the run continued from
     grad_compression: str | None = None  # the gradients exchanged compressed with (training.setup.compression)
@@ -101,6 +128,8 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         """provenance.json's content: every fact that is set, the dataset as its own object."""
         found = {key: value for key, value in _set_items(self).items() if key != "extra"}
+        if self.resumed_on_changed_data is not None:
+            found["resumed_on_changed_data"] = self.resumed_on_changed_data.to_dict()
         return {**self.extra, **found, "package": self.package.to_dict(), "dataset": self.dataset.to_dict()}
 
     @classmethod
@@ -110,6 +139,7 @@ class RunRecord:
         data_names = {one.name for one in fields(DataRecord)}
         dataset = dict(recorded.get("dataset") or {})
         present: dict[str, Any] = {key: recorded.get(key) for key in names}
+        present["resumed_on_changed_data"] = DataChange.from_dict(recorded.get("resumed_on_changed_data"))
         return cls(
             **present,
             package=PackageRecord.from_dict(recorded.get("package")),

@@ -218,10 +218,9 @@ def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> 
     change = ranks.from_rank_zero(data_change, path, record) if path is not None else None
     if change is None:
         return path
-    then, now = change["sha256_then"], change["sha256_now"]
     difference = (
-        f"checkpoint '{path}' was made with other data: sha256 {then[:12]}... then, {now[:12]}... now; "
-        f"images then {_counts(change['images_then'])}, now {_counts(change['images_now'])}"
+        f"checkpoint '{path}' was made with other data: sha256 {change.sha256_then[:12]}... then, "
+        f"{change.sha256_now[:12]}... now; images then {_counts(change.images_then)}, now {_counts(change.images_now)}"
     )
     if not config.resume_on_changed_data:
         raise UserError(
@@ -321,20 +320,14 @@ def refuse_other_classes(path: str, record: RunRecord) -> None:
     )
 
 
-def data_change(path: str, record: RunRecord) -> dict[str, Any] | None:
+def data_change(path: str, record: RunRecord) -> provenance.DataChange | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
     recorded = provenance.of_checkpoint(load_checkpoint(path, mmap=True)).dataset  # its meta only
     then, now = recorded.sha256, record.dataset.sha256
     if then is None or now is None or then == now:
         return None
-    return {
-        "checkpoint": str(path),
-        "sha256_then": then,
-        "sha256_now": now,
-        "images_then": recorded.images,
-        "images_now": record.dataset.images,
-    }
+    return provenance.DataChange(str(path), then, now, recorded.images, record.dataset.images)
 
 
 def _counts(images: Mapping[str, int] | None) -> str:
