@@ -71,10 +71,10 @@ def load_trained_model(
         return TrainedModel(
             quantizing.OnnxModel(checkpoint),
             Path(checkpoint),
-            Config.from_record({"model": metadata["model"], "tta": 0}),
+            quantizing.config_of(metadata),
             info.classes,
             torch.device("cpu"),
-            metadata.get("provenance") or {},
+            quantizing.provenance_of(metadata),
             info,
         )
     loaded = checkpoint_files.load_checkpoint(checkpoint)

@@ -113,6 +113,16 @@ def info_of(metadata: dict[str, Any]) -> DatasetInfo:
     )
 
 
+def config_of(metadata: dict[str, Any]) -> Config:
+    """The config an exported file stands for: its model, evaluated on one view (an ONNX file holds no more)."""
+    return Config.from_record({"model": metadata["model"], "tta": 0})
+
+
+def provenance_of(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The provenance the export copied from its checkpoint (empty where the file has none)."""
+    return dict(metadata.get("provenance") or {})
+
+
 def trained_data(config: Config) -> Any:
     """The data a checkpoint's model was trained on (its recorded dataset keys): the LoadedData."""
     return run_data.load_datasets(load_config(None, **{key: getattr(config, key) for key in INHERITED_BY_EVALUATE}))
