@@ -1,7 +1,8 @@
-"""The run configuration's fields: one typed, frozen dataclass, the single source of defaults, help texts and
-each key's own rules (a ``Literal`` annotation for a word's choices, ``Bounds`` for a number's range), checked
-by ``check_field``. Adding a key with a range is one field here; rules that tie several keys together are in
-``rules``."""
+"""The run configuration: one typed, frozen dataclass composed from its topics' keys (``data_keys``,
+``augmentation_keys``, ``training_keys``, ``speed_keys``, ``output_keys``, ``launch_keys``: the single source of
+defaults, help texts and each key's own rules, a ``Literal`` annotation for a word's choices, ``Bounds`` for a
+number's range), checked by ``check_field``. Adding a key with a range is one field in its topic's module; rules
+that tie several keys together are in ``rules``."""
 
 from __future__ import annotations
 
