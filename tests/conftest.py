@@ -59,7 +59,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 # A run of seconds: simple_cnn (a quarter as wide as its default: half the CPU of a run) on a few hundred
-# synthetic images, no DataLoader workers.
+# synthetic images, no DataLoader workers, and no figures (drawing them took about 0.4 s of a core a run, more than
+# its training: the tests of the figures ask for them with --figures=True).
 TINY_WIDTH = 8
 TINY = [
     "--model=simple_cnn",
@@ -72,6 +73,7 @@ TINY = [
     "--train_eval_size=100",
     "--log_every_iters=5",
     "--channels_last=True",
+    "--figures=False",
 ]
 
 
@@ -272,13 +274,14 @@ def long_spawned_reference(small_dataset, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node; (what the
-    command returned and printed, its output_path)."""
+    """The reference distributed run: TINY on small_dataset, 2 spawned gloo processes on one node, with its
+    figures; (what the command returned and printed, its output_path)."""
 
     def run(folder: Path) -> None:
         result = run_cli(
             "run",
             *TINY,
+            "--figures=True",
             "--backend=gloo",
             "--nproc_per_node=2",
             "--checkpoint_every=5",

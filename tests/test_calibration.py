@@ -47,7 +47,12 @@ def test_a_probability_on_a_bin_edge_falls_in_the_lower_bin_and_one_in_the_last(
 
 def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(small_dataset, tmp_path):
     result = run_in_process(
-        "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=calibrated"
+        "run",
+        *TINY,
+        "--figures=True",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=calibrated",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = tmp_path / "calibrated"

@@ -4,9 +4,11 @@ after a stop, tuning trials as children of their study's run, and one line when 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -18,8 +20,11 @@ from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.tracker_guard import Guarded
 from tests.conftest import TINY, run_in_process
 
-mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
-from mlflow.tracking import MlflowClient  # noqa: E402
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# (mlflow imported by the tests that use it: not by collection, in every test process)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="the mlflow extra is not installed")
 
 RUN = [
     *TINY,
@@ -33,6 +38,8 @@ RUN = [
 
 
 def the_runs(output: Path) -> tuple[MlflowClient, list]:
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(f"sqlite:///{output / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cifar10_dist")
     return client, client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
@@ -52,6 +59,7 @@ def resumed_run(tmp_path_factory):
         "--num_epochs=2",
         "--resume_from=auto",
         "--mlflow_log_model",
+        "--figures=True",  # (the pictures among the artifacts)
         f"--output_path={output}",
         "--run_name=r",
     )

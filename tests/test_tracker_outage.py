@@ -293,9 +293,8 @@ def train_through_outages(
     is seen before MLflow's own retries could hide it). ``took``: seconds from the outage to the end."""
     run_dir = output / name
     env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", RETRY_VARIABLE: str(RETRY)} if comes_back else None
-    run = start_cli(
-        "run", *RUN, f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}", f"--run_name={name}", env=env
-    )
+    where = (f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}", f"--run_name={name}")
+    run = start_cli("run", *RUN, "--figures=True", *where, env=env)  # (curves.png among the artifacts)
     try:
         paused_after_epoch(run, run_dir, 1)
         server.shut()

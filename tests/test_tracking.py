@@ -50,6 +50,7 @@ def tracked_run(small_dataset, tmp_path_factory):
         "--with_clearml=True",
         "--clearml_offline=True",
         "--clearml_project=tests",
+        "--figures=True",
         f"--data_path={small_dataset}",
         f"--output_path={output}",
         "--run_name=tracked",
@@ -200,6 +201,24 @@ def test_curves_png_is_rendered(tracked_run):
     _, run_dir = tracked_run
     assert png_size(run_dir / "curves.png") == (1000, 400)
     assert (run_dir / "curves.png").stat().st_size > 20_000
+
+
+def test_without_figures_a_run_writes_their_json_files_and_draws_nothing(tracked_run, small_dataset, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    drawn = EventAccumulator(str(tracked_run[1]))
+    drawn.Reload()
+    assert {"test/mistakes", "test/calibration"} <= set(drawn.Tags()["images"])
+    run_dir = tmp_path / "undrawn"
+    args = (f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=undrawn")
+    result = run_in_process("run", *TINY, "--figures=False", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = {path.name for path in run_dir.iterdir()}
+    assert {"mistakes.json", "calibration.json", "metrics.json", "summary.json"} <= names
+    assert not [name for name in names if name.endswith(".png")]
+    undrawn = EventAccumulator(str(run_dir))
+    undrawn.Reload()
+    assert undrawn.Tags()["images"] == [] and "test/accuracy" in undrawn.Tags()["scalars"]
 
 
 def test_clearml_offline_session_gets_each_quantity_once_under_the_same_names(tracked_run):

@@ -6,6 +6,7 @@ when W&B is missing, and a resume after a SIGKILL that sends no step twice. The 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 from cifar10_dist.outputs import wandb_history
 from tests.conftest import TINY, cli_env, kill_when, run_cli, run_in_process, start_cli, stop_all
 
-wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
+# (wandb imported by the runs that use it: not by collection, in every test process)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
 
 RUN = [
     *TINY,
@@ -64,6 +66,7 @@ def resumed_run(tmp_path_factory):
         "--num_epochs=2",
         "--resume_from=auto",
         "--wandb_log_model",
+        "--figures=True",  # (the pictures among the artifacts)
         f"--output_path={output}",
         "--run_name=r",
         env=environment(),

@@ -60,6 +60,13 @@ class OutputKeys:
         tunable=False,
         may_change_on_resume=True,
     )
+    figures: bool = option(
+        True,
+        "draw the run's figures at its end: curves.png, mistakes.png and calibration.png, and their images in "
+        "TensorBoard (False: their .json files only, for many short runs, where drawing costs more than training)",
+        tunable=False,
+        may_change_on_resume=True,
+    )
     log_every_iters: int = option(
         15, "log the training loss every N iterations", bounds=AT_LEAST_1, may_change_on_resume=True
     )

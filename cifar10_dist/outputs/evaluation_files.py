@@ -27,9 +27,14 @@ def calibration_stem(checkpoint: Path) -> str:
     return f"calibration_{checkpoint.stem}"
 
 
-def write_calibration(folder: Path, stem: str, ece: float, reliability: dict[str, list[float]], title: str) -> Any:
-    """The reliability diagram as STEM.png and its bins as STEM.json; returns the picture's pixels (H x W x 3)."""
+def write_calibration(
+    folder: Path, stem: str, ece: float, reliability: dict[str, list[float]], title: str, draw: bool = True
+) -> Any:
+    """The reliability diagram's bins as STEM.json and, with ``draw``, the diagram as STEM.png; returns the
+    picture's pixels (H x W x 3), or None undrawn."""
     files.write_json(folder / f"{stem}.json", {"ece": ece, "bins": len(reliability["images"]), **reliability})
+    if not draw:
+        return None
     files.write_file(folder / f"{stem}.png", lambda path: plots.render_reliability(reliability, ece, path, title))
     from PIL import Image
 

@@ -19,13 +19,21 @@ SHOWN = 16  # tiles in the picture: the most confident mistakes
 
 
 def write(
-    folder: Path, stem: str, images: torch.Tensor, found: Sequence[Mistake], title: str, record: dict[str, Any]
+    folder: Path,
+    stem: str,
+    images: torch.Tensor,
+    found: Sequence[Mistake],
+    title: str,
+    record: dict[str, Any],
+    draw: bool = True,
 ) -> Any:
-    """``stem``.json (``record`` and the mistakes) and ``stem``.png (the grid) in ``folder``; returns the picture's
-    pixels (H x W x 3 uint8, e.g. for TensorBoard): drawn once."""
+    """``stem``.json (``record`` and the mistakes) and, with ``draw``, ``stem``.png (the grid) in ``folder``;
+    returns the picture's pixels (H x W x 3 uint8, e.g. for TensorBoard: drawn once), or None undrawn."""
     from PIL import Image
 
     files.write_json(folder / f"{stem}.json", {**record, "mistakes": [asdict(mistake) for mistake in found]})
+    if not draw:
+        return None
     pixels = render(images, found, title)
     files.write_file(folder / f"{stem}.png", lambda path: Image.fromarray(pixels).save(path, format="PNG"))
     return pixels

@@ -57,10 +57,10 @@ def report_run_end(
     if isinstance(result, RunResult) and mistakes is not None:  # tested (every rank has the test numbers; a trial's
         # run is not)
         found = mistakes.gathered(list(data.info.classes))
-        ranks.on_rank_zero(write_mistakes, run_dir, found, data, recorder, result)
+        ranks.on_rank_zero(write_mistakes, run_dir, found, data, recorder, result, config.figures)
         bins = mistakes.evaluator.state.metrics.get("calibration_bins")  # the same final test evaluation's
         if bins is not None:
-            ranks.on_rank_zero(write_reliability, run_dir, bins, recorder, result)
+            ranks.on_rank_zero(write_reliability, run_dir, bins, recorder, result, config.figures)
     ranks.on_rank_zero(
         write_run_end,
         run_dir,
@@ -77,27 +77,36 @@ def report_run_end(
 
 
 def write_mistakes(
-    run_dir: Path, found: list[Mistake], data_setup: run_data.DataSetup, recorder: scalars.Recorder, result: RunResult
+    run_dir: Path,
+    found: list[Mistake],
+    data_setup: run_data.DataSetup,
+    recorder: scalars.Recorder,
+    result: RunResult,
+    figures: bool,
 ) -> None:
-    """Rank 0: the final test evaluation's most confident mistakes, mistakes.png and .json, and in TensorBoard."""
+    """Rank 0: the final test evaluation's most confident mistakes, mistakes.json, and with ``figures``
+    mistakes.png and in TensorBoard."""
     images = data_setup.loaders.test.dataset.images
     title = f"{run_dir.name}, {result.test.model or 'final model'}"
-    pixels = mistake_grid.write(
-        run_dir, "mistakes", images, found, title, {"model": result.test.model or "final", "test_images": len(images)}
-    )
-    recorder.write_image("test/mistakes", pixels, result.iterations)
+    record = {"model": result.test.model or "final", "test_images": len(images)}
+    pixels = mistake_grid.write(run_dir, "mistakes", images, found, title, record, draw=figures)
+    if pixels is not None:
+        recorder.write_image("test/mistakes", pixels, result.iterations)
 
 
-def write_reliability(run_dir: Path, bins: Any, recorder: scalars.Recorder, result: RunResult) -> None:
-    """Rank 0: the final test evaluation's reliability diagram, calibration.png and .json, and in TensorBoard."""
+def write_reliability(run_dir: Path, bins: Any, recorder: scalars.Recorder, result: RunResult, figures: bool) -> None:
+    """Rank 0: the final test evaluation's reliability diagram, calibration.json, and with ``figures``
+    calibration.png and in TensorBoard."""
     pixels = evaluation_files.write_calibration(
         run_dir,
         "calibration",
         expected_calibration_error(bins),
         reliability(bins),
         f"{run_dir.name}, {result.test.model or 'final model'}",
+        draw=figures,
     )
-    recorder.write_image("test/calibration", pixels, result.iterations)
+    if pixels is not None:
+        recorder.write_image("test/calibration", pixels, result.iterations)
 
 
 def write_run_end(
@@ -111,7 +120,8 @@ def write_run_end(
     seconds: float,
     memory: list[float],
 ) -> None:
-    """Rank 0: metrics.json, summary.json, curves.png and the hyperparameters with the final metrics."""
+    """Rank 0: metrics.json, summary.json, curves.png (with ``figures``) and the hyperparameters with the final
+    metrics."""
     files.write_json(run_dir / "metrics.json", result.to_dict())
     summary = dataclasses.replace(
         summary_file.summarize(run_dir, result, record, seconds, config.best_metric),
@@ -124,5 +134,6 @@ def write_run_end(
         pruned_at_epoch=result.pruned_at if isinstance(result, TrialResult) else None,
     )
     files.write_json(run_dir / "summary.json", summary.to_dict())
-    files.write_file(run_dir / "curves.png", lambda path: plots.render_curves(run_dir, path))
+    if config.figures:
+        files.write_file(run_dir / "curves.png", lambda path: plots.render_curves(run_dir, path))
     recorder.write_hparams(config.replayable(), summary_file.final_scalars(summary), result.iterations)
