@@ -5,9 +5,11 @@ that share the cache's pages), and the on-demand images behave as the in-memory 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,57 +39,58 @@ def noise_folder(root: Path, train_per_class: int, test_per_class: int) -> Path:
     return root
 
 
-READER = """
-import sys, time
-from pathlib import Path
-import ignite.distributed as idist
-from cifar10_dist.data import folder_source, loaders
-from cifar10_dist.outputs.memory_use import private_memory_mib
+def read_everything(root: Path, size: int, barrier: Path, name: str) -> None:
+    """In a process of its own: read every image of the folder's cache once, then, while the other reader holds
+    the map too, write this process's private memory growth (MiB) and the cache file's resident and proportional
+    pages (KiB) to ``barrier``-results/NAME.json, and hold the map until the other reader has written its own."""
+    from cifar10_dist.data import folder_source, loaders
+    from cifar10_dist.outputs.memory_use import private_memory_mib
 
-root, size, barrier, name = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-before = private_memory_mib()
-loaded = folder_source.load_folder(root, size)
-batches = loaders.make_loaders(loaded.train, loaded.test, batch_size=50, num_workers=0, train_eval_size=0, seed=0)
-for loader in (batches.train, batches.test):  # every image read once
-    for images, labels in loader:
-        pass
-after = private_memory_mib()
-(barrier / name).touch()
-while len(list(barrier.iterdir())) < 2:  # both processes hold the map now
-    time.sleep(0.05)
-resident = proportional = 0  # KiB of the cache file's pages in this process: all of them, and its share of them
-inside = False
-for line in Path("/proc/self/smaps").read_text().splitlines():
-    if "-" in line.split()[0] and len(line.split()) >= 5:  # a mapping's header: address range, ..., path
-        inside = line.endswith("images.npy")
-    elif inside and line.startswith(("Rss:", "Pss:")):
-        value = int(line.split()[1])
-        if line.startswith("Rss"):
-            resident += value
-        else:
-            proportional += value
-print(after - before, resident, proportional)
-"""
+    before = private_memory_mib()
+    loaded = folder_source.load_folder(root, size)
+    batches = loaders.make_loaders(loaded.train, loaded.test, batch_size=50, num_workers=0, train_eval_size=0, seed=0)
+    for loader in (batches.train, batches.test):  # every image read once
+        for _ in loader:
+            pass
+    after = private_memory_mib()
+    (barrier / name).touch()
+    while len(list(barrier.iterdir())) < 2:  # both processes hold the map now
+        time.sleep(0.05)
+    resident = proportional = 0  # KiB of the cache file's pages in this process: all of them, and its share
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split()[0] and len(line.split()) >= 5:  # a mapping's header: address range, ..., path
+            inside = line.endswith("images.npy")
+        elif inside and line.startswith(("Rss:", "Pss:")):
+            value = int(line.split()[1])
+            if line.startswith("Rss"):
+                resident += value
+            else:
+                proportional += value
+    results = Path(f"{barrier}-results")
+    (results / f"{name}.json").write_text(json.dumps([after - before, resident, proportional]))
+    while len(list(results.iterdir())) < 2:  # the map held until the other one has measured too
+        time.sleep(0.05)
 
 
 def read_everything_twice_at_once(root: Path, barrier: Path) -> list[list[float]]:
     """Two processes read every image of the folder's cache at once: each one's private memory growth (MiB), and
     the cache file's resident and proportional pages (KiB: the proportional set splits a shared page among the
-    processes that map it) while both hold the map."""
+    processes that map it) while both hold the map. They are forked by the forkserver that spawned runs use
+    (torch and the package imported there once, not by each reader; neither maps the cache before it forks)."""
+    from cifar10_dist.launch import start_method
+
+    context = multiprocessing.get_context(start_method.start_method())
+    start_method.start_forkserver()
     barrier.mkdir()
-    readers = [
-        subprocess.Popen(
-            [sys.executable, "-c", READER, str(root), str(SIZE), str(barrier), name],
-            env=cli_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("a", "b")
-    ]
-    outputs = [reader.communicate(timeout=120) for reader in readers]
-    assert all(reader.returncode == 0 for reader in readers), [error[-2000:] for _, error in outputs]
-    return [[float(value) for value in out.split()] for out, _ in outputs]
+    Path(f"{barrier}-results").mkdir()
+    readers = [context.Process(target=read_everything, args=(root, SIZE, barrier, name)) for name in ("a", "b")]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(120)
+    assert [reader.exitcode for reader in readers] == [0, 0]
+    return [json.loads(Path(f"{barrier}-results/{name}.json").read_text()) for name in ("a", "b")]
 
 
 @pytest.mark.slow
