@@ -23,6 +23,7 @@ from tests.conftest import run_in_process
 COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 200)}
 # a run of seconds on the folder: 90 training images, 18 iterations over 3 epochs
 FOLDER_RUN = [
+    "--figures=False",
     "--dataset=folder",
     "--model=simple_cnn",
     "--batch_size=15",

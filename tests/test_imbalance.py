@@ -24,6 +24,7 @@ from tests.conftest import run_in_process
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1
 RUN = [
     "--model=simple_cnn",
+    "--figures=False",
     "--batch_size=32",
     "--num_workers=0",
     "--num_epochs=2",

@@ -21,6 +21,7 @@ RESNET18_FILE = "resnet18-f37072fd.pth"  # torchvision's IMAGENET1K_V1 file name
 RUN = [
     "--dataset=synthetic",
     "--synthetic_size=64",
+    "--figures=False",
     "--num_epochs=1",
     "--num_warmup_epochs=0",
     "--batch_size=32",

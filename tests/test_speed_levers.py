@@ -337,6 +337,7 @@ def test_replicas_sharing_a_gpu_are_wrapped_in_ddp_on_the_gpu_they_use():
 # the 3-epoch one never reached)
 FAST_SMALL = [
     "--config=fast",
+    "--figures=False",
     "--dataset=synthetic",
     "--synthetic_size=512",
     "--batch_size=64",

@@ -30,6 +30,7 @@ NO_BATCHNORM = textwrap.dedent("""\
 # and a constant learning rate (the schedule counts iterations), so that step k of both runs sees the same images
 # and lr
 EQUIVALENT = [
+    "--figures=False",
     "--dataset=synthetic",
     "--synthetic_size=1280",
     "--train_eval_size=0",

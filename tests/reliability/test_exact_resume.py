@@ -174,6 +174,7 @@ def seen():
 """
 # 960 synthetic training images, global batch 96 (48 per process at 2, 32 at 3): 10 steps an epoch either way
 SEEN_RUN = [
+    "--figures=False",
     "--dataset=synthetic",
     "--synthetic_size=960",
     "--batch_size=96",
