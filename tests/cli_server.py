@@ -7,24 +7,29 @@ that spawns workers forks the forkserver it starts from itself, as it is when it
 interpreter that imports torch again (``_forkserver_forked_or_spawned``).
 
 The server (``python -m tests.cli_server ADDRESS``) takes one request per connection on a UNIX socket: the
-arguments, environment and folder as JSON, with the three standard streams' file descriptors attached; it answers
-the child's pid, then its exit status when it ends, or ``refused`` and the variables that differ when the
-environment differs from its own in a variable read at import time (the child would not be what a new
-interpreter is). It stops when its stdin (a pipe
-from the test process) closes. Clients: ``Server.start`` (the tests' ``run_cli``/``start_cli``) and ``run_served``
-(the stand-in ``python`` of tests/served_python, for job scripts).
+arguments, environment and folder as JSON, with the three standard streams' file descriptors attached (and, from
+the stand-in python, a fourth: its network namespace, which the child joins, as a new interpreter started there
+would be in it: the nodes of tests/test_two_hosts.py, each in a namespace of its own); it answers the child's
+pid, then its exit status when it ends, or ``refused`` and the variables that differ when the environment
+differs from its own in a variable read at import time (the child would not be what a new interpreter is), or
+``moved ADDRESS`` when the only difference is a hash seed (PYTHONHASHSEED): the server started with that seed,
+on first use, forks it. It stops when its stdin (a pipe from the test process) closes, and its seeded servers
+with it. Clients: ``Server.start`` (the tests' ``run_cli``/``start_cli``) and ``run_served`` (the stand-in
+``python`` of tests/served_python, for job scripts).
 
-Every served child has the server's hash seed (Python's string hashing, set when an interpreter starts), and so
+Every served child has its server's hash seed (Python's string hashing, set when an interpreter starts), and so
 has every worker its forkserver spawns, as in a real spawned run, whose workers are forked from one forkserver
 too. Peers started apart from each other get seeds of their own in real use, and a set they iterate in a
-different order could make them disagree; the tests whose peers start apart therefore run fresh interpreters:
-torchrun's workers (test_distributed, test_launch_modes, test_faults), the srun tasks of test_launch_modes
-(``fresh=True``) and the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun: each its own
-PYTHONHASHSEED, which this server refuses). tests/test_cli.py checks that a served spawned run and a fresh one
-end with bit-identical weights and the same metrics."""
+different order could make them disagree; the tests whose peers start apart therefore give each its own seed:
+the srun tasks of test_launch_modes, the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun:
+task + 1) and the nodes of test_two_hosts, each forked by the server of its seed; torchrun's workers
+(test_distributed, test_launch_modes, test_faults) are new interpreters, started by torchrun itself.
+tests/test_cli.py checks that a served spawned run and a fresh one end with bit-identical weights and the same
+metrics."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import multiprocessing.util
@@ -53,6 +58,7 @@ IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYT
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # how multiprocessing starts a forkserver: the command it runs, and the function it runs it with
 FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
+CLONE_NEWNET = 0x40000000  # setns(2): the namespace is a network namespace
 _spawnv_passfds = multiprocessing.util.spawnv_passfds
 
 
@@ -91,6 +97,7 @@ def serve(address: str) -> dict[str, Any]:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stop")
+    seeded: dict[str, Server] = {}  # a server of each hash seed asked for, started on first use, ends with this one
     print("ready", flush=True)
     while True:
         for key, _ in selector.select():
@@ -98,7 +105,7 @@ def serve(address: str) -> dict[str, Any]:
                 sys.exit(0)
             if key.data == "accept":
                 connection, _ = listener.accept()
-                message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 4)
                 request = json.loads(message)
                 wanted = {**set_by_imports, **request["env"]}
                 pid = os.fork() if same_at_import(wanted, os.environ) else None
@@ -106,16 +113,14 @@ def serve(address: str) -> dict[str, Any]:
                     selector.close()
                     listener.close()
                     connection.close()
+                    for server in seeded.values():  # (their ends of the seeded servers' pipes)
+                        server.process.stdin.close()
+                        server.process.stdout.close()
                     return _become_child(request, fds, base_path)
                 for fd in fds:
                     os.close(fd)
                 if pid is None:
-                    differing = sorted(
-                        key
-                        for key in {*wanted, *os.environ}
-                        if not same_at_import({key: wanted.get(key)}, {key: os.environ.get(key)})
-                    )
-                    connection.send(b"refused " + " ".join(differing).encode())
+                    connection.send(_elsewhere(wanted, started_with, Path(address).parent, seeded))
                     connection.close()
                     continue
                 connection.send(str(pid).encode())
@@ -138,10 +143,28 @@ def _import_path(env: dict[str, str] | os._Environ) -> list[str]:
     return [os.path.abspath(entry) for entry in value.split(os.pathsep)] if value else []
 
 
+def _elsewhere(wanted: dict[str, str], started_with: dict[str, str], folder: Path, seeded: dict[str, Server]) -> bytes:
+    """The answer to a request this server cannot fork: ``moved ADDRESS``, a server started with the hash seed
+    it asks for (PYTHONHASHSEED, its only difference; started on first use), else ``refused`` and the variables
+    that differ."""
+    differing = sorted(
+        key for key in {*wanted, *os.environ} if not same_at_import({key: wanted.get(key)}, {key: os.environ.get(key)})
+    )
+    seed = wanted.get("PYTHONHASHSEED", "")
+    if differing != ["PYTHONHASHSEED"] or not seed.isdigit():
+        return b"refused " + " ".join(differing).encode()
+    if seed not in seeded:
+        seeded[seed] = Server({**started_with, "PYTHONHASHSEED": seed}, folder, f"seed-{seed}")
+    return b"moved " + seeded[seed].address.encode()
+
+
 def _become_child(request: dict[str, Any], fds: list[int], base_path: list[str]) -> dict[str, Any]:
-    """This process as a fresh ``python -m cifar10_dist ARGS`` would be set up."""
+    """This process as a fresh ``python -m cifar10_dist ARGS`` would be set up (a fourth descriptor: the network
+    namespace of the process that asked, joined where it is not this one's)."""
     if request["new_session"]:
         os.setsid()
+    if len(fds) == 4:
+        _join_network_namespace(fds.pop())
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -154,6 +177,16 @@ def _become_child(request: dict[str, Any], fds: list[int], base_path: list[str])
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     return request
+
+
+def _join_network_namespace(fd: int) -> None:
+    """Enter the network namespace open at ``fd`` (``ip netns exec``'s, where a stand-in python was started: a new
+    interpreter there would be in it), unless it is this process's own."""
+    if os.fstat(fd).st_ino != os.stat("/proc/self/ns/net").st_ino:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the asking process's network namespace failed")
+    os.close(fd)
 
 
 def _forkserver_forked_or_spawned(path: str, args: list[str], passfds: list[int]) -> int:
@@ -209,9 +242,8 @@ def _signal_handlers_of_a_new_interpreter() -> None:
 class ServedProcess:
     """The part of ``subprocess.Popen`` the tests use, for a process forked by the server."""
 
-    def __init__(self, args: list[str], connection: socket.socket, stdout: Any, stderr: Any) -> None:
+    def __init__(self, args: list[str], connection: socket.socket, answer: bytes, stdout: Any, stderr: Any) -> None:
         self.args = args
-        answer = connection.recv(4096)
         if answer.startswith(b"refused"):
             raise RuntimeError(
                 "the CLI server refused an environment that conftest.servable accepted (it differs "
@@ -269,9 +301,9 @@ class ServedProcess:
 class Server:
     """One server per test process, started on first use."""
 
-    def __init__(self, env: dict[str, str], folder: Path) -> None:
+    def __init__(self, env: dict[str, str], folder: Path, name: str = "cli-server") -> None:
         self.folder = folder
-        self.address = str(folder / "cli-server.sock")
+        self.address = str(folder / f"{name}.sock")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.cli_server", self.address],
             env=env,
@@ -288,14 +320,13 @@ class Server:
         stderr_read, stderr_write = os.pipe()
         stdin = os.open(os.devnull, os.O_RDONLY)
         request = {"args": args, "env": env, "cwd": str(cwd or Path.cwd()), "new_session": new_session}
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        connection.connect(self.address)
-        socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout_write, stderr_write])
+        connection, answer = ask(self.address, request, [stdin, stdout_write, stderr_write])
         for fd in (stdin, stdout_write, stderr_write):
             os.close(fd)
         return ServedProcess(
             [sys.executable, "-m", "cifar10_dist", *args],
             connection,
+            answer,
             os.fdopen(stdout_read, "r"),
             os.fdopen(stderr_read, "r"),
         )
@@ -306,6 +337,20 @@ class Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def ask(address: str, request: dict[str, Any], fds: list[int]) -> tuple[socket.socket, bytes]:
+    """Send a request with its descriptors to the server at ``address``, and to the one it names where it answers
+    ``moved`` (a server of the hash seed asked for): the connection and the answer (a pid, or ``refused``)."""
+    while True:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        connection.connect(address)
+        socket.send_fds(connection, [json.dumps(request).encode()], fds)
+        answer = connection.recv(4096)
+        if not answer.startswith(b"moved "):
+            return connection, answer
+        connection.close()
+        address = answer[len(b"moved ") :].decode()
+
+
 def run_served(args: list[str], address: str | None) -> int | None:
     """For a stand-in ``python``: ``-m cifar10_dist ARGS`` forked by the server at ``address`` with this process's
     environment, folder and standard streams, in a session of its own; the signals of PASSED_ON that reach this
@@ -313,14 +358,14 @@ def run_served(args: list[str], address: str | None) -> int | None:
     another command, no server is named or answers, or it refuses this environment."""
     if not address or args[:2] != ["-m", "cifar10_dist"]:
         return None
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    request = {"args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "new_session": True}
+    network = os.open("/proc/self/ns/net", os.O_RDONLY)  # (this process's network namespace, for the child's)
     try:
-        connection.connect(address)
+        connection, answer = ask(address, request, [0, 1, 2, network])
     except OSError:
         return None
-    request = {"args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "new_session": True}
-    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
-    answer = connection.recv(64)
+    finally:
+        os.close(network)
     if answer == b"" or answer.startswith(b"refused"):
         return None
     pid = int(answer)

@@ -116,11 +116,15 @@ _cli_server = None
 
 
 def servable(env: dict[str, str]) -> bool:
-    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child); it
-    needs Linux's pidfd_open to learn when a child ends."""
+    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child; a hash
+    seed of its own, PYTHONHASHSEED, too: it is forked by a server started with that seed); it needs Linux's
+    pidfd_open to learn when a child ends."""
     from tests.cli_server import same_at_import
 
-    return hasattr(os, "pidfd_open") and same_at_import(env, cli_env())
+    ours = cli_env()
+    if env.get("PYTHONHASHSEED", "").isdigit():
+        env, ours = ({key: value for key, value in e.items() if key != "PYTHONHASHSEED"} for e in (env, ours))
+    return hasattr(os, "pidfd_open") and same_at_import(env, ours)
 
 
 def cli_server():

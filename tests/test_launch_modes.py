@@ -156,11 +156,13 @@ def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path)
 def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small_dataset, tmp_path):
     """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
     job_id = free_slurm_job_id()
-    tasks = [  # fresh interpreters: two peers that train together, each with its own hash seed, as srun starts them
+    tasks = [  # two peers that train together, each with its own hash seed, as srun starts them
         start_cli(
             *training_args(small_dataset, tmp_path),
-            env=srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task),
-            fresh=True,
+            env={
+                **srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task),
+                "PYTHONHASHSEED": str(task + 1),
+            },
         )
         for task in (0, 1)
     ]

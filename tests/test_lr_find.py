@@ -365,13 +365,7 @@ def test_a_stop_signal_ends_a_two_process_sweep_with_one_line_that_fits_it(stop_
     """Ctrl-C to the process group (a terminal) and SIGTERM to the launcher alone (a scheduler): every process
     ends at once, with 130 or 75 and a line about lr-find (no checkpoint to resume from), and no folder left."""
     sweep = start_cli(
-        "lr-find",
-        *SYNTHETIC,
-        "--synthetic_size=2000",
-        "--num_iter=1000",
-        *SPAWN_2,
-        f"--output_path={tmp_path}",
-        fresh=True,
+        "lr-find", *SYNTHETIC, "--synthetic_size=2000", "--num_iter=1000", *SPAWN_2, f"--output_path={tmp_path}"
     )
     try:
         for text in sweep.stderr:  # the sweep is under way in both processes

@@ -8,20 +8,23 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from benchmarks.two_hosts import two_hosts, unavailable
-from tests.conftest import LONG, assert_same_training_state, cli_env
+from tests.conftest import LONG, REPO, assert_same_training_state, job_script_environment
+
+STAND_IN = REPO / "tests" / "served_python" / "python"
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"two hosts cannot be made here: {unavailable()}")
 
 
 def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.CompletedProcess]:
-    """``cifar10-dist run ARGS`` as two nodes, node N writing to output[N]."""
+    """``cifar10-dist run ARGS`` as two nodes, node N writing to output[N]: started in its namespace by the stand-in
+    python of job scripts, which the CLI server forks there, each node with a hash seed of its own, as the new
+    interpreters of two machines have (tests/cli_server.py)."""
     logs = Path(tempfile.mkdtemp(prefix="two-nodes-"))
     streams = [(open(logs / f"out{node}", "w+"), open(logs / f"err{node}", "w+")) for node in (0, 1)]  # not pipes:
     # a node blocked on a full pipe would hold the other in its collectives
@@ -29,7 +32,7 @@ def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.Comp
         hosts.start(
             node,
             [
-                sys.executable,
+                str(STAND_IN),
                 "-m",
                 "cifar10_dist",
                 "run",
@@ -37,7 +40,8 @@ def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.Comp
                 *hosts.node_flags(node),
                 f"--output_path={output[node]}",
             ],
-            env={**cli_env(), "OMP_NUM_THREADS": "1"},  # as 2 processes of one node
+            # OMP_NUM_THREADS: as 2 processes of one node
+            env={**job_script_environment(), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(node + 1)},
             stdout=streams[node][0],
             stderr=streams[node][1],
         )
