@@ -218,7 +218,10 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
             [
                 *lines[:2],
                 'if __name__ == "__main__":',
-                "    " + lines[2].replace(")", ", num_epochs=2, epoch_length=2, train_eval_size=0)"),
+                "    "
+                + lines[2].replace(
+                    ")", ", num_epochs=2, epoch_length=2, train_eval_size=0, model_kwargs={'width': 8}, figures=False)"
+                ),
                 "    print(result.test.num_samples)",
             ]
         )
