@@ -16,13 +16,15 @@ from tests.conftest import LONG as LONG_RUN
 from tests.conftest import SLOWLY, TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
+NOT_TRAINING = re.compile(r"resource_tracker|tests\.cli_server")
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
     """Training processes below a launcher (torchrun agent or our spawning parent), deepest first, in the order
-    they were started (multiprocessing's resource tracker, also a child, is not one)."""
+    they were started (multiprocessing's resource tracker and the test process's CLI server, which has servers of
+    its own below it, are children but not training processes)."""
     children = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    pids = sorted(int(pid) for pid in children if "resource_tracker" not in command_line(int(pid)))
+    pids = sorted(int(pid) for pid in children if not NOT_TRAINING.search(command_line(int(pid))))
     grandchildren = [pid for child in pids for pid in worker_pids(child)]
     return grandchildren or pids
 
