@@ -22,30 +22,38 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The files whose tests take longest (seconds of their tests on a 2-core Zen 4 EPYC, 2026-11-28, longest first),
-# collected first: pytest-xdist's --dist loadfile hands files out in collection order, and in alphabetical order these
-# came last, leaving one worker on a long file while the other had nothing left to do
+# collected first, and handed out in that order (``pytest_configure``): pytest-xdist's --dist loadfile hands files
+# out in collection order, and in alphabetical order (or by number of tests, xdist's own reordering) a long file
+# came last, leaving one worker on it while the other had nothing left to do
 LONGEST_FILES = [
     "test_launch_modes.py",
     "test_tuning.py",
-    "test_tracker_outage.py",
-    "test_two_hosts.py",
     "test_wandb.py",
+    "test_tracker_outage.py",
     "reliability/test_faults.py",
-    "test_lr_find.py",
-    "reliability/test_exact_resume.py",
     "test_gpu_harness.py",
     "test_recipe.py",
     "test_predict_export.py",
-    "test_data_at_scale.py",
-    "reliability/test_interrupt.py",
-    "test_speed_levers.py",
-    "test_package.py",
-    "test_slurm.py",
     "test_cli.py",
+    "test_package.py",
+    "reliability/test_interrupt.py",
     "test_hardware.py",
-    "test_image_folders.py",
+    "reliability/test_exact_resume.py",
     "test_distributed.py",
+    "test_slurm.py",
+    "test_speed_levers.py",
+    "test_image_folders.py",
+    "test_data_at_scale.py",
+    "test_int8_export.py",
+    "test_notebooks.py",
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist reorders --dist loadfile's files by their number of tests unless told not to (its
+    --loadscope-reorder, on by default in 3.8): a file of 8 long tests (test_launch_modes) then started half-way."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
