@@ -22,15 +22,16 @@ has every worker its forkserver spawns, as in a real spawned run, whose workers 
 too. Peers started apart from each other get seeds of their own in real use, and a set they iterate in a
 different order could make them disagree; the tests whose peers start apart therefore give each its own seed:
 the srun tasks of test_launch_modes, the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun:
-task + 1) and the nodes of test_two_hosts, each forked by the server of its seed; torchrun's workers
-(test_distributed, test_launch_modes, test_faults) are new interpreters, started by torchrun itself.
-tests/test_cli.py checks that a served spawned run and a fresh one end with bit-identical weights and the same
-metrics."""
+task + 1), the nodes of test_two_hosts, and torchrun's workers (RANK + 1: torchrun, forked too, starts them as
+the stand-in python, its PYTHON_EXEC), each forked by the server of its seed. The workers of test_faults' torchrun
+are new interpreters, torchrun's own children (the test kills one). tests/test_cli.py checks that a served
+spawned run and a fresh one end with bit-identical weights and the same metrics."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import io
 import json
 import multiprocessing.util
 import os
@@ -54,6 +55,11 @@ PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs", "sklearn")
 # variables that torch, OpenMP and Python read when they start (PYTHONPATH aside: the child's import path is set
 # from it): a process whose values differ from the server's needs an interpreter of its own
 IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
+# of those, the ones read only when used: the import path (set in the child), torchrun's interpreter for its
+# workers, and what torchrun gives its workers (read by the elastic agent's helpers and process groups)
+READ_WHEN_USED = ("PYTHONPATH", "PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# the modules a served process runs as ``python -m``: the command line, and torchrun
+SERVED_MODULES = ("cifar10_dist", "torch.distributed.run")
 # what a stand-in python passes on to the process it asked for (what srun and the job scripts send)
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # how multiprocessing starts a forkserver: the command it runs, and the function it runs it with
@@ -67,7 +73,7 @@ def same_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os
     return all(
         env.get(key) == other.get(key)
         for key in {*env, *other}
-        if key.startswith(IMPORT_TIME_VARIABLES) and key != "PYTHONPATH"
+        if key.startswith(IMPORT_TIME_VARIABLES) and not key.startswith(READ_WHEN_USED)
     )
 
 
@@ -173,6 +179,11 @@ def _become_child(request: dict[str, Any], fds: list[int], base_path: list[str])
     os.environ.update(request["env"])
     sys.path[:] = [os.getcwd(), *_import_path(os.environ), *base_path]
     sys.argv[:] = ["-m", *request["args"]]
+    if request.get("unbuffered"):  # python -u: text written through to the descriptor at once
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            stream = getattr(sys, name)
+            raw = io.FileIO(fd, "w", closefd=False)
+            setattr(sys, name, io.TextIOWrapper(raw, stream.encoding, stream.errors, write_through=True))
     random.seed()  # as a fresh interpreter's: seeded from the OS, not the server's state
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -315,16 +326,25 @@ class Server:
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the CLI server did not start (exit {self.process.wait()})")
 
-    def start(self, args: list[str], env: dict[str, str], cwd: Path | None, new_session: bool) -> ServedProcess:
+    def start(
+        self, args: list[str], env: dict[str, str], cwd: Path | None, new_session: bool, module: str = "cifar10_dist"
+    ) -> ServedProcess:
+        """``python -m MODULE ARGS`` (a module of SERVED_MODULES) forked by this server."""
         stdout_read, stdout_write = os.pipe()
         stderr_read, stderr_write = os.pipe()
         stdin = os.open(os.devnull, os.O_RDONLY)
-        request = {"args": args, "env": env, "cwd": str(cwd or Path.cwd()), "new_session": new_session}
+        request = {
+            "module": module,
+            "args": args,
+            "env": env,
+            "cwd": str(cwd or Path.cwd()),
+            "new_session": new_session,
+        }
         connection, answer = ask(self.address, request, [stdin, stdout_write, stderr_write])
         for fd in (stdin, stdout_write, stderr_write):
             os.close(fd)
         return ServedProcess(
-            [sys.executable, "-m", "cifar10_dist", *args],
+            [sys.executable, "-m", module, *args],
             connection,
             answer,
             os.fdopen(stdout_read, "r"),
@@ -352,13 +372,27 @@ def ask(address: str, request: dict[str, Any], fds: list[int]) -> tuple[socket.s
 
 
 def run_served(args: list[str], address: str | None) -> int | None:
-    """For a stand-in ``python``: ``-m cifar10_dist ARGS`` forked by the server at ``address`` with this process's
-    environment, folder and standard streams, in a session of its own; the signals of PASSED_ON that reach this
-    process are passed on to it. Its exit code (negative: minus the signal that ended it), or None where this is
-    another command, no server is named or answers, or it refuses this environment."""
-    if not address or args[:2] != ["-m", "cifar10_dist"]:
+    """For a stand-in ``python``: ``[-u] -m MODULE ARGS`` (a module of SERVED_MODULES) forked by the server at
+    ``address`` with this process's environment, folder and standard streams, in a session of its own; the
+    signals of PASSED_ON that reach this process are passed on to it. A torchrun worker without a hash seed is
+    given RANK + 1 (new interpreters' seeds differ from rank to rank). Its exit code (negative: minus the signal
+    that ended it), or None where this is another command, no server is named or answers, or it refuses this
+    environment."""
+    unbuffered = args[:1] == ["-u"]
+    command = args[1:] if unbuffered else args
+    if not address or len(command) < 2 or command[0] != "-m" or command[1] not in SERVED_MODULES:
         return None
-    request = {"args": args[2:], "env": dict(os.environ), "cwd": os.getcwd(), "new_session": True}
+    env = dict(os.environ)
+    if "TORCHELASTIC_RUN_ID" in env and env.get("RANK", "").isdigit() and "PYTHONHASHSEED" not in env:
+        env["PYTHONHASHSEED"] = str(int(env["RANK"]) + 1)
+    request = {
+        "module": command[1],
+        "args": command[2:],
+        "env": env,
+        "cwd": os.getcwd(),
+        "new_session": True,
+        "unbuffered": unbuffered,
+    }
     network = os.open("/proc/self/ns/net", os.O_RDONLY)  # (this process's network namespace, for the child's)
     try:
         connection, answer = ask(address, request, [0, 1, 2, network])
@@ -375,7 +409,7 @@ def run_served(args: list[str], address: str | None) -> int | None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    served = serve(sys.argv[1])
     import runpy
 
-    runpy.run_module("cifar10_dist", run_name="__main__", alter_sys=True)
+    runpy.run_module(served.get("module", "cifar10_dist"), run_name="__main__", alter_sys=True)

@@ -182,18 +182,15 @@ def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
     return result.stderr + (log.read_text() if log.is_file() else "")
 
 
-def run_torchrun(nproc: int, *args: str, cwd: Path | None = None, timeout: float = 300):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--standalone",
-        "-m",
-        "cifar10_dist",
-        *args,
-    ]
-    return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+def run_torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node=NPROC --standalone -m cifar10_dist ARGS`` to its end (see
+    ``start_cli``)."""
+    run = start_cli(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
+    try:
+        stdout, stderr = run.communicate(timeout=timeout)
+    finally:
+        stop_all(run)
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
 
 
 def free_slurm_job_id() -> str:
@@ -342,13 +339,23 @@ def slow_cnn(tmp_path_factory) -> str:
 
 def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None, fresh: bool = False):
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:
-    a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``).
+    a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``). Under torchrun, the server forks
+    torchrun, and torchrun's workers are the stand-in python's (PYTHON_EXEC, torchrun's own setting): forked too,
+    each with a hash seed of its own (tests/cli_server.py); ``fresh`` makes them new interpreters, children of
+    torchrun (a test that kills one).
 
     It gets a session of its own, so that ``stop_all`` can end it with every process below it.
     """
     env = {**cli_env(), **(env or {})}
-    if not (torchrun or fresh) and servable(env):
-        return cli_server().start(list(args), env, None, new_session=True)
+    if not fresh and servable(env):
+        if not torchrun:
+            return cli_server().start(list(args), env, None, new_session=True)
+        workers = {
+            "PYTHON_EXEC": str(REPO / "tests" / "served_python" / "python"),
+            "TEST_CLI_SERVER": cli_server().address,
+        }
+        launch = [*torchrun, "-m", "cifar10_dist", *args]
+        return cli_server().start(launch, {**env, **workers}, None, new_session=True, module="torch.distributed.run")
     launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
     return subprocess.Popen(
         [*launcher, "-m", "cifar10_dist", *args],

@@ -16,7 +16,6 @@ from tests.conftest import LONG as LONG_RUN
 from tests.conftest import SLOWLY, TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
-NOT_TRAINING = re.compile(r"resource_tracker|tests\.cli_server")
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
@@ -24,9 +23,18 @@ def worker_pids(launcher_pid: int) -> list[int]:
     they were started (multiprocessing's resource tracker and the test process's CLI server, which has servers of
     its own below it, are children but not training processes)."""
     children = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    pids = sorted(int(pid) for pid in children if not NOT_TRAINING.search(command_line(int(pid))))
+    pids = sorted(int(pid) for pid in children if not helper(int(pid)))
     grandchildren = [pid for child in pids for pid in worker_pids(child)]
     return grandchildren or pids
+
+
+def helper(pid: int) -> bool:
+    """multiprocessing's resource tracker, or this test process's CLI server (by pid: a forkserver forked by a
+    served process has the server's command line)."""
+    from tests import conftest
+
+    server = conftest._cli_server
+    return "resource_tracker" in command_line(pid) or (server is not None and pid == server.process.pid)
 
 
 def command_line(pid: int) -> str:
@@ -58,6 +66,7 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
         "--dist_timeout=60",
         torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=2"],
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **SLOWLY},
+        fresh=True,  # torchrun's own children: the worker killed is the one it watches
     )
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
