@@ -182,10 +182,10 @@ def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
     return result.stderr + (log.read_text() if log.is_file() else "")
 
 
-def run_torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_torchrun(nproc: int, *args: str, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --nproc_per_node=NPROC --standalone -m cifar10_dist ARGS`` to its end (see
     ``start_cli``)."""
-    run = start_cli(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
+    run = start_cli(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"], fresh=fresh)
     try:
         stdout, stderr = run.communicate(timeout=timeout)
     finally:

@@ -210,6 +210,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
         f"--output_path={tmp_path}",
         "--run_name=two",
         timeout=1800,
+        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "distributed: backend gloo, world size 2" in trained.stderr
@@ -220,7 +221,14 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     checkpoint = newest_checkpoint(tmp_path / "two")
     one = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", timeout=600)
     both = run_torchrun(
-        2, "evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *TWO, timeout=600
+        2,
+        "evaluate",
+        f"--checkpoint={checkpoint}",
+        f"--data_path={check_data}",
+        "--json",
+        *TWO,
+        timeout=600,
+        fresh=True,
     )
     assert one.returncode == 0 and both.returncode == 0, (one.stderr[-2000:], both.stderr[-2000:])
     results = [json.loads(done.stdout.strip().splitlines()[-1]) for done in (one, both)]
@@ -239,6 +247,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
         "--run_name=stopped",
         torchrun=["--nproc_per_node=2", "--standalone"],
         env={"SLOW_STEP_SECONDS": "0.05"} if not is_real(check_data) else None,
+        fresh=True,  # (its workers counted as torchrun's children)
     )
     try:
         wait_for_file(tmp_path / "stopped", "training_checkpoint_*.pt", job, timeout=600)

@@ -83,6 +83,7 @@ def test_nccl_under_torchrun_with_one_process(check_data, tmp_path):
         f"--output_path={tmp_path}",
         "--run_name=nccl1",
         timeout=1800,
+        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "distributed: backend nccl, world size 1" in result.stderr
@@ -102,6 +103,7 @@ def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_w
         f"--output_path={tmp_path}",
         "--run_name=torchrun2",
         timeout=1800,
+        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
     )  # the README's command
     assert mission.returncode == 0, mission.stderr[-3000:]
     assert "distributed: backend nccl, world size 2" in mission.stderr
