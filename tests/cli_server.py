@@ -21,11 +21,12 @@ Every served child has its server's hash seed (Python's string hashing, set when
 has every worker its forkserver spawns, as in a real spawned run, whose workers are forked from one forkserver
 too. Peers started apart from each other get seeds of their own in real use, and a set they iterate in a
 different order could make them disagree; the tests whose peers start apart therefore give each its own seed:
-the srun tasks of test_launch_modes, the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun:
-task + 1), the nodes of test_two_hosts, and torchrun's workers (RANK + 1: torchrun, forked too, starts them as
-the stand-in python, its PYTHON_EXEC), each forked by the server of its seed. The workers of test_faults' torchrun
-are new interpreters, torchrun's own children (the test kills one). tests/test_cli.py checks that a served
-spawned run and a fresh one end with bit-identical weights and the same metrics."""
+the srun tasks of test_launch_modes, the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun),
+the nodes of test_two_hosts, and torchrun's workers (torchrun, forked too, starts them as the stand-in python, its
+PYTHON_EXEC): the first peer has this server's random seed, each other one a seed of its own (its rank + 1),
+forked by the server of that seed. The workers of test_faults' torchrun are new interpreters, torchrun's own
+children (the test kills one), and so are the GPU checks' (as a user runs them). tests/test_cli.py checks that a
+served spawned run and a fresh one end with bit-identical weights and the same metrics."""
 
 from __future__ import annotations
 
@@ -375,7 +376,8 @@ def run_served(args: list[str], address: str | None) -> int | None:
     """For a stand-in ``python``: ``[-u] -m MODULE ARGS`` (a module of SERVED_MODULES) forked by the server at
     ``address`` with this process's environment, folder and standard streams, in a session of its own; the
     signals of PASSED_ON that reach this process are passed on to it. A torchrun worker without a hash seed is
-    given RANK + 1 (new interpreters' seeds differ from rank to rank). Its exit code (negative: minus the signal
+    given RANK + 1 from rank 1 on (rank 0 keeps the server's random one: new interpreters' seeds differ from rank
+    to rank). Its exit code (negative: minus the signal
     that ended it), or None where this is another command, no server is named or answers, or it refuses this
     environment."""
     unbuffered = args[:1] == ["-u"]
@@ -383,8 +385,9 @@ def run_served(args: list[str], address: str | None) -> int | None:
     if not address or len(command) < 2 or command[0] != "-m" or command[1] not in SERVED_MODULES:
         return None
     env = dict(os.environ)
-    if "TORCHELASTIC_RUN_ID" in env and env.get("RANK", "").isdigit() and "PYTHONHASHSEED" not in env:
-        env["PYTHONHASHSEED"] = str(int(env["RANK"]) + 1)
+    rank = int(env["RANK"]) if env.get("RANK", "").isdigit() else 0
+    if "TORCHELASTIC_RUN_ID" in env and rank > 0 and "PYTHONHASHSEED" not in env:
+        env["PYTHONHASHSEED"] = str(rank + 1)
     request = {
         "module": command[1],
         "args": command[2:],

@@ -41,7 +41,11 @@ def run_two_nodes(hosts, *args: str, output: list[Path]) -> list[subprocess.Comp
                 f"--output_path={output[node]}",
             ],
             # OMP_NUM_THREADS: as 2 processes of one node
-            env={**job_script_environment(), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(node + 1)},
+            env={
+                **job_script_environment(),
+                "OMP_NUM_THREADS": "1",
+                **({"PYTHONHASHSEED": str(node + 1)} if node else {}),  # node 0: the server's random one
+            },
             stdout=streams[node][0],
             stderr=streams[node][1],
         )
