@@ -24,8 +24,9 @@ different order could make them disagree; the tests whose peers start apart ther
 the srun tasks of test_launch_modes, the tasks of a multi-task step of the stand-in srun (tests/fake_slurm/srun),
 the nodes of test_two_hosts, and torchrun's workers (torchrun, forked too, starts them as the stand-in python, its
 PYTHON_EXEC): the first peer has this server's random seed, each other one a seed of its own (its rank + 1),
-forked by the server of that seed. The workers of test_faults' torchrun are new interpreters, torchrun's own
-children (the test kills one), and so are the GPU checks' (as a user runs them). tests/test_cli.py checks that a
+forked by the server of that seed. A stand-in ends as its served process ended, by the same signal: test_faults
+kills a served torchrun worker, and torchrun sees its child killed by SIGKILL. The GPU checks' torchrun workers
+are new interpreters, torchrun's own children (as a user runs them). tests/test_cli.py checks that a
 served spawned run and a fresh one end with bit-identical weights and the same metrics."""
 
 from __future__ import annotations
@@ -57,8 +58,15 @@ PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs", "sklearn")
 # from it): a process whose values differ from the server's needs an interpreter of its own
 IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
 # of those, the ones read only when used: the import path (set in the child), torchrun's interpreter for its
-# workers, and what torchrun gives its workers (read by the elastic agent's helpers and process groups)
-READ_WHEN_USED = ("PYTHONPATH", "PYTHON_EXEC", "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# workers, what torchrun gives its workers (read by the elastic agent's helpers and process groups), and whether
+# torchrun's rendezvous shares its store with the workers (read when it rendezvouses)
+READ_WHEN_USED = (
+    "PYTHONPATH",
+    "PYTHON_EXEC",
+    "TORCHELASTIC_",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+)
 # the modules a served process runs as ``python -m``: the command line, and torchrun
 SERVED_MODULES = ("cifar10_dist", "torch.distributed.run")
 # what a stand-in python passes on to the process it asked for (what srun and the job scripts send)

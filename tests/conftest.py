@@ -342,7 +342,7 @@ def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = 
     a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``). Under torchrun, the server forks
     torchrun, and torchrun's workers are the stand-in python's (PYTHON_EXEC, torchrun's own setting): forked too,
     each with a hash seed of its own (tests/cli_server.py); ``fresh`` makes them new interpreters, children of
-    torchrun (a test that kills one).
+    torchrun (the GPU checks, run as a user runs them).
 
     It gets a session of its own, so that ``stop_all`` can end it with every process below it.
     """

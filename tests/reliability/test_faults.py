@@ -22,10 +22,28 @@ def worker_pids(launcher_pid: int) -> list[int]:
     """Training processes below a launcher (torchrun agent or our spawning parent), deepest first, in the order
     they were started (multiprocessing's resource tracker and the test process's CLI server, which has servers of
     its own below it, are children but not training processes)."""
-    children = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    pids = sorted(int(pid) for pid in children if not helper(int(pid)))
+    pids = [pid for pid in children(launcher_pid) if not helper(pid)]
     grandchildren = [pid for child in pids for pid in worker_pids(child)]
     return grandchildren or pids
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return sorted(map(int, found))
+
+
+def served_workers(launcher_pid: int) -> list[int]:
+    """The training processes that a served torchrun's workers (the stand-in python, tests/served_python) asked
+    the test process's CLI server for, in the order they were started: the server's children and its seeded
+    servers' (a seeded server's command line names its seed-N socket), but for torchrun itself."""
+    from tests import conftest
+
+    assert conftest._cli_server is not None, "no CLI server: torchrun was not served"
+    found = []
+    for pid in children(conftest._cli_server.process.pid):
+        if pid != launcher_pid:
+            found += children(pid) if "seed-" in command_line(pid) else [pid]
+    return sorted(found)
 
 
 def helper(pid: int) -> bool:
@@ -66,16 +84,18 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
         "--dist_timeout=60",
         torchrun=["--standalone", "--nproc_per_node=2", "--max-restarts=2"],
         env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **SLOWLY},
-        fresh=True,  # torchrun's own children: the worker killed is the one it watches
     )
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", job)
-        victim = worker_pids(job.pid)[-1]
+        # a served worker's stand-in python, torchrun's child, then ends killed by SIGKILL too
+        served = not isinstance(job, subprocess.Popen)
+        victim = served_workers(job.pid)[-1] if served else worker_pids(job.pid)[-1]
         os.kill(victim, signal.SIGKILL)
         _, stderr = job.communicate(timeout=240)
     finally:
         stop_all(job)
     assert job.returncode == 0, stderr[-3000:]
+    assert re.search(r"failed \(exitcode: -9\) local_rank: [01]", stderr), stderr[-3000:]  # as torchrun saw it
     assert "continuing from" in stderr  # the restarted workers resumed instead of starting over
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
