@@ -20,6 +20,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist runs two test processes on the two cores: one torch thread each, and in the processes they start
     # (two threads each would spin against each other); set before torch is imported
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's inductor compiles in this process, without a pool of new interpreters (one each per core): read
+# when inductor's config is imported, so set for the test process and every process it starts alike
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # The files whose tests take longest (seconds of their tests on a 2-core Zen 4 EPYC, 2026-11-28, longest first),
 # collected first, and handed out in that order (``pytest_configure``): pytest-xdist's --dist loadfile hands files

@@ -19,7 +19,7 @@ from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training.setup import optimizers, schedules
-from tests.conftest import REPO, TINY, assert_same_training_state, cli_env, run_cli, run_in_process
+from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
 
 
 def test_fast_yaml_holds_airbench94_hyperparameters_converted_to_a_mean_loss():
@@ -434,8 +434,7 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
         '--model_kwargs={"width": 16}',
         f"--output_path={tmp_path}",
         "--run_name=fast",
-        env={**cli_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"},
-    )  # no pool of compiling processes
+    )  # (compiled without a pool of compiling processes: TORCHINDUCTOR_COMPILE_THREADS=1, tests/conftest.py)
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "fast" / "metrics.json").read_text())["test"]
     checkpoint = tmp_path / "fast" / "training_checkpoint_40.pt"
