@@ -274,7 +274,7 @@ class ServedProcess:
         self.stdout, self.stderr = stdout, stderr
         self._connection = connection
         self._readers: list[threading.Thread] = []
-        self._read: dict[str, str] = {}
+        self._read: dict[str, str | None] = {}
 
     def poll(self) -> int | None:
         return self._status(0)
@@ -286,8 +286,11 @@ class ServedProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         if not self._readers:
+            self._read = {name: None for name in ("stdout", "stderr")}  # (None: not a pipe of ours)
             self._readers = [
-                threading.Thread(target=self._read_all, args=(name,), daemon=True) for name in ("stdout", "stderr")
+                threading.Thread(target=self._read_all, args=(name,), daemon=True)
+                for name in ("stdout", "stderr")
+                if getattr(self, name) is not None
             ]
             for reader in self._readers:
                 reader.start()
@@ -336,11 +339,18 @@ class Server:
             raise RuntimeError(f"the CLI server did not start (exit {self.process.wait()})")
 
     def start(
-        self, args: list[str], env: dict[str, str], cwd: Path | None, new_session: bool, module: str = "cifar10_dist"
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        new_session: bool,
+        module: str = "cifar10_dist",
+        stderr: int | None = None,
     ) -> ServedProcess:
-        """``python -m MODULE ARGS`` (a module of SERVED_MODULES) forked by this server."""
+        """``python -m MODULE ARGS`` (a module of SERVED_MODULES) forked by this server; its stdout a pipe, and its
+        stderr a pipe too unless ``stderr`` names a descriptor to give it (a terminal, say)."""
         stdout_read, stdout_write = os.pipe()
-        stderr_read, stderr_write = os.pipe()
+        stderr_read, stderr_write = os.pipe() if stderr is None else (None, os.dup(stderr))
         stdin = os.open(os.devnull, os.O_RDONLY)
         request = {
             "module": module,
@@ -357,7 +367,7 @@ class Server:
             connection,
             answer,
             os.fdopen(stdout_read, "r"),
-            os.fdopen(stderr_read, "r"),
+            None if stderr_read is None else os.fdopen(stderr_read, "r"),
         )
 
     def stop(self) -> None:

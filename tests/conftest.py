@@ -340,32 +340,41 @@ def slow_cnn(tmp_path_factory) -> str:
     return f"{path}:slow_cnn"
 
 
-def start_cli(*args: str, torchrun: list[str] | None = None, env: dict | None = None, fresh: bool = False):
+def start_cli(
+    *args: str,
+    torchrun: list[str] | None = None,
+    env: dict | None = None,
+    fresh: bool = False,
+    stderr: int | None = None,
+):
     """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:
     a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``). Under torchrun, the server forks
     torchrun, and torchrun's workers are the stand-in python's (PYTHON_EXEC, torchrun's own setting): forked too,
     each with a hash seed of its own (tests/cli_server.py); ``fresh`` makes them new interpreters, children of
     torchrun (the GPU checks, run as a user runs them).
 
-    It gets a session of its own, so that ``stop_all`` can end it with every process below it.
+    It gets a session of its own, so that ``stop_all`` can end it with every process below it. Its stdout and
+    stderr are pipes, unless ``stderr`` names a descriptor to give it (a terminal).
     """
     env = {**cli_env(), **(env or {})}
     if not fresh and servable(env):
         if not torchrun:
-            return cli_server().start(list(args), env, None, new_session=True)
+            return cli_server().start(list(args), env, None, new_session=True, stderr=stderr)
         workers = {
             "PYTHON_EXEC": str(REPO / "tests" / "served_python" / "python"),
             "TEST_CLI_SERVER": cli_server().address,
         }
         launch = [*torchrun, "-m", "cifar10_dist", *args]
-        return cli_server().start(launch, {**env, **workers}, None, new_session=True, module="torch.distributed.run")
+        return cli_server().start(
+            launch, {**env, **workers}, None, new_session=True, module="torch.distributed.run", stderr=stderr
+        )
     launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
     return subprocess.Popen(
         [*launcher, "-m", "cifar10_dist", *args],
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr is None else stderr,
         text=True,
     )
 

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 import termios
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from cifar10_dist.outputs import log_lines
-from tests.conftest import TINY, cli_env, run_cli, run_in_process
+from tests.conftest import TINY, cli_env, run_cli, run_in_process, start_cli, stop_all
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -309,32 +308,26 @@ def test_progress_in_a_log_is_a_line_every_n_iterations_with_the_eta(tracked_run
 
 
 def test_progress_on_a_terminal_is_a_bar(small_dataset, tmp_path):
-    args = [
-        sys.executable,
-        "-m",
-        "cifar10_dist",
-        "run",
-        *TINY,
-        "--epoch_length=6",
-        "--train_eval_size=0",
-        f"--data_path={small_dataset}",
-        f"--output_path={tmp_path}",
-    ]
+    args = ["run", *TINY, "--epoch_length=6", "--train_eval_size=0", f"--data_path={small_dataset}"]
     main, secondary = os.openpty()  # stderr on a terminal, as in an interactive shell
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 x 0
-    with subprocess.Popen(args, env=cli_env(), stdout=subprocess.PIPE, stderr=secondary) as process:
+    process = start_cli(*args, f"--output_path={tmp_path}", stderr=secondary)
+    try:
         os.close(secondary)
         chunks = []
         while True:
             try:
                 chunk = os.read(main, 65536)
-            except OSError:
+            except OSError:  # (EIO: no process holds the terminal any more)
                 break
             if not chunk:
                 break
             chunks.append(chunk)
         process.wait(timeout=300)
-    os.close(main)
+    finally:
+        stop_all(process)
+        process.stdout.close()
+        os.close(main)
     terminal = b"".join(chunks).decode(errors="replace")
     assert process.returncode == 0
     assert re.search(r"Epoch \[1/2\].*\d+/6", terminal) and "ETA" not in terminal
