@@ -67,8 +67,9 @@ READ_WHEN_USED = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
 )
-# the modules a served process runs as ``python -m``: the command line, and torchrun
-SERVED_MODULES = ("cifar10_dist", "torch.distributed.run")
+# the modules a served process runs as ``python -m``: the command line, torchrun, the per-step benchmark (in a
+# process of its own: it adapts torch to the peer's code) and pytest (a run of the GPU checks without a GPU)
+SERVED_MODULES = ("cifar10_dist", "torch.distributed.run", "benchmarks.recipes", "pytest")
 # what a stand-in python passes on to the process it asked for (what srun and the job scripts send)
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # how multiprocessing starts a forkserver: the command it runs, and the function it runs it with

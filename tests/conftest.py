@@ -98,22 +98,23 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None, fresh: bool = False
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    env: dict | None = None,
+    fresh: bool = False,
+    module: str = "cifar10_dist",
 ) -> subprocess.CompletedProcess:
-    """``python -m cifar10_dist ARGS`` as a user would run it; returns the CompletedProcess. The process is forked
-    by this test process's CLI server (tests/cli_server.py: torch imported once) unless ``fresh`` or its
-    environment differs from the server's in a variable read at import time: then a new interpreter runs it."""
+    """``python -m cifar10_dist ARGS`` as a user would run it (or ``-m MODULE``, another of the CLI server's
+    SERVED_MODULES); returns the CompletedProcess. The process is forked by this test process's CLI server
+    (tests/cli_server.py: torch imported once) unless ``fresh`` or its environment differs from the server's in a
+    variable read at import time: then a new interpreter runs it."""
     env = env or cli_env()
     if fresh or not servable(env):
         return subprocess.run(
-            [sys.executable, "-m", "cifar10_dist", *args],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
-    process = cli_server().start(list(args), env, cwd, new_session=False)
+    process = cli_server().start(list(args), env, cwd, new_session=False, module=module)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

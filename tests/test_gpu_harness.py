@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run scripts/gpu_check.sh")
 
@@ -46,14 +46,7 @@ def test_gpu_check_refuses_a_bad_argument(tmp_path):
 
 
 def test_gpu_tests_skip_saying_why():
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider"],
-        cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_cli("-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider", cwd=REPO, module="pytest")
     assert result.returncode == 0, result.stdout[-2000:]
     outcomes = re.search(r"^(\d+) skipped in [0-9.]+s", result.stdout, re.MULTILINE)  # no other outcome at all
     assert outcomes and int(outcomes.group(1)) >= 10, result.stdout[-500:]
@@ -208,22 +201,14 @@ def test_the_per_step_benchmark_times_the_peers_network_ours_and_ours_with_the_w
     """``--per_step`` in its own process (it adapts torch to the peer's code): three networks, each round's
     seconds and their median in the JSON with the command, commit and machine; the table names all three."""
     out = tmp_path / "per_step.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.recipes",
-            "--per_step",
-            "--batch_size=4",
-            "--steps=1",
-            "--rounds=2",
-            f"--per_step_json={out}",
-        ],
+    result = run_cli(
+        "--per_step",
+        "--batch_size=4",
+        "--steps=1",
+        "--rounds=2",
+        f"--per_step_json={out}",
         cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        module="benchmarks.recipes",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
