@@ -76,7 +76,15 @@ def finished_study(small_dataset, tmp_path_factory):
     space = write_space(output)
     result = run_in_process(
         *tune_args(
-            small_dataset, output, space, "s", "--trials=3", "--sampler=random", "--sampler_seed=0", "--pruner=none"
+            small_dataset,
+            output,
+            space,
+            "s",
+            "--trials=3",
+            "--sampler=random",
+            "--sampler_seed=0",
+            "--pruner=none",
+            "--figures=True",  # (the study's plots)
         )
     )
     return result, output
@@ -290,6 +298,8 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
     for trial in trials:  # each in its own folder, made by one worker
         config = yaml.safe_load((tmp_path / "shared" / f"trial-{trial.number}" / "config.yaml").read_text())
         assert config["trial"]["params"] == trial.params
+    assert not list((tmp_path / "shared").glob("*.png"))  # figures=False (TINY): the study's plots are not drawn
+    assert json.loads((tmp_path / "shared" / "tuning_summary.json").read_text())["plots"] == []
 
 
 @pytest.mark.slow
@@ -439,7 +449,9 @@ def test_bad_tune_options_are_one_line(args, message, tmp_path):
 def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
     _, output = finished_study  # its own data_path, num_workers or launch are a worker's own: num_epochs is not
     result = run_in_process(
-        *tune_args(small_dataset, output, output / "space.yaml", "s", "--num_epochs=3", "--num_workers=1")
+        *tune_args(
+            small_dataset, output, output / "space.yaml", "s", "--num_epochs=3", "--num_workers=1", "--figures=True"
+        )
     )
     assert result.returncode == 2
     assert "study 's' was created with another base config: num_epochs is 2 there and 3 here" in result.stderr

@@ -63,7 +63,8 @@ class OutputKeys:
     figures: bool = option(
         True,
         "draw the run's figures at its end: curves.png, mistakes.png and calibration.png, and their images in "
-        "TensorBoard (False: their .json files only, for many short runs, where drawing costs more than training)",
+        "TensorBoard, and a study's plots for tune (False: their .json files only, for many short runs, where "
+        "drawing costs more than training)",
         tunable=False,
         may_change_on_resume=True,
     )
