@@ -285,7 +285,7 @@ class ServedProcess:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
         if not self._readers:
             self._read = {name: None for name in ("stdout", "stderr")}  # (None: not a pipe of ours)
             self._readers = [
