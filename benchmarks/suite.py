@@ -4,7 +4,11 @@ no stdin: a new virtualenv, the install, then exactly the test command README gi
 pytest and of the demo (its training time from its summary.json), pytest's counts, the CPU. About 6-8 minutes on
 2 cores. Last run: README (CPU named there, JSON in docs/measurements/suite_cpu.json).
 
-    python -m benchmarks.suite [--json=PATH] [--keep=DIR]
+    python -m benchmarks.suite [--json=PATH] [--keep=DIR] [--emulate=avx2]
+
+``--emulate=avx2`` runs both with benchmarks/avx2_only on PYTHONPATH: this machine with the AVX2-only kind's code
+paths (torch's and oneDNN's kernels at AVX2, no native bf16), to see on a faster kind which tests that kind makes
+dearer; the JSON says so under ``emulated``.
 """
 
 from __future__ import annotations
@@ -24,19 +28,28 @@ from benchmarks import records
 SUMMARY = re.compile(r"^(?:=+ )?(?P<counts>\d+ passed.*?) in (?P<seconds>[\d.]+)s", re.M)
 
 
-def timed(command: list[str], cwd: Path, log: Path) -> tuple[int, float, str]:
+EMULATIONS = {"avx2": "benchmarks/avx2_only"}  # --emulate's kinds: the folder (in the clone) put on PYTHONPATH
+
+
+def timed(command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> tuple[int, float, str]:
     """(exit code, wall seconds, output) of ``command`` run as CI runs it: CI=true, no stdin."""
     started = time.perf_counter()
     with log.open("w") as stream:
         process = subprocess.run(
             command,
             cwd=cwd,
-            env={**os.environ, "CI": "true"},
+            env={**env, "CI": "true"},
             stdin=subprocess.DEVNULL,
             stdout=stream,
             stderr=subprocess.STDOUT,
         )
     return process.returncode, time.perf_counter() - started, log.read_text()
+
+
+def emulating(kind: str, clone: Path) -> dict[str, str]:
+    """This environment with the clone's emulation of ``kind`` first on PYTHONPATH."""
+    path = [str(clone / EMULATIONS[kind]), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def counts(summary: str) -> dict[str, int]:
@@ -48,11 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", dest="json_path", default="benchmark_suite.json")
     parser.add_argument("--keep", help="clone into this (new) folder and keep it, instead of a temporary one")
+    parser.add_argument("--emulate", choices=sorted(EMULATIONS), help="run as this kind of CPU would (see above)")
     args = parser.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="suite-"))
     clone = folder / "clone"
     subprocess.run(["git", "clone", "--quiet", str(records.REPO), str(clone)], check=True)
-    code, ci_seconds, output = timed(["bash", ".ci/run"], clone, folder / "ci.log")
+    env = emulating(args.emulate, clone) if args.emulate else dict(os.environ)
+    code, ci_seconds, output = timed(["bash", ".ci/run"], clone, folder / "ci.log", env)
     found = SUMMARY.findall(output)
     if code != 0 or not found:
         raise SystemExit(f".ci/run ended with {code}; its output is in {folder / 'ci.log'}")
@@ -67,6 +82,7 @@ def main() -> None:
         ],
         clone,
         folder / "demo.log",
+        env,
     )
     if demo_code != 0:
         raise SystemExit(f"the demo ended with {demo_code}; its output is in {folder / 'demo.log'}")
@@ -86,6 +102,8 @@ def main() -> None:
         },
         "demo": {"seconds": demo_seconds, "training_seconds": demo_training},
     }
+    if args.emulate:
+        record["emulated"] = {"kind": args.emulate, "pythonpath": EMULATIONS[args.emulate]}
     records.write(args.json_path, record)
     print(f"wrote {args.json_path}")
 

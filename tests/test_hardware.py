@@ -8,7 +8,10 @@ test here computes in bf16, so an AVX2-only CPU runs them as fast as any.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -22,7 +25,7 @@ from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from cifar10_dist.system import doctor, hardware, layout_numerics
 from cifar10_dist.system.precision import automatic_precision, choose_precision
-from tests.conftest import TINY, run_in_process
+from tests.conftest import REPO, TINY, run_in_process
 from tests.test_recipe import FAST_TINY
 
 AVX2_ONLY = hardware.CpuInfo(
@@ -341,3 +344,28 @@ def test_the_cpu_family_tells_apart_the_kinds_one_model_name_covers(monkeypatch)
     assert hardware.cpu_family() == "26/2"
     monkeypatch.setattr(hardware, "_cpuinfo_lines", lambda: ["model name\t: Apple M2"])
     assert hardware.cpu_family() == ""
+
+
+def test_an_interpreter_started_with_the_avx2_only_emulation_computes_and_chooses_as_that_kind():
+    """benchmarks/avx2_only on PYTHONPATH (``python -m benchmarks.suite --emulate=avx2``): in an interpreter started
+    with it (a new one: torch reads its kernel level once), torch's kernels run at AVX2, oneDNN is held to AVX2,
+    get_capabilities shows no AVX-512 or AMX, and with_amp=auto chooses fp32, as on that kind."""
+    code = (
+        "import json, os, torch\n"
+        "from cifar10_dist.system import hardware\n"
+        "from cifar10_dist.system.precision import choose_precision\n"
+        "info = hardware.cpu_info()\n"
+        "shown = [key for key, value in torch.cpu.get_capabilities().items() if value is True]\n"
+        "print(json.dumps({'capability': info.capability, 'native_bf16': info.native_bf16, 'shown': shown,\n"
+        "    'onednn': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
+        "    'dtype': str(choose_precision(torch.device('cpu'), 'auto').dtype)}))\n"
+    )
+    path = [str(REPO / "benchmarks" / "avx2_only"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout)
+    assert seen["capability"] == "AVX2" and seen["onednn"] == "AVX2"
+    assert seen["native_bf16"] is False and seen["dtype"] == "None"
+    assert not [key for key in seen["shown"] if key.startswith(("avx512", "amx"))], seen["shown"]
+    assert "avx2" in seen["shown"]  # the rest of the machine's capabilities as they are
