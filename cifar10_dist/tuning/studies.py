@@ -255,8 +255,8 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
         best = study.best_trial
         best_config = best_config_of(study, best)
         files.write_yaml(study_dir / "best_config.yaml", best_config)
-        base_config = study_of(study)["base_config"]
-        metric = base_config.get("best_metric", "accuracy")
+        base = Config.from_record(study_of(study)["base_config"])  # (an older study's: today's defaults)
+        metric = base.best_metric
         echo(f"best: trial {best.number}, val {metric} {best.value:.4f}, {format_params(best.params)}")
         echo(
             f"best config: {study_dir / 'best_config.yaml'} (cifar10-dist run "
@@ -267,7 +267,7 @@ def report(study: Any, echo: Callable[[str], None] = print, final_test: bool = F
             best_trial=best.number,
             best_value=best.value,
             best_params=dict(best.params),
-            plots=write_plots(study, study_dir) if base_config.get("figures", True) else [],  # (older: True)
+            plots=write_plots(study, study_dir) if base.figures else [],
         )
         if final_test:
             summary = dataclasses.replace(summary, final_test=run_final_test(study, best, echo))
