@@ -4,6 +4,7 @@ after a stop, tuning trials as children of their study's run, and one line when 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from cifar10_dist.config import load_config
+from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import Preempted
 from cifar10_dist.outputs import mlflow_tracking
 from cifar10_dist.outputs.provenance import RunRecord
@@ -104,14 +105,14 @@ def test_a_run_and_its_resume_are_one_mlflow_run_with_config_metrics_tags_and_ar
 
 
 def test_a_stopped_run_is_killed_in_mlflow_and_running_again_when_resumed(tmp_path):
-    config = load_config(None, with_mlflow=True, output_path=str(tmp_path)).to_dict()
+    config = load_config(None, with_mlflow=True, output_path=str(tmp_path))
     run_dir = tmp_path / "stopped"
     run_dir.mkdir()
     with pytest.raises(Preempted), tracked(config, run_dir):
         raise Preempted("stopped at iteration 3 on SIGTERM")
     client, runs = the_runs(tmp_path)
     assert [run.info.status for run in runs] == ["KILLED"]
-    with tracked({**config, "resume_from": "auto"}, run_dir) as guarded:
+    with tracked(dataclasses.replace(config, resume_from="auto"), run_dir) as guarded:
         guarded.jobs.join()  # the start, in the background
         assert guarded.tracker.run_id == runs[0].info.run_id
         assert client.get_run(guarded.tracker.run_id).info.status == "RUNNING"
@@ -120,7 +121,7 @@ def test_a_stopped_run_is_killed_in_mlflow_and_running_again_when_resumed(tmp_pa
     assert client.get_run(runs[0].info.run_id).info.status == "FAILED"
 
 
-def tracked(config: dict, run_dir: Path) -> Guarded:
+def tracked(config: Config, run_dir: Path) -> Guarded:
     return Guarded(mlflow_tracking.MLflow(config, run_dir, RunRecord.from_dict({})), "mlflow", run_dir)
 
 

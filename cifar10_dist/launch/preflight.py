@@ -46,7 +46,7 @@ def check_before_launch(config: Config) -> None:
     stopping.preemption_signals()  # a bad CIFAR10_DIST_PREEMPTION_SIGNALS: one line now, not in every worker
     check_amp_dtype(config)
     optimizers.check_muon_available(config.muon_lr)
-    trackers.check_installed(config.to_dict())
+    trackers.check_installed(config)
 
 
 def check_resizing(config: Config, classes: int, full: int) -> None:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError
 from cifar10_dist.system.ranks import on_rank_zero
 
@@ -28,26 +29,26 @@ class ClearML:
     CLEARML_OFFLINE_MODE=1) records the session locally. Scalars and the close reach the server through
     ``tracker_guard.Guarded``: a server that does not answer never ends the run."""
 
-    def __init__(self, config: Mapping[str, Any], run_dir: Path) -> None:
+    def __init__(self, config: Config, run_dir: Path) -> None:
         self.logger: Any = None
         self.task: Any = None
-        self.enabled = bool(config["with_clearml"])
+        self.enabled = config.with_clearml
         if self.enabled:
             on_rank_zero(self._start, config, run_dir)
 
-    def _start(self, config: Mapping[str, Any], run_dir: Path) -> None:
+    def _start(self, config: Config, run_dir: Path) -> None:
         from clearml import Task
         from ignite.handlers.clearml_logger import ClearMLLogger
 
-        if config["clearml_offline"]:
+        if config.clearml_offline:
             Task.set_offline(offline_mode=True)
         self.logger = ClearMLLogger(
-            project_name=config["clearml_project"],
+            project_name=config.clearml_project,
             task_name=run_dir.name,
             auto_connect_frameworks={"tensorboard": False, "matplotlib": False, "detect_repository": False},
         )
         self.task = Task.current_task()  # the task ClearMLLogger just started
-        self.task.connect(dict(config), name="config")
+        self.task.connect(config.replayable(), name="config")
 
     def saver(self, run_dir: Path) -> Any:
         """Checkpoint writer: ClearMLSaver (on every rank; it registers the files with the task on rank 0)."""

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
 from cifar10_dist.outputs.provenance import RunRecord
@@ -112,16 +113,16 @@ class MLflow:
     Every call that reaches the store goes through ``tracker_guard.Guarded`` (a background thread; a store that
     does not answer never ends the run); scalars wait in ``pending`` until a flush has sent them."""
 
-    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> None:
+    def __init__(self, config: Config, run_dir: Path, provenance: RunRecord) -> None:
         self.client: Any = None
         self.run_id: str | None = None
         self.pending: list[Any] = []
         self.logged: dict[str, int] = {}  # a continued run: each metric's last step the store had at the start
-        self.enabled = bool(config["with_mlflow"]) and is_rank_zero()
-        self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance
-        self.store = tracking_uri(config["mlflow_tracking_uri"], config["output_path"]) if self.enabled else ""
+        self.enabled = config.with_mlflow and is_rank_zero()
+        self.config, self.run_dir, self.provenance = config, run_dir, provenance
+        self.store = tracking_uri(config.mlflow_tracking_uri, config.output_path) if self.enabled else ""
         self.bounded: dict[str, str | None] = {}
-        if config["with_mlflow"]:
+        if config.with_mlflow:
             require_mlflow()
         if self.store.startswith(("http:", "https:")):
             self.bounded = bound_http_retries()
@@ -137,14 +138,13 @@ class MLflow:
             self.logged = self._last_steps()
             logger.info("mlflow: continuing run %s in %s", self.run_id, uri)
             return
-        experiment = experiment_id(self.client, config["mlflow_experiment"], uri)
+        experiment = experiment_id(self.client, config.mlflow_experiment, uri)
         tags = {**provenance_tags(self.provenance), "cifar10_dist.run_dir": str(run_dir.resolve())}
-        if config.get("mlflow_parent_run"):
-            tags[PARENT_TAG] = config["mlflow_parent_run"]
+        if config.mlflow_parent_run:
+            tags[PARENT_TAG] = config.mlflow_parent_run
         run = self.client.create_run(experiment, run_name=run_dir.name, tags=tags)
-        self._log_params(
-            run.info.run_id, as_params({key: value for key, value in config.items() if key != "mlflow_parent_run"})
-        )
+        params = {key: value for key, value in config.replayable().items() if key != "mlflow_parent_run"}
+        self._log_params(run.info.run_id, as_params(params))
         files.write_json(
             run_dir / RUN_FILE, {"tracking_uri": uri, "experiment_id": experiment, "run_id": run.info.run_id}
         )
@@ -154,7 +154,7 @@ class MLflow:
             "mlflow: run %s (%s) in experiment %s of %s; to browse: %s",
             run_dir.name,
             self.run_id,
-            config["mlflow_experiment"],
+            config.mlflow_experiment,
             uri,
             browse,
         )
@@ -206,7 +206,7 @@ class MLflow:
 
     def log_artifacts(self, run_dir: Path) -> None:
         """The run's record files (those present) and, when asked (mlflow_log_model), the best model file."""
-        with_best_model = bool(self.config.get("mlflow_log_model"))
+        with_best_model = self.config.mlflow_log_model
         self.flush()
         for path in record_files(run_dir):
             self.client.log_artifact(self.run_id, str(path))

@@ -1,7 +1,8 @@
 """The trackers: outside stores a run also reports to (ClearML, MLflow, Weights & Biases), behind one interface
 (``Tracker``) and one opener (``open_trackers``) that the training worker calls once; the local record (TensorBoard,
 metrics.jsonl, summary.json) is ``scalars.Recorder``'s and the run folder's, not a tracker's. Adding a tracker is one
-module implementing ``Tracker`` plus its fields in ``config.fields`` and one line in ``TRACKERS``.
+module implementing ``Tracker`` plus its keys in ``config.output_keys`` and one line in ``TRACKERS``. A tracker gets
+the run's ``Config`` (typed: ``config.with_mlflow``, never a key by string) and logs ``config.replayable()``.
 
 Every tracker reaches its store through ``tracker_guard.Guarded`` (a background thread on rank 0): a store that
 stops answering is one warning, never the run's end.
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Protocol
 
+from cifar10_dist.config import Config
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.tracker_guard import Guarded
 
@@ -52,19 +55,19 @@ class Tracker(Protocol):
         """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""
 
 
-def _clearml(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
+def _clearml(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.clearml_tracking import ClearML
 
     return ClearML(config, run_dir)
 
 
-def _mlflow(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
+def _mlflow(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.mlflow_tracking import MLflow
 
     return MLflow(config, run_dir, provenance)
 
 
-def _wandb(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> Tracker:
+def _wandb(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
     from cifar10_dist.outputs.wandb_tracking import WandB
 
     return WandB(config, run_dir, provenance)
@@ -88,19 +91,27 @@ def _require_wandb() -> None:
     require_wandb()
 
 
-# name: (the config key that turns it on, its builder, its install check)
-TRACKERS: dict[str, tuple[str, Callable[[Mapping[str, Any], Path, RunRecord], Tracker], Callable[[], None]]] = {
-    "clearml": ("with_clearml", _clearml, _require_clearml),
-    "mlflow": ("with_mlflow", _mlflow, _require_mlflow),
-    "wandb": ("with_wandb", _wandb, _require_wandb),
+@dataclass(frozen=True)
+class TrackerKind:
+    """A tracker as the opener knows it: whether a run's config turns it on, its builder, its install check."""
+
+    turned_on: Callable[[Config], bool]
+    build: Callable[[Config, Path, RunRecord], Tracker]
+    require: Callable[[], None]
+
+
+TRACKERS: dict[str, TrackerKind] = {
+    "clearml": TrackerKind(lambda config: config.with_clearml, _clearml, _require_clearml),
+    "mlflow": TrackerKind(lambda config: config.with_mlflow, _mlflow, _require_mlflow),
+    "wandb": TrackerKind(lambda config: config.with_wandb, _wandb, _require_wandb),
 }
 
 
-def check_installed(config: Mapping[str, Any]) -> None:
+def check_installed(config: Config) -> None:
     """Each tracker that is on: its package importable, else one line saying what to install (preflight)."""
-    for key, _, require in TRACKERS.values():
-        if config[key]:
-            require()
+    for kind in TRACKERS.values():
+        if kind.turned_on(config):
+            kind.require()
 
 
 class OpenTrackers:
@@ -137,12 +148,13 @@ class OpenTrackers:
         return fields
 
 
-def open_trackers(config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> OpenTrackers:
-    """Every tracker whose ``with_*`` key is on, built and guarded (enter the result to start them)."""
+def open_trackers(config: Config, run_dir: Path, provenance: RunRecord) -> OpenTrackers:
+    """Every tracker whose ``with_*`` key is on, built and guarded (enter the result to start them); each logs
+    ``config.replayable()`` as the run's parameters."""
     return OpenTrackers(
         [
-            Guarded(build(config, run_dir, provenance), name, run_dir)
-            for name, (key, build, _) in TRACKERS.items()
-            if config[key]
+            Guarded(kind.build(config, run_dir, provenance), name, run_dir)
+            for name, kind in TRACKERS.items()
+            if kind.turned_on(config)
         ]
     )

@@ -19,8 +19,9 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files, wandb_history
 from cifar10_dist.outputs.provenance import RunRecord
@@ -53,11 +54,11 @@ class WandB:
     disabled): started or continued at the first flush (in ``tracker_guard``'s thread), scalars kept until a flush
     sends them."""
 
-    def __init__(self, config: Mapping[str, Any], run_dir: Path, provenance: RunRecord) -> None:
-        self.mode = wandb_mode(config["wandb_mode"])
-        self.enabled = bool(config["with_wandb"]) and self.mode != "disabled" and is_rank_zero()
-        self.config, self.run_dir, self.provenance = dict(config), run_dir, provenance.to_dict()
-        self.store = f"W&B {self.mode} (project {config['wandb_project']})"
+    def __init__(self, config: Config, run_dir: Path, provenance: RunRecord) -> None:
+        self.mode = wandb_mode(config.wandb_mode)
+        self.enabled = config.with_wandb and self.mode != "disabled" and is_rank_zero()
+        self.config, self.run_dir, self.provenance = config, run_dir, provenance.to_dict()
+        self.store = f"W&B {self.mode} (project {config.wandb_project})"
         self.run: Any = None
         self.pending: list[tuple[str, float, int]] = []
         self.defined: set[str] = set()
@@ -79,19 +80,18 @@ class WandB:
         self.run = require_wandb().run
         self.run.define_metric("step", hidden=True)
         files.write_json(
-            self.run_dir / RUN_FILE, {"id": run_id, "project": self.config["wandb_project"], "mode": self.mode}
+            self.run_dir / RUN_FILE, {"id": run_id, "project": self.config.wandb_project, "mode": self.mode}
         )
 
     def _init(self, run_id: str, mode: str) -> None:
         from ignite.handlers.wandb_logger import WandBLogger
 
         wandb = require_wandb()
-        trial = self.config.get("trial")
-        study = trial["study"] if isinstance(trial, Mapping) else getattr(trial, "study", None)
-        config = {**self.config, "trial": None if trial is None else str(study), "provenance": self.provenance}
+        study = None if self.config.trial is None else self.config.trial.study
+        config = {**self.config.replayable(), "trial": study, "provenance": self.provenance}
         WandBLogger(
-            project=self.config["wandb_project"],
-            entity=self.config["wandb_entity"],
+            project=self.config.wandb_project,
+            entity=self.config.wandb_entity,
             name=self.run_dir.name,
             id=run_id,
             resume="allow",
@@ -121,7 +121,7 @@ class WandB:
             run_id,
         )
         self.mode = "offline"
-        self.store = f"W&B offline (project {self.config['wandb_project']})"
+        self.store = f"W&B offline (project {self.config.wandb_project})"
         self._init(run_id, "offline")
 
     def report_scalar(self, tag: str, value: float, step: int) -> None:
@@ -164,7 +164,7 @@ class WandB:
         for path in record_files(run_dir):
             record.add_file(str(path))
         self.run.log_artifact(record)
-        best_model = checkpoint_files.best_model_file(run_dir) if self.config.get("wandb_log_model") else None
+        best_model = checkpoint_files.best_model_file(run_dir) if self.config.wandb_log_model else None
         if best_model is not None:
             model = wandb.Artifact(f"model-{self.run.id}", type="model")
             model.add_file(str(best_model))

@@ -121,7 +121,7 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
         )
         resume_from = checkpointing.checked_resume_path(built.resume_from, config, data.provenance)
         checkpointing.continue_order(resume_from, data)
-        opened = scope.enter_context(trackers.open_trackers(config.replayable(), run_dir, data.provenance))
+        opened = scope.enter_context(trackers.open_trackers(config, run_dir, data.provenance))
         run_log.write_to(run_dir)
         if built.sweep is not None:
             ranks.on_rank_zero(lr_finding.write_files, run_dir, built.sweep)
