@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from cifar10_dist.config import Config
 from cifar10_dist.outputs import log_lines
 from tests.conftest import TINY, cli_env, run_cli, run_in_process, start_cli, stop_all
 
@@ -438,23 +439,19 @@ def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_sam
 def test_the_environment_line_names_the_backend_also_with_one_process(tmp_path, caplog):
     """torchrun with one process still runs a process group: the log says so (a GPU check found it silent)."""
     caplog.set_level(logging.INFO, logger=log_lines.logger.name)
-    log_lines.log_environment({"model": "m"}, torch.device("cpu"))
+    log_lines.log_environment(Config(), torch.device("cpu"))
     assert "distributed:" not in caplog.text and "device cpu," in caplog.text
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
-        log_lines.log_environment({"model": "m"}, torch.device("cpu"))
+        log_lines.log_environment(Config(), torch.device("cpu"))
     finally:
         idist.finalize()  # the group and idist's view of it (a bare destroy_process_group leaves idist native)
     assert "distributed: backend gloo, world size 1, 1 processes per node, 1 nodes" in caplog.text
 
 
 def test_the_config_line_of_the_log_names_only_what_differs_from_the_defaults(caplog):
-    import torch
-
-    from cifar10_dist.config import Config
-
-    config = Config(model="airbench", batch_size=1024).to_dict()
-    assert log_lines.changed_keys(config) == {"model": "airbench", "batch_size": 1024}
+    config = Config(model="airbench", batch_size=1024)
+    assert log_lines.changed_keys(config.to_dict()) == {"model": "airbench", "batch_size": 1024}
     with caplog.at_level("INFO", logger="cifar10_dist"):
         log_lines.log_environment(config, torch.device("cpu"))
     assert (

@@ -63,7 +63,7 @@ def package_logging() -> Iterator[None]:
         logger.propagate = propagate
 
 
-def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
+def log_environment(config: Config, device: torch.device) -> None:
     """Versions, device (with its index on a GPU), distributed setting (whenever a backend is up, also with one
     process) and the keys of the resolved config that differ from the defaults."""
     logger.info(
@@ -82,11 +82,11 @@ def log_environment(config: Mapping[str, Any], device: torch.device) -> None:
             idist.get_nproc_per_node(),
             idist.get_nnodes(),
         )
-    source = config.get("config_source")
+    source = config.config_source
     logger.info("config file: %s", ConfigSource(**source).describe() if source else "none (the defaults and the flags)")
     logger.info(
         "config (what differs from the defaults; every key is in the run folder's config.yaml): %s",
-        ", ".join(f"{key}={value}" for key, value in changed_keys(config).items() if key != "config_source")
+        ", ".join(f"{key}={value}" for key, value in changed_keys(config.to_dict()).items() if key != "config_source")
         or "the defaults",
     )
 

@@ -39,7 +39,7 @@ def second_interrupt_ends_at_once() -> Callable[[], None] | None:
 def setup_process(config: Config) -> torch.device:
     """Device, seeds and the numerics settings of this process; logs the environment."""
     device = idist.device()
-    log_lines.log_environment(config.to_dict(), device)
+    log_lines.log_environment(config, device)
     manual_seed(config.seed)
     if config.deterministic:
         use_deterministic_algorithms()
