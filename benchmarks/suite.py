@@ -2,7 +2,7 @@
 no stdin: a new virtualenv, the install, then exactly the test command README gives), and the demo command
 (``cifar10-dist run --config=configs/demo.yaml``) in the environment it made: the seconds of the install, of
 pytest and of the demo (its training time from its summary.json), pytest's counts, the CPU. About 6-8 minutes on
-2 cores. Last run: README (CPU named there, JSON in docs/measurements/suite_cpu.json).
+2 cores. Its runs: docs/measured.md (each with its CPU kind and its JSON in docs/measurements/).
 
     python -m benchmarks.suite [--json=PATH] [--keep=DIR] [--emulate=avx2]
 

@@ -8,7 +8,6 @@ test here computes in bf16, so an AVX2-only CPU runs them as fast as any.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks import suite
 from cifar10_dist import api
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
@@ -360,8 +360,7 @@ def test_an_interpreter_started_with_the_avx2_only_emulation_computes_and_choose
         "    'onednn': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
         "    'dtype': str(choose_precision(torch.device('cpu'), 'auto').dtype)}))\n"
     )
-    path = [str(REPO / "benchmarks" / "avx2_only"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = suite.emulating("avx2", REPO)  # the environment benchmarks.suite --emulate=avx2 runs the suite in
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     seen = json.loads(result.stdout)
