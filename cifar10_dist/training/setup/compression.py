@@ -3,7 +3,16 @@ the run's DDP model, fp16 or bf16 compression (the buckets all-reduced at half t
 approximation of each gradient matrix, with error feedback and a warm start, uncompressed for its first
 ``powersgd_start_step`` steps). ``GradientCompression`` is also what a checkpoint keeps of it: PowerSGD's step count,
 its Q matrices and every rank's error feedback (gathered, since each rank's is its own), so a resume is exact at the
-same world size. With ``none`` nothing is registered: the run is what it was without this module."""
+same world size. With ``none`` nothing is registered: the run is what it was without this module.
+
+Over gloo, PowerSGD runs each bucket on the thread DDP calls the hook from (``powersgd_on_this_thread``). torch's
+hook issues a bucket's second and third all-reduce from the callbacks of its first, on gloo's own threads, while
+the backward pass issues the next bucket's first from its thread. Two processes could then issue them in different
+orders, and gloo pairs collectives by the order they are issued: a model whose gradients fill several buckets
+(ResNet-18's 45 MB: three) died of ``gloo::EnforceNotMet`` ("Received data size doesn't match expected size")
+within tens of steps. Those callbacks also multiply matrices on gloo's threads, which use every core where this
+process uses its share: two runs then differed in their last bits. Over NCCL the arithmetic runs on the GPU, and a
+future's callbacks run when its work is queued, in the issuing thread, so torch's hook serves as it is."""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from typing import Any, Callable
 import ignite.distributed as idist
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -97,6 +107,100 @@ class GradientCompression:
         self.state.error_dict = {bucket: stacked[rank].to(device) for bucket, stacked in errors.items()}
 
 
+def powersgd_on_this_thread(
+    state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """torch's ``powerSGD_hook`` for one bucket, step for step (its helpers, its state and its memory layout, so a
+    checkpoint reads alike), with every all-reduce waited for here, on the thread DDP calls the hook from: the
+    buckets' collectives are issued in one order on every process, and all the arithmetic runs with this process's
+    CPU threads. Returns a future that already holds the bucket's averaged gradients."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world_size, buffer = dist.get_world_size(group), bucket.buffer()
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    if state.iter < state.start_powerSGD_iter:  # whole gradients, averaged as torch's hook does before its start
+        dist.all_reduce(buffer.div_(world_size), group=group)
+        state.maybe_increase_iter(bucket)
+        done.set_result(buffer)
+        return done
+    index = bucket.index()
+    if index in state.error_dict:
+        buffer.add_(state.error_dict[index])
+    before = buffer.detach().clone()
+    matrices, vectors = split_for_compression(state, bucket.gradients())
+    ps, qs = low_rank_factors(state, index, matrices, buffer)
+    whole = torch.cat([vector.view(-1) for vector in vectors]) if vectors else buffer.new_empty(0)
+    whole_reduced = dist.all_reduce(whole, group=group, async_op=True)
+    for matrix, p, q in zip(matrices, ps, qs):
+        torch.bmm(matrix, q, out=p)
+    dist.all_reduce(state.p_memory_dict[index], group=group)
+    for matrix, p, q in zip(matrices, ps, qs):
+        powerSGD_hook._orthogonalize(p, state.orthogonalization_epsilon)
+        torch.bmm(matrix.transpose(1, 2), p, out=q)
+    dist.all_reduce(state.q_memory_dict[index], group=group)
+    state.q_memory_dict[index].div_(world_size)
+    for matrix, p, q in zip(matrices, ps, qs):
+        torch.bmm(p, q.transpose(1, 2), out=matrix)
+    whole_reduced.wait()
+    whole.div_(world_size)
+    offset = 0
+    for vector in vectors:
+        vector.copy_(whole[offset : offset + vector.numel()].view_as(vector))
+        offset += vector.numel()
+    state.error_dict[index] = before - buffer
+    state.maybe_increase_iter(bucket)
+    done.set_result(buffer)
+    return done
+
+
+# DDP checks a hook's annotations as objects, and this module's are strings (``from __future__ import annotations``)
+powersgd_on_this_thread.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
+
+
+def split_for_compression(
+    state: powerSGD_hook.PowerSGDState, gradients: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The gradients worth compressing, as matrices (batches of one, as torch's hook keeps them), and the rest
+    (biases, small layers), exchanged whole: torch's rule, ``min_compression_rate``."""
+    matrices: list[torch.Tensor] = []
+    vectors: list[torch.Tensor] = []
+    for gradient in gradients:
+        rows, columns = gradient.shape[0], gradient.numel() // max(gradient.shape[0], 1)
+        rank = min(rows, columns, state.matrix_approximation_rank)
+        if powerSGD_hook._should_compress(rows, columns, rank, state.min_compression_rate)[0]:
+            matrices.append(gradient.view(1, rows, columns))
+        else:
+            vectors.append(gradient)
+    return matrices, vectors
+
+
+def low_rank_factors(
+    state: powerSGD_hook.PowerSGDState, index: int, matrices: list[torch.Tensor], buffer: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each matrix's P and Q (matrices and factors as batches of one, as torch's hook keeps them), views of the
+    bucket's P and Q memory: Q as the step before left it, orthogonalized (warm start), or drawn at random where
+    the bucket has none yet (as torch draws them, from the state's seed)."""
+    shapes = [matrix.shape[1:] for matrix in matrices]
+    ranks = [min(*shape, state.matrix_approximation_rank) for shape in shapes]
+    p_sizes = [shape[0] * rank for shape, rank in zip(shapes, ranks)]
+    q_sizes = [shape[1] * rank for shape, rank in zip(shapes, ranks)]
+    drawn = index not in state.p_memory_dict
+    if drawn:
+        state.p_memory_dict[index] = buffer.new_empty(sum(p_sizes))
+        state.q_memory_dict[index] = buffer.new_empty(sum(q_sizes))
+    ps = [p.view(1, shape[0], rank) for p, shape, rank in zip(state.p_memory_dict[index].split(p_sizes), shapes, ranks)]
+    qs = [q.view(1, shape[1], rank) for q, shape, rank in zip(state.q_memory_dict[index].split(q_sizes), shapes, ranks)]
+    if not drawn:
+        for q in qs:
+            powerSGD_hook._orthogonalize(q, state.orthogonalization_epsilon)
+        return ps, qs
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(state.rng.randint(1_000_000_000))
+        for q in qs:
+            q.copy_(torch.randn(*q.shape, dtype=q.dtype))
+            powerSGD_hook._orthogonalize(q, state.orthogonalization_epsilon)
+    return ps, qs
+
+
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's ``tensor``, stacked by rank, on the CPU."""
     if idist.get_world_size() == 1:
@@ -131,7 +235,10 @@ def attach(model: nn.Module, config: Config, process_group: Any = None) -> Gradi
             warm_start=True,
             random_seed=config.seed,
         )
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        if idist.backend() == "gloo":
+            model.register_comm_hook(state, powersgd_on_this_thread)
+        else:
+            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     ranks.on_rank_zero(
         logger.info,
         "grad_compression: %s%s on the gradients exchanged between %d processes",
