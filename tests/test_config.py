@@ -130,13 +130,11 @@ def test_bad_values_are_rejected_with_a_message_naming_them(overrides, message):
     assert "\n" not in str(error.value)
 
 
-def test_unknown_key_in_yaml_names_the_file(tmp_path):
+def test_unknown_key_in_yaml_names_the_file_and_line(tmp_path):
     path = tmp_path / "typo.yaml"
-    path.write_text("learning_rat: 0.1\n")
+    path.write_text("# my run\nmodel: simple_cnn\nlearning_rat: 0.1\n")
     with pytest.raises(
-        UserError,
-        match=r"unknown config key 'learning_rat' in .*typo.yaml: did you mean "
-        r"'learning_rate'",
+        UserError, match=rf"^{path} line 3: unknown config key 'learning_rat': did you mean 'learning_rate'\?$"
     ):
         load_config(path)
 
@@ -246,8 +244,11 @@ def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_
         load_config("configs/fast.yaml", num_epochs=1, num_warmup_epochs=1.0)  # both given: refused as before
     broken = tmp_path / "broken.yaml"
     broken.write_text("num_epochs: 2\nnum_warmup_epochs: 3\n")
-    with pytest.raises(UserError, match=r"^num_warmup_epochs=3.0 must be at least 0 and less than num_epochs=2$"):
-        load_config(broken)  # a file at odds with itself: refused
+    with pytest.raises(
+        UserError,
+        match=rf"^{broken} lines 1 and 2: num_warmup_epochs=3.0 must be at least 0 and less than num_epochs=2$",
+    ):
+        load_config(broken)  # a file at odds with itself: refused, naming the lines
 
 
 def test_a_shipped_config_shortened_to_one_epoch_trains(tmp_path):

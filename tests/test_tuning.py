@@ -351,7 +351,15 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
         ),
         ({"output_path": {"type": "categorical", "choices": ["a"]}}, "output_path cannot be tuned"),
         ({"momentum": {"type": "uniform", "low": 0.1, "high": 1}}, "momentum needs type: float, int or categorical"),
-        ({"momentum": {"type": "float", "low": 0.9, "high": 0.5}}, "low and high must be numbers with low < high"),
+        (
+            {"momentum": {"type": "float", "low": 0.9, "high": 0.5}},
+            "low and high must be finite numbers with low < high",
+        ),
+        (
+            {"batch_size": {"type": "int", "low": 16, "high": 64}, "momentum": {"type": "float", "high": float("inf")}},
+            "space.yaml' line 5: momentum: low and high must be finite numbers with low < high "
+            "(got low=None, high=inf)",
+        ),
         (
             {"momentum": {"type": "float", "low": 0.5, "high": 1.5}},
             "space: momentum=1.5 is outside what the config accepts: momentum=1.5 must be in [0, 1)",

@@ -10,7 +10,7 @@ import sys
 import fire
 
 from cifar10_dist.cli import help_pages, subcommands
-from cifar10_dist.cli.flags import closed_pipe, switches_alone
+from cifar10_dist.cli.flags import closed_pipe, one_config, switches_alone
 from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
 
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     argv = switches_alone(argv)
     try:
+        one_config(argv)
         fire.Fire(COMMANDS, command=argv, name="cifar10-dist")
     except UserError as error:
         if debug:

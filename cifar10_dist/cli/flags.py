@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from cifar10_dist.config import commands
+from cifar10_dist.errors import UserError
 
 
 def declared_flags() -> dict[str, tuple[commands.Flag, ...]]:
@@ -72,6 +73,30 @@ def switches_alone(argv: list[str]) -> list[str]:
         else:
             fixed += [f"{arg}=True", following]
     return fixed
+
+
+def one_config(argv: list[str]) -> None:
+    """``--config`` given twice (fire would take the last, without a word: a user may expect the two files merged)
+    or bare (fire would make it True), refused in one line each. Other flags keep the last value given, as argparse
+    does, so that a script can append one to a list of common flags."""
+    from cifar10_dist.config import shipped_configs
+
+    words = argv[1:]
+    given = []
+    for index, arg in enumerate(words):
+        if arg == "--config" or arg.startswith("--config="):
+            following = words[index + 1] if index + 1 < len(words) else None
+            bare = arg == "--config" and (following is None or following.startswith("-"))
+            given.append(None if bare else arg.partition("=")[2] if "=" in arg else following)
+    if len(given) > 1:
+        values = f" ({given[0]}, then {given[1]})" if None not in given[:2] else ""
+        times = "twice" if len(given) == 2 else f"{len(given)} times"
+        raise UserError(f"--config is given {times}{values}: give one config file (flags change its keys)")
+    if given == [None] or given == [""]:
+        raise UserError(
+            "--config needs a value: the name of a shipped config "
+            f"({', '.join(shipped_configs())}) or the path of a YAML file, e.g. --config=demo"
+        )
 
 
 EXIT_CLOSED_PIPE = 141  # what a shell reads for a process ended by SIGPIPE (128 + 13), as git's or ls's

@@ -17,7 +17,7 @@ from cifar10_dist.config.fields import (
     Config,
     choices,
 )
-from cifar10_dist.config.loading import describe_options, load_config, note
+from cifar10_dist.config.loading import describe_options, load_config, located_in_its_file, note
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.options import Bounds
 from cifar10_dist.config.rules import (
@@ -33,7 +33,7 @@ from cifar10_dist.config.rules import (
     validate,
 )
 from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
-from cifar10_dist.config.yaml_files import ConfigSource, config_path, read_yaml_mapping, shipped_configs
+from cifar10_dist.config.yaml_files import ConfigSource, YamlMapping, config_path, read_yaml_file, shipped_configs
 
 __all__ = [
     "ConfigSource",
@@ -52,8 +52,10 @@ __all__ = [
     "choices",
     "describe_options",
     "load_config",
+    "located_in_its_file",
     "note",
-    "read_yaml_mapping",
+    "read_yaml_file",
+    "YamlMapping",
     "config_path",
     "shipped_configs",
     "MODEL_REFERENCE",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
+import re
 import sys
 import types
 import typing
@@ -14,10 +16,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Collection, Literal
 
+import yaml
+
 from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
 from cifar10_dist.config.trial import TrialSpec
-from cifar10_dist.config.yaml_files import config_path, read_yaml_mapping, source_of, unread_namesake
+from cifar10_dist.config.yaml_files import YamlMapping, config_path, read_yaml_file, source_of, unread_namesake
 from cifar10_dist.errors import UserError
 
 
@@ -27,17 +31,27 @@ def load_config(
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
     set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
     path = config_path(config_file) if config_file is not None else None
-    from_file = read_yaml_mapping(path) if path is not None else {}
+    file = read_yaml_file(path) if path is not None else None
+    try:
+        return _built(file, overrides, set(overrides if given is None else given), config_file)
+    except UserError as error:
+        if file is None:
+            raise
+        raise located(error, file, overrides) from error
+
+
+def _built(file: YamlMapping | None, overrides: dict[str, Any], explicit: set[str], config_file: Any) -> Config:
+    """The Config of defaults < the file's values < ``overrides``, derived values settled, validated."""
+    from_file = file.values if file is not None else {}
     values = {**from_file, **overrides}
-    if path is not None:  # where the values came from: the file read, never one a file names
-        values["config_source"] = source_of(path).to_dict()
-        _note_an_unread_namesake(str(config_file), path)
+    if file is not None:  # where the values came from: the file read, never one a file names
+        values["config_source"] = source_of(file.path).to_dict()
+        _note_an_unread_namesake(str(config_file), file.path)
     for key in values:
-        _check_known(key, source=f"in {config_file}" if key not in overrides else "")
+        _check_known(key)
     typed = {key: _coerce(key, value) for key, value in values.items()}
     if "model" in typed:
         typed["model"] = absolute_model_reference(typed["model"])
-    explicit = set(overrides if given is None else given)
     if "checkpoint_every" not in explicit:
         source = (
             "the default"
@@ -47,11 +61,59 @@ def load_config(
             else "from the config given"
         )
         _checkpoints_after_steps(typed, source)
-    if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:
-        _warmup_within_a_shorter_run(typed, from_file, config_file)
+    if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:  # the flags shorten the file's run
+        _warmup_within_a_shorter_run(typed, from_file.get("num_epochs"), "num_warmup_epochs" in from_file, config_file)
+    elif "num_warmup_epochs" not in values and "num_epochs" in from_file:  # the file shortens the defaults' run
+        _warmup_within_a_shorter_run(typed, None, False, config_file)
     config = Config(**typed)
     validate(config)
     return config
+
+
+def located(error: UserError, file: YamlMapping, overrides: Collection[str]) -> UserError:
+    """The error with the file and line of the keys it names that the file set (and no flag changed) before it:
+    'my.yaml line 3: num_epochs=0 must be ...'. Keys named as ``key=`` or 'key' count first, then as words; an
+    error that names none of the file's keys is returned as it was."""
+    message = str(error)
+    keys = [key for key in file.lines if key not in overrides]
+    named = sorted(
+        (match.start(), key)
+        for key in keys
+        for match in [re.search(rf"(?<![\w.-]){re.escape(key)}=|'{re.escape(key)}'", message)]
+        if match
+    ) or sorted(
+        (match.start(), key) for key in keys for match in [re.search(rf"\b{re.escape(key)}\b", message)] if match
+    )
+    if not named:
+        return error
+    lines = sorted({file.lines[key] for _, key in named})
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+    return type(error)(f"{file.path} {where}: {message}")
+
+
+def located_in_its_file(error: UserError, config: Config) -> UserError:
+    """``located`` for an error found after loading (before launch): the keys whose value is still the config
+    file's (no flag changed them) count, read again from the file the config names; as it was where there is none
+    or it cannot be read now."""
+    if config.config_source is None:
+        return error
+    try:
+        file = read_yaml_file(Path(config.config_source["path"]))
+        changed = [key for key, value in file.values.items() if not _still(config, key, value)]
+    except UserError:
+        return error
+    return located(error, file, changed)
+
+
+def _still(config: Config, key: str, value: Any) -> bool:
+    """Whether the config holds the file's ``value`` for ``key``."""
+    if key not in FIELDS:
+        return False
+    try:
+        coerced = _coerce(key, value)
+    except UserError:
+        return False
+    return getattr(config, key) == (absolute_model_reference(coerced) if key == "model" else coerced)
 
 
 def _note_an_unread_namesake(given: str, path: Path) -> None:
@@ -79,16 +141,19 @@ def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
     )
 
 
-def _warmup_within_a_shorter_run(typed: dict[str, Any], from_file: dict[str, Any], config_file: Any) -> None:
-    """A warmup the user did not set (a config file's or the default) that a shorter num_epochs, set explicitly,
-    leaves no room after, scaled to the same share of the run, with one INFO line (``--num_epochs=1`` on any
-    shipped config is a smoke test); a warmup set explicitly is refused by ``validate`` instead."""
+def _warmup_within_a_shorter_run(
+    typed: dict[str, Any], planned_epochs: Any, warmup_from_file: bool, config_file: Any
+) -> None:
+    """A warmup set for a longer run (a config file's, or the default) that a shorter num_epochs leaves no room
+    after, scaled to the same share of the run, with one INFO line: ``--num_epochs=1`` on any shipped config, or
+    ``num_epochs: 1`` in a file of a few lines, is a smoke test. ``planned_epochs``: the epochs the warmup was set
+    for (None: the default's). A warmup given beside num_epochs is refused by ``validate`` instead."""
     warmup = typed.get("num_warmup_epochs", FIELDS["num_warmup_epochs"].default)
     epochs = typed["num_epochs"]
     if not isinstance(warmup, float) or not isinstance(epochs, int) or epochs < 1 or warmup < epochs:
         return  # fits, or validate() names a bad value
-    planned = _coerce("num_epochs", from_file.get("num_epochs", FIELDS["num_epochs"].default))
-    source = f"from {config_file}" if "num_warmup_epochs" in from_file else "the default"
+    planned = _coerce("num_epochs", FIELDS["num_epochs"].default if planned_epochs is None else planned_epochs)
+    source = f"from {config_file}" if warmup_from_file else "the default"
     if planned <= warmup:
         return  # the file's own warmup does not fit its own epochs: validate() refuses it
     typed["num_warmup_epochs"] = round(warmup * epochs / planned, 4)
@@ -108,14 +173,13 @@ def note(message: str) -> None:
         print(f"{datetime.now():%H:%M:%S} INFO {message}", file=sys.stderr)
 
 
-def _check_known(key: str, source: str = "") -> None:
+def _check_known(key: str) -> None:
     if key in FIELDS:
         return
-    where = f" {source}" if source else ""
     settable = [name for name, field in FIELDS.items() if not field.metadata["internal"]]
     close = difflib.get_close_matches(key, settable, n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'?" if close else "run with --help to list the valid keys"
-    raise UserError(f"unknown config key '{key}'{where}: {hint}")
+    raise UserError(f"unknown config key '{key}': {hint}")
 
 
 def _field_type(name: str) -> tuple[type, bool]:
@@ -156,7 +220,7 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
     elif base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return _finite(name, float(value))
     elif base is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)  # fire turns --run_name=7 into the int 7
@@ -167,7 +231,31 @@ def _coerce(name: str, value: Any) -> Any:
     elif base is TrialSpec:
         return TrialSpec.from_mapping(value)
     type_name = " or ".join([base.__name__, *also, *(["None"] if optional else [])])
-    raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}")
+    raise UserError(f"{name}={value!r} has the wrong type: expected {type_name}{_read_as_text(value, base)}")
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise UserError(f"{name}={value} is not a finite number: give one such as {FIELDS[name].default}")
+    return value
+
+
+def _read_as_text(value: Any, base: type) -> str:
+    """Where a number became text (YAML 1.1 reads 1e3 and 1e-3 as strings: its floats need a dot and a signed
+    exponent), how to write it so that it is read as one."""
+    if base not in (int, float) or not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    if base is int:
+        written = str(int(number)) if number.is_integer() else ""
+    else:
+        written = yaml.safe_dump(number).split("\n")[0]
+    return f" (YAML reads {value} as text; write {written})" if written else ""
 
 
 def _json_object(name: str, value: Any) -> dict[str, Any]:
@@ -182,7 +270,8 @@ def _json_object(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise UserError(f"{name}={value!r} must be a JSON object with string keys, e.g. '{{\"width\": 64}}'")
     try:
-        return json.loads(json.dumps(value))  # plain JSON values only (they go into config.yaml and checkpoints)
+        return json.loads(json.dumps(value, allow_nan=False))  # plain, finite JSON values only (config.yaml and
+        # checkpoints keep them)
     except (TypeError, ValueError) as error:
         raise UserError(f"{name}={value!r} holds a value JSON cannot carry: {error}") from error
 

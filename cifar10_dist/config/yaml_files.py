@@ -66,24 +66,46 @@ def unread_namesake(given: str | Path, path: Path) -> Path | None:
     return None
 
 
-def read_yaml_mapping(path: Path, what: str = "config file", example: str = "default") -> dict[str, Any]:
-    """A YAML file holding a mapping ({} when empty); every other case one line naming the file (``what``), where
-    in it, and what is wanted (a YAML file like ``example``). Anything that reads as a file works (``/dev/null``,
-    a shell's ``<(...)``)."""
+MAX_FILE_BYTES = 1024 * 1024  # a config or search space is a few KB of YAML
+MAX_VALUES = 100_000  # what a file's values may hold once its aliases are followed (scalars, lists and mappings)
+
+
+@dataclass(frozen=True)
+class YamlMapping:
+    """A YAML file's top-level mapping (``values``), and the line each of its keys stands on (``lines``), so that
+    an error about a key can say where it is."""
+
+    path: Path
+    values: dict[str, Any]
+    lines: dict[str, int]
+
+
+def read_yaml_file(path: Path, what: str = "config file", example: str = "default") -> YamlMapping:
+    """A YAML file holding a mapping (empty when the file is); every other case one line naming the file
+    (``what``), where in it, and what is wanted (a YAML file like ``example``). The file is untrusted: at most
+    ``MAX_FILE_BYTES``, and its aliases may not make its values hold more than ``MAX_VALUES`` (an alias bomb is
+    refused before anything is built from it). Anything that reads as a file works (``/dev/null``, a shell's
+    ``<(...)``)."""
     if path.is_dir():
         raise UserError(f"{what} '{path}' is a folder: give a YAML file (e.g. {example})")
     if not path.exists():
         raise UserError(f"{what} '{path}' does not exist: {_what_exists(path, example)}")
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise UserError(f"{what} '{path}' cannot be read: {error.strerror}") from error
-    loaded = parse_mapping(_decoded(raw, f"{what} '{path}'"), f"{what} '{path}'")
+    if len(raw) > MAX_FILE_BYTES:
+        raise UserError(
+            f"{what} '{path}' is over {MAX_FILE_BYTES // 1024} KiB: a {what} is a few KB of YAML (e.g. {example})"
+        )
+    named = f"{what} '{path}'"
+    loaded, lines = parse_mapping(_decoded(raw, named), named)
     if loaded is None:
-        return {}
+        return YamlMapping(path, {}, {})
     if not isinstance(loaded, dict):
-        raise UserError(f"{what} '{path}' must hold a mapping of key: value, not {type(loaded).__name__}")
-    return loaded
+        raise UserError(f"{named} must hold a mapping of key: value, not {type(loaded).__name__}")
+    return YamlMapping(path, loaded, lines)
 
 
 def _what_exists(path: Path, example: str) -> str:
@@ -92,7 +114,7 @@ def _what_exists(path: Path, example: str) -> str:
     stem = path.name
     for suffix in SUFFIXES:
         stem = stem.removesuffix(suffix)
-    close = difflib.get_close_matches(stem, list(names), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(stem.lower(), list(names), n=1, cutoff=0.6)  # (the names are lower case)
     beside = sorted(p.name for p in path.parent.glob("*") if p.suffix in SUFFIXES) if path.parent.is_dir() else []
     near = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.75)
     if near:
@@ -120,32 +142,98 @@ def _decoded(raw: bytes, what: str) -> str:
         ) from error
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that names a key twice (YAML forbids it; PyYAML keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _DuplicateKey(f"gives '{key}' twice (lines {seen[key]} and {line}): keep one")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class _DuplicateKey(Exception):
+def parse_mapping(text: str, what: str) -> tuple[Any, dict[str, int]]:
+    """YAML text read strictly, with PyYAML's safe loader: each key of a mapping once (YAML forbids a second; PyYAML
+    keeps the last), merge keys (``<<: *base``) as YAML defines them, and at most ``MAX_VALUES`` values once its
+    aliases are followed, all checked on the parsed nodes before anything is built. Returns the document and the
+    line of each key of its top-level mapping. A syntax error is one line with its line and column."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        _check_size(node, what)
+        _check_unique_keys(node, what)
+        lines = {
+            str(key.value): key.start_mark.line + 1
+            for key, _ in (node.value if isinstance(node, yaml.MappingNode) else [])
+            if isinstance(key, yaml.ScalarNode) and key.tag != MERGE_TAG
+        }
+        return loader.construct_document(node), lines
+    except yaml.YAMLError as error:
+        raise UserError(f"{what} {_syntax_error(error, text)}") from error
+    except RecursionError as error:
+        raise UserError(f"{what} nests its values too deeply to be a config: write them out flat") from error
+    finally:
+        loader.dispose()
+
+
+class _HoldsItself(Exception):
     pass
 
 
-def parse_mapping(text: str, what: str) -> Any:
-    """YAML text read strictly (``_UniqueKeyLoader``); a syntax error as one line with its line and column."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
-    except _DuplicateKey as error:
-        raise UserError(f"{what} {error}") from error
-    except yaml.YAMLError as error:
-        raise UserError(f"{what} {_syntax_error(error, text)}") from error
+def _check_size(root: yaml.Node, what: str) -> None:
+    """Refuse a document whose values hold more than ``MAX_VALUES`` once every alias is followed (an alias bomb:
+    a few lines that would expand to billions), or a value that holds itself; each node is counted once, so the
+    check costs what the file's own lines do. Names the line of the top-level key where it happens."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _HoldsItself
+        open_nodes.add(id(node))
+        sizes[id(node)] = min(1 + sum(size(child) for child in _children(node)), MAX_VALUES + 1)
+        open_nodes.discard(id(node))
+        return sizes[id(node)]
+
+    pairs = root.value if isinstance(root, yaml.MappingNode) else [(root, root)]
+    for key, value in pairs:
+        where = f"{what} line {key.start_mark.line + 1}"
+        try:
+            too_many = size(value) > MAX_VALUES
+        except _HoldsItself:
+            raise UserError(f"{where}: an alias (*name) in the value there refers to the value itself: write it out")
+        if too_many:
+            raise UserError(
+                f"{where}: the value there holds more than {MAX_VALUES:,} values once its aliases (*name) are "
+                "followed: a config holds a few hundred; write the values out"
+            )
+
+
+def _check_unique_keys(node: yaml.Node, what: str, seen_nodes: set[int] | None = None) -> None:
+    """Each mapping in the document names each key once (merge keys aside: what they bring may be overridden)."""
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[Any, int] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == MERGE_TAG:
+                continue
+            line = key.start_mark.line + 1
+            if (key.tag, key.value) in lines:
+                raise UserError(
+                    f"{what} gives '{key.value}' twice (lines {lines[(key.tag, key.value)]} and {line}): keep one"
+                )
+            lines[(key.tag, key.value)] = line
+    for child in _children(node):
+        _check_unique_keys(child, what, seen_nodes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    """A sequence's items, a mapping's keys and values, a scalar's nothing."""
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
 
 
 def _syntax_error(error: yaml.YAMLError, text: str) -> str:

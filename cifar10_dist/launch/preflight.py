@@ -15,7 +15,7 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import checkpoint_layout, models
-from cifar10_dist.config import Config, class_weights, planned_world_size
+from cifar10_dist.config import Config, class_weights, located_in_its_file, planned_world_size
 from cifar10_dist.data import records, resizing
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
@@ -25,7 +25,15 @@ from cifar10_dist.training.setup import optimizers
 
 
 def check_before_launch(config: Config) -> None:
-    """Everything that would crash or hang later, refused now with a message saying what to do instead."""
+    """Everything that would crash or hang later, refused now with a message saying what to do instead; an error
+    about a value of the config file names its file and line."""
+    try:
+        _check(config)
+    except UserError as error:
+        raise located_in_its_file(error, config) from error
+
+
+def _check(config: Config) -> None:
     source = records.implementation(config.dataset)
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
     info = source.info(config)

@@ -76,12 +76,34 @@ def build_model(name: str, kwargs: dict[str, Any] | None = None, num_classes: in
     factory gets ``num_classes`` when it takes a parameter of that name."""
     if is_model_reference(name):
         factory = import_factory(name)
+        check_keywords(name, factory, kwargs or {})
         return _call_factory(name, factory, {**_class_count(factory, num_classes), **(kwargs or {})})
     builder = _builtin_builder(name)
+    check_keywords(name, REGISTRY.get(name, builder), kwargs or {})
     try:
         return builder(**{"num_classes": num_classes, **(kwargs or {})})
     except TypeError as error:  # a keyword the builder does not take
         raise UserError(f"model={name} does not accept model_kwargs={kwargs}: {error}") from error
+
+
+def check_keywords(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Each model_kwargs key a parameter of the factory, where its signature names them all (no ``**kwargs``);
+    else one line with the closest parameter and the list of them."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return  # (torchvision's and timm's builders pass them on: their model's own error speaks)
+    keywords = [key for key, one in parameters.items() if one.kind in (one.POSITIONAL_OR_KEYWORD, one.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in keywords:
+            close = difflib.get_close_matches(key, keywords, n=1, cutoff=0.7)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise UserError(
+                f"model_kwargs={kwargs}: '{key}' is not a parameter of model='{name}': {hint}it takes "
+                f"{', '.join(keywords) or 'none'}"
+            )
 
 
 def require_timm() -> Any:

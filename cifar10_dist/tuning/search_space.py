@@ -4,11 +4,12 @@ steps, categorical choices), read and checked against the config before any tria
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, UNTUNABLE, Config, config_path, load_config, read_yaml_mapping
+from cifar10_dist.config import FIELDS, UNTUNABLE, Config, config_path, load_config, read_yaml_file
 from cifar10_dist.errors import UserError
 
 SPACE_TYPES = ("float", "int", "categorical")
@@ -62,21 +63,25 @@ class Dimension:
 def read_space(path: str | Path) -> dict[str, Dimension]:
     """SPACE.yaml: ``key: {type: float|int|categorical, ...}`` for config keys; one line for each kind of mistake."""
     path = config_path(path)
-    loaded = read_yaml_mapping(path, "space file", "space_fast")
+    space = read_yaml_file(path, "space file", "space_fast")
+    loaded = space.values
     if not loaded:
         raise UserError(
             f"space file '{path}' must map config keys to ranges, e.g. learning_rate: "
             "{type: float, low: 0.01, high: 1.0, log: true}"
         )
-    return {str(name): _dimension(str(name), entry, path) for name, entry in loaded.items()}
+    return {
+        str(name): _dimension(str(name), entry, f"space file '{path}' line {space.lines.get(str(name), 1)}")
+        for name, entry in loaded.items()
+    }
 
 
-def _dimension(name: str, entry: Any, path: Path) -> Dimension:
-    where = f"space file '{path}': {name}"
+def _dimension(name: str, entry: Any, in_file: str) -> Dimension:
+    where = f"{in_file}: {name}"
     if name not in FIELDS:
         close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.6)
         hint = f"did you mean '{close[0]}'?" if close else "run cifar10-dist run --help to list the keys"
-        raise UserError(f"space file '{path}': unknown config key '{name}': {hint}")
+        raise UserError(f"{in_file}: unknown config key '{name}': {hint}")
     if name in UNTUNABLE:
         raise UserError(f"{where} cannot be tuned (tune sets it, or it decides the data every trial must share)")
     if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
@@ -99,15 +104,19 @@ def _dimension(name: str, entry: Any, path: Path) -> Dimension:
     low: Any = entry.get("low")
     high: Any = entry.get("high")
     step = entry.get("step")
-    numbers = [value for value in (low, high) if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    numbers = [
+        value
+        for value in (low, high)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ]
     if len(numbers) != 2 or not low < high:
-        raise UserError(f"{where}: low and high must be numbers with low < high (got low={low}, high={high})")
+        raise UserError(f"{where}: low and high must be finite numbers with low < high (got low={low}, high={high})")
     if entry["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
         raise UserError(f"{where}: an int range needs whole low and high (got low={low}, high={high})")
     log = entry.get("log", False)
     if log and (low <= 0 or step is not None):
         raise UserError(f"{where}: log: true needs low > 0 and no step (got low={low}, step={step})")
-    if step is not None and not (isinstance(step, (int, float)) and step > 0):
+    if step is not None and not (isinstance(step, (int, float)) and math.isfinite(step) and step > 0):
         raise UserError(f"{where}: step must be a number > 0 (got {step!r})")
     return Dimension(name, entry["type"], float(low), float(high), bool(log), step)
 
