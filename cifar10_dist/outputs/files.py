@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -16,9 +17,16 @@ import yaml
 
 from cifar10_dist.errors import OutputNotWritable, UserError
 
-# the temporary names ``write_file`` writes under (``.NAME.tmpPID``) and Ignite's atomic DiskSaver does
-# (``tempfile``'s ``tmp`` + 8 of [a-z0-9_]): a process killed mid-write leaves one behind
-TEMPORARY_NAMES = (re.compile(r"^\..+\.tmp\d+$"), re.compile(r"^tmp[a-z0-9_]{8}$"))
+# What a process killed mid-write leaves behind, and how a resume knows it wrote it (by name and by content, never
+# by name alone: a user's own tmp_results or .notes.tmp1 stays). Ours: ``write_file``'s temporary, whose name carries
+# this package's marker. Ignite's atomic DiskSaver's: ``tempfile``'s name (``tmp`` + 8 of [a-z0-9_]) holding the
+# start of a torch.save file (a zip archive).
+OUR_TEMPORARY = re.compile(r"^\..+\.partial-cifar10-dist-\d+$")
+IGNITE_TEMPORARY = re.compile(r"^tmp[a-z0-9_]{8}$")
+ZIP_HEADER = b"PK\x03\x04"
+# names that look like a temporary but are not known to be one by their content (older releases' ``.NAME.tmpPID``
+# among them): left where they are, and said
+LOOKALIKE = re.compile(r"^(\..+\.tmp\d+|tmp[a-z0-9_]{8})$")
 
 # errno values that mean "this file cannot be written here" rather than a bug
 UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
@@ -36,7 +44,7 @@ def write_file(path: Path, content: str | bytes | Callable[[Path], None]) -> Non
     """Write a file atomically (a temporary name in the same folder, then a rename): the final name is complete
     or absent. A full disk or a read-only folder ends the run with one line (``errors.OutputNotWritable``) and
     leaves no temporary file. ``content`` may be a function that writes to the path it is given."""
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")  # TEMPORARY_NAMES[0]
+    temporary = path.with_name(f".{path.name}.partial-cifar10-dist-{os.getpid()}")  # OUR_TEMPORARY
     with writing(path):
         try:
             if callable(content):
@@ -58,17 +66,44 @@ def write_yaml(path: Path, content: Mapping[str, Any]) -> None:
     write_file(path, yaml.safe_dump(dict(content), sort_keys=False))
 
 
-def remove_stale_temporaries(folder: Path) -> list[str]:
-    """Remove the partial files that writes killed mid-way left in ``folder`` (their temporary names alone, never
-    another file), returning what was removed with its size. Only for a folder no other process writes to (a run
-    folder its run holds locked)."""
-    removed = []
+def written_partially(path: Path) -> bool:
+    """Whether ``path`` is what a write of this package's or Ignite's left when killed mid-way (``OUR_TEMPORARY``,
+    ``IGNITE_TEMPORARY`` holding a zip archive's start)."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    if OUR_TEMPORARY.match(path.name):
+        return True
+    if not IGNITE_TEMPORARY.match(path.name):
+        return False
+    try:
+        with path.open("rb") as file:
+            return file.read(len(ZIP_HEADER)) == ZIP_HEADER
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What a look for killed writes' partial files found: what it removed (with sizes) and what it left, files
+    whose name looks like a temporary but whose content does not say it is one."""
+
+    removed: list[str]
+    left: list[str]
+
+
+def remove_stale_temporaries(folder: Path) -> Leftovers:
+    """Remove the partial files that writes killed mid-way left in ``folder`` (``written_partially``: by name and
+    content, never another file). Only for a folder no other process writes to (a run folder its run holds
+    locked)."""
+    removed, left = [], []
     for path in sorted(folder.iterdir()):
-        if path.is_file() and not path.is_symlink() and any(name.match(path.name) for name in TEMPORARY_NAMES):
+        if written_partially(path):
             size = path.stat().st_size
             path.unlink(missing_ok=True)
             removed.append(f"{path.name} ({size} bytes)")
-    return removed
+        elif LOOKALIKE.match(path.name):
+            left.append(path.name)
+    return Leftovers(removed, left)
 
 
 def unwritable_cause(error: BaseException | None) -> OSError | None:

@@ -132,9 +132,15 @@ def _claim(output_path: Path, name: str, resuming: bool, overwrite: bool) -> Any
         folder.mkdir()
         lock = _lock(folder)
     if existing and resuming:
-        removed = remove_stale_temporaries(folder)
-        if removed:
-            logger.info("removed what writes killed mid-way left in %s: %s", folder, ", ".join(removed))
+        leftovers = remove_stale_temporaries(folder)
+        if leftovers.removed:
+            logger.info("removed what writes killed mid-way left in %s: %s", folder, ", ".join(leftovers.removed))
+        if leftovers.left:
+            logger.info(
+                "left in %s, named like a temporary file but not one of this run's writes by its content: %s",
+                folder,
+                ", ".join(leftovers.left),
+            )
     holder = {"host": platform.node(), "pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
     write_json(folder / HOLDER_FILE, holder)
     return lock

@@ -97,8 +97,16 @@ def test_the_docs_list_the_keys_a_resume_may_change():
 
 
 def test_a_resume_removes_the_partial_files_of_killed_writes_and_nothing_else(reference_copy, tmp_path):
-    partial = {"tmpab_c1d2e": b"PK\x03\x04" + bytes(1000), ".config.yaml.tmp4242": b"seed:"}  # DiskSaver's, ours
-    kept = {"tmp_notes.txt": b"mine", "tmpabcdefgh.pt": b"mine too"}
+    """Recognised by name and content: Ignite's DiskSaver's holds a zip archive's start (torch.save's format), ours
+    carries the package's marker in its name. A user's files named alike stay, and the log says so."""
+    partial = {"tmpab_c1d2e": b"PK\x03\x04" + bytes(1000), ".config.yaml.partial-cifar10-dist-4242": b"seed:"}
+    kept = {
+        "tmp_notes.txt": b"mine",
+        "tmpabcdefgh.pt": b"mine too",
+        "tmp_results": b"accuracy 0.93\n",  # tempfile's shape of name: tmp + 8 of [a-z0-9_]
+        "tmp_scratch": b"",
+        ".notes.tmp1": b"an editor's",  # the shape of this package's temporaries before they carried its marker
+    }
     for name, content in {**partial, **kept}.items():
         (reference_copy / name).write_bytes(content)
     result = run_in_process(
@@ -106,8 +114,12 @@ def test_a_resume_removes_the_partial_files_of_killed_writes_and_nothing_else(re
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
-        f"removed what writes killed mid-way left in {reference_copy}: .config.yaml.tmp4242 (5 bytes), "
-        "tmpab_c1d2e (1004 bytes)"
+        f"removed what writes killed mid-way left in {reference_copy}: "
+        ".config.yaml.partial-cifar10-dist-4242 (5 bytes), tmpab_c1d2e (1004 bytes)"
+    ) in result.stderr
+    assert (
+        f"left in {reference_copy}, named like a temporary file but not one of this run's writes by its content: "
+        ".notes.tmp1, tmp_results, tmp_scratch"
     ) in result.stderr
     assert not any((reference_copy / name).exists() for name in partial)
     assert all((reference_copy / name).read_bytes() == content for name, content in kept.items())

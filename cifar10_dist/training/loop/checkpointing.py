@@ -51,9 +51,10 @@ class KeepUntilSaved(BaseSaveHandler):
             with files.writing(self.folder / filename):
                 self.saver(checkpoint, filename, metadata)
         except BaseException:
-            # DiskSaver's temporary file survives a full disk (its cleanup flushes, fails again and skips the removal)
+            # DiskSaver's temporary file survives a full disk (its cleanup flushes, fails again and skips the removal):
+            # one of tempfile's names that appeared during this write, empty or not
             for name in set(os.listdir(self.folder)) - before:
-                if name.startswith("tmp"):
+                if files.IGNITE_TEMPORARY.match(name):
                     (self.folder / name).unlink(missing_ok=True)
             raise
         for old in self.pending_removals:
