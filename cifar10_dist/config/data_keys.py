@@ -83,6 +83,7 @@ class DataKeys:
         5000,
         "size of the fixed, non-augmented train subset used for train metrics",
         bounds=Bounds(0, reads="0 (off) or more"),
+        may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
     val_split: float = option(
         0.0,

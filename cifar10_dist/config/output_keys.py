@@ -37,6 +37,7 @@ class OutputKeys:
         "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel shifts (6 views)",
         choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)",
         inherited_by_evaluate=True,
+        may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
     calibrate: Optional[Literal["temperature"]] = option(
         None,
@@ -45,6 +46,7 @@ class OutputKeys:
         "model, used by evaluate, predict and export",
         choices_read="temperature (or leave it unset)",
         tunable=False,
+        may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
     checkpoint_every: int = option(
         200,

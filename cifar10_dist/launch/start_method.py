@@ -86,6 +86,22 @@ def start_forkserver() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+def stop_servers() -> None:
+    """Stop the forkserver and the resource tracker this process started, and wait for them: a launcher on the
+    command line ends after its children (they block the stop signals, and on their own would see its end and
+    follow it seconds later). Python's own ``_stop`` of each, which a notebook's kernel never calls: its workers'
+    next run reuses them."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for server in (forkserver._forkserver, resource_tracker._resource_tracker):  # (the forkserver holds the other)
+        stop = getattr(server, "_stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ChildProcessError):
+                pass  # gone already
+
+
 def require_main_guard(workers: int | None) -> None:
     """Refuse, before any process starts, a script that launches at its top level without
     ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver

@@ -54,9 +54,12 @@ def claimed_run_dir(
     A file of the run that cannot be written ends it with one line saying how to continue.
     """
     held: list[Any] = []
+    made: list[Path] = []
 
     def claim() -> list[str]:
         name = run_name or default_run_name(model, backend, idist.get_world_size())
+        if not (Path(output_path) / name).exists():
+            made.append(Path(output_path) / name)
         held.append(_claim(Path(output_path), name, resuming, overwrite))
         return [name, (Path(output_path) / name / HOLDER_FILE).read_text()]
 
@@ -68,10 +71,25 @@ def claimed_run_dir(
         raise OutputNotWritable(
             f"{error}: free space there (or make it writable) and continue with {resume_hint(name)}"
         ) from error
+    except BaseException:
+        for folder in made:
+            _remove_if_only_locked(folder)  # a run refused before it wrote anything leaves no folder behind
+        raise
     finally:
         for lock in held:
             if lock is not None:
                 lock.release()
+
+
+def _remove_if_only_locked(folder: Path) -> None:
+    """The folder this run made, removed when it holds nothing but the lock's two files (rank 0, which made it)."""
+    try:
+        if {path.name for path in folder.iterdir()} <= {LOCK_FILE, HOLDER_FILE}:
+            for name in (HOLDER_FILE, LOCK_FILE):
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:
+        pass  # (left as it is: another process wrote there meanwhile, or the folder went away)
 
 
 # how long a process looks for the run folder rank 0 made (a network filesystem's caches hide a new name for up to

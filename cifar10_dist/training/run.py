@@ -109,6 +109,8 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
     config, data = built.config, built.data
     with contextlib.ExitStack() as scope:
         scope.enter_context(contextlib.closing(data.loaders))
+        resume_from = checkpointing.checked_resume_path(built.resume_from, config, data.provenance)  # (a refusal
+        # before the folder is claimed: it writes nothing, not even the lock)
         run_dir = scope.enter_context(
             run_folder.claimed_run_dir(
                 config.output_path,
@@ -119,7 +121,6 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
                 overwrite=config.overwrite,
             )
         )
-        resume_from = checkpointing.checked_resume_path(built.resume_from, config, data.provenance)
         checkpointing.continue_order(resume_from, data)
         opened = scope.enter_context(trackers.open_trackers(config, run_dir, data.provenance))
         run_log.write_to(run_dir)

@@ -38,9 +38,11 @@ INTERRUPTED = re.compile(
 )
 
 
-def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, float, list[int]]:
+def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, float, list[int], list[int]]:
     """Start a 2-process run (RUN and extra flags; SLOWLY, for a --model=slow_cnn), call send(launcher) after its
-    first checkpoint; returns (exit code, stderr, seconds from the signal to the launcher's end, worker pids)."""
+    first checkpoint; returns (exit code, stderr, seconds from the signal to the launcher's end, worker pids, the
+    processes of its session still there when it ended: its forkserver and resource tracker, where they outlive
+    it)."""
     job = start_cli(
         "run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job", env=SLOWLY
     )
@@ -50,20 +52,34 @@ def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, fl
         sent_at = time.monotonic()
         send(job)
         _, stderr = job.communicate(timeout=120)
-        return job.returncode, stderr, time.monotonic() - sent_at, workers
+        return job.returncode, stderr, time.monotonic() - sent_at, workers, in_session(job.pid)
     finally:
         stop_all(job)
+
+
+def in_session(session: int) -> list[int]:
+    """The processes of a session (its leader's pid), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[3]) == session:  # (state, ppid, pgrp, session, ...)
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.mark.slow
 def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly(
     small_dataset, tmp_path, slow_cnn, long_spawned_reference
 ):
-    code, stderr, seconds, workers = interrupt(
+    code, stderr, seconds, workers, left = interrupt(
         small_dataset, tmp_path, lambda job: os.killpg(job.pid, signal.SIGINT), f"--model={slow_cnn}"
     )
     print(f"Ctrl-C to exit: {seconds:.2f} s")
     assert code == 130, stderr[-3000:]
+    assert left == []  # the launcher ended after every process it started: the workers, forkserver, tracker
     last_line = stderr.strip().splitlines()[-1]
     match = INTERRUPTED.fullmatch(last_line)
     assert match, last_line
@@ -95,7 +111,7 @@ def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(
     """As Slurm delivers a preemption to every process of a job: the launcher, its workers and the forkserver they
     came from (which, ended by it, left the launcher reading exit code 255 for every worker: exit 4, a lost
     worker)."""
-    code, stderr, _, workers = interrupt(
+    code, stderr, _, workers, _ = interrupt(
         small_dataset, tmp_path, lambda job: os.killpg(job.pid, preemption), f"--model={slow_cnn}"
     )
     assert code == 75, stderr[-3000:]
@@ -124,7 +140,7 @@ def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(
 
 @pytest.mark.slow
 def test_interrupting_the_launcher_alone_as_jupyter_does_stops_the_workers_too(small_dataset, tmp_path, slow_cnn):
-    code, stderr, seconds, workers = interrupt(
+    code, stderr, seconds, workers, _ = interrupt(
         small_dataset, tmp_path, lambda job: job.send_signal(signal.SIGINT), f"--model={slow_cnn}"
     )
     assert code == 130, stderr[-3000:]
@@ -143,7 +159,7 @@ def test_a_second_ctrl_c_during_the_stop_ends_every_process_at_once(small_datase
         time.sleep(0.1)
         job.send_signal(signal.SIGINT)
 
-    code, stderr, seconds, workers = interrupt(small_dataset, tmp_path, twice, "--model_kwargs={'width': 256}")
+    code, stderr, seconds, workers, _ = interrupt(small_dataset, tmp_path, twice, "--model_kwargs={'width': 256}")
     assert code == 130, stderr[-3000:]
     last_line = stderr.strip().splitlines()[-1]
     assert last_line.startswith("interrupted again: every process stopped at once, without a new checkpoint"), last_line

@@ -54,7 +54,7 @@ def edit(config_yaml: Path, **changes: object) -> None:
 def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_writes_nothing(reference_copy, tmp_path):
     config_yaml = reference_copy / "config.yaml"
     edit(config_yaml, learning_rate=0.05, num_epochs=6)
-    before = {path.name: path.read_bytes() for path in reference_copy.iterdir() if not path.name.startswith(".")}
+    before = {path.name: path.read_bytes() for path in reference_copy.iterdir()}  # the lock's files too
     result = run_in_process("run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--resume_from=auto")
     newest = reference_copy / FINAL
     assert result.returncode == 2
@@ -62,10 +62,16 @@ def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_w
         f"error: checkpoint '{newest}' was trained with other values of keys that shape training (learning_rate 0.1 "
         "then, 0.05 now, num_epochs 4 then, 6 now): a resume continues the same run; resume with the checkpoint's "
         f"values (--learning_rate=0.1 --num_epochs=4), or train a new run from its weights (--pretrained={newest} "
-        "with another --run_name and no --resume_from)"
+        "with another --run_name and no --resume_from: its optimizer state, warm-up and learning-rate schedule start "
+        "again)"
     )
-    after = {path.name: path.read_bytes() for path in reference_copy.iterdir() if not path.name.startswith(".")}
+    after = {path.name: path.read_bytes() for path in reference_copy.iterdir()}
     assert after == before
+    into_another = run_in_process(
+        "run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--run_name=another", f"--resume_from={newest}"
+    )
+    assert into_another.returncode == 2 and "keys that shape training" in into_another.stderr
+    assert not (tmp_path / "another").exists()  # no folder holding only the lock's files
 
     advised = run_in_process(
         "run",

@@ -284,7 +284,7 @@ def refuse_changed_training(path: str, config: Config) -> None:
             f"checkpoint '{path}' was trained with other values of keys that shape training ({shown}): "
             f"a resume continues the same run; resume with the checkpoint's values ({restore}), or "
             f"train a new run from its weights (--pretrained={path} with another --run_name and no "
-            "--resume_from)"
+            "--resume_from: its optimizer state, warm-up and learning-rate schedule start again)"
         )
     said = {key: pair for key, pair in changed.items() if key not in WHERE_A_RUN_IS}
     if said:
