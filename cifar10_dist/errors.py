@@ -45,6 +45,19 @@ class PeerSilent(UserError):
     exit_code = EXIT_WORKER_LOST
 
 
+class PeerLost(UserError):
+    """A process's connection to another closed or was reset mid-run: that process ended (killed, its node down)."""
+
+    exit_code = EXIT_WORKER_LOST
+
+
+class GroupIncomplete(UserError):
+    """The process group did not form: some processes never joined node 0 within dist_timeout (exit 4, as a lost
+    worker: the processes that came are fine; nothing ran, so there is nothing to resume)."""
+
+    exit_code = EXIT_WORKER_LOST
+
+
 class OutputNotWritable(UserError):
     """A file of the run could not be written (disk full, quota exceeded, read-only folder); the files written
     before it are intact."""
@@ -74,6 +87,8 @@ KINDS: dict[str, type[BaseException]] = {
         Preempted,
         WorkerLost,
         PeerSilent,
+        PeerLost,
+        GroupIncomplete,
         OutputNotWritable,
         Interrupted,
     )

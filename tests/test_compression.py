@@ -130,6 +130,32 @@ def test_without_a_process_group_compression_is_refused_in_one_line():
         load_config(None, powersgd_rank=0)
 
 
+def test_a_powersgd_checkpoint_continues_in_one_process_as_the_refusal_advises(small_dataset, tmp_path):
+    common = [*TINY, "--grad_compression=powersgd", "--powersgd_start_step=4", f"--data_path={small_dataset}"]
+    first = run_in_process(
+        "run", *common, *SPAWN, "--checkpoint_every=9", f"--output_path={tmp_path}", "--run_name=two"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = f"--resume_from={tmp_path / 'two' / 'training_checkpoint_27.pt'}"
+    alone = run_in_process("run", *common, checkpoint, f"--output_path={tmp_path}", "--run_name=one")
+    assert alone.returncode == 2
+    assert alone.stderr.endswith(
+        "To continue a run that had it in one process, give --backend=gloo --nproc_per_node=1 (compression does "
+        "nothing there)\n"
+    )
+    advised = run_in_process(
+        "run",
+        *common,
+        checkpoint,
+        "--backend=gloo",
+        "--nproc_per_node=1",
+        f"--output_path={tmp_path}",
+        "--run_name=one",
+    )
+    assert advised.returncode == 0, advised.stderr[-3000:]
+    assert "grad_compression=powersgd does nothing at world size 1" in run_log(advised, tmp_path / "one")
+
+
 def test_at_world_size_one_compression_says_it_does_nothing(small_dataset, tmp_path):
     result = run_in_process(
         "run",
@@ -178,8 +204,11 @@ def test_the_scaling_estimate_counts_the_ring_and_each_compressions_bytes():
     exchange = 1.5 / scaling.WIRE_EFFICIENCY + 6 * scaling.LATENCY_SECONDS  # 2 (N-1)/N of 1 s, and 2 (N-1) hops
     assert found.seconds_per_step == pytest.approx(0.1 + exchange - scaling.OVERLAP * 0.1)
     assert found.images_per_second == pytest.approx(4 * 64 / found.seconds_per_step)
-    with pytest.raises(ValueError, match="link='fast': give its speed as 100mbit, 1gbit"):
+    with pytest.raises(ValueError, match="link='fast': give its speed, above 0, as 100mbit, 1gbit"):
         scaling.link_bytes_per_second("fast")
+    for nothing in ("0mbit", "0.0GB/s", "1.2.3gbit"):
+        with pytest.raises(ValueError, match=f"link='{nothing}': give its speed, above 0, as 100mbit"):
+            scaling.link_bytes_per_second(nothing)
 
 
 def test_doctor_estimates_the_probed_model_over_a_link_and_refuses_a_link_it_cannot_read():
@@ -189,5 +218,6 @@ def test_doctor_estimates_the_probed_model_over_a_link_and_refuses_a_link_it_can
     assert report.scaling[0].startswith("on a 100mbit link (12.5 MB/s), a step of ")
     assert [line.split(":")[0].strip() for line in report.scaling[1:]] == ["2 nodes", "4 nodes", "8 nodes", "16 nodes"]
     assert "bf16" in report.scaling[1] and "powersgd" in report.scaling[1]
-    with pytest.raises(UserError, match="link='10 gigs': give its speed as"):
-        api.doctor(model="simple_cnn", batch_size=8, budget_seconds=0.2, link="10 gigs")
+    for unreadable in ("10 gigs", "0mbit"):  # refused before the probe
+        with pytest.raises(UserError, match=f"link='{unreadable}': give its speed, above 0, as"):
+            api.doctor(model="simple_cnn", batch_size=8, budget_seconds=0.2, link=unreadable)

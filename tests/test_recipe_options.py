@@ -179,7 +179,7 @@ def test_clipping_under_fp16_grad_scaler_bounds_the_unscaled_accumulated_gradien
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"optimizer": "adam"}, "optimizer='adam' is unknown: choose one of sgd, adamw"),
+        ({"optimizer": "adam"}, "optimizer='adam' is unknown: did you mean 'adamw'? choose one of sgd, adamw"),
         ({"optimizer": "adamw", "muon_lr": 0.1}, "muon_lr=0.1 with optimizer=adamw"),
         ({"lr_schedule": "step"}, "lr_schedule=step needs lr_milestones"),
         ({"lr_schedule": "step", "lr_milestones": "3,2", "num_epochs": 5}, "lr_milestones=3,2 must increase"),

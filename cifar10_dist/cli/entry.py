@@ -12,7 +12,7 @@ import fire
 from cifar10_dist.cli import help_pages, subcommands
 from cifar10_dist.cli.flags import closed_pipe, one_config, switches_alone
 from cifar10_dist.config import describe_options
-from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, UserError
+from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, Preempted, UserError
 from cifar10_dist.launch import start_method
 
 COMMANDS = {
@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         if debug:
             raise
-        if not isinstance(error, AlreadyReported):
+        if isinstance(error, Preempted):  # an orderly stop, as Ctrl-C's: no "error:"
+            print(error, file=sys.stderr)
+        elif not isinstance(error, AlreadyReported):
             print(f"error: {error}", file=sys.stderr)
         return error.exit_code
     except Interrupted as interrupt:

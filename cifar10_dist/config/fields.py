@@ -7,6 +7,7 @@ that tie several keys together are in ``rules``."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import typing
 from dataclasses import dataclass
@@ -124,7 +125,13 @@ def check_field(name: str, value: Any) -> None:
     if accepted and value not in accepted:
         words = meta["choices_read"] or f"one of {', '.join(map(str, accepted))}"
         shown, verdict = (f"'{value}'", "is unknown") if isinstance(value, str) else (value, "is not accepted")
-        raise UserError(f"{name}={shown} {verdict}: choose {words}")
+        close = (
+            difflib.get_close_matches(value.lower(), [str(choice) for choice in accepted], n=1, cutoff=0.6)
+            if isinstance(value, str)
+            else []
+        )
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UserError(f"{name}={shown} {verdict}: {hint}choose {words}")
     bounds = meta["bounds"]
     if bounds is not None and not bounds.accepts(value):
         raise UserError(f"{name}={value} must be {bounds.describe(isinstance(value, int))}")

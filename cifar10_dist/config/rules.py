@@ -270,7 +270,8 @@ def _validate_launch(c: Config) -> None:
         "communication hooks (backends gloo and nccl): "
         + (
             "this run is one process without a process group; leave grad_compression=none, or launch several "
-            "(--backend=gloo --nproc_per_node=N, torchrun, srun)"
+            "(--backend=gloo --nproc_per_node=N, torchrun, srun). To continue a run that had it in one process, "
+            "give --backend=gloo --nproc_per_node=1 (compression does nothing there)"
             if c.backend is None
             else f"backend={c.backend} has none; leave grad_compression=none"
         ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,7 +28,16 @@ import torch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from cifar10_dist.config import Config
-from cifar10_dist.errors import KINDS, Interrupted, PeerSilent, UserError, WorkerLost, resume_hint
+from cifar10_dist.errors import (
+    KINDS,
+    GroupIncomplete,
+    Interrupted,
+    PeerLost,
+    PeerSilent,
+    UserError,
+    WorkerLost,
+    resume_hint,
+)
 from cifar10_dist.launch import preflight, xla_compat
 from cifar10_dist.launch import start_method as start_methods
 from cifar10_dist.outputs import log_lines
@@ -117,13 +127,62 @@ def caller_state_kept() -> Iterator[None]:
 
 
 def _join_started_processes(worker: Worker, config: Config, exchange: Path) -> None:
-    """A process started by torchrun/srun: join the process group itself (Parallel passes no timeout there)."""
-    with _torchrun_over_slurm(), _gpus_shared_by_local_ranks():
-        idist.initialize(str(config.backend), **_native_options(config))
+    """A process started by torchrun/srun: join the process group itself (Parallel passes no timeout there); a
+    group that cannot form (node 0 not reached, a node that never came) is one line, as a worker's errors are."""
     try:
+        with _torchrun_over_slurm(), _gpus_shared_by_local_ranks(), _native_logs_held():
+            idist.initialize(str(config.backend), **_native_options(config))
+    except torch.distributed.DistError as error:
+        failure = joining_failure(error, config)
+        WorkerReport(type(failure).__name__, str(failure), int(os.environ.get("RANK", "0"))).write(exchange)
+        raise failure from error
+    try:
+        stopping.note_peers(config.master_addr or os.environ.get("MASTER_ADDR"))
         _process_entry(idist.get_local_rank(), worker, config, exchange)
     finally:
         idist.finalize()
+
+
+@contextlib.contextmanager
+def _native_logs_held() -> Iterator[None]:
+    """What torch's C++ side prints while the group forms (each retried connection, with its C++ stack) held back:
+    shown as it was once the group formed, dropped when it could not (one line then says what failed)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        os.write(2, held.read())
+
+
+def joining_failure(error: torch.distributed.DistError, config: Config) -> UserError:
+    """One line for a process group that could not form: this process could not reach node 0's store (a wrong
+    master_addr or port, node 0 not started: exit 2), or node 0 waited dist_timeout for processes that never
+    came (exit 4). Nothing ran: there is nothing to resume."""
+    where = f"{config.master_addr or os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_master_port_given(config)}"
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    check = (
+        "start every node with the same --master_addr and --master_port: node 0's address as the other nodes "
+        "reach it, and a port open between them"
+    )
+    if isinstance(error, torch.distributed.DistNetworkError):
+        errno = re.search(r"errno: \d+ - ([^)]+)", cause)
+        reason = errno[1] if errno else "no answer" if "timed out" in cause else cause
+        return UserError(f"this process could not reach node 0 at {where} ({reason}): {check}")
+    joined = re.search(r"(\d+)/(\d+) clients joined", cause)
+    waited = (
+        f"only {joined[1]} of {joined[2]} processes joined" if joined else f"the processes did not all join ({cause})"
+    )
+    return GroupIncomplete(f"{waited} node 0 at {where} within dist_timeout={config.dist_timeout} s: {check}")
+
+
+def _master_port_given(config: Config) -> str:
+    return str(config.master_port or os.environ.get("MASTER_PORT", "?"))
 
 
 @contextlib.contextmanager
@@ -281,7 +340,7 @@ def _supervise(context: Any, config: Config, exchange: Path) -> None:
         while not context.join(timeout=1.0, grace_period=STOP_GRACE_SECONDS):
             pass
     except (ProcessExitedException, ProcessRaisedException) as failure:
-        raise _explain_failure(failure, context.pids(), config, exchange) from failure
+        raise _explain_failure(failure, context, config, exchange) from failure
     finally:
         for error_file in context.error_files:  # torch leaves a failed worker's traceback file in /tmp
             Path(error_file).unlink(missing_ok=True)
@@ -290,9 +349,16 @@ def _supervise(context: Any, config: Config, exchange: Path) -> None:
         raise reports[0].error()
 
 
-def _explain_failure(failure: Exception, pids: list[int], config: Config, exchange: Path) -> BaseException:
+def _explain_failure(failure: Exception, context: Any, config: Config, exchange: Path) -> BaseException:
     reports = WorkerReport.read_all(exchange)
+    pids = context.pids()
     rerun = f"rerun with {resume_hint(config.run_name)} to continue from the last checkpoint"
+    killed = [
+        (index, process.exitcode) for index, process in enumerate(context.processes) if (process.exitcode or 0) < 0
+    ]
+    if killed and reports and all(report.kind == PeerLost.__name__ for report in reports):
+        return _died_by_signal(*killed[0], config)  # the others only lost it: its own death is the news (a silent
+        # one's, by contrast, was the launcher's SIGKILL)
     first = reports[0] if reports else None
     if first is not None and first.kind == PeerSilent.__name__:
         offset = (config.node_rank or 0) * len(pids)
@@ -303,12 +369,39 @@ def _explain_failure(failure: Exception, pids: list[int], config: Config, exchan
         ]
         who = ", ".join(silent) + " stopped answering" if silent else "a process on another node stopped answering"
         return PeerSilent(f"{first.message.replace(stopping.SILENT, who, 1)}; the others were stopped: {rerun}")
+    if first is not None and first.kind == PeerLost.__name__:
+        return PeerLost(f"{first.message}; the others were stopped: {rerun}")
     if first is not None:
         return first.error()
     if isinstance(failure, ProcessExitedException):
-        how = f"was killed by {failure.signal_name}" if failure.signal_name else f"exited with code {failure.exit_code}"
-        return WorkerLost(f"worker process {failure.error_index} (local rank) {how}; the others were stopped: {rerun}")
+        if failure.signal_name:
+            return _died_by_signal(failure.error_index, -signal.Signals[failure.signal_name].value, config)
+        return WorkerLost(
+            f"worker process {failure.error_index} (local rank) exited with code {failure.exit_code}; the others "
+            f"were stopped: {rerun}"
+        )
     return failure  # a bug in a worker: its traceback is in the message
+
+
+CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")  # a fatal error inside the process itself
+
+
+def _died_by_signal(index: int, exitcode: int, config: Config) -> WorkerLost:
+    """A worker killed by a signal from outside (SIGKILL: the OOM killer, a user) may be resumed as it is; one that
+    crashed (SIGABRT, SIGSEGV: a fatal error inside torch or a library, its own lines above on stderr) would meet
+    the same cause again, so the advice says to mend it first."""
+    name = signal.Signals(-exitcode).name
+    if name in CRASH_SIGNALS:
+        return WorkerLost(
+            f"worker process {index} (local rank) crashed with {name}: a fatal error inside torch or a library, "
+            "which its own lines above on stderr name (gloo's 'collective mismatch' is a bug, not a fault of the "
+            "machine); the others were stopped. A resume would meet the same cause: once it is mended, continue "
+            f"from the last checkpoint with {resume_hint(config.run_name)}"
+        )
+    return WorkerLost(
+        f"worker process {index} (local rank) was killed by {name}; the others were stopped: rerun with "
+        f"{resume_hint(config.run_name)} to continue from the last checkpoint"
+    )
 
 
 def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Path) -> None:
@@ -320,11 +413,14 @@ def _process_entry(local_rank: int, worker: Worker, config: Config, exchange: Pa
         WorkerReport.of(error).write(exchange)
         raise
     except Exception as error:
-        if not stopping.is_collective_timeout(error):
+        if stopping.is_lost_peer(error):
+            lost: UserError = stopping.lost_peer_error(error, idist.get_rank())
+        elif stopping.is_collective_timeout(error):
+            lost = stopping.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
+        else:
             raise
-        silent = stopping.silent_peer_error(error, idist.get_rank(), config.dist_timeout)
-        WorkerReport.of(silent).write(exchange)
-        raise silent from error
+        WorkerReport.of(lost).write(exchange)
+        raise lost from error
     shared = ranks.from_rank_zero(lambda: result)  # every rank returns rank 0's result (a collective: all leave
     # together)
     (exchange / f"{RESULT_PREFIX}{idist.get_rank()}.json").write_text(json.dumps(shared))

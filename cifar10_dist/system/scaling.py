@@ -27,10 +27,13 @@ OVERLAP = 0.25  # how much of one process's step the exchange hides behind (DDP 
 def link_bytes_per_second(link: str) -> float:
     """A link's speed as tc writes it (100mbit, 1gbit, 25gbit) or in bytes (1.5GB/s, 500MB/s); ValueError else."""
     found = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgGtT]?)(bit|B/s)\s*", link)
-    if found is None:
-        raise ValueError(f"link={link!r}: give its speed as 100mbit, 1gbit, 25gbit or 1.5GB/s")
-    number, prefix, unit = found.groups()
-    scaled = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[prefix.lower()]
+    number, prefix, unit = found.groups() if found is not None else ("", "", "")
+    try:
+        scaled = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[prefix.lower()]
+    except ValueError:
+        scaled = 0.0
+    if not scaled > 0:  # (no number, or none above 0: nothing crosses such a link)
+        raise ValueError(f"link={link!r}: give its speed, above 0, as 100mbit, 1gbit, 25gbit or 1.5GB/s")
     return scaled if unit == "B/s" else scaled / 8
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import re
 import signal
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +26,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 
-from cifar10_dist.errors import Interrupted, PeerSilent, Preempted, TrainingDiverged, resume_hint
+from cifar10_dist.errors import Interrupted, PeerLost, PeerSilent, Preempted, TrainingDiverged, resume_hint
 from cifar10_dist.system.signals import preemption_signals, stop_signals
 
 logger = logging.getLogger(__name__)
@@ -156,7 +158,8 @@ def attach_stop_checks(
             save_checkpoint(engine)
             raise Preempted(
                 f"stopped at iteration {iteration} on {stop.signal_name or 'a signal to another process'}: "
-                "checkpoint written; run the same command with --resume_from=auto to continue"
+                f"checkpoint {run_dir / f'training_checkpoint_{iteration}.pt'} written; continue with "
+                f"{resume_hint(run_dir.name)}"
             )
 
 
@@ -209,7 +212,42 @@ def finite_weights_only(save: Callable[[Engine], None], model: torch.nn.Module) 
     return save_if_finite
 
 
-# ---------------------------------------------------------------- peers that stop answering
+# ---------------------------------------------------------------- peers that stop answering or go away
+
+PEERS: list[str] = []  # each rank's host and the address it reaches node 0 from ('vm 10.77.0.2'), once it joined
+
+
+def note_peers(master_addr: str | None) -> None:
+    """Gather every rank's host name and address once the process group is formed (one collective), so that an
+    error about a process of another node can say which node that is."""
+    PEERS.clear()
+    if idist.get_world_size() > 1:
+        gathered = idist.all_gather(f"{platform.node()} {_outward_address(master_addr)}")
+        PEERS.extend(str(peer) for peer in gathered)  # type: ignore[union-attr]  # (a list of str)
+
+
+def _outward_address(master_addr: str | None) -> str:
+    """The address this host reaches node 0 from (a UDP socket's, connected but never sent on)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master_addr or "127.0.0.1", 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "an unknown address"
+
+
+def other_nodes(rank: int) -> str:
+    """The ranks of the other nodes and where they are: 'rank 1 on vm at 10.77.0.2' ('' where not known)."""
+    if rank >= len(PEERS):
+        return ""
+    by_node: dict[str, list[int]] = {}
+    for other, peer in enumerate(PEERS):
+        if peer != PEERS[rank]:
+            by_node.setdefault(peer, []).append(other)
+    return "; ".join(
+        f"{'rank' if len(found) == 1 else 'ranks'} {', '.join(map(str, found))} on {peer.replace(' ', ' at ', 1)}"
+        for peer, found in by_node.items()
+    )
 
 
 def is_collective_timeout(error: BaseException) -> bool:
@@ -221,4 +259,29 @@ SILENT = "another process stopped answering"  # the launcher replaces these word
 
 
 def silent_peer_error(error: BaseException, rank: int, timeout: int) -> PeerSilent:
-    return PeerSilent(f"{SILENT}: rank {rank} waited {timeout} s (dist_timeout) for it in a collective operation")
+    elsewhere = other_nodes(rank)
+    where = f" (the processes of other nodes: {elsewhere})" if elsewhere else ""
+    return PeerSilent(
+        f"{SILENT}: rank {rank} waited {timeout} s (dist_timeout) for it in a collective operation{where}"
+    )
+
+
+LOST_CONNECTION = re.compile(r"Connection (?P<how>closed|reset) by peer(?: \[(?P<address>[^\]]+)\])?")
+
+
+def is_lost_peer(error: BaseException) -> bool:
+    """Whether an exception is a gloo collective whose connection to another process closed under it (that process
+    ended: killed, out of memory, its node down)."""
+    return isinstance(error, RuntimeError) and LOST_CONNECTION.search(str(error)) is not None
+
+
+def lost_peer_error(error: BaseException, rank: int) -> PeerLost:
+    found = LOST_CONNECTION.search(str(error))
+    assert found is not None
+    address = f" to {found['address']}" if found["address"] else ""
+    elsewhere = other_nodes(rank)
+    where = f" (the processes of other nodes: {elsewhere})" if elsewhere else ""
+    return PeerLost(
+        f"another process went away: rank {rank}'s connection{address} was {found['how']} by it in a collective "
+        f"operation{where}"
+    )

@@ -87,7 +87,8 @@ def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference
     finally:
         stop_all(process)
     assert process.returncode == 75, stderr[-3000:]
-    assert f"on {stop_signal.name}: checkpoint written; run the same command with --resume_from=auto" in stderr
+    assert f"on {stop_signal.name}: checkpoint {tmp_path / 'job'}/training_checkpoint_" in stderr
+    assert stderr.strip().splitlines()[-1].endswith(" written; continue with --resume_from=auto --run_name=job")
     stopped_at = int(stderr.split("stopped at iteration ")[1].split()[0])
     assert (tmp_path / "job" / f"training_checkpoint_{stopped_at}.pt").is_file()
     assert stopped_at < 72

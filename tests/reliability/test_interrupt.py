@@ -116,8 +116,8 @@ def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(
     )
     assert code == 75, stderr[-3000:]
     match = re.fullmatch(
-        rf"error: stopped at iteration (\d+) on {preemption.name}: checkpoint written; run the "
-        r"same command with --resume_from=auto to continue",
+        rf"stopped at iteration (\d+) on {preemption.name}: checkpoint \S+ written; continue with "
+        r"--resume_from=auto --run_name=job",
         stderr.strip().splitlines()[-1],
     )
     assert match, stderr[-2000:]
