@@ -9,6 +9,8 @@ numbers). Last run: docs/launching.md, "Slow links between nodes" (2-core Zen 4;
         [--steps=4] [--json=PATH]
     python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--json=PATH]
     python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
+    python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--json=PATH]
+        (whole epochs of a real run on the two hosts: ResNet-18, 1,536 synthetic images, batch 64, 2 epochs)
 
 Each speed measurement is a worker pair (``worker``, one a namespace) that joins the group over the link, builds the
 model with the run's DDP wrapping and hook (training.setup.compression), times ``--steps`` training steps on
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -179,6 +182,70 @@ def summarise(out: dict[str, Any]) -> None:
     out["estimate_error_max"], out["estimate_error_mean"] = max(errors), statistics.mean(errors)
 
 
+EPOCH_RUN = [  # the issue-84 run: ResNet-18 on 1,536 synthetic images, global batch 64 (24 steps an epoch), 2 epochs
+    "--config=demo",
+    "--model=resnet18",
+    "--synthetic_size=1536",
+    "--batch_size=64",
+    "--num_epochs=2",
+    "--num_warmup_epochs=0.5",
+    "--num_workers=0",
+    "--train_eval_size=0",
+    "--validate_every=2",
+    "--figures=False",
+]
+
+
+def epochs(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Each setting's whole epochs, as ``cifar10-dist run`` on the two hosts logs them (one process a node; PowerSGD
+    from step 10 of 48, so epoch 2 is all compressed), interleaved rounds; then each epoch over none's."""
+    for link in args.links:
+        with two_hosts(link) as hosts:
+            for round_index in range(args.rounds):
+                for kind in KINDS:
+                    found = run_epochs(hosts, kind)
+                    out["epochs"].setdefault(link, {}).setdefault(kind, []).append(found)
+                    records.write(args.json, out) if args.json else None
+                    print(f"{link} {kind} round {round_index}: epochs {found['epoch_seconds']} s", flush=True)
+    for link, by_kind in out["epochs"].items():
+        none = [statistics.median(run["epoch_seconds"][epoch] for run in by_kind["none"]) for epoch in (0, 1)]
+        out["epochs_summary"][link] = {
+            kind: {
+                "epoch_seconds": [statistics.median(run["epoch_seconds"][epoch] for run in runs) for epoch in (0, 1)],
+                "over_none": [
+                    statistics.median(run["epoch_seconds"][epoch] for run in runs) / none[epoch] for epoch in (0, 1)
+                ],
+            }
+            for kind, runs in by_kind.items()
+        }
+
+
+def run_epochs(hosts: Any, kind: str) -> dict[str, Any]:
+    """One run of EPOCH_RUN on the two nodes with ``grad_compression=kind``: node 0's epoch times and result."""
+    sent_before = hosts.sent_bytes(0)
+    with tempfile.TemporaryDirectory() as output:
+        command = [sys.executable, "-m", "cifar10_dist", "run", *EPOCH_RUN, f"--grad_compression={kind}"]
+        env = {**os.environ, "PYTHONPATH": str(records.REPO), "OMP_NUM_THREADS": "1"}
+        processes = [
+            hosts.start(
+                node,
+                [*command, *hosts.node_flags(node), f"--output_path={output}", "--run_name=epochs"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for node in (0, 1)
+        ]
+        outputs = [process.communicate(timeout=3600) for process in processes]
+        if any(process.returncode for process in processes):
+            raise SystemExit(f"{kind}: {outputs[0][1][-1500:]} {outputs[1][1][-1500:]}")
+        log = outputs[0][1]
+        seconds = [float(found) for found in re.findall(r"epoch \d+ done in ([0-9.]+) s", log)]
+        final = json.loads((Path(output) / "epochs" / "metrics.json").read_text())["test"]
+    return {"epoch_seconds": seconds, "test": final, "sent_mb": (hosts.sent_bytes(0) - sent_before) / 1e6}
+
+
 def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """fast.yaml cut short (4 epochs of 16 steps, no TTA) on 2 gloo processes per setting and seed."""
     from benchmarks import runner
@@ -206,7 +273,7 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("speed", "accuracy", "worker", "summarise"))
+    parser.add_argument("part", choices=("speed", "epochs", "accuracy", "worker", "summarise"))
     parser.add_argument("--links", default="1gbit,100mbit", type=lambda text: text.split(","))
     parser.add_argument("--models", default="resnet18,airbench", type=lambda text: text.split(","))
     parser.add_argument("--kind", default="none")
@@ -230,12 +297,14 @@ def main() -> None:
         "speed": {},
         "summary": {},
         "accuracy": {},
+        "epochs": {},
+        "epochs_summary": {},
         "batch_per_node": BATCH,
     }
-    speed(args, out) if args.part == "speed" else accuracy(args, out)
+    {"speed": speed, "epochs": epochs, "accuracy": accuracy}[args.part](args, out)
     if args.json:
         records.write(args.json, out)
-    print(json.dumps(out["summary"] or out["accuracy"], indent=1))
+    print(json.dumps(out["summary"] or out["epochs_summary"] or out["accuracy"], indent=1))
 
 
 if __name__ == "__main__":
