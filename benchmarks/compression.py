@@ -7,10 +7,14 @@ numbers). Last run: docs/launching.md, "Slow links between nodes" (2-core Zen 4;
 
     python -m benchmarks.compression speed [--links=1gbit,100mbit] [--models=resnet18,airbench] [--rounds=2]
         [--steps=4] [--json=PATH]
-    python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--json=PATH]
+    python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--epochs=4] [--epoch_length=16]
+        [--kinds=none,bf16,fp16,powersgd] [--json=PATH]
     python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
     python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--json=PATH]
         (whole epochs of a real run on the two hosts: ResNet-18, 1,536 synthetic images, batch 64, 2 epochs)
+    python -m benchmarks.compression exact [--json=PATH]
+        (that run with powersgd on 2 local gloo processes: twice, and once killed after a checkpoint and resumed;
+        every tensor of the three final checkpoints compared)
 
 Each speed measurement is a worker pair (``worker``, one a namespace) that joins the group over the link, builds the
 model with the run's DDP wrapping and hook (training.setup.compression), times ``--steps`` training steps on
@@ -246,12 +250,77 @@ def run_epochs(hosts: Any, kind: str) -> dict[str, Any]:
     return {"epoch_seconds": seconds, "test": final, "sent_mb": (hosts.sent_bytes(0) - sent_before) / 1e6}
 
 
+def exact(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """EPOCH_RUN with powersgd on 2 local gloo processes: two whole runs, and a third SIGKILLed once its checkpoint
+    at step 24 is written, then resumed with --resume_from=auto; each final checkpoint against the first run's."""
+    import signal
+
+    from cifar10_dist.outputs.checkpoint_files import load_checkpoint
+
+    command = [
+        sys.executable,
+        "-m",
+        "cifar10_dist",
+        "run",
+        *EPOCH_RUN,
+        "--grad_compression=powersgd",
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        "--checkpoint_every=12",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(records.REPO)}
+    with tempfile.TemporaryDirectory() as output:
+        finals = {}
+        for name in ("first", "second"):
+            started = time.perf_counter()
+            subprocess.run([*command, f"--output_path={output}", f"--run_name={name}"], env=env, check=True)
+            out["exact"].setdefault("seconds", {})[name] = time.perf_counter() - started
+            finals[name] = Path(output) / name / "training_checkpoint_48.pt"
+        killed = subprocess.Popen(
+            [*command, f"--output_path={output}", "--run_name=killed"], env=env, start_new_session=True
+        )
+        while not (Path(output) / "killed" / "training_checkpoint_24.pt").exists():
+            time.sleep(0.05)
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+        out["exact"]["killed_after"] = sorted(path.name for path in (Path(output) / "killed").glob("training_*.pt"))
+        subprocess.run(
+            [*command, f"--output_path={output}", "--run_name=killed", "--resume_from=auto"], env=env, check=True
+        )
+        finals["killed"] = Path(output) / "killed" / "training_checkpoint_48.pt"
+        states = {name: load_checkpoint(path) for name, path in finals.items()}
+        for name in ("second", "killed"):
+            out["exact"][f"{name}_equals_first"] = same_state(states["first"], states[name])
+        out["exact"]["powersgd_iter"] = int(states["first"]["grad_compression"]["iter"])
+        out["exact"]["buckets"] = len(states["first"]["grad_compression"]["errors"])
+    print(json.dumps(out["exact"], indent=1))
+
+
+def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Every tensor of the model, optimizer and PowerSGD state equal, bit for bit."""
+    import torch
+
+    def equal(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[key], y[key]) for key in x)
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(equal, x, y))
+        return bool(x == y)
+
+    return all(equal(a[key], b[key]) for key in ("model", "optimizer", "grad_compression", "trainer"))
+
+
 def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    """fast.yaml cut short (4 epochs of 16 steps, no TTA) on 2 gloo processes per setting and seed."""
+    """fast.yaml on 2 gloo processes per setting and seed, without TTA: cut short (``--epochs`` of
+    ``--epoch_length`` steps: 4 of 16 by default) or whole (``--epoch_length=0``: its 10 epochs of 48 steps)."""
     from benchmarks import runner
 
+    length = {"epoch_length": args.epoch_length} if args.epoch_length else {}
+    out["accuracy_run"] = {"num_epochs": args.epochs, "epoch_length": args.epoch_length or "whole epochs"}
     for seed in args.seeds:
-        for kind in KINDS:
+        for kind in args.kinds:
             with tempfile.TemporaryDirectory() as output:
                 run = runner.train_ours(
                     Path(output),
@@ -259,8 +328,8 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
                     "cpu",
                     data_path=args.data_path,
                     seed=seed,
-                    num_epochs=4,
-                    epoch_length=16,
+                    num_epochs=args.epochs,
+                    **length,
                     tta=0,
                     backend="gloo",
                     nproc_per_node=2,
@@ -273,7 +342,7 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("speed", "epochs", "accuracy", "worker", "summarise"))
+    parser.add_argument("part", choices=("speed", "epochs", "exact", "accuracy", "worker", "summarise"))
     parser.add_argument("--links", default="1gbit,100mbit", type=lambda text: text.split(","))
     parser.add_argument("--models", default="resnet18,airbench", type=lambda text: text.split(","))
     parser.add_argument("--kind", default="none")
@@ -281,6 +350,9 @@ def main() -> None:
     parser.add_argument("--steps", default=4, type=int)
     parser.add_argument("--seeds", default="0,1,2", type=lambda text: [int(seed) for seed in text.split(",")])
     parser.add_argument("--data_path", default=None)
+    parser.add_argument("--epochs", default=4, type=int)
+    parser.add_argument("--epoch_length", default=16, type=int)
+    parser.add_argument("--kinds", default=",".join(KINDS), type=lambda text: text.split(","))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.part == "worker":
@@ -299,9 +371,10 @@ def main() -> None:
         "accuracy": {},
         "epochs": {},
         "epochs_summary": {},
+        "exact": {},
         "batch_per_node": BATCH,
     }
-    {"speed": speed, "epochs": epochs, "accuracy": accuracy}[args.part](args, out)
+    {"speed": speed, "epochs": epochs, "exact": exact, "accuracy": accuracy}[args.part](args, out)
     if args.json:
         records.write(args.json, out)
     print(json.dumps(out["summary"] or out["epochs_summary"] or out["accuracy"], indent=1))
