@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import FIELDS, Config
+from cifar10_dist.config.fields import settable_by_topic
 from tests.conftest import (
     REPO,
     TINY,
@@ -26,15 +27,54 @@ from tests.conftest import (
 
 
 @pytest.mark.parametrize("command", ["run", "evaluate"])
-def test_help_lists_every_option_with_default_and_meaning(command):
-    result = run_cli(command, "--help")
+def test_help_lists_every_option_by_topic_with_default_and_a_few_words_and_help_key_tells_the_rest(command):
+    from cifar10_dist.cli import help_pages
+
+    result = run_in_process(command, "--help")
     assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # (wrapped lines joined)
+    for heading, names in settable_by_topic():
+        assert f"{heading}:" in result.stdout
+        for name in names:
+            assert f"--{name}={help_pages.shown_default(name)} {FIELDS[name].metadata['short']}" in text, name
     for field in dataclasses.fields(Config):
         if field.metadata["internal"]:  # trial: set by tune itself
             assert f"--{field.name}=" not in result.stdout
             continue
-        assert f"--{field.name}={field.default}" in result.stdout
-        assert field.metadata["help"] in result.stdout
+        story = run_in_process(command, f"--help={field.name}")
+        assert story.returncode == 0 and field.metadata["help"] in " ".join(story.stdout.split())
+
+
+def test_run_help_fits_80_columns_piped_and_shows_usage_and_launch_keys_in_its_first_24_lines():
+    page = run_cli("run", "--help", env={**cli_env(), "COLUMNS": "80"})  # (stdout a pipe: no terminal)
+    lines = page.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    first = "\n".join(lines[:24])
+    assert first.startswith("Usage: cifar10-dist run ")
+    assert all(f"--{name}=" in first for name in settable_by_topic()[0][1])  # launch: backend ... dist_timeout
+    narrow = run_in_process("run", "--help")
+    assert narrow.returncode == 0
+
+
+def test_help_for_one_key_names_the_closest_when_misspelt_and_lists_the_models_for_model():
+    wrong = run_in_process("run", "--help=lerning_rate")
+    assert (wrong.returncode, wrong.stderr) == (
+        2,
+        "error: --help=lerning_rate: no config key of that name: did you mean 'learning_rate'? run --help lists them "
+        "by topic\n",
+    )
+    model = run_in_process("run", "--help=model")
+    assert "Built in: airbench, cifar_resnet18, cifar_resnet34, cifar_resnet50, simple_cnn." in model.stdout
+    assert "timm:NAME" in model.stdout and "path/to/file.py:factory" in model.stdout
+
+
+def test_config_list_gives_each_shipped_config_a_whole_first_sentence():
+    listed = run_in_process("config", "--list")
+    assert listed.returncode == 0
+    text = " ".join(listed.stdout.split())
+    assert "demo A one-minute demo on 2 CPU cores. " in text
+    assert "fast Fast recipe after Keller Jordan's airbench94 (arXiv 2404.00498), in this project's structure. " in text
+    assert not any(line.rstrip().endswith(":") for line in listed.stdout.splitlines())
 
 
 def test_prepare_data_and_top_level_help():
@@ -168,8 +208,14 @@ def page_flags(command: str) -> dict[str, str | None]:
     """A help page's own flags (before its list of config keys): name -> the default it shows (None: a switch)."""
     from cifar10_dist.cli import help_pages as cli_help
 
-    page = cli_help.page(command).split("{options}")[0].replace("{{options}}", "")
-    return {match.group(1): match.group(2) for line in page.splitlines() if (match := FLAG_LINE.match(line))}
+    topics = {f"{heading}:" for heading, _ in settable_by_topic()}
+    blocks = [block for block in cli_help.page(command, 80).split("\n\n") if block.split("\n")[0] not in topics]
+    return {
+        match.group(1): match.group(2)
+        for block in blocks
+        for line in block.splitlines()
+        if (match := FLAG_LINE.match(line))
+    }
 
 
 def shown(value) -> str | None:
@@ -309,5 +355,5 @@ def test_every_page_shows_debug_and_the_commands_with_config_keys_show_config_on
     for command in cli_help.PAGES:
         flags = page_flags(command)
         assert flags["debug"] is None, command
-        assert ("{options}" in cli_help.page(command)) == ("config" in flags), command
+        assert ("Launch: processes, GPUs, nodes:" in cli_help.page(command)) == ("config" in flags), command
         assert cli_help.page(command).count("  --config=FILE.yaml|NAME ") <= 1

@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from cifar10_dist.config import Config, describe_options, load_config
+from cifar10_dist.cli.help_pages import options_reference
+from cifar10_dist.config import Config, load_config
 from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
 from tests.conftest import TINY, run_in_process
@@ -154,22 +155,23 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-def test_help_lists_every_key_with_default_and_meaning_but_the_internal_ones():
-    text = describe_options()
+def test_the_reference_lists_every_key_with_default_and_meaning_but_the_internal_ones():
+    text = options_reference()
     # set by tune and by learning_rate=find themselves, never by a user
-    assert "--trial=" not in text and "--mlflow_parent_run=" not in text and "--lr_found=" not in text
+    assert "`trial`" not in text and "`mlflow_parent_run`" not in text and "`lr_found`" not in text
     for field in dataclasses.fields(Config):
         if field.metadata["internal"]:
             continue
-        line = next(line for line in text.splitlines() if line.strip().startswith(f"--{field.name}="))
-        assert str(field.default) in line
-        assert field.metadata["help"] in line
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{field.name}` |"))
+        assert f"| `{field.default}` |" in row.replace("`None`", "`None`")
+        assert field.metadata["help"].replace("|", "/") in row
+        assert len(field.metadata["short"]) <= 45, field.name  # a few words, on a line of --help
 
 
-def test_docs_list_the_options_exactly_as_help_does():
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    assert describe_options() in readme, (
-        "regenerate the option block of docs/configuration.md from config.describe_options()"
+def test_docs_list_the_options_exactly_as_the_declarations_say():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert options_reference() in page, (
+        "regenerate the reference in docs/configuration.md from cifar10_dist.cli.help_pages.options_reference()"
     )
 
 

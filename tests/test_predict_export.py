@@ -359,7 +359,7 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
     usage = run_in_process("export", "--checkpoint=x.pt")
     places = {
         "export --help": cli_help.page("export"),
-        "--help": cli_help.MAIN_HELP,
+        "--help": cli_help.main_help(80),
         "api.export": api.export.__doc__,
         "serve": serve.__doc__,
         "the usage error": usage.stderr,

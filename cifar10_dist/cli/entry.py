@@ -4,6 +4,7 @@ line and an exit code."""
 
 from __future__ import annotations
 
+import difflib
 import gc
 import sys
 
@@ -11,7 +12,6 @@ import fire
 
 from cifar10_dist.cli import help_pages, subcommands
 from cifar10_dist.cli.flags import closed_pipe, one_config, switches_alone
-from cifar10_dist.config import describe_options
 from cifar10_dist.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, AlreadyReported, Interrupted, Preempted, UserError
 from cifar10_dist.launch import start_method
 
@@ -31,13 +31,29 @@ COMMANDS = {
 
 
 def _help_text(argv: list[str]) -> str | None:
-    """Our own help (fire's cannot list options passed through **overrides)."""
+    """Our own help (fire's cannot list options passed through **overrides): a page, or one key's
+    (``--help=KEY``)."""
     asks_help = any(arg in ("-h", "--help") for arg in argv)
-    if not argv or (asks_help and argv[0] not in COMMANDS):
-        return help_pages.MAIN_HELP
+    asked_key = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--help=")), None)
+    if not argv or ((asks_help or asked_key) and argv[0] not in COMMANDS):
+        return help_pages.main_help(help_pages.page_width())
+    if asked_key is not None:
+        return help_pages.key_page(_known_key(asked_key.removeprefix("--")))
     if asks_help:
-        return help_pages.page(argv[0]).format(options=describe_options())
+        return help_pages.page(argv[0])
     return None
+
+
+def _known_key(name: str) -> str:
+    """A config key, or one line naming the closest (as an unknown flag gets)."""
+    from cifar10_dist.config import FIELDS
+
+    if name in FIELDS and not FIELDS[name].metadata["internal"]:
+        return name
+    settable = [key for key, field in FIELDS.items() if not field.metadata["internal"]]
+    close = difflib.get_close_matches(name, settable, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise UserError(f"--help={name}: no config key of that name: {hint}run --help lists them by topic")
 
 
 def run_and_exit() -> None:
@@ -65,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]
-    help_text = _help_text(argv)
+    try:
+        help_text = _help_text(argv)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
     if help_text is not None:
         try:
             print(help_text, flush=True)

@@ -17,7 +17,7 @@ from cifar10_dist.config.fields import (
     Config,
     choices,
 )
-from cifar10_dist.config.loading import describe_options, load_config, located_in_its_file, note
+from cifar10_dist.config.loading import load_config, located_in_its_file, note
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.options import Bounds
 from cifar10_dist.config.rules import (
@@ -50,7 +50,6 @@ __all__ = [
     "PrunerSpec",
     "TrialSpec",
     "choices",
-    "describe_options",
     "load_config",
     "located_in_its_file",
     "note",

@@ -17,7 +17,7 @@ from cifar10_dist.config.trial import PrunerSpec
 from cifar10_dist.errors import UserError
 
 HELP_COLUMN = 29  # where a flag's help starts on a help page
-PAGE_WIDTH = 117
+PAGE_WIDTH = 80  # a help page's width where no terminal says otherwise (shutil.get_terminal_size's fallback)
 
 
 @dataclass(frozen=True)
@@ -41,23 +41,32 @@ class Flag:
         value = self.shown if self.shown is not None else self.name.upper() if self.default is None else self.default
         return f"[--{self.name}={value}]"
 
-    def line(self) -> str:
-        """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped."""
+    def line(self, width: int = PAGE_WIDTH) -> str:
+        """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped to
+        ``width`` (on the next line where the flag reaches past the help's column)."""
         head = (
             f"  --{self.name}"
             if self.default is False and self.shown is None
             else f"  --{self.name}={self.shown if self.shown is not None else self.default}"
         )
-        first = head.ljust(HELP_COLUMN) if len(head) < HELP_COLUMN else head + "   "
-        lines = []
-        for number, paragraph in enumerate(self.help.split("\n")):
-            lines += textwrap.wrap(
-                paragraph,
-                PAGE_WIDTH,
-                initial_indent="\0" * len(first) if number == 0 else " " * HELP_COLUMN,
-                subsequent_indent=" " * HELP_COLUMN,
-            ) or [" " * HELP_COLUMN]
-        return first + lines[0].lstrip("\0") + "".join("\n" + line for line in lines[1:])
+        return option_line(head, self.help, width)
+
+
+def option_line(head: str, text: str, width: int = PAGE_WIDTH, column: int = HELP_COLUMN) -> str:
+    """``head`` (a flag and its default), then ``text`` from ``column``, wrapped to ``width``, a paragraph for each
+    of its lines; a head that reaches the column stands on its own line (cut at the width where longer)."""
+    indent = " " * column
+    lines = [
+        line
+        for paragraph in text.split("\n")
+        for line in textwrap.wrap(
+            paragraph, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
+        or [indent]
+    ]
+    if len(head) >= column - 1:
+        return "\n".join([head if len(head) <= width else head[: width - 3] + "...", *lines])
+    return head.ljust(column) + lines[0].lstrip() + "".join("\n" + line for line in lines[1:])
 
 
 def default(declared: Iterable[Flag], name: str) -> Any:
@@ -120,13 +129,9 @@ def typed(default: Any, value: Any) -> Any:
 
 # the flags every command's page shows: the config file (commands that take config keys) and --debug
 CONFIG_FILE = Flag(
-    "config",
-    None,
-    "a YAML file of config keys (run --help lists them), or a shipped config by name: "
-    "demo, default, fast, fast_muon, ... (cifar10-dist config --list)",
-    shown="FILE.yaml|NAME",
+    "config", None, "a YAML file of keys, or a shipped config's name (config --list)", shown="FILE.yaml|NAME"
 )
-DEBUG = Flag("debug", False, "show tracebacks for errors")
+DEBUG = Flag("debug", False, "tracebacks instead of one-line errors")
 KEYS = "[--KEY=VALUE ...]"  # a usage's config keys
 DEFAULT_TOP_K = 3  # predict's classes per image when --top_k is not given (fewer when the model has fewer)
 
@@ -355,9 +360,15 @@ def refuse_unknown_keys(
         )
 
 
-def usage(command: str, *declared: Iterable[Flag], before: Iterable[str] = (), after: Iterable[str] = ()) -> str:
+def usage(
+    command: str,
+    *declared: Iterable[Flag],
+    before: Iterable[str] = (),
+    after: Iterable[str] = (),
+    width: int = PAGE_WIDTH,
+) -> str:
     """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths), every
-    other flag with its default, then ``after``; wrapped under the command."""
+    other flag with its default, then ``after``; wrapped under the command at ``width``."""
     flags = [one for group in declared for one in group]
     words = [
         *(one.usage() for one in flags if one.required),
@@ -368,16 +379,16 @@ def usage(command: str, *declared: Iterable[Flag], before: Iterable[str] = (), a
     head = f"Usage: cifar10-dist {command} "
     lines, line = [], head
     for word in words:
-        if len(line) + len(word) > PAGE_WIDTH and line.strip() != head.strip():
+        if len(line) + len(word) > width and line.strip() != head.strip():
             lines.append(line.rstrip())
             line = " " * len(head)
         line += word + " "
     return "\n".join([*lines, line.rstrip()])
 
 
-def help_block(*declared: Iterable[Flag]) -> str:
+def help_block(*declared: Iterable[Flag], width: int = PAGE_WIDTH) -> str:
     """The flag lines of a help page, in the order declared."""
-    return "\n".join(one.line() for flags in declared for one in flags)
+    return "\n".join(one.line(width) for flags in declared for one in flags)
 
 
 def refuse_unknown(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> None:

@@ -85,6 +85,26 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+# the keys by topic, as the help pages and docs/configuration.md group them (launch first: a distributed user's
+# first need); each topic is a module of its own
+TOPICS: tuple[tuple[str, type], ...] = (
+    ("Launch: processes, GPUs, nodes", LaunchKeys),
+    ("Data", DataKeys),
+    ("Augmentation", AugmentationKeys),
+    ("Model and training", TrainingKeys),
+    ("Speed", SpeedKeys),
+    ("Evaluation and outputs: checkpoints, logs, trackers", OutputKeys),
+)
+
+
+def settable_by_topic() -> list[tuple[str, list[str]]]:
+    """Each topic's heading and the keys a user sets in it (the internal ones left out), in declaration order."""
+    return [
+        (heading, [f.name for f in dataclasses.fields(topic) if not FIELDS[f.name].metadata["internal"]])
+        for heading, topic in TOPICS
+    ]
+
+
 _FIELD_NAMES = frozenset(FIELDS)
 # the keys by role, from the fields (``option``): never written by hand
 UNTUNABLE = tuple(

@@ -274,18 +274,3 @@ def _json_object(name: str, value: Any) -> dict[str, Any]:
         # checkpoints keep them)
     except (TypeError, ValueError) as error:
         raise UserError(f"{name}={value!r} holds a value JSON cannot carry: {error}") from error
-
-
-def describe_options() -> str:
-    """One line per config key: name, default and meaning (for --help)."""
-    shown = {name: f for name, f in FIELDS.items() if not f.metadata["internal"]}
-    width = max(len(name) + len(repr(f.default)) for name, f in shown.items()) + 4
-    lines = []
-    for name, f in shown.items():
-        flag = f"--{name}={_format_default(f.default)}"
-        lines.append(f"  {flag:<{width}} {f.metadata['help']}")
-    return "\n".join(lines)
-
-
-def _format_default(value: Any) -> str:
-    return "None" if value is None else str(value)

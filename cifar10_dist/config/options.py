@@ -51,6 +51,7 @@ FRACTION = Bounds(0, 1, high_open=True)  # [0, 1)
 def option(
     default: Any,
     help: str,
+    short: str = "",
     also: tuple[str, ...] = (),
     bounds: Bounds | None = None,
     choices_read: str | None = None,
@@ -61,7 +62,8 @@ def option(
     may_change_on_resume: bool = False,
     compare: bool = True,
 ) -> Any:
-    """A config field with its one-line help text, its own rules and its roles. Rules: ``bounds`` for a number, the
+    """A config field with its help text (``short``: the few words of its --help line; ``help``: the whole
+    story, on --help=KEY and docs/configuration.md), its own rules and its roles. Rules: ``bounds`` for a number, the
     ``Literal`` annotation's choices for a word (``choices_read``: how they read in the error); ``also``: words
     accepted besides the field's type. Roles: ``internal``, set by the tool itself (left out of --help and the
     docs, never tuned); ``tunable=False``, never searched by ``tune`` (a command sets it for its runs, or it
@@ -77,6 +79,7 @@ def option(
         compare=compare,
         metadata={
             "help": help,
+            "short": short or help,
             "also": also,
             "bounds": bounds,
             "choices_read": choices_read,

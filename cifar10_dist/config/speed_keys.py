@@ -20,6 +20,7 @@ class SpeedKeys:
         "AMX or AVX512-BF16, fp32 on other CPUs; bf16 on GPUs of compute capability "
         "8.0+, else fp16 + GradScaler; bf16 on XLA), True (fp16 + GradScaler on CUDA, "
         "bf16 elsewhere, even where slow) or False (fp32)",
+        short="mixed precision: auto, True or False",
         also=("auto",),
         may_change_on_resume=True,
     )
@@ -27,6 +28,7 @@ class SpeedKeys:
         "auto",
         "with_amp=True's type: auto (fp16 + GradScaler on CUDA, bf16 on CPU and XLA), float16 (with a "
         "GradScaler) or bfloat16 (on GPUs that have it: no GradScaler)",
+        short="with_amp=True's type",
         may_change_on_resume=True,
     )
     channels_last: Union[bool, str] = option(
@@ -34,6 +36,7 @@ class SpeedKeys:
         "channels-last memory format: auto (on for a model with 2D "
         "convolutions on a CPU or CUDA GPU, off elsewhere; logged and saved in "
         "config.yaml), True or False",
+        short="channels-last memory format",
         also=("auto",),
         may_change_on_resume=True,
     )
@@ -42,17 +45,20 @@ class SpeedKeys:
         "CPU training on Linux (glibc): freed memory stays in the process for reuse "
         "instead of going back to the OS after every step (wide batches train up to "
         "1.4x faster; the process keeps its peak memory until it exits)",
+        short="CPU: keep freed memory for reuse",
         may_change_on_resume=True,
     )
     compile: bool = option(
         False,
         "torch.compile the model (a minute or more of warm-up; checkpoints stay plain)",
+        short="torch.compile the model",
         may_change_on_resume=True,
     )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = option(
         "default",
         "compile=True's mode: default, reduce-overhead (the forward and backward replayed as CUDA graphs), "
         "max-autotune or max-autotune-no-cudagraphs",
+        short="compile's mode",
         may_change_on_resume=True,
     )
     fused_optimizer: Union[bool, str] = option(
@@ -60,6 +66,7 @@ class SpeedKeys:
         "SGD/AdamW's update as one fused kernel per step: auto (on a "
         "CUDA GPU; also spares fp16's GradScaler a host wait), True or False "
         "(torch's foreach kernels)",
+        short="fused optimizer kernel",
         also=("auto",),
         may_change_on_resume=True,
     )
@@ -67,6 +74,7 @@ class SpeedKeys:
         "auto",
         "data_on_device: crop, flip and normalise a whole pass at its start, in the training dtype (airbench's "
         "loader), not batch by batch; auto: on a CUDA GPU when pad-crop and flip are the only augmentation",
+        short="augment a whole pass at once",
         also=("auto",),
         may_change_on_resume=True,
     )
@@ -74,20 +82,26 @@ class SpeedKeys:
         False,
         "keep the network's weights in bf16 (with_amp's dtype), BatchNorm in fp32, as "
         "airbench's .half() net, instead of casting fp32 weights at every step",
+        short="keep weights in bf16",
     )
     tf32: bool = option(
         True,
         "allow TF32 matmuls and convolutions on Ampere or newer GPUs (ignored elsewhere)",
+        short="TF32 matmuls on Ampere+ GPUs",
         may_change_on_resume=True,
     )
     cudnn_benchmark: bool = option(
-        True, "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)", may_change_on_resume=True
+        True,
+        "let cuDNN time and pick convolution algorithms (GPU; off if deterministic)",
+        short="let cuDNN pick its algorithms",
+        may_change_on_resume=True,
     )
     warm_up_steps: Union[int, str] = option(
         "auto",
         "training steps on a batch of the real shapes before the timed "
         "ones, then undone bit for bit (autotuning and compilation fall outside "
         "the training time); auto: 3 on a CUDA GPU, else 0",
+        short="untimed steps before training, undone",
         also=("auto",),
         bounds=AT_LEAST_0,
         tunable=False,
@@ -98,14 +112,17 @@ class SpeedKeys:
         "compress the gradients processes exchange, for slow links between nodes (DDP's communication hooks; "
         "docs/launching.md): none, fp16 or bf16 (half the bytes), powersgd (rank powersgd_rank, error feedback; "
         "a fraction of the bytes)",
+        short="none, fp16, bf16 or powersgd",
     )
     powersgd_rank: int = option(
         2,
         "powersgd: the rank of its low-rank approximation (higher: closer to the exact gradient, more bytes)",
+        short="PowerSGD's rank",
         bounds=Bounds(1, 64, reads="in 1..64"),
     )
     powersgd_start_step: int = option(
         10,
         "powersgd: the steps exchanged uncompressed before it starts (its warm start)",
+        short="steps before PowerSGD starts",
         bounds=Bounds(2, reads="at least 2"),
     )
