@@ -8,6 +8,7 @@ test here computes in bf16, so an AVX2-only CPU runs them as fast as any.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -155,11 +156,61 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
         r"within fp32 noise",
         report["layout_numerics"],
     )
+    assert report["advice"][-1] == (
+        "1 process runs well here: it trains on all 2 cores; --nproc_per_node=N shares them among N processes, no "
+        "faster (use it to rehearse a distributed run, or one process per node)"
+    )
     text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
     assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
     assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
     bad = run_in_process("doctor", "--model=no_such_net")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no_such_net" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "processes, threads, cores, said",
+    [
+        (1, 2, 2, None),
+        (
+            2,
+            1,
+            2,
+            "2 processes share this machine's 2 cores (1 thread each): one process already trains on every "
+            "core, so expect no speed-up, often a slowdown; several CPU processes rehearse a distributed run, or use "
+            "several nodes",
+        ),
+        (
+            2,
+            2,
+            2,
+            "2 processes x 2 CPU threads on this machine's 2 cores: more threads than cores, so they wait on "
+            "each other; expect a slower run than one process (OMP_NUM_THREADS=1 fits them)",
+        ),
+    ],
+)
+def test_several_cpu_processes_of_one_machine_are_told_what_to_expect(processes, threads, cores, said):
+    from cifar10_dist.system import cpu
+
+    assert cpu.several_processes_here(processes, threads, cores) == said
+
+
+def test_a_two_process_cpu_launch_says_it_will_not_be_faster(small_dataset, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (the suite's workers set 1: as on a laptop, unset)
+    result = run_in_process(
+        "run",
+        *TINY,
+        "--num_epochs=1",
+        "--num_warmup_epochs=0.5",
+        "--backend=gloo",
+        "--nproc_per_node=2",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    cores = len(os.sched_getaffinity(0))
+    said = [line for line in result.stderr.splitlines() if "processes" in line and "cores" in line]
+    assert len(said) == 1 and ("expect no speed-up" in said[0] or "expect a slower run" in said[0]), said
+    assert f"this machine's {cores} cores" in said[0]
 
 
 def slowed_steps(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[Any, int], float]) -> None:

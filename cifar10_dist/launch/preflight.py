@@ -15,12 +15,13 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist import checkpoint_layout, models
-from cifar10_dist.config import Config, class_weights, located_in_its_file, planned_world_size
+from cifar10_dist.config import Config, class_weights, located_in_its_file, note, planned_world_size
 from cifar10_dist.data import records, resizing
 from cifar10_dist.errors import UserError
+from cifar10_dist.launch.start_method import launch_rank
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files, trackers
-from cifar10_dist.system import stopping
+from cifar10_dist.system import cpu, stopping
 from cifar10_dist.training.setup import optimizers
 
 
@@ -168,6 +169,20 @@ def check_launch(config: Config) -> None:
         raise UserError("backend='xla-tpu' needs torch_xla, which is not installed (TPU runtimes provide it)")
     if config.backend == "horovod" and not idist.has_hvd_support:
         raise UserError("backend='horovod' needs horovod, which is not installed: pip install horovod")
+    say_when_more_processes_will_not_help(config)
+
+
+def say_when_more_processes_will_not_help(config: Config) -> None:
+    """One line, from the launcher (or torchrun's first process), when several processes of one machine share its
+    CPU cores (``cpu.several_processes_here``)."""
+    local = config.nproc_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if config.backend is None or torch.cuda.is_available() or launch_rank(config.node_rank) != 0:
+        return
+    cores = cpu.usable_cores()
+    threads = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else 0
+    line = cpu.several_processes_here(local, threads or max(1, cores // local), cores)
+    if line is not None:
+        note(line)
 
 
 def expected_world_size(config: Config) -> int | None:

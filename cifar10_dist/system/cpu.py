@@ -37,8 +37,43 @@ def cpu_threads_per_process() -> int:
     (spawned or by torchrun, which set LOCAL_WORLD_SIZE; an srun task is one process), else this machine's
     cores over the local processes; never more than the cores this process may run on (its CPU mask: taskset,
     cgroups), whatever Slurm's variable says."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     slurm_cpus = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm_cpus and slurm_cpus.isdigit() and "SLURM_PROCID" in os.environ:
         return max(1, min(int(slurm_cpus), cores) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(1, cores // max(1, idist.get_nproc_per_node()))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU mask: taskset, cgroups)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def several_processes_here(processes: int, threads: int, cores: int) -> str | None:
+    """What a user starting ``processes`` processes of ``threads`` CPU threads each on one machine of ``cores``
+    cores should expect, in a line (None for one process). One process already trains on every core (torch's
+    threads); several share them and add the gradients' exchange, so they are no faster (docs/speed.md)."""
+    if processes < 2:
+        return None
+    if processes * threads > cores:
+        return (
+            f"{processes} processes x {threads} CPU threads on this machine's {cores} cores: more threads than "
+            f"cores, so they wait on each other; expect a slower run than one process (OMP_NUM_THREADS="
+            f"{max(1, cores // processes)} fits them)"
+        )
+    return (
+        f"{processes} processes share this machine's {cores} cores ({threads} thread{'s' if threads > 1 else ''} "
+        "each): one process already "
+        "trains on every core, so expect no speed-up, often a slowdown; several CPU processes rehearse a "
+        "distributed run, or use several nodes"
+    )
+
+
+def processes_to_run(cores: int, gpus: int) -> str:
+    """How many processes this machine runs well, for doctor: one per GPU; on a CPU, one."""
+    if gpus:
+        return f"{gpus} process(es) run well here, one per GPU: --backend=nccl --nproc_per_node={gpus}"
+    return (
+        f"1 process runs well here: it trains on all {cores} cores; --nproc_per_node=N shares them among N "
+        "processes, no faster (use it to rehearse a distributed run, or one process per node)"
+    )

@@ -27,7 +27,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import commands
 from cifar10_dist.results import DoctorReport, ProbeResult
-from cifar10_dist.system import hardware, layout_numerics, scaling
+from cifar10_dist.system import cpu, hardware, layout_numerics, scaling
 from cifar10_dist.system.precision import Precision, automatic_precision, make_grad_scaler
 
 MIN_STEPS = 3  # timed steps after the warm-up that a setting needs to be compared (and advised on)
@@ -279,9 +279,8 @@ def advise(
         f"torch uses {threads} CPU threads in one process; with --nproc_per_node=N each process gets "
         f"{threads}/N (OMP_NUM_THREADS overrides)"
     )
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        advice.append(f"{count} GPU(s): --backend=nccl --nproc_per_node={count} trains on all of them")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    advice.append(cpu.processes_to_run(cpu.usable_cores(), gpus))
     return advice
 
 
