@@ -106,9 +106,10 @@ def predict(
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
     with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
     has them, unless ``raw_weights``."""
+    from cifar10_dist.outputs.checkpoint_files import model_file
     from cifar10_dist.serve import inference
 
-    trained = inference.load_trained_model(checkpoint, device, raw_weights)
+    trained = inference.load_trained_model(model_file(checkpoint), device, raw_weights)
     return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.stored_size), batch_size, tta)
 
 
@@ -123,11 +124,12 @@ def predict_files(
     """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
     batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
     each file's probabilities and the files that cannot be read)."""
+    from cifar10_dist.outputs.checkpoint_files import model_file
     from cifar10_dist.serve import inference
 
     if tta is not None:
         inference.check_tta(tta)
-    trained = inference.load_trained_model(str(checkpoint), device, raw_weights)
+    trained = inference.load_trained_model(model_file(checkpoint), device, raw_weights)
     return inference.classify_files(trained, [str(path) for path in paths], batch_size, tta)
 
 
@@ -146,11 +148,12 @@ def export(
     the best on held-out training images), refused with nothing written when its top-1 agrees with the fp32
     model's on fewer than ``min_agreement`` of the test images (``quantization``: serve.exporting.Quantization's
     flags, their defaults there)."""
+    from cifar10_dist.outputs.checkpoint_files import model_file
     from cifar10_dist.serve import exporting
 
     commands.refuse_unknown("export", quantization, commands.flags_of(exporting.Quantization))
     settings = commands.from_flags(exporting.Quantization, quantization, calibration=calibration)
-    return exporting.export(checkpoint, format, output, raw_weights, settings)
+    return exporting.export(model_file(checkpoint), format, output, raw_weights, settings)
 
 
 def tune(
@@ -250,6 +253,9 @@ def evaluate(
     """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""
+    from cifar10_dist.outputs.checkpoint_files import model_file
+
+    checkpoint = model_file(checkpoint)
     refuse_an_export(checkpoint)
     return runs.evaluate(checkpoint, config, raw_weights=raw_weights, output_dir=output_dir, **overrides)
 

@@ -72,7 +72,10 @@ def evaluate(config: str | None = None, **flags: Any) -> None:
     check_keys("evaluate", flags, commands.EVALUATE)
     own, overrides = commands.split("evaluate", flags, commands.EVALUATE)
     checkpoint, json, output_dir = own["checkpoint"], own["json"], own["output_dir"]
-    folder = Path(output_dir) if output_dir is not None else Path(str(checkpoint)).parent
+    from cifar10_dist.outputs.checkpoint_files import model_file
+
+    checkpoint = model_file(str(checkpoint))  # (a run folder: its best model)
+    folder = Path(output_dir) if output_dir is not None else Path(checkpoint).parent
     metrics = api.evaluate(
         str(checkpoint), config, raw_weights=bool(own["raw_weights"]), output_dir=folder, **overrides
     )

@@ -190,7 +190,9 @@ class ConfigFlags:
 class EvaluateFlags:
     """evaluate's own flags (its others are config keys)."""
 
-    checkpoint: str | None = flag(None, "checkpoint file to evaluate (required)", shown="PATH", required=True)
+    checkpoint: str | None = flag(
+        None, "a checkpoint file, or a run folder (its best model)", shown="PATH", required=True
+    )
     json: bool = flag(False, "print the metrics (with per_class_accuracy, confusion_matrix) as JSON on the last line")
     output_dir: str | None = flag(None, "folder for the confusion matrix files (default: the checkpoint's folder)")
     raw_weights: bool = flag(False, RAW_WEIGHTS_HELP)
@@ -202,7 +204,7 @@ class PredictFlags:
 
     checkpoint: str | None = flag(
         None,
-        "training_checkpoint_*.pt or best_model_*.pt (its recorded model is "
+        "training_checkpoint_*.pt, best_model_*.pt or a run folder (its best model; the recorded model is "
         "rebuilt), or an ONNX file of export (int8 too), run by ONNX Runtime on the CPU",
         shown="FILE",
         required=True,

@@ -45,6 +45,21 @@ def existing_checkpoints(run_dir: Path, pattern: re.Pattern, priority: Any) -> l
     return sorted(found)
 
 
+def model_file(given: str | Path) -> str:
+    """The file a command that reads a model takes: ``given`` itself, or for a run folder its best model (the
+    newest training checkpoint where it has none); one line for a folder that holds neither."""
+    folder = Path(given)
+    if not folder.is_dir():
+        return str(given)
+    found = best_model_file(folder) or next(iter(training_checkpoints(folder)), None)
+    if found is None:
+        raise UserError(
+            f"checkpoint '{given}' is a folder without a best_model_*.pt or training_checkpoint_*.pt: give a run "
+            "folder or one of its checkpoint files"
+        )
+    return str(found)
+
+
 def training_checkpoints(run_dir: Path) -> list[Path]:
     """training_checkpoint_<N>.pt files in run_dir, newest (highest N) first."""
     found = existing_checkpoints(run_dir, TRAINING_PATTERN, lambda m: int(m.group(1)))

@@ -21,7 +21,9 @@ METHODS = ("minmax", "percentile", "entropy")  # ORT's calibration methods (Perc
 class ExportFlags:
     """export's flags for the file (``Quantization``'s for int8)."""
 
-    checkpoint: str | None = flag(None, "training_checkpoint_*.pt or best_model_*.pt", shown="FILE", required=True)
+    checkpoint: str | None = flag(
+        None, "training_checkpoint_*.pt, best_model_*.pt, or a run folder (its best model)", shown="FILE", required=True
+    )
     format: str | None = flag(
         None, "one of:\n" + "\n".join(f"{f.name}: {f.help}" for f in FORMATS.values()), shown=NAMES, required=True
     )
