@@ -105,6 +105,14 @@ class TwoHosts:
         )
         return int(done.stdout)
 
+    def kill_node(self, node: int) -> None:
+        """SIGKILL every process inside the node's namespace (its launcher, its workers, a served process the CLI
+        server forked there): the node dies as a machine that loses power does."""
+        pids = subprocess.run(["ip", "netns", "pids", self.namespaces[node]], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+
     def close(self) -> None:
         for process in self.processes:
             if process.poll() is None:

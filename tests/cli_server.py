@@ -14,7 +14,7 @@ pid, then its exit status when it ends, or ``refused`` and the variables that di
 differs from its own in a variable read at import time (the child would not be what a new interpreter is), or
 ``moved ADDRESS`` when the only difference is a hash seed (PYTHONHASHSEED): the server started with that seed,
 on first use, forks it. It stops when its stdin (a pipe from the test process) closes, and its seeded servers
-with it. Clients: ``Server.start`` (the tests' ``run_cli``/``start_cli``) and ``run_served`` (the stand-in
+with it. Clients: ``Server.start`` (the tests' ``run_forked``/``start_forked``) and ``run_served`` (the stand-in
 ``python`` of tests/served_python, for job scripts).
 
 Every served child has its server's hash seed (Python's string hashing, set when an interpreter starts), and so
@@ -78,13 +78,23 @@ CLONE_NEWNET = 0x40000000  # setns(2): the namespace is a network namespace
 _spawnv_passfds = multiprocessing.util.spawnv_passfds
 
 
+def differing_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os._Environ) -> str | None:
+    """The first variable read at import time on which two environments disagree (None: they agree)."""
+    return next(
+        (
+            key
+            for key in sorted({*env, *other})
+            if key.startswith(IMPORT_TIME_VARIABLES)
+            and not key.startswith(READ_WHEN_USED)
+            and env.get(key) != other.get(key)
+        ),
+        None,
+    )
+
+
 def same_at_import(env: dict[str, str] | os._Environ, other: dict[str, str] | os._Environ) -> bool:
     """Whether two environments agree on every variable read at import time."""
-    return all(
-        env.get(key) == other.get(key)
-        for key in {*env, *other}
-        if key.startswith(IMPORT_TIME_VARIABLES) and not key.startswith(READ_WHEN_USED)
-    )
+    return differing_at_import(env, other) is None
 
 
 def _preload() -> None:
@@ -267,7 +277,7 @@ class ServedProcess:
         self.args = args
         if answer.startswith(b"refused"):
             raise RuntimeError(
-                "the CLI server refused an environment that conftest.servable accepted (it differs "
+                "the CLI server refused an environment that conftest.require_servable accepted (it differs "
                 f"in {answer[8:].decode() or '?'})"
             )
         self.pid = int(answer)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,36 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The processes a test started in the background ran, at most, until its end: counted so."""
+    now = time.monotonic()
+    for kind, started in STARTED:
+        counted(kind, now - started)
+    STARTED.clear()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its counts to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["cli_runs"] = json.dumps(RUNS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller adds up its workers' counts."""
+    for kind, (calls, seconds) in json.loads(getattr(node, "workeroutput", {}).get("cli_runs", "{}")).items():
+        counted(kind, seconds, int(calls))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line: how many command-line runs of each kind the tests made, and their seconds."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    counts = ", ".join(f"{kind} {int(calls)} ({seconds:.0f} s)" for kind, (calls, seconds) in RUNS.items())
+    terminalreporter.write_line(f"command-line runs: {counts}")
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """LONGEST_FILES' tests first, in that order; the others after them, as collected."""
 
@@ -97,23 +128,29 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(
-    *args: str,
-    cwd: Path | None = None,
-    timeout: float = 300,
-    env: dict | None = None,
-    fresh: bool = False,
-    module: str = "cifar10_dist",
+# How each test ran the command line, by kind: "in this process" (run_in_this_process), "forked" (from the CLI
+# server: run_forked, start_forked, run_torchrun_forked) or "new interpreter" (run_new_interpreter,
+# start_new_interpreter); a line at the end of the test run counts them (pytest_terminal_summary)
+KINDS = ("in this process", "forked from the CLI server", "new interpreter")
+RUNS: dict[str, list[float]] = {kind: [0, 0.0] for kind in KINDS}
+STARTED: list[tuple[str, float]] = []  # (kind, start time) of the processes the current test started
+
+
+def counted(kind: str, seconds: float, calls: int = 1) -> None:
+    RUNS[kind][0] += calls
+    RUNS[kind][1] += seconds
+
+
+def run_forked(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None, module: str = "cifar10_dist"
 ) -> subprocess.CompletedProcess:
     """``python -m cifar10_dist ARGS`` as a user would run it (or ``-m MODULE``, another of the CLI server's
-    SERVED_MODULES); returns the CompletedProcess. The process is forked by this test process's CLI server
-    (tests/cli_server.py: torch imported once) unless ``fresh`` or its environment differs from the server's in a
-    variable read at import time: then a new interpreter runs it."""
+    SERVED_MODULES), forked by this test process's CLI server (tests/cli_server.py: torch imported once); returns
+    the CompletedProcess. An environment the server cannot serve fails, naming the variable (run_new_interpreter
+    runs it instead)."""
     env = env or cli_env()
-    if fresh or not servable(env):
-        return subprocess.run(
-            [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
+    require_servable(env)
+    started = time.monotonic()
     process = cli_server().start(list(args), env, cwd, new_session=False, module=module)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -121,22 +158,51 @@ def run_cli(
         process.kill()
         process.wait()
         raise
+    finally:
+        counted(KINDS[1], time.monotonic() - started)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_new_interpreter(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None, module: str = "cifar10_dist"
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in a new interpreter (about 5 s of a core of imports): for an environment that
+    differs in a variable read at import, or a start-up under test."""
+    started = time.monotonic()
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", module, *args],
+            cwd=cwd,
+            env=env or cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    finally:
+        counted(KINDS[2], time.monotonic() - started)
 
 
 _cli_server = None
 
 
-def servable(env: dict[str, str]) -> bool:
-    """Whether the CLI server can fork a process with this environment (PYTHONPATH it sets in the child; a hash
-    seed of its own, PYTHONHASHSEED, too: it is forked by a server started with that seed); it needs Linux's
-    pidfd_open to learn when a child ends."""
-    from tests.cli_server import same_at_import
+def require_servable(env: dict[str, str]) -> None:
+    """Fail, naming the variable, where the CLI server cannot fork a process with this environment: one that differs
+    from the server's in a variable read at import (PYTHONPATH it sets in the child; a hash seed of its own,
+    PYTHONHASHSEED, too: it is forked by a server started with that seed). It needs Linux's pidfd_open to learn
+    when a child ends."""
+    from tests.cli_server import differing_at_import
 
     ours = cli_env()
     if env.get("PYTHONHASHSEED", "").isdigit():
         env, ours = ({key: value for key, value in e.items() if key != "PYTHONHASHSEED"} for e in (env, ours))
-    return hasattr(os, "pidfd_open") and same_at_import(env, ours)
+    if not hasattr(os, "pidfd_open"):
+        pytest.fail("the CLI server needs Linux's pidfd_open: run this with run_new_interpreter")
+    differing = differing_at_import(env, ours)
+    if differing:
+        pytest.fail(
+            f"{differing}={env.get(differing)!r} differs from the CLI server's ({ours.get(differing)!r}) and is read "
+            "at import: a forked process would not see it; run this with run_new_interpreter"
+        )
 
 
 def cli_server():
@@ -164,7 +230,7 @@ def job_script_environment() -> dict[str, str]:
     return env
 
 
-def run_in_process(*args: str) -> subprocess.CompletedProcess:
+def run_in_this_process(*args: str) -> subprocess.CompletedProcess:
     """``cifar10-dist ARGS`` through the CLI's own entry point in this process (no interpreter and torch start-up:
     seconds saved per call). Only what this process prints is captured: the logs of one process, or of the
     launcher of spawned workers (whose own logs go to the real stderr)."""
@@ -174,22 +240,34 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
     from cifar10_dist import cli
 
     stdout, stderr = io.StringIO(), io.StringIO()
+    started = time.monotonic()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.main(list(args))
+    counted(KINDS[0], time.monotonic() - started)
     return subprocess.CompletedProcess(["cifar10-dist", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
     """What a run in this process printed, then rank 0's log from the run folder (run.log): the logs of spawned
-    workers reach the real stderr, not ``run_in_process``'s capture."""
+    workers reach the real stderr, not ``run_in_this_process``'s capture."""
     log = run_dir / "run.log"
     return result.stderr + (log.read_text() if log.is_file() else "")
 
 
-def run_torchrun(nproc: int, *args: str, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node=NPROC --standalone -m cifar10_dist ARGS`` to its end (see
-    ``start_cli``)."""
-    run = start_cli(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"], fresh=fresh)
+def run_torchrun_forked(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node=NPROC --standalone -m cifar10_dist ARGS`` to its end,
+    torchrun and its workers forked by the CLI server (see ``start_forked``)."""
+    run = start_forked(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
+    try:
+        stdout, stderr = run.communicate(timeout=timeout)
+    finally:
+        stop_all(run)
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+
+
+def run_torchrun_new_interpreter(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``run_torchrun_forked`` with torchrun and its workers new interpreters, as a user runs them."""
+    run = start_new_interpreter(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
     try:
         stdout, stderr = run.communicate(timeout=timeout)
     finally:
@@ -251,7 +329,7 @@ def long_reference_run(data: Path, output: Path, launch: list[str]) -> Path:
     """LONG uninterrupted, checkpoints every 25 iterations (training_checkpoint_50.pt, mid-epoch 3, and _72.pt kept):
     what every interrupted and continued LONG run at that world size must end with, bit for bit
     (checkpoint_every and validate_every do not change the training)."""
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *LONG,
         *launch,
@@ -291,7 +369,7 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
     figures; (what the command returned and printed, its output_path)."""
 
     def run(folder: Path) -> None:
-        result = run_cli(
+        result = run_forked(
             "run",
             *TINY,
             "--figures=True",
@@ -341,38 +419,37 @@ def slow_cnn(tmp_path_factory) -> str:
     return f"{path}:slow_cnn"
 
 
-def start_cli(
-    *args: str,
-    torchrun: list[str] | None = None,
-    env: dict | None = None,
-    fresh: bool = False,
-    stderr: int | None = None,
-):
-    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background:
-    a ``subprocess.Popen``, or the CLI server's like of it (see ``run_cli``). Under torchrun, the server forks
-    torchrun, and torchrun's workers are the stand-in python's (PYTHON_EXEC, torchrun's own setting): forked too,
-    each with a hash seed of its own (tests/cli_server.py); ``fresh`` makes them new interpreters, children of
-    torchrun (the GPU checks, run as a user runs them).
+def start_forked(*args: str, torchrun: list[str] | None = None, env: dict | None = None, stderr: int | None = None):
+    """Start ``python -m cifar10_dist ARGS`` (or under torchrun with the given torchrun flags) in the background,
+    forked by the CLI server: the server's like of a ``subprocess.Popen``. Under torchrun, the server forks torchrun,
+    and torchrun's workers are the stand-in python's (PYTHON_EXEC, torchrun's own setting): forked too, each with a
+    hash seed of its own (tests/cli_server.py). An environment the server cannot serve fails, naming the variable.
 
     It gets a session of its own, so that ``stop_all`` can end it with every process below it. Its stdout and
     stderr are pipes, unless ``stderr`` names a descriptor to give it (a terminal).
     """
     env = {**cli_env(), **(env or {})}
-    if not fresh and servable(env):
-        if not torchrun:
-            return cli_server().start(list(args), env, None, new_session=True, stderr=stderr)
-        workers = {
-            "PYTHON_EXEC": str(REPO / "tests" / "served_python" / "python"),
-            "TEST_CLI_SERVER": cli_server().address,
-        }
-        launch = [*torchrun, "-m", "cifar10_dist", *args]
-        return cli_server().start(
-            launch, {**env, **workers}, None, new_session=True, module="torch.distributed.run", stderr=stderr
-        )
+    require_servable(env)
+    STARTED.append((KINDS[1], time.monotonic()))
+    if not torchrun:
+        return cli_server().start(list(args), env, None, new_session=True, stderr=stderr)
+    workers = {"PYTHON_EXEC": str(REPO / "tests" / "served_python" / "python"), "TEST_CLI_SERVER": cli_server().address}
+    launch = [*torchrun, "-m", "cifar10_dist", *args]
+    return cli_server().start(
+        launch, {**env, **workers}, None, new_session=True, module="torch.distributed.run", stderr=stderr
+    )
+
+
+def start_new_interpreter(
+    *args: str, torchrun: list[str] | None = None, env: dict | None = None, stderr: int | None = None
+) -> subprocess.Popen:
+    """``start_forked`` in a new interpreter (under torchrun: torchrun and its workers new interpreters, as a user
+    runs them)."""
+    STARTED.append((KINDS[2], time.monotonic()))
     launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun] if torchrun else [sys.executable]
     return subprocess.Popen(
         [*launcher, "-m", "cifar10_dist", *args],
-        env=env,
+        env={**cli_env(), **(env or {})},
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if stderr is None else stderr,
@@ -430,7 +507,7 @@ def assert_same_nested(a, b, where: str) -> None:
 
 
 def wait_until(run: subprocess.Popen, reached: Callable[[], bool], why: str, seconds: float = 120) -> None:
-    """Poll ``reached`` every 50 ms while the run started by start_cli goes on; fail with ``why`` if it ends or
+    """Poll ``reached`` every 50 ms while the run started by start_forked goes on; fail with ``why`` if it ends or
     ``seconds`` pass first."""
     deadline = time.monotonic() + seconds
     while not reached():
@@ -448,7 +525,8 @@ def kill_when(run: subprocess.Popen, reached: Callable[[], bool], why: str, seco
 
 
 def stop_all(process: subprocess.Popen) -> None:
-    """Kill a process started by start_cli and everything it started (after a failed or timed-out test)."""
+    """Kill a process started by start_forked (or start_new_interpreter) and everything it started (after a failed
+    or timed-out test)."""
     import signal
 
     try:

@@ -12,7 +12,7 @@ import pytest
 from cifar10_dist import api
 from cifar10_dist.system.doctor import Timing
 from cifar10_dist.training.before_training import batch_sizes
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 TINY_MODEL = {"model": "simple_cnn", "model_kwargs": {"width": 8}}
 
@@ -56,7 +56,7 @@ def test_no_size_above_a_process_share_of_the_training_split_is_timed_or_suggest
 
 
 def test_the_cli_prints_the_table_and_the_suggestion():
-    result = run_in_process(
+    result = run_in_this_process(
         "batch-size",
         "--model=simple_cnn",
         '--model_kwargs={"width": 8}',
@@ -68,7 +68,7 @@ def test_the_cli_prints_the_table_and_the_suggestion():
     assert "simple_cnn at 32 px on cpu, one process (sizes per process):" in result.stdout
     assert result.stdout.count(" img/s  +-") == 3
     assert "suggested batch_size: " in result.stdout and "by the linear (SGD" in result.stdout
-    as_json = run_in_process(
+    as_json = run_in_this_process(
         "batch-size",
         "--model=simple_cnn",
         '--model_kwargs={"width": 8}',
@@ -81,7 +81,7 @@ def test_the_cli_prints_the_table_and_the_suggestion():
 
 
 def test_bad_batch_sizes_are_refused_in_one_line():
-    result = run_in_process("batch-size", "--batch_sizes=64,abc")
+    result = run_in_this_process("batch-size", "--batch_sizes=64,abc")
     assert result.returncode == 2
     assert "batch_sizes=" in result.stderr and "must be whole numbers >= 1" in result.stderr
 

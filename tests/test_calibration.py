@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cifar10_dist.training.loop.evaluators import CalibrationBins, expected_calibration_error, reliability
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 
 def logits_with_top1(probabilities: list[float], classes: int = 4) -> torch.Tensor:
@@ -46,7 +46,7 @@ def test_a_probability_on_a_bin_edge_falls_in_the_lower_bin_and_one_in_the_last(
 
 
 def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(small_dataset, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--figures=True",
@@ -63,7 +63,7 @@ def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(smal
     assert (run_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ", ECE " in (run_dir / "run.log").read_text()
     [best] = sorted(run_dir.glob("best_model_*.pt"))
-    evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}")
+    evaluated = run_in_this_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     test = metrics["test"]
     assert f"calibration: ECE {test['ece']:.4f} (15 bins), NLL {test['loss']:.4f}" in evaluated.stdout
@@ -85,7 +85,7 @@ def test_the_fitted_temperature_undoes_overconfidence_and_lowers_the_nll():
 
 
 def test_calibrate_without_a_validation_split_is_refused_in_one_line(tmp_path):
-    result = run_in_process("run", "--calibrate=temperature", f"--output_path={tmp_path}")
+    result = run_in_this_process("run", "--calibrate=temperature", f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert "calibrate=temperature fits the temperature on a validation split, never on the test set" in result.stderr
     assert not list(tmp_path.iterdir())
@@ -99,7 +99,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     from cifar10_dist.models import restoring
     from cifar10_dist.outputs import checkpoint_files
 
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         f"--data_path={small_dataset}",
@@ -126,7 +126,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
     )
     # evaluate reads it: the same test loss (the NLL of the calibrated probabilities) as the run's end
     final = json.loads((run_dir / "metrics.json").read_text())["test"]
-    evaluated = run_in_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}", "--json")
+    evaluated = run_in_this_process("evaluate", f"--checkpoint={best}", f"--data_path={small_dataset}", "--json")
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(final["loss"], abs=1e-4)
     # predict and ONNX: the raw model's logits divided by T
     info = cifar.checkpoint_info(stored)

@@ -14,14 +14,14 @@ from PIL import Image
 
 from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, TINY_WIDTH, run_in_process
+from tests.conftest import TINY, TINY_WIDTH, run_in_this_process
 
 
 @pytest.fixture(scope="module")
 def cifar100(tmp_path_factory):
     """600 training and 200 test images written by prepare-data in the CIFAR-100 layout."""
     root = tmp_path_factory.mktemp("cifar100")
-    result = run_in_process(
+    result = run_in_this_process(
         "prepare-data", "--dataset=cifar100", f"--data_path={root}", "--synthetic=600", "--synthetic_test=200"
     )
     assert result.returncode == 0, result.stderr
@@ -50,7 +50,7 @@ def test_the_layout_reads_back_with_fine_and_coarse_labels_and_is_checked(cifar1
     (bad / "test").write_bytes((folder / "test").read_bytes())
     with pytest.raises(UserError, match=r"train: label 100 is out of range: fine_labels must be 0\.\.99"):
         cifar.read_cifar100(bad, "fine")
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         "--dataset=cifar100",
         "--download=False",
@@ -65,7 +65,7 @@ def test_the_layout_reads_back_with_fine_and_coarse_labels_and_is_checked(cifar1
 
 
 def test_a_cifar100_run_has_100_classes_and_their_names_reach_evaluate_predict_and_export(cifar100, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--num_epochs=1",
@@ -79,7 +79,7 @@ def test_a_cifar100_run_has_100_classes_and_their_names_reach_evaluate_predict_a
     checkpoint = tmp_path / "fine" / "training_checkpoint_18.pt"
     assert torch.load(checkpoint, weights_only=True)["model"]["5.weight"].shape == (100, 2 * TINY_WIDTH)
 
-    evaluated = run_in_process(
+    evaluated = run_in_this_process(
         "evaluate", f"--checkpoint={checkpoint}", "--num_workers=0", f"--output_dir={tmp_path / 'eval'}"
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -90,12 +90,12 @@ def test_a_cifar100_run_has_100_classes_and_their_names_reach_evaluate_predict_a
 
     image = tmp_path / "one.png"
     Image.fromarray(np.full((32, 32, 3), 120, dtype=np.uint8)).save(image)
-    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(image), "--json", "--top_k=5")
+    predicted = run_in_this_process("predict", f"--checkpoint={checkpoint}", str(image), "--json", "--top_k=5")
     assert predicted.returncode == 0, predicted.stderr
     top = json.loads(predicted.stdout)["top_k"]
     assert all(entry["class"] == cifar_layouts.CIFAR100_FINE[entry["index"]] for entry in top)
 
-    exported = run_in_process(
+    exported = run_in_this_process(
         "export", f"--checkpoint={checkpoint}", "--format=safetensors", f"--output={tmp_path / 'model.safetensors'}"
     )
     assert exported.returncode == 0, exported.stderr
@@ -131,11 +131,11 @@ def test_coarse_labels_give_a_user_model_20_outputs_through_num_classes(cifar100
         f"--data_path={cifar100}",
         f"--output_path={tmp_path / 'out'}",
     ]
-    result = run_in_process(*common, "--model=nets.py:flexible", "--run_name=coarse")
+    result = run_in_this_process(*common, "--model=nets.py:flexible", "--run_name=coarse")
     assert result.returncode == 0, result.stderr[-3000:]
     weights = torch.load(tmp_path / "out" / "coarse" / "training_checkpoint_18.pt", weights_only=True)["model"]
     assert weights["1.weight"].shape == (20, 3072)
-    refused = run_in_process(*common, "--model=nets.py:fixed", "--run_name=fixed")
+    refused = run_in_this_process(*common, "--model=nets.py:fixed", "--run_name=fixed")
     assert refused.returncode == 2
     assert refused.stderr.strip() == (
         f"error: model='{tmp_path / 'nets.py'}:fixed' returned (2, 10) for a (2, 3, 32, "

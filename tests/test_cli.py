@@ -20,9 +20,10 @@ from tests.conftest import (
     assert_same_training_state,
     cli_env,
     job_script_environment,
-    run_cli,
-    run_in_process,
-    servable,
+    require_servable,
+    run_forked,
+    run_in_this_process,
+    run_new_interpreter,
 )
 
 
@@ -30,7 +31,7 @@ from tests.conftest import (
 def test_help_lists_every_option_by_topic_with_default_and_a_few_words_and_help_key_tells_the_rest(command):
     from cifar10_dist.cli import help_pages
 
-    result = run_in_process(command, "--help")
+    result = run_in_this_process(command, "--help")
     assert result.returncode == 0
     text = " ".join(result.stdout.split())  # (wrapped lines joined)
     for heading, names in settable_by_topic():
@@ -41,35 +42,35 @@ def test_help_lists_every_option_by_topic_with_default_and_a_few_words_and_help_
         if field.metadata["internal"]:  # trial: set by tune itself
             assert f"--{field.name}=" not in result.stdout
             continue
-        story = run_in_process(command, f"--help={field.name}")
+        story = run_in_this_process(command, f"--help={field.name}")
         assert story.returncode == 0 and field.metadata["help"] in " ".join(story.stdout.split())
 
 
 def test_run_help_fits_80_columns_piped_and_shows_usage_and_launch_keys_in_its_first_24_lines():
-    page = run_cli("run", "--help", env={**cli_env(), "COLUMNS": "80"})  # (stdout a pipe: no terminal)
+    page = run_forked("run", "--help", env={**cli_env(), "COLUMNS": "80"})  # (stdout a pipe: no terminal)
     lines = page.stdout.splitlines()
     assert max(map(len, lines)) <= 80
     first = "\n".join(lines[:24])
     assert first.startswith("Usage: cifar10-dist run ")
     assert all(f"--{name}=" in first for name in settable_by_topic()[0][1])  # launch: backend ... dist_timeout
-    narrow = run_in_process("run", "--help")
+    narrow = run_in_this_process("run", "--help")
     assert narrow.returncode == 0
 
 
 def test_help_for_one_key_names_the_closest_when_misspelt_and_lists_the_models_for_model():
-    wrong = run_in_process("run", "--help=lerning_rate")
+    wrong = run_in_this_process("run", "--help=lerning_rate")
     assert (wrong.returncode, wrong.stderr) == (
         2,
         "error: --help=lerning_rate: no config key of that name: did you mean 'learning_rate'? run --help lists them "
         "by topic\n",
     )
-    model = run_in_process("run", "--help=model")
+    model = run_in_this_process("run", "--help=model")
     assert "Built in: airbench, cifar_resnet18, cifar_resnet34, cifar_resnet50, simple_cnn." in model.stdout
     assert "timm:NAME" in model.stdout and "path/to/file.py:factory" in model.stdout
 
 
 def test_config_list_gives_each_shipped_config_a_whole_first_sentence():
-    listed = run_in_process("config", "--list")
+    listed = run_in_this_process("config", "--list")
     assert listed.returncode == 0
     text = " ".join(listed.stdout.split())
     assert "demo A one-minute demo on 2 CPU cores. " in text
@@ -78,14 +79,14 @@ def test_config_list_gives_each_shipped_config_a_whole_first_sentence():
 
 
 def test_prepare_data_and_top_level_help():
-    top = run_cli("--help")
+    top = run_forked("--help")
     assert top.returncode == 0 and "prepare-data" in top.stdout and "evaluate" in top.stdout
-    prepare = run_cli("prepare-data", "--help")
+    prepare = run_forked("prepare-data", "--help")
     assert prepare.returncode == 0 and "--synthetic=None" in prepare.stdout and "--data_path=cifar10" in prepare.stdout
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    result = run_cli("run", "--bacth_size=8", "--debug", cwd=tmp_path)
+    result = run_forked("run", "--bacth_size=8", "--debug", cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "UserError: unknown config key 'bacth_size'" in result.stderr
 
@@ -96,13 +97,13 @@ def test_config_prints_the_resolved_config_as_yaml_that_run_takes_back(tmp_path)
     from cifar10_dist.config import load_config
 
     fast = REPO / "configs" / "fast.yaml"
-    printed = run_in_process("config", f"--config={fast}", "--batch_size=256", "--seed=3")
+    printed = run_in_this_process("config", f"--config={fast}", "--batch_size=256", "--seed=3")
     assert printed.returncode == 0, printed.stderr
     (tmp_path / "mine.yaml").write_text(printed.stdout)
     again = load_config(tmp_path / "mine.yaml")
     assert again == load_config(fast, batch_size=256, seed=3)
     assert again.batch_size == 256 and again.model == "airbench" and printed.stdout.startswith("dataset: cifar10\n")
-    refused = run_in_process("config", "--batch_size=0")
+    refused = run_in_this_process("config", "--batch_size=0")
     assert refused.returncode == 2 and refused.stderr == "error: batch_size=0 must be at least 1\n"
 
 
@@ -116,10 +117,10 @@ def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path
     (elsewhere / "there.py").write_text("def Net(num_classes=10):\n    return None\n")
     (tmp_path / "here.py").write_text("from there import Net\n")  # here beside the run, there on PYTHONPATH
     env = {**cli_env(), "PYTHONPATH": f"{elsewhere}{os.pathsep}{cli_env()['PYTHONPATH']}"}
-    assert servable(env)
+    require_servable(env)  # (PYTHONPATH: the server sets it in each child)
     for command in [("run", "--model=here:Net"), ("run", "--batch_size=0")]:
-        served = run_cli(*command, "--data_path=nowhere", cwd=tmp_path, env=env)
-        fresh = run_cli(*command, "--data_path=nowhere", cwd=tmp_path, env=env, fresh=True)
+        served = run_forked(*command, "--data_path=nowhere", cwd=tmp_path, env=env)
+        fresh = run_new_interpreter(*command, "--data_path=nowhere", cwd=tmp_path, env=env)
         assert (served.returncode, served.stdout, served.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
         assert served.returncode == 2 and served.stderr.count("\n") == 1, served.stderr
         if "Net" in command[1]:  # imported: the factory was called
@@ -133,7 +134,7 @@ def test_a_served_spawned_run_trains_exactly_as_a_fresh_interpreters_does(spawne
     weights and optimizer state, and the same metrics.jsonl but for the timings."""
     served, served_output = spawned_run
     assert served.returncode == 0, served.stderr[-3000:]
-    fresh = run_cli(
+    fresh = run_new_interpreter(
         "run",
         *TINY,
         "--backend=gloo",
@@ -141,7 +142,6 @@ def test_a_served_spawned_run_trains_exactly_as_a_fresh_interpreters_does(spawne
         "--checkpoint_every=5",
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
-        fresh=True,
     )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     (served_dir,), (fresh_dir,) = served_output.iterdir(), tmp_path.iterdir()
@@ -343,7 +343,11 @@ def test_no_default_of_a_commands_flag_is_written_twice():
 def test_a_required_flag_left_out_is_one_line_naming_every_one_missing(command, line, tmp_path):
     """The flags declared required=True (their usage shows them outside brackets) are checked where every command's
     flags are resolved, not by hand in each command."""
-    result = run_in_process(*command, f"--output_path={tmp_path}") if command[0] == "tune" else run_in_process(*command)
+    result = (
+        run_in_this_process(*command, f"--output_path={tmp_path}")
+        if command[0] == "tune"
+        else run_in_this_process(*command)
+    )
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last == line if line else "needs --" not in last, last

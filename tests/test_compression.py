@@ -11,14 +11,22 @@ import torch
 
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, assert_same_training_state, kill_when, run_in_process, run_log, start_cli, stop_all
+from tests.conftest import (
+    TINY,
+    assert_same_training_state,
+    kill_when,
+    run_in_this_process,
+    run_log,
+    start_forked,
+    stop_all,
+)
 
 SPAWN = ["--backend=gloo", "--nproc_per_node=2"]
 
 
 def test_a_bf16_compressed_run_trains_and_records_it(small_dataset, tmp_path):
     common = [*TINY, *SPAWN, "--grad_compression=bf16", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    whole = run_in_process("run", *common, "--run_name=whole")
+    whole = run_in_this_process("run", *common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "grad_compression  bf16" in run_log(whole, tmp_path / "whole")  # the plan's row
     assert json.loads((tmp_path / "whole" / "provenance.json").read_text())["grad_compression"] == "bf16"
@@ -84,7 +92,7 @@ def test_powersgd_on_three_buckets_trains_70_steps_compressed_and_a_killed_run_r
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
     ]
-    whole = run_in_process("run", *common, "--run_name=whole")
+    whole = run_in_this_process("run", *common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "grad_compression  powersgd rank 2 from step 4" in run_log(whole, tmp_path / "whole")  # the plan's row
     provenance = json.loads((tmp_path / "whole" / "provenance.json").read_text())
@@ -95,7 +103,7 @@ def test_powersgd_on_three_buckets_trains_70_steps_compressed_and_a_killed_run_r
     assert state["iter"] == 74 and len(state["errors"]) == 3  # each bucket's error feedback,
     assert all(errors.shape[0] == 2 for errors in state["errors"].values())  # of both ranks
 
-    killed = start_cli("run", *common, "--run_name=killed")
+    killed = start_forked("run", *common, "--run_name=killed")
     try:
         kill_when(
             killed,
@@ -105,7 +113,7 @@ def test_powersgd_on_three_buckets_trains_70_steps_compressed_and_a_killed_run_r
     finally:
         stop_all(killed)
     assert not (tmp_path / "killed" / "training_checkpoint_74.pt").exists()
-    resumed = run_in_process("run", *common, "--run_name=killed", "--resume_from=auto")
+    resumed = run_in_this_process("run", *common, "--run_name=killed", "--resume_from=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = run_log(resumed, tmp_path / "killed")
     assert f"continuing from {tmp_path / 'killed' / 'training_checkpoint_54.pt'}" in log
@@ -132,18 +140,18 @@ def test_without_a_process_group_compression_is_refused_in_one_line():
 
 def test_a_powersgd_checkpoint_continues_in_one_process_as_the_refusal_advises(small_dataset, tmp_path):
     common = [*TINY, "--grad_compression=powersgd", "--powersgd_start_step=4", f"--data_path={small_dataset}"]
-    first = run_in_process(
+    first = run_in_this_process(
         "run", *common, *SPAWN, "--checkpoint_every=9", f"--output_path={tmp_path}", "--run_name=two"
     )
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoint = f"--resume_from={tmp_path / 'two' / 'training_checkpoint_27.pt'}"
-    alone = run_in_process("run", *common, checkpoint, f"--output_path={tmp_path}", "--run_name=one")
+    alone = run_in_this_process("run", *common, checkpoint, f"--output_path={tmp_path}", "--run_name=one")
     assert alone.returncode == 2
     assert alone.stderr.endswith(
         "To continue a run that had it in one process, give --backend=gloo --nproc_per_node=1 (compression does "
         "nothing there)\n"
     )
-    advised = run_in_process(
+    advised = run_in_this_process(
         "run",
         *common,
         checkpoint,
@@ -157,7 +165,7 @@ def test_a_powersgd_checkpoint_continues_in_one_process_as_the_refusal_advises(s
 
 
 def test_at_world_size_one_compression_says_it_does_nothing(small_dataset, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--num_epochs=1",

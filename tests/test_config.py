@@ -13,7 +13,7 @@ from cifar10_dist.cli.help_pages import options_reference
 from cifar10_dist.config import Config, load_config
 from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 
 def test_defaults_are_the_ignite_tutorials():
@@ -192,7 +192,7 @@ def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optim
 def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
     config = tmp_path / "every4.yaml"
     config.write_text("checkpoint_every: 4\n")
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         f"--config={config}",
         *TINY,
@@ -225,7 +225,7 @@ def test_every_shipped_config_takes_num_epochs_1_with_its_warmup_scaled(config):
     """A smoke test's --num_epochs=1 on any shipped config: the file's warmup becomes the same share of the run."""
     planned = yaml.safe_load(Path(config).read_text())
     warmup, epochs = planned.get("num_warmup_epochs", 1.0), planned.get("num_epochs", 5)
-    result = run_in_process("config", f"--config={config}", "--num_epochs=1")
+    result = run_in_this_process("config", f"--config={config}", "--num_epochs=1")
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
     assert resolved["num_epochs"] == 1 and resolved["num_warmup_epochs"] == pytest.approx(round(warmup / epochs, 4))
@@ -254,7 +254,7 @@ def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_
 
 
 def test_a_shipped_config_shortened_to_one_epoch_trains(tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         "--config=configs/fast.yaml",
         "--num_epochs=1",

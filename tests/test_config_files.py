@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.config import shipped_configs
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 BAD_FILES = [
     (
@@ -35,7 +35,7 @@ BAD_FILES = [
 def test_a_bad_config_file_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_path, command, content, problem):
     config = tmp_path / "my.yaml"
     config.write_bytes(content)
-    result = run_in_process(command, f"--config={config}", f"--output_path={tmp_path / 'out'}")
+    result = run_in_this_process(command, f"--config={config}", f"--output_path={tmp_path / 'out'}")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"error: config file '{config}' {problem}\n"
     assert not (tmp_path / "out").exists()
@@ -44,10 +44,10 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_line_and_writes_nothi
 def test_an_empty_config_and_dev_null_both_give_the_defaults(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    assert run_in_process("config", f"--config={empty}").stdout.replace(str(empty), "F") == run_in_process(
+    assert run_in_this_process("config", f"--config={empty}").stdout.replace(str(empty), "F") == run_in_this_process(
         "config", "--config=/dev/null"
     ).stdout.replace("/dev/null", "F")
-    assert run_in_process("config", "--config=/dev/null").returncode == 0
+    assert run_in_this_process("config", "--config=/dev/null").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -55,18 +55,18 @@ def test_an_empty_config_and_dev_null_both_give_the_defaults(tmp_path):
     [("fats", "fast"), ("demo.yml", "demo"), ("fast_muno", "fast_muon"), ("configs/fsat.yaml", "configs/fast.yaml")],
 )
 def test_a_mistyped_config_name_gets_the_shipped_name_it_is_closest_to(given, suggestion):
-    result = run_in_process("config", f"--config={given}")
+    result = run_in_this_process("config", f"--config={given}")
     assert result.returncode == 2
     assert result.stderr.startswith(
         f"error: config file '{given}' does not exist: did you mean '{suggestion}'? "
         "give a path to a YAML file, or the name of a shipped one"
     ), result.stderr
-    assert run_in_process("config", f"--config={suggestion}").returncode == 0  # the advice works
+    assert run_in_this_process("config", f"--config={suggestion}").returncode == 0  # the advice works
 
 
 def test_a_mistyped_file_name_gets_the_file_beside_it(tmp_path):
     (tmp_path / "my_experiment.yaml").write_text("num_epochs: 3\n")
-    result = run_in_process("config", f"--config={tmp_path / 'my_experimnet.yaml'}")
+    result = run_in_this_process("config", f"--config={tmp_path / 'my_experimnet.yaml'}")
     assert f"does not exist: did you mean '{tmp_path / 'my_experiment.yaml'}'? " in result.stderr
 
 
@@ -75,7 +75,7 @@ def test_a_run_names_the_config_file_it_read_in_its_log_and_provenance_and_warns
 ):
     monkeypatch.chdir(tmp_path)
     Path("demo.yaml").write_text("num_epochs: 7\n")  # the user's own demo.yaml: --config=demo is the shipped one
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         "--config=demo",
         "--num_epochs=1",
@@ -97,5 +97,5 @@ def test_a_run_names_the_config_file_it_read_in_its_log_and_provenance_and_warns
     assert recorded == {"path": str(shipped), "shipped": True}
     assert "config_source" not in (tmp_path / "out" / "shipped" / "config.yaml").read_text()
 
-    own = run_in_process("config", "--config=./demo.yaml")
+    own = run_in_this_process("config", "--config=./demo.yaml")
     assert "num_epochs: 7\n" in own.stdout and f"path: {tmp_path / 'demo.yaml'}\n  shipped: false" in own.stdout

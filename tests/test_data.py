@@ -13,11 +13,11 @@ from cifar10_dist.data import augmentation, cifar, cifar_layouts, loaders
 from cifar10_dist.data.records import MEAN, STD
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
-from tests.conftest import run_in_process, write_dataset
+from tests.conftest import run_in_this_process, write_dataset
 
 
 def test_prepare_data_synthetic_is_read_back_by_the_loader(tmp_path):
-    result = run_in_process("prepare-data", f"--data_path={tmp_path}", "--synthetic=250", "--synthetic_test=40")
+    result = run_in_this_process("prepare-data", f"--data_path={tmp_path}", "--synthetic=250", "--synthetic_test=40")
     assert result.returncode == 0, result.stderr
     assert "wrote 250 synthetic training and 40 test images" in result.stdout
     folder = tmp_path / "cifar-10-batches-py"
@@ -34,7 +34,7 @@ def test_prepare_data_synthetic_is_read_back_by_the_loader(tmp_path):
 
 def test_prepare_data_validates_an_existing_copy_and_reports_checksums(tmp_path):
     write_dataset(tmp_path, 50, 10)
-    result = run_in_process("prepare-data", f"--data_path={tmp_path}")
+    result = run_in_this_process("prepare-data", f"--data_path={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert "50 training and 10 test images, valid structure" in result.stdout
     assert "do not match the official release" in result.stdout

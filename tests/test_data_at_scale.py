@@ -19,7 +19,7 @@ from PIL import Image
 
 from cifar10_dist import api
 from cifar10_dist.data.records import ImageSet, MappedImages
-from tests.conftest import cli_env, run_in_process, run_log
+from tests.conftest import cli_env, run_in_this_process, run_log
 
 SIZE = 128  # pixels: 48 KiB an image in the cache
 
@@ -141,7 +141,7 @@ def test_two_nodes_each_copy_the_cache_beside_the_data_to_their_local_disk_once(
     root = noise_folder(tmp_path / "shared", 20, 5)
     shared = Path(api.prepare_data(root, "folder", image_size=32).folder)
     for node in ("node-a", "node-b"):
-        result = run_in_process(
+        result = run_in_this_process(
             "run",
             "--dataset=folder",
             f"--data_path={root}",

@@ -17,7 +17,7 @@ from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import TrainStep
 from cifar10_dist.training.shipping.distillation import Distillation, Teacher
-from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process
+from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_this_process
 from tests.test_pretrained import RESNET18_FILE, torch_home  # noqa: F401  (a fixture)
 
 SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]
@@ -75,7 +75,7 @@ def test_a_teacher_normalised_otherwise_sees_the_images_its_own_way():
 @pytest.fixture(scope="module")
 def teacher_file(tmp_path_factory):
     output = tmp_path_factory.mktemp("teacher")
-    result = run_in_process("run", *SYNTHETIC, f"--output_path={output}", "--run_name=teacher")
+    result = run_in_this_process("run", *SYNTHETIC, f"--output_path={output}", "--run_name=teacher")
     assert result.returncode == 0, result.stderr[-2000:]
     return sorted((output / "teacher").glob("best_model_*.pt"))[-1]
 
@@ -90,9 +90,9 @@ def test_a_run_with_a_teacher_resumes_bit_exactly_at_world_size_2_and_records_it
         "--checkpoint_every=5",
         f"--output_path={tmp_path}",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_15.pt'}"
     )  # mid-epoch 2
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -102,7 +102,7 @@ def test_a_run_with_a_teacher_resumes_bit_exactly_at_world_size_2_and_records_it
     recorded = json.loads((tmp_path / "whole" / "provenance.json").read_text())["teacher"]
     assert recorded["kind"] == "checkpoint" and recorded["model"] == "simple_cnn" and len(recorded["sha256"]) == 64
     assert recorded["alpha"] == 0.7 and recorded["temperature"] == 4.0
-    plain = run_in_process(
+    plain = run_in_this_process(
         "run", *SYNTHETIC, *SPAWN_2, "--checkpoint_every=5", f"--output_path={tmp_path}", "--run_name=plain"
     )
     assert plain.returncode == 0, plain.stderr[-3000:]
@@ -116,7 +116,7 @@ def test_a_teacher_with_other_classes_is_refused_naming_both_lists(teacher_file,
     info["classes"] = ["cat", "dog"]
     other = tmp_path / "two_classes.pt"
     torch.save(checkpoint, other)
-    result = run_in_process("run", *SYNTHETIC, f"--teacher={other}", f"--output_path={tmp_path}", "--run_name=r")
+    result = run_in_this_process("run", *SYNTHETIC, f"--teacher={other}", f"--output_path={tmp_path}", "--run_name=r")
     assert result.returncode == 2
     assert (
         f"error: teacher '{other}' was trained on the classes cat, dog (2), this run has airplane, automobile, "
@@ -126,7 +126,7 @@ def test_a_teacher_with_other_classes_is_refused_naming_both_lists(teacher_file,
 
 
 def test_a_teacher_by_weights_name_is_fetched_before_the_workers_and_offline_is_one_line(torch_home, tmp_path):  # noqa: F811
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *SYNTHETIC,
         "--teacher=resnet18",
@@ -142,7 +142,7 @@ def test_a_teacher_by_weights_name_is_fetched_before_the_workers_and_offline_is_
 
 
 def test_a_missing_teacher_file_is_one_line(tmp_path):
-    result = run_in_process("run", *SYNTHETIC, f"--teacher={tmp_path / 'nope.pt'}", f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *SYNTHETIC, f"--teacher={tmp_path / 'nope.pt'}", f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert f"teacher='{tmp_path / 'nope.pt'}' does not exist" in result.stderr
 

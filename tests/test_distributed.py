@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import TINY, run_cli, run_in_process, run_torchrun
+from tests.conftest import TINY, run_forked, run_in_this_process, run_torchrun_forked
 
 
 def final_metrics(stdout: str) -> tuple[float, float, int]:
@@ -33,7 +33,7 @@ def test_two_spawned_gloo_processes_train_together(spawned_run):
 
 @pytest.mark.slow
 def test_torchrun_with_two_gloo_processes_trains_and_reports_once(small_dataset, tmp_path):
-    result = run_torchrun(
+    result = run_torchrun_forked(
         2,
         "run",
         *TINY,
@@ -60,7 +60,7 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
     }  # workers: 1 each
     results = {}
     for world_size, launch in launches.items():
-        result = run_in_process(
+        result = run_in_this_process(
             "evaluate",
             f"--checkpoint={checkpoint}",
             f"--data_path={small_dataset}",
@@ -92,7 +92,7 @@ def test_evaluation_is_identical_at_world_sizes_1_2_and_3(spawned_run, small_dat
 
 
 def test_a_user_error_inside_spawned_workers_is_one_line(tmp_path):
-    result = run_cli(
+    result = run_forked(
         "run",
         *TINY,
         "--backend=gloo",

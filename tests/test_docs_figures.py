@@ -56,3 +56,34 @@ def test_a_quoted_figure_is_the_value_its_json_records(page, number, name, point
     assert record.get("command") and record.get("commit"), f"{name} does not name its command and commit"
     machine = f"{record.get('machine')} {record.get('hardware', {}).get('cpu', {}).get('capability')}"
     assert any(kind in machine for kind in CPU_KINDS), f"{name} does not name the CPU's kind"
+
+
+def program_of(command: str) -> Path | None:
+    """The file in this tree a record's command runs: ``-m benchmarks.NAME`` or ``python -m cifar10_dist`` (and the
+    cifar10-dist console script), ``benchmarks/NAME.py`` or ``scripts/NAME.sh`` named as a path, or ``from
+    benchmarks import NAME``; None when it names none of them."""
+    module = re.search(r"-m (benchmarks\.\w+|cifar10_dist)\b|from (benchmarks) import (\w+)", command)
+    if module and module.group(1):
+        return REPO / (
+            module.group(1).replace(".", "/") + ("/__init__.py" if module.group(1) == "cifar10_dist" else ".py")
+        )
+    if module:
+        return REPO / "benchmarks" / f"{module.group(3)}.py"
+    path = re.search(r"((?:benchmarks|scripts)/[\w/]+\.(?:py|sh))", command)
+    if path:
+        return REPO / path.group(1)
+    return REPO / "cifar10_dist" / "__main__.py" if "cifar10-dist " in command else None
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in (REPO / "docs" / "measurements").glob("*.json")))
+def test_every_record_names_a_command_of_this_tree_its_commit_and_the_machine(name):
+    """Every file in docs/measurements/, not only those a marker names: a command whose program is in the tree
+    today, the commit it ran at, and the CPU or GPU (the machine)."""
+    record = json.loads((REPO / "docs" / "measurements" / name).read_text())
+    command, commit = record.get("command"), record.get("commit")
+    machine = record.get("machine") or json.dumps(record.get("hardware", {}).get("cpu", {}).get("model"))
+    assert isinstance(command, str) and command, f"{name} names no command"
+    program = program_of(command)
+    assert program is not None and program.is_file(), f"{name}: its command ({command[:80]}) runs nothing of this tree"
+    assert isinstance(commit, str) and re.search(r"[0-9a-f]{7}", commit), f"{name} names no commit"
+    assert isinstance(machine, str) and re.search(r"EPYC|Xeon|Intel|AMD|NVIDIA|H100|H200|CPU", machine), name

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_env, run_cli
+from tests.conftest import REPO, cli_env, run_forked
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run scripts/gpu_check.sh")
 
@@ -46,7 +46,7 @@ def test_gpu_check_refuses_a_bad_argument(tmp_path):
 
 
 def test_gpu_tests_skip_saying_why():
-    result = run_cli("-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider", cwd=REPO, module="pytest")
+    result = run_forked("-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider", cwd=REPO, module="pytest")
     assert result.returncode == 0, result.stdout[-2000:]
     outcomes = re.search(r"^(\d+) skipped in [0-9.]+s", result.stdout, re.MULTILINE)  # no other outcome at all
     assert outcomes and int(outcomes.group(1)) >= 10, result.stdout[-500:]
@@ -201,7 +201,7 @@ def test_the_per_step_benchmark_times_the_peers_network_ours_and_ours_with_the_w
     """``--per_step`` in its own process (it adapts torch to the peer's code): three networks, each round's
     seconds and their median in the JSON with the command, commit and machine; the table names all three."""
     out = tmp_path / "per_step.json"
-    result = run_cli(
+    result = run_forked(
         "--per_step",
         "--batch_size=4",
         "--steps=1",

@@ -26,7 +26,7 @@ from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
 from cifar10_dist.system import doctor, hardware, layout_numerics
 from cifar10_dist.system.precision import automatic_precision, choose_precision
-from tests.conftest import REPO, TINY, run_in_process
+from tests.conftest import REPO, TINY, run_in_this_process
 from tests.test_recipe import FAST_TINY
 
 AVX2_ONLY = hardware.CpuInfo(
@@ -93,7 +93,7 @@ def test_with_amp_takes_true_false_or_auto_and_auto_chooses_the_type_itself():
 
 def test_the_fast_recipe_trains_in_fp32_on_a_cpu_without_native_bf16_and_records_why(monkeypatch, tmp_path):
     fake_cpu(monkeypatch, AVX2_ONLY)
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *FAST_TINY,
         "--num_epochs=1",
@@ -132,7 +132,7 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
     fake_cpu(monkeypatch, AVX2_ONLY)
     # 1 s a setting: enough for 3 fp32 steps after a first step that pays the process's lazy set-up (0.5 s seen
     # on a busy AVX2 EPYC)
-    result = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=1", "--json")
+    result = run_in_this_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=1", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["versions"]["torch"] == torch.__version__ and report["cpu"]["model"] == "Fake EPYC 7B12"
@@ -160,10 +160,10 @@ def test_doctor_reports_the_machine_its_probe_and_the_auto_choice(monkeypatch):
         "1 process runs well here: it trains on all 2 cores; --nproc_per_node=N shares them among N processes, no "
         "faster (use it to rehearse a distributed run, or one process per node)"
     )
-    text = run_in_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
+    text = run_in_this_process("doctor", "--model=simple_cnn", "--batch_size=8", "--budget_seconds=0.2")
     assert "\ncpu: Fake EPYC 7B12, 2 cores usable, 2 torch threads, kernels AVX2, native bf16: no\n" in text.stdout
     assert "\nwith_amp=auto on cpu: fp32 (with_amp=auto: Fake EPYC 7B12, AVX2" in text.stdout
-    bad = run_in_process("doctor", "--model=no_such_net")
+    bad = run_in_this_process("doctor", "--model=no_such_net")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no_such_net" in bad.stderr
 
 
@@ -196,7 +196,7 @@ def test_several_cpu_processes_of_one_machine_are_told_what_to_expect(processes,
 
 def test_a_two_process_cpu_launch_says_it_will_not_be_faster(small_dataset, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (the suite's workers set 1: as on a laptop, unset)
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--num_epochs=1",
@@ -356,7 +356,7 @@ def test_training_iterations_never_wait_for_the_device_between_logs():
 
 
 def test_nan_between_reads_is_found_at_the_next_read_with_its_iteration(small_dataset, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--learning_rate=1e30",

@@ -18,7 +18,7 @@ from PIL import Image
 
 from cifar10_dist import api
 from cifar10_dist.errors import UserError
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "eel": (40, 40, 200)}
 # a run of seconds on the folder: 90 training images, 18 iterations over 3 epochs
@@ -113,7 +113,7 @@ def test_a_layout_that_cannot_train_is_refused_in_one_line(tmp_path, arrange, me
     arrange(root)
     with pytest.raises(UserError, match=re.escape(message)):
         api.prepare_data(root, "folder")
-    result = run_in_process("run", *FOLDER_RUN, f"--data_path={root}", f"--output_path={tmp_path / 'out'}")
+    result = run_in_this_process("run", *FOLDER_RUN, f"--data_path={root}", f"--output_path={tmp_path / 'out'}")
     assert result.returncode == 2 and message.split(":")[0] in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
@@ -188,7 +188,7 @@ def test_without_a_test_folder_a_stable_tenth_of_train_is_the_test_set(tmp_path)
 
 
 def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalisation(image_folder, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *FOLDER_RUN,
         f"--data_path={image_folder}",
@@ -207,12 +207,12 @@ def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalis
     info = provenance["dataset"]["info"]  # stored at 40 / 0.8, seen through the central 80% (40 px)
     assert (info["image_size"], info["stored_size"], info["crop_fraction"]) == (40, 50, 0.8)
     checkpoint = sorted(run_dir.glob("training_checkpoint_*.pt"))[-1]
-    predicted = run_in_process(
+    predicted = run_in_this_process(
         "predict", f"--checkpoint={checkpoint}", str(image_folder / "test"), "--top_k=3", "--json"
     )
     rows = [json.loads(line) for line in predicted.stdout.splitlines()]
     assert len(rows) == 24 and {entry["class"] for row in rows for entry in row["top_k"]} == {"cat", "dog", "eel"}
-    evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0")
+    evaluated = run_in_this_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0")
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert metrics["classes"] == ["cat", "dog", "eel"]
     assert metrics["accuracy"] == pytest.approx(summary["final"]["test"]["accuracy"])
@@ -230,7 +230,7 @@ def test_a_folder_run_names_its_classes_everywhere_and_exports_with_its_normalis
 
 def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
     root = write_image_folder(tmp_path / "data", train=12, test=4, classes=2)
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *FOLDER_RUN,
         f"--data_path={root}",
@@ -241,7 +241,7 @@ def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = sorted((tmp_path / "run").glob("training_checkpoint_*.pt"))[-1]
-    predicted = run_in_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--json")
+    predicted = run_in_this_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--json")
     assert predicted.returncode == 0, predicted.stderr
     rows = [json.loads(line) for line in predicted.stdout.splitlines()]
     assert len(rows) == 8 and all(sorted(entry["class"] for entry in row["top_k"]) == ["cat", "dog"] for row in rows)
@@ -249,7 +249,7 @@ def test_predict_with_a_two_class_model_shows_both_classes_by_default(tmp_path):
         predicted.stderr.strip() == "note: 8 of 8 images were not 24x24 and were resized (shorter side to 24 "
         "pixels, then the centre 24x24)"
     )
-    refused = run_in_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--top_k=3")
+    refused = run_in_this_process("predict", f"--checkpoint={checkpoint}", str(root / "test"), "--top_k=3")
     assert refused.returncode == 2
     assert refused.stderr.strip() == "error: top_k=3 is more than the model's 2 classes (cat, dog)"
 
@@ -268,12 +268,14 @@ def test_crops_cut_by_the_loaders_workers_train_exactly_as_crops_cut_in_the_trai
     ]
     runs = {"here": ["--num_workers=0"], "workers": ["--num_workers=2"]}
     for name, flags in runs.items():
-        done = run_in_process("run", *[arg for arg in common if arg != "--num_workers=0"], *flags, f"--run_name={name}")
+        done = run_in_this_process(
+            "run", *[arg for arg in common if arg != "--num_workers=0"], *flags, f"--run_name={name}"
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         said = (tmp_path / name / "run.log").read_text()
         assert ("crops and flips: cut by the DataLoader workers" in said) == (name == "workers")
     middle = tmp_path / "workers" / "training_checkpoint_10.pt"
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run",
         *[arg for arg in common if arg != "--num_workers=0"],
         "--num_workers=2",
@@ -300,10 +302,12 @@ def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2
         "--crop_fraction=0.875",
         "--random_resized_crop=0.35",
     ]
-    whole = run_in_process("run", *common, "--run_name=whole", "--checkpoint_every=10")
+    whole = run_in_this_process("run", *common, "--run_name=whole", "--checkpoint_every=10")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_10.pt"  # iteration 10 of 18: inside epoch 2
-    resumed = run_in_process("run", *common, "--run_name=resumed", "--checkpoint_every=10", f"--resume_from={middle}")
+    resumed = run_in_this_process(
+        "run", *common, "--run_name=resumed", "--checkpoint_every=10", f"--resume_from={middle}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ends = [
         torch.load(tmp_path / name / "training_checkpoint_18.pt", weights_only=True) for name in ("whole", "resumed")
@@ -312,7 +316,7 @@ def test_a_folder_run_resumes_bit_exactly_and_evaluates_alike_at_world_sizes_1_2
     checkpoint = tmp_path / "whole" / "training_checkpoint_18.pt"
     results = []
     for launch in ([], ["--backend=gloo", "--nproc_per_node=2"], ["--backend=gloo", "--nproc_per_node=3"]):
-        evaluated = run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
+        evaluated = run_in_this_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
         results.append(json.loads(evaluated.stdout.strip().splitlines()[-1]))
     assert all(r["num_samples"] == 24 for r in results)
@@ -328,7 +332,7 @@ def test_a_damaged_cache_is_built_again_with_one_warning_and_its_pixels_are_neve
     whole = (cache / "images.npy").read_bytes()
     with (cache / "images.npy").open("r+b") as stream:  # a copy cut short, a disk that filled
         stream.truncate(len(whole) // 2)
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *FOLDER_RUN,
         f"--data_path={root}",
@@ -392,7 +396,7 @@ def test_a_resume_after_a_class_folder_was_removed_names_it_and_writes_nothing(t
         "--run_name=three",
         "--checkpoint_every=1",
     ]
-    first = run_in_process(*command)
+    first = run_in_this_process(*command)
     assert first.returncode == 0, first.stderr[-2000:]
     run_dir = tmp_path / "out" / "three"
 
@@ -403,7 +407,7 @@ def test_a_resume_after_a_class_folder_was_removed_names_it_and_writes_nothing(t
     shutil.rmtree(root / "train" / "dog")
     shutil.rmtree(root / "test" / "dog")
     for flags in ([], ["--resume_on_changed_data=True"]):
-        refused = run_in_process(*command, "--resume_from=auto", *flags)
+        refused = run_in_this_process(*command, "--resume_from=auto", *flags)
         assert refused.returncode == 2
         assert refused.stderr.strip().splitlines()[-1] == (
             f"error: checkpoint '{run_dir / 'training_checkpoint_2.pt'}' was trained on 3 classes and the data now "

@@ -19,7 +19,7 @@ from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.outputs import summary as summary_file
 from cifar10_dist.results import RunResult, SplitMetrics
 from cifar10_dist.training.loop import checkpointing
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1
 RUN = [
@@ -53,7 +53,7 @@ def three_runs(imbalanced_data, tmp_path_factory) -> dict[str, Path]:
     output = tmp_path_factory.mktemp("imbalance-runs")
     remedies = {"plain": [], "class_weights": ["--class_weights=auto"], "sampler": ["--sampler=balanced"]}
     for name, extra in remedies.items():
-        result = run_in_process(
+        result = run_in_this_process(
             "run", *RUN, *extra, f"--data_path={imbalanced_data}", f"--output_path={output}", f"--run_name={name}"
         )
         assert result.returncode == 0, result.stderr[-3000:]
@@ -202,6 +202,6 @@ def test_the_tuning_objective_is_the_best_metric(tmp_path):
     ],
 )
 def test_bad_imbalance_settings_are_one_line(imbalanced_data, tmp_path, flags, message):
-    result = run_in_process("run", *RUN, *flags, f"--data_path={imbalanced_data}", f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *RUN, *flags, f"--data_path={imbalanced_data}", f"--output_path={tmp_path}")
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not any(tmp_path.iterdir())  # nothing written

@@ -16,7 +16,7 @@ from cifar10_dist import api
 from cifar10_dist.config import Config
 from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.serve import quantizing
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 from tests.test_predict_export import write_png_folder
 
 
@@ -29,7 +29,7 @@ def trained(long_reference) -> Path:
 
 def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(trained, small_dataset, tmp_path):
     output = tmp_path / "model.int8.onnx"
-    result = run_in_process(
+    result = run_in_this_process(
         "export",
         f"--checkpoint={trained}",
         "--format=onnx",
@@ -140,7 +140,7 @@ def test_quantize_is_for_onnx_and_int8_only(trained, tmp_path):
             "of minmax, percentile, entropy",
         ),
     ):
-        result = run_in_process("export", f"--checkpoint={trained}", *flags, f"--output={tmp_path / 'x.onnx'}")
+        result = run_in_this_process("export", f"--checkpoint={trained}", *flags, f"--output={tmp_path / 'x.onnx'}")
         assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not list(tmp_path.iterdir())
 
@@ -150,7 +150,7 @@ def test_predict_classifies_image_files_with_the_int8_file(trained, small_datase
     api.export(trained, "onnx", output, quantize="int8", calibration_images=100, min_agreement=0.9)
     test = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
-    result = run_in_process("predict", f"--checkpoint={output}", str(tmp_path / "images"), "--json", "--top_k=1")
+    result = run_in_this_process("predict", f"--checkpoint={output}", str(tmp_path / "images"), "--json", "--top_k=1")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 301

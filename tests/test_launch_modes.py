@@ -17,8 +17,8 @@ from tests.conftest import (
     assert_same_training_state,
     cli_env,
     free_slurm_job_id,
-    run_in_process,
-    start_cli,
+    run_in_this_process,
+    start_forked,
     stop_all,
 )
 
@@ -62,7 +62,7 @@ def training_args(data: Path, output: Path) -> list[str]:
 def test_two_torchrun_nodes_with_static_master_match_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [
-        start_cli(
+        start_forked(
             *training_args(small_dataset, tmp_path),
             env=ONE_THREAD,
             torchrun=[
@@ -106,7 +106,7 @@ def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawne
     Ignite alone would refuse (RANK from torchrun differs from SLURM_PROCID in a multi-node job)."""
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
-        start_cli(
+        start_forked(
             *training_args(small_dataset, tmp_path),
             env={**srun_environment(node, tasks=2, nodes=2, job_id="4242", local_task=0)},
             torchrun=[
@@ -128,7 +128,7 @@ def test_torchrun_rendezvous_inside_a_two_node_slurm_job_matches_one_node(spawne
 def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_dataset, tmp_path):
     port = free_port()
     nodes = [
-        start_cli(
+        start_forked(
             *training_args(small_dataset, tmp_path),
             "--nnodes=2",
             f"--node_rank={rank}",
@@ -145,7 +145,7 @@ def test_internal_spawning_over_two_nodes_matches_one_node(spawned_run, small_da
 
 def test_file_init_method_matches_env_init(spawned_run, small_dataset, tmp_path):
     init_file = tmp_path / "rendezvous"
-    result = run_in_process(
+    result = run_in_this_process(
         *training_args(small_dataset, tmp_path), "--nproc_per_node=2", f"--init_method=file://{init_file}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -157,7 +157,7 @@ def test_two_srun_tasks_train_together_like_spawned_processes(spawned_run, small
     """scripts/slurm/cpu_gloo.sbatch: srun starts one process per task; nothing but SLURM_* tells them apart."""
     job_id = free_slurm_job_id()
     tasks = [  # two peers that train together, each with its own hash seed, as srun starts them
-        start_cli(
+        start_forked(
             *training_args(small_dataset, tmp_path),
             env={
                 **srun_environment(task, tasks=2, nodes=1, job_id=job_id, local_task=task),
@@ -242,7 +242,7 @@ def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_
     filesystem see): both stop with exit 2 before training, node 0 with one line naming the folder and rank 1."""
     port, wait = free_port(), {**ONE_THREAD, "CIFAR10_DIST_SHARED_FOLDER_WAIT": "1"}
     nodes = [
-        start_cli(
+        start_forked(
             "run",
             *TINY,
             "--backend=gloo",

@@ -14,7 +14,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.system import layout_numerics
 from cifar10_dist.training.setup import layouts
-from tests.conftest import TINY, TINY_WIDTH, run_in_process
+from tests.conftest import TINY, TINY_WIDTH, run_in_this_process
 
 
 def convolutional() -> nn.Module:
@@ -121,7 +121,7 @@ def test_counting_convolutions_leaves_the_random_state_alone():
 
 def test_a_run_left_at_auto_trains_channels_last_here_and_records_the_choice(small_dataset, tmp_path):
     given = [argument for argument in TINY if not argument.startswith("--channels_last")]
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *given,
         "--num_epochs=1",

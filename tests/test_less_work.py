@@ -17,7 +17,7 @@ from cifar10_dist.data.records import DatasetInfo
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.selection import HardestSelection
 from cifar10_dist.training.loop.step import TrainStep
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 CLASSES = tuple("abcdefghij")
 
@@ -159,7 +159,7 @@ def test_levers_that_cannot_apply_are_refused_in_one_line(small_dataset, tmp_pat
         if "--model=airbench" in overrides
         else TINY
     )
-    result = run_in_process("run", *given, *overrides, f"--data_path={small_dataset}", f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *given, *overrides, f"--data_path={small_dataset}", f"--output_path={tmp_path}")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
@@ -182,10 +182,10 @@ def test_resizing_and_selection_with_two_processes_resume_exactly_and_evaluate_a
         f"--output_path={tmp_path}",
         "--checkpoint_every=40",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54), still selecting
-    resumed = run_in_process(*common, "--run_name=resumed", f"--resume_from={middle}")
+    resumed = run_in_this_process(*common, "--run_name=resumed", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ends = [
         torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True) for name in ("whole", "resumed")
@@ -194,7 +194,7 @@ def test_resizing_and_selection_with_two_processes_resume_exactly_and_evaluate_a
     checkpoint = tmp_path / "whole" / "training_checkpoint_54.pt"
     results = [
         json.loads(
-            run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
+            run_in_this_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
             .stdout.strip()
             .splitlines()[-1]
         )

@@ -21,7 +21,7 @@ from cifar10_dist.config import LrSweep
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.before_training import lr_finding
 from cifar10_dist.training.loop.step import TrainStep, create_trainer
-from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_process, start_cli, stop_all
+from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_this_process, start_forked, stop_all
 from tests.reliability.test_faults import gone, worker_pids
 
 SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]
@@ -86,7 +86,7 @@ def test_the_model_and_the_optimizer_are_as_before_the_sweep():
 def test_a_loss_that_never_falls_is_one_line_naming_the_range(tmp_path):
     # every iteration the same 32 images, unaugmented: at these rates the loss stays where it starts (its noise over
     # other batches would read as a fall or a rise by chance)
-    result = run_in_process(
+    result = run_in_this_process(
         "lr-find",
         *SYNTHETIC,
         "--synthetic_size=32",
@@ -120,7 +120,7 @@ class NotANumber(nn.Module):
 def test_a_loss_that_is_nan_from_the_first_iteration_is_not_blamed_on_the_learning_rate(tmp_path):
     (tmp_path / "broken.py").write_text(NAN_MODEL)
     output = tmp_path / "out"
-    result = run_in_process(
+    result = run_in_this_process(
         "lr-find",
         *SYNTHETIC,
         f"--model={tmp_path / 'broken.py'}:NotANumber",
@@ -148,7 +148,7 @@ def test_a_loss_that_is_nan_from_the_first_iteration_is_not_blamed_on_the_learni
     ],
 )
 def test_bad_sweep_settings_are_refused_in_one_line(flags, message, tmp_path):
-    result = run_in_process("lr-find", *SYNTHETIC, *flags, f"--output_path={tmp_path}")
+    result = run_in_this_process("lr-find", *SYNTHETIC, *flags, f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert message in result.stderr
     assert not list(tmp_path.iterdir())  # nothing written
@@ -156,7 +156,7 @@ def test_bad_sweep_settings_are_refused_in_one_line(flags, message, tmp_path):
 
 def test_lr_find_writes_its_plot_and_record_and_prints_the_suggestion(tmp_path):
     folder = tmp_path / "sweep"
-    result = run_in_process(
+    result = run_in_this_process(
         "lr-find", *SYNTHETIC, "--num_iter=30", "--end_lr=10", f"--output_dir={folder}", f"--output_path={tmp_path}"
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -252,7 +252,7 @@ def test_two_gloo_processes_agree_on_the_suggestion(tmp_path):
 
 
 def test_lr_find_runs_over_spawned_gloo_processes(tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "lr-find",
         *SYNTHETIC,
         *SPAWN_2,
@@ -266,7 +266,9 @@ def test_lr_find_runs_over_spawned_gloo_processes(tmp_path):
 
 
 def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_records_it(tmp_path):
-    found = run_in_process("run", *SYNTHETIC, "--learning_rate=find", f"--output_path={tmp_path}", "--run_name=found")
+    found = run_in_this_process(
+        "run", *SYNTHETIC, "--learning_rate=find", f"--output_path={tmp_path}", "--run_name=found"
+    )
     assert found.returncode == 0, found.stderr[-2000:]
     run_dir = tmp_path / "found"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -275,14 +277,14 @@ def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_reco
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["lr_found"]["suggestion"] == suggestion
     assert "learning_rate_found" not in json.loads((run_dir / "provenance.json").read_text())  # not provenance
     assert (run_dir / "lr_find.png").is_file() and (run_dir / "lr_find.json").is_file()
-    given = run_in_process(
+    given = run_in_this_process(
         "run", *SYNTHETIC, f"--learning_rate={suggestion!r}", f"--output_path={tmp_path}", "--run_name=given"
     )
     assert given.returncode == 0, given.stderr[-2000:]
     [a], [b] = (sorted((tmp_path / name).glob("training_checkpoint_*.pt")) for name in ("found", "given"))
     assert_same_nested(torch.load(a, weights_only=True)["model"], torch.load(b, weights_only=True)["model"], "model")
     # resumed, it trains on with the learning rate it found, without a new sweep
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run", *SYNTHETIC, "--learning_rate=find", f"--output_path={tmp_path}", "--run_name=found", "--resume_from=auto"
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -291,7 +293,7 @@ def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_reco
     assert log.count("lr-find: iteration") == 10  # the first launch's sweep alone (100 iterations, a line per 10)
     # the run's best model as a pretrained start of a sweep (the head new, the weights loaded before it)
     [best] = sorted(run_dir.glob("best_model_*.pt"))
-    started = run_in_process(
+    started = run_in_this_process(
         "lr-find",
         *SYNTHETIC,
         f"--pretrained={best}",
@@ -305,7 +307,7 @@ def test_learning_rate_find_trains_exactly_as_with_the_suggestion_given_and_reco
 
 
 def test_learning_rate_find_with_muon_lr_is_refused_in_one_line():
-    result = run_in_process("run", "--learning_rate=find", "--muon_lr=0.1")
+    result = run_in_this_process("run", "--learning_rate=find", "--muon_lr=0.1")
     assert result.returncode == 2
     assert "learning_rate=find with muon_lr=0.1: the sweep keeps muon_lr's ratio to learning_rate" in result.stderr
 
@@ -357,14 +359,14 @@ def test_a_steepest_fall_next_to_the_lowest_loss_is_warned_about():
             signal.SIGTERM,
             False,
             75,
-            r"error: lr-find stopped on SIGTERM at iteration \d+: nothing written; run the same command again",
+            r"lr-find stopped on SIGTERM at iteration \d+: nothing written; run the same command again",
         ),
     ],
 )
 def test_a_stop_signal_ends_a_two_process_sweep_with_one_line_that_fits_it(stop_signal, to_group, code, line, tmp_path):
     """Ctrl-C to the process group (a terminal) and SIGTERM to the launcher alone (a scheduler): every process
     ends at once, with 130 or 75 and a line about lr-find (no checkpoint to resume from), and no folder left."""
-    sweep = start_cli(
+    sweep = start_forked(
         "lr-find", *SYNTHETIC, "--synthetic_size=2000", "--num_iter=1000", *SPAWN_2, f"--output_path={tmp_path}"
     )
     try:

@@ -12,7 +12,7 @@ import torch
 
 from cifar10_dist import api
 from cifar10_dist.outputs import mistake_grid
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 
 def test_the_most_confident_mistakes_are_the_wrong_ones_in_order_of_confidence_across_batches():
@@ -78,7 +78,7 @@ def test_evaluate_passes_over_the_test_set_once_for_its_metrics_its_confusion_ma
     best = sorted((tmp_path / "c").glob("best_model_*.pt"))[-1]
     counts = tmp_path / "counts.txt"
     monkeypatch.setenv("COUNT_FILE", str(counts))
-    result = run_in_process("evaluate", f"--checkpoint={best}", "--num_workers=0", f"--tta={tta}")
+    result = run_in_this_process("evaluate", f"--checkpoint={best}", "--num_workers=0", f"--tta={tta}")
     assert result.returncode == 0, result.stderr[-2000:]
     check, *passes = [int(line) for line in counts.read_text().split()]
     assert check == 2  # the launch's check that a model of one's own maps a 2-image batch to logits
@@ -102,7 +102,7 @@ def test_evaluate_draws_and_lists_its_most_confident_mistakes(tmp_path):
         run_name="m",
     )
     best = sorted((tmp_path / "m").glob("best_model_*.pt"))[-1]
-    result = run_in_process("evaluate", f"--checkpoint={best}", "--num_workers=0")
+    result = run_in_this_process("evaluate", f"--checkpoint={best}", "--num_workers=0")
     assert result.returncode == 0, result.stderr[-2000:]
     listed = json.loads((tmp_path / "m" / f"mistakes_{best.stem}.json").read_text())
     wrong = round((1 - api.evaluate(best, num_workers=0).accuracy) * listed["test_images"])
@@ -127,7 +127,7 @@ def test_a_run_with_two_processes_finds_the_mistakes_that_evaluate_finds_and_sho
     (run_dir,) = output.iterdir()
     final = max(run_dir.glob("training_checkpoint_*.pt"), key=lambda path: int(path.stem.rsplit("_", 1)[1]))
     assert (
-        run_in_process(
+        run_in_this_process(
             "evaluate", f"--checkpoint={final}", f"--data_path={small_dataset}", "--num_workers=0"
         ).returncode
         == 0

@@ -19,7 +19,7 @@ from cifar10_dist.errors import Preempted
 from cifar10_dist.outputs import mlflow_tracking
 from cifar10_dist.outputs.provenance import RunRecord
 from cifar10_dist.outputs.tracker_guard import Guarded
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -51,10 +51,10 @@ def resumed_run(tmp_path_factory):
     """2 epochs, then, as if stopped after the first (its checkpoint the newest), resumed with mlflow_log_model: one
     MLflow run for the run folder."""
     output = tmp_path_factory.mktemp("mlflow")
-    first = run_in_process("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r")
+    first = run_in_this_process("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r")
     assert first.returncode == 0, first.stderr[-3000:]
     (output / "r" / "training_checkpoint_20.pt").unlink()
-    second = run_in_process(
+    second = run_in_this_process(
         "run",
         *RUN,
         "--num_epochs=2",
@@ -129,7 +129,7 @@ def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path)
     from tests.test_tuning import tune_args, write_space
 
     space = write_space(tmp_path)
-    result = run_in_process(
+    result = run_in_this_process(
         *tune_args(
             small_dataset,
             tmp_path,
@@ -162,7 +162,7 @@ def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path)
 
 def test_with_mlflow_but_no_mlflow_installed_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    result = run_in_process("run", *RUN, f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *RUN, f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert "with_mlflow needs MLflow: pip install 'cifar10-dist[mlflow]'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -18,7 +18,7 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.launch import preflight
 from cifar10_dist.training.setup import optimizers
 from cifar10_dist.training.setup import schedules as lr_schedules
-from tests.conftest import REPO, assert_same_training_state, run_in_process
+from tests.conftest import REPO, assert_same_training_state, run_in_this_process
 from tests.test_recipe import SMALL, lrs_during
 
 MUON_YAML = REPO / "configs" / "fast_muon.yaml"
@@ -137,11 +137,11 @@ def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     """SGD + Muon through idist.auto_optim with 2 gloo processes, bf16, channels_last: resumed at iteration 24, the
     weights, both optimizers' states (Muon's momentum buffers) and the schedule end as in the uninterrupted run."""
     launch = ["--backend=gloo", "--nproc_per_node=2", f"--output_path={tmp_path}"]
-    reference = run_in_process("run", *MUON_TINY, *launch, "--run_name=ref")
+    reference = run_in_this_process("run", *MUON_TINY, *launch, "--run_name=ref")
     assert reference.returncode == 0, reference.stderr[-3000:]
     metrics = json.loads((tmp_path / "ref" / "metrics.json").read_text())
     assert metrics["iterations"] == 30 and metrics["test"]["accuracy"] > 0.3  # chance is 0.1
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run",
         *MUON_TINY,
         *launch,
@@ -153,7 +153,7 @@ def test_muon_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     assert_same_training_state(final_a, final_b)
     muon_state = torch.load(final_a, weights_only=True)["optimizer"]["muon"]["state"]
     assert len(muon_state) == 6 and all(s["momentum_buffer"].abs().sum() > 0 for s in muon_state.values())
-    sgd_checkpoint = run_in_process(
+    sgd_checkpoint = run_in_this_process(
         "run", *MUON_TINY, "--muon_lr=None", f"--output_path={tmp_path}", "--run_name=sgd", f"--resume_from={final_a}"
     )
     assert sgd_checkpoint.returncode == 2
@@ -167,7 +167,7 @@ def test_muon_refuses_in_one_line(tmp_path, monkeypatch):
     (tmp_path / "dense.py").write_text(
         "from torch import nn\n\n\ndef net():\n    return nn.Sequential(nn.Flatten(), nn.Linear(3072, 10))\n"
     )
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *MUON_TINY,
         f"--model={tmp_path / 'dense.py'}:net",
@@ -186,12 +186,12 @@ def test_muon_refuses_in_one_line(tmp_path, monkeypatch):
         ("--muon_momentum=1", "muon_momentum=1.0 must be in [0, 1)"),
         ("--muon_ns_steps=0", "muon_ns_steps=0 must be in 1..20"),
     ):
-        bad = run_in_process("run", f"--config={MUON_YAML}", flag)
+        bad = run_in_this_process("run", f"--config={MUON_YAML}", flag)
         assert (bad.returncode, bad.stderr) == (2, f"error: {message}\n")
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(
         UserError,
-        match=r"^muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
+        match=r"^\S+fast_muon.yaml line \d+: muon_lr=0.24 needs torch.optim.Muon \(torch 2.9 or newer\), and this "
         r"torch is .*: upgrade torch \(pip install 'torch>=2.9'\) or leave muon_lr "
         r"unset$",
     ):

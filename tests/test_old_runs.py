@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cifar10_dist import api
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BEST = "best_model_2_val_accuracy=0.3250.pt"
@@ -34,7 +34,7 @@ def test_an_old_best_model_evaluates_to_the_accuracy_its_run_recorded(old_run):
 
 
 def test_an_old_training_checkpoint_resumes_to_the_end_the_old_code_reached(old_run, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         f"--config={old_run / 'config.yaml'}",
         "--resume_from=auto",
@@ -53,7 +53,7 @@ def test_an_old_training_checkpoint_resumes_to_the_end_the_old_code_reached(old_
 
 
 def test_an_old_run_folder_is_reported(old_run, tmp_path):
-    result = run_in_process("report", str(old_run), f"--output={tmp_path / 'report.png'}")
+    result = run_in_this_process("report", str(old_run), f"--output={tmp_path / 'report.png'}")
     assert result.returncode == 0, result.stderr
     assert "before-packages" in result.stdout and (tmp_path / "report.png").is_file()
 

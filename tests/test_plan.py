@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 ONE_EPOCH = [*TINY, "--num_epochs=1", "--num_warmup_epochs=0.5", "--checkpoint_every=9"]
 CHOSEN_BY_THE_RUN = [
@@ -26,7 +26,7 @@ def settled(run_dir) -> dict:
 
 
 def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same(small_dataset, tmp_path):
-    first = run_in_process(
+    first = run_in_this_process(
         "run",
         *ONE_EPOCH,
         *CHOSEN_BY_THE_RUN,
@@ -46,7 +46,7 @@ def test_config_yaml_holds_what_the_run_chose_and_a_run_from_it_chooses_the_same
     assert log.count("INFO plan (what this run chose for itself; config.yaml records it):") == 1
     assert "  learning_rate     " in log and "(given: find)" in log
 
-    again = run_in_process(
+    again = run_in_this_process(
         "run", f"--config={tmp_path / 'first' / 'config.yaml'}", "--run_name=again", "--overwrite=False"
     )
     assert again.returncode == 0, again.stderr[-3000:]
@@ -62,9 +62,9 @@ def test_a_resumed_run_records_the_checkpoint_it_continued_from_in_provenance_an
     """config.yaml is a recipe for a new run (replaying it trains from the start); where the run continued from
     is its provenance."""
     common = [*ONE_EPOCH, "--num_epochs=2", f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    assert run_in_process("run", *common, "--run_name=job", "--checkpoint_every=18").returncode == 0
+    assert run_in_this_process("run", *common, "--run_name=job", "--checkpoint_every=18").returncode == 0
     checkpoint = tmp_path / "job" / "training_checkpoint_18.pt"
-    resumed = run_in_process("run", *common, "--run_name=on", f"--resume_from={checkpoint}")
+    resumed = run_in_this_process("run", *common, "--run_name=on", f"--resume_from={checkpoint}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert settled(tmp_path / "on")["resume_from"] is None
     assert json.loads((tmp_path / "on" / "provenance.json").read_text())["resumed_from"] == str(checkpoint)

@@ -19,7 +19,7 @@ from cifar10_dist import models
 from cifar10_dist.data import augmentation, cifar, cifar_layouts
 from cifar10_dist.data.records import MEAN, STD, ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
-from tests.conftest import TINY_WIDTH, run_in_process
+from tests.conftest import TINY_WIDTH, run_in_this_process
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained
     the accuracy evaluate computes from the dataset files (same pixels, normalisation and model)."""
     test = cifar.read_cifar10(small_dataset / cifar_layouts.FOLDER)[1]
     write_png_folder(test, tmp_path / "images")
-    predicted = run_in_process(
+    predicted = run_in_this_process(
         "predict", f"--checkpoint={trained}", str(tmp_path / "images"), "--json", "--top_k=3", "--batch_size=100"
     )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
@@ -51,7 +51,7 @@ def test_predict_on_png_files_gets_exactly_the_accuracy_evaluate_reports(trained
         probabilities = [entry["probability"] for entry in line["top_k"]]
         assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 1.000001
     correct = sum(Path(line["path"]).parent.name == line["top_k"][0]["class"] for line in lines)
-    evaluated = run_in_process("evaluate", f"--checkpoint={trained}", "--json", "--num_workers=0")
+    evaluated = run_in_this_process("evaluate", f"--checkpoint={trained}", "--json", "--num_workers=0")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert correct == round(metrics["accuracy"] * metrics["num_samples"])
@@ -67,7 +67,7 @@ def test_predict_converts_resizes_and_reports_unreadable_files(trained, tmp_path
     Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(folder / "nested" / "big.jpg")
     (folder / "broken.png").write_bytes(b"this is not an image")
     (folder / "notes.txt").write_text("not an image, and not named like one: skipped in a folder")
-    result = run_in_process("predict", f"--checkpoint={trained}", str(folder))
+    result = run_in_this_process("predict", f"--checkpoint={trained}", str(folder))
     assert result.returncode == 2
     assert sorted(line.split(":")[0] for line in result.stdout.splitlines()) == sorted(
         str(folder / name) for name in ("gray.png", "nested/big.jpg", "rgb.png", "rgba.png")
@@ -82,7 +82,7 @@ def test_predict_converts_resizes_and_reports_unreadable_files(trained, tmp_path
 
 def test_predict_on_a_folder_without_images_is_one_line(trained, tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
-    result = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "empty"))
+    result = run_in_this_process("predict", f"--checkpoint={trained}", str(tmp_path / "empty"))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'empty'}: the folder holds no image files (searched recursively)"
@@ -185,7 +185,7 @@ def checkpoints(trained, tmp_path_factory) -> dict[str, tuple[Path, torch.nn.Mod
 
 
 def export(checkpoint: Path, format: str, output: Path) -> str:
-    result = run_in_process("export", f"--checkpoint={checkpoint}", f"--format={format}", f"--output={output}")
+    result = run_in_this_process("export", f"--checkpoint={checkpoint}", f"--format={format}", f"--output={output}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert output.is_file() and Path(f"{output}.json").is_file()
     return result.stdout
@@ -249,7 +249,9 @@ def test_an_export_of_a_model_with_large_logits_is_accepted_by_their_scale(check
     ONNX Runtime and PyTorch and are still the same computation."""
     folder = checkpoints["user model"][0].parent
     checkpoint, model = saved_model(tmp_path, f"{folder / 'mine.py'}:Loud", {"width": 32})
-    result = run_in_process("export", f"--checkpoint={checkpoint}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    result = run_in_this_process(
+        "export", f"--checkpoint={checkpoint}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}"
+    )
     assert result.returncode == 0, result.stderr
     found = re.search(
         r"logits max abs difference (\S+) \((\S+) of their scale (\S+); accepted: 1e-03 of it\), "
@@ -276,7 +278,9 @@ def test_an_export_that_computes_something_else_is_refused_naming_both_numbers(t
         return original(wrong, *args, **kwargs)
 
     monkeypatch.setattr(torch.onnx, "export", export_a_perturbed_copy)
-    result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    result = run_in_this_process(
+        "export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}"
+    )
     assert result.returncode == 2
     assert re.fullmatch(
         r"error: the ONNX export of \S+ does not compute what the model computes: logits max abs "
@@ -290,7 +294,7 @@ def test_an_export_that_computes_something_else_is_refused_naming_both_numbers(t
 def test_a_model_onnx_cannot_express_is_one_line_naming_the_operator(tmp_path, checkpoints):
     folder = checkpoints["user model"][0].parent
     checkpoint, _ = saved_model(tmp_path, f"{folder / 'mine.py'}:CumMax")
-    result = run_in_process("export", f"--checkpoint={checkpoint}", "--format=onnx")
+    result = run_in_this_process("export", f"--checkpoint={checkpoint}", "--format=onnx")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: model={folder / 'mine.py'}:CumMax cannot be exported to onnx: operator aten.cummax has no ONNX "
@@ -301,7 +305,9 @@ def test_a_model_onnx_cannot_express_is_one_line_naming_the_operator(tmp_path, c
 
 def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
-    result = run_in_process("export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    result = run_in_this_process(
+        "export", f"--checkpoint={trained}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}"
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: format=onnx needs the onnxruntime package, which is not installed: pip install 'cifar10-dist[export]'"
@@ -324,7 +330,7 @@ def test_a_missing_export_package_is_one_line_saying_what_to_install(trained, tm
     ],
 )
 def test_bad_export_arguments_are_one_line(trained, args, expected):
-    result = run_in_process("export", f"--checkpoint={trained}", *args)
+    result = run_in_this_process("export", f"--checkpoint={trained}", *args)
     assert result.returncode == 2 and result.stderr.strip() == expected
 
 
@@ -339,7 +345,7 @@ def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trai
     example = json.loads(output)
     assert len(example["top_k"]) == (int(asked.group(1)) if asked else DEFAULT_TOP_K)
     Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "black.png")
-    real = run_in_process("predict", f"--checkpoint={trained}", str(tmp_path / "black.png"), "--json")
+    real = run_in_this_process("predict", f"--checkpoint={trained}", str(tmp_path / "black.png"), "--json")
     printed = json.loads(real.stdout.splitlines()[0])
     assert printed.keys() == example.keys() and printed["top_k"][0].keys() == example["top_k"][0].keys()
     assert len(printed["top_k"]) == DEFAULT_TOP_K
@@ -356,7 +362,7 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
     table = [
         line for line in (repo / "docs" / "models-in-and-out.md").read_text().splitlines() if line.startswith("| `")
     ]
-    usage = run_in_process("export", "--checkpoint=x.pt")
+    usage = run_in_this_process("export", "--checkpoint=x.pt")
     places = {
         "export --help": cli_help.page("export"),
         "--help": cli_help.main_help(80),
@@ -375,7 +381,7 @@ def test_evaluate_given_an_export_refuses_in_one_line_naming_what_reads_it(train
     from cifar10_dist import api
 
     onnx_file = Path(api.export(trained, "onnx", tmp_path / "model.onnx").path)
-    result = run_in_process("evaluate", f"--checkpoint={onnx_file}")
+    result = run_in_this_process("evaluate", f"--checkpoint={onnx_file}")
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"error: evaluate reads training checkpoints and best-model files (.pt), and '{onnx_file}' is an export "
@@ -383,6 +389,6 @@ def test_evaluate_given_an_export_refuses_in_one_line_naming_what_reads_it(train
         "evaluate the checkpoint it was exported from (its model.onnx.json names it)"
     )
     assert json.loads((tmp_path / "model.onnx.json").read_text())["checkpoint"] == str(trained)
-    program = run_in_process("evaluate", f"--checkpoint={tmp_path / 'model.pt2'}")
+    program = run_in_this_process("evaluate", f"--checkpoint={tmp_path / 'model.pt2'}")
     assert program.returncode == 2
     assert "is an export (pt2): for test-set metrics evaluate the checkpoint" in program.stderr

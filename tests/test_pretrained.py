@@ -15,7 +15,7 @@ import torchvision
 from cifar10_dist import api, models
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
-from tests.conftest import run_in_process
+from tests.conftest import run_in_this_process
 
 RESNET18_FILE = "resnet18-f37072fd.pth"  # torchvision's IMAGENET1K_V1 file name (its URL's last part)
 RUN = [
@@ -58,7 +58,7 @@ def test_torchvision_weights_from_the_cache_load_with_a_new_head_and_their_norma
     assert all(torch.equal(state[name], expected[name]) for name in expected if not name.startswith("fc."))
     assert state["fc.weight"].shape == (10, 512)
 
-    result = run_in_process(
+    result = run_in_this_process(
         "run", *RUN, "--model=resnet18", "--pretrained=IMAGENET1K_V1", f"--output_path={tmp_path}", "--run_name=tv"
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -73,7 +73,7 @@ def test_torchvision_weights_from_the_cache_load_with_a_new_head_and_their_norma
 
 
 def test_without_network_or_the_cached_file_the_run_stops_before_anything_starts(torch_home, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run", *RUN, "--model=resnet18", "--pretrained=DEFAULT", f"--output_path={tmp_path}", "--run_name=offline"
     )
     cached = torch_home / "hub" / "checkpoints" / RESNET18_FILE
@@ -197,7 +197,7 @@ def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoi
 
     root = write_image_folder(tmp_path / "data", train=12, test=4)
     best = sorted(our_run.glob("best_model_*.pt"))[-1]
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *FOLDER_RUN,
         f"--data_path={root}",
@@ -232,7 +232,7 @@ def test_a_folder_run_fine_tuned_from_our_checkpoint_evaluates_with_the_checkpoi
 def test_frozen_epochs_leave_the_backbone_and_its_batchnorm_statistics_as_loaded(our_run, tmp_path):
     best = sorted(our_run.glob("best_model_*.pt"))[-1]
     start = torch.load(best, weights_only=True)["model"]
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         "--num_epochs=2",
@@ -269,9 +269,9 @@ def test_a_run_resumed_inside_its_frozen_epochs_ends_bit_exactly_as_the_uninterr
         "--checkpoint_every=3",
         f"--output_path={tmp_path}",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_3.pt'}"
     )  # frozen until 4
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -338,7 +338,7 @@ def test_a_timm_model_starts_from_its_pretrained_tag_in_the_hugging_face_cache(t
 def test_a_timm_model_without_network_or_cache_is_refused_at_once(tmp_path, monkeypatch):
     pytest.importorskip("timm")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         "--model=timm:test_resnet.r160_in1k",
@@ -366,7 +366,7 @@ def test_a_fine_tuned_timm_model_from_a_local_file_exports_to_onnx_checked_by_on
     torch.manual_seed(3)
     weights = tmp_path / "test_resnet_imagenet.pth"
     torch.save(timm.create_model("test_resnet").state_dict(), weights)  # 1000 classes
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         "--model=timm:test_resnet",
@@ -388,7 +388,7 @@ def test_two_gloo_processes_start_from_the_same_weights_and_freeze_alike(our_run
     from tests.conftest import SPAWN_2
 
     best = sorted(our_run.glob("best_model_*.pt"))[-1]
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         *SPAWN_2,

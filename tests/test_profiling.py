@@ -8,15 +8,15 @@ import json
 import torch
 
 from cifar10_dist.training.before_training import profiling
-from tests.conftest import TINY, assert_same_nested, run_in_process
+from tests.conftest import TINY, assert_same_nested, run_in_this_process
 
 SYNTHETIC = ["--dataset=synthetic", "--synthetic_size=320", *TINY]
 
 
 def test_a_profiled_run_writes_a_trace_and_the_top_operators_and_ends_with_the_same_weights(tmp_path):
-    profiled = run_in_process("run", *SYNTHETIC, "--profile=3", f"--output_path={tmp_path}", "--run_name=profiled")
+    profiled = run_in_this_process("run", *SYNTHETIC, "--profile=3", f"--output_path={tmp_path}", "--run_name=profiled")
     assert profiled.returncode == 0, profiled.stderr[-2000:]
-    plain = run_in_process("run", *SYNTHETIC, f"--output_path={tmp_path}", "--run_name=plain")
+    plain = run_in_this_process("run", *SYNTHETIC, f"--output_path={tmp_path}", "--run_name=plain")
     assert plain.returncode == 0, plain.stderr[-2000:]
     run_dir = tmp_path / "profiled"
     trace = json.loads((run_dir / "profile" / "rank0.pt.trace.json").read_text())
@@ -37,7 +37,7 @@ def test_a_profiled_run_writes_a_trace_and_the_top_operators_and_ends_with_the_s
 
 
 def test_a_run_shorter_than_the_window_ends_its_trace_at_the_end(tmp_path):
-    result = run_in_process("run", *SYNTHETIC, "--profile=500", f"--output_path={tmp_path}", "--run_name=short")
+    result = run_in_this_process("run", *SYNTHETIC, "--profile=500", f"--output_path={tmp_path}", "--run_name=short")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "short" / "summary.json").read_text())["profile"]
     assert summary["iterations_traced"] == 20 - profiling.WARMUP  # 320 images, batch 32, 2 epochs: 20 iterations
@@ -49,7 +49,7 @@ def test_a_run_shorter_than_the_window_ends_its_trace_at_the_end(tmp_path):
 
 
 def test_a_launch_shorter_than_the_warm_up_is_traced_whole_and_says_so(tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         "--dataset=synthetic",
         "--synthetic_size=96",

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from cifar10_dist.config import shipped_configs
-from tests.conftest import REPO, TINY_WIDTH, run_in_process, run_torchrun, start_cli, stop_all
+from tests.conftest import REPO, TINY_WIDTH, run_in_this_process, run_torchrun_forked, start_forked, stop_all
 
 README = (REPO / "README.md").read_text()
 SECTION = README[README.index("## The jobs people come for") : README.index("## From Python")]
@@ -69,7 +69,7 @@ def run_readme(command: str, folder: Path, *extra: str):
     """One README command in this process (the CLI's entry point), with its paths made to live in ``folder``."""
     args = [word.replace("demo-output/", f"{folder}/demo-output/") for word in words(command)[1:]]
     args = [arg.replace("my_images", str(folder / "my_images")) for arg in args]
-    return run_in_process(*args, *extra)
+    return run_in_this_process(*args, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def trained(folder) -> tuple[subprocess.CompletedProcess, Path]:
 
 def test_one_process_runs_and_prints_what_the_sample_output_shows(trained):
     result, run_dir = trained
-    sample = re.search(r"Every run ends with lines like these:\n\n```\n(.*?)```", README, re.DOTALL).group(1)
+    sample = re.search(r"Every run ends with lines like these.\n\n```\n(.*?)```", README, re.DOTALL).group(1)
     pattern = re.escape(sample.strip())
     for number in sorted(set(re.findall(r"\d+\.\d+", sample)), key=len, reverse=True):
         pattern = pattern.replace(re.escape(number), r"\d+\.\d+")
@@ -102,7 +102,7 @@ def test_two_processes_run_as_written(folder, index):
 def test_torchrun_runs_as_written(folder):
     command = words(COMMANDS[2])
     assert command[:3] == ["torchrun", "--nproc_per_node=2", "-m"] and command[3] == "cifar10_dist"
-    result = run_torchrun(2, *command[4:], *TINY, f"--output_path={folder / 'demo-output'}")
+    result = run_torchrun_forked(2, *command[4:], *TINY, f"--output_path={folder / 'demo-output'}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (folder / "demo-output" / "torchrun" / "summary.json").is_file()
 
@@ -115,7 +115,7 @@ def test_two_nodes_run_as_written_on_this_machine(folder):
     try:
         for command in COMMANDS[3:5]:
             args = [word.replace("10.0.0.1", "127.0.0.1").replace("29500", str(port)) for word in words(command)[1:]]
-            nodes.append(start_cli(*args, *TINY, f"--output_path={folder / 'demo-output'}"))
+            nodes.append(start_forked(*args, *TINY, f"--output_path={folder / 'demo-output'}"))
         ended = [node.communicate(timeout=300) for node in nodes]
     finally:
         for node in nodes:

@@ -19,7 +19,7 @@ from cifar10_dist.models.viewing import tta_logits
 from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.system.precision import choose_precision
 from cifar10_dist.training.setup import optimizers, schedules
-from tests.conftest import REPO, TINY, assert_same_training_state, run_cli, run_in_process
+from tests.conftest import REPO, TINY, assert_same_training_state, run_forked, run_in_this_process
 
 
 def test_fast_yaml_holds_airbench94_hyperparameters_converted_to_a_mean_loss():
@@ -330,7 +330,7 @@ def test_amp_on_cpu_means_bf16_autocast():
 
 def test_amp_dtype_float16_trains_with_a_checkpointed_grad_scaler(tmp_path):
     # fp16 autocast on the CPU is slow (no fast kernels): 3 iterations
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         *SMALL,
@@ -347,7 +347,7 @@ def test_amp_dtype_float16_trains_with_a_checkpointed_grad_scaler(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "fp16" / "training_checkpoint_3.pt", weights_only=True)
     assert checkpoint["scaler"]["scale"] > 0
-    bad = run_in_process("run", *TINY, *SMALL, "--amp_dtype=fp8", f"--output_path={tmp_path}")
+    bad = run_in_this_process("run", *TINY, *SMALL, "--amp_dtype=fp8", f"--output_path={tmp_path}")
     assert bad.returncode == 2
     assert bad.stderr == "error: amp_dtype='fp8' is unknown: choose one of auto, float16, bfloat16\n"
 
@@ -379,13 +379,13 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     """Lookahead, per-group schedules, alternating flip, bf16, channels_last and data_on_device, 2 gloo processes:
     resumed at iteration 24 (mid-epoch 3, between lookahead steps), every tensor ends as in the uninterrupted run."""
     launch = ["--backend=gloo", "--nproc_per_node=2", f"--output_path={tmp_path}"]
-    reference = run_in_process("run", *FAST_TINY, *launch, "--run_name=ref")
+    reference = run_in_this_process("run", *FAST_TINY, *launch, "--run_name=ref")
     assert reference.returncode == 0, reference.stderr[-3000:]
     metrics = json.loads((tmp_path / "ref" / "metrics.json").read_text())
     assert metrics["iterations"] == 30 and metrics["test"]["num_samples"] == 128
     print("fast recipe accuracy", metrics["test"]["accuracy"])
     assert metrics["test"]["accuracy"] > 0.3  # chance is 0.1
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run",
         *FAST_TINY,
         *launch,
@@ -404,7 +404,9 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
 def test_data_on_device_trains_exactly_as_the_loader_does(tmp_path):
     common = ["run", *TINY, *SMALL, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}"]
     for name, flag in (("loader", "False"), ("device", "True")):
-        result = run_in_process(*common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100")
+        result = run_in_this_process(
+            *common, f"--run_name={name}", f"--data_on_device={flag}", "--checkpoint_every=100"
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     weights = [
         torch.load(tmp_path / name / "training_checkpoint_20.pt", weights_only=True)["model"]
@@ -426,7 +428,7 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
         "        nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),\n"
         "        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10)\n    )\n"
     )
-    result = run_cli(
+    result = run_forked(
         "run",
         *TINY,
         *SMALL,
@@ -453,7 +455,7 @@ def test_compiled_autocast_channels_last_run_saves_plain_checkpoints_that_evalua
         "5.weight",
         "5.bias",
     ]
-    same = run_in_process(
+    same = run_in_this_process(
         "evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", "--with_amp=auto", "--channels_last=True"
     )  # dataset, synthetic_size and tta=1 come from the checkpoint
     assert same.returncode == 0, same.stderr[-3000:]

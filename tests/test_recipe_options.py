@@ -19,7 +19,7 @@ from cifar10_dist.errors import UserError
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 from cifar10_dist.training.setup import optimizers, schedules
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 
 def test_mixup_targets_are_convex_combinations_of_two_labels_matching_the_images():
@@ -233,10 +233,10 @@ def test_every_option_together_with_two_processes_resumes_exactly_and_evaluates_
         "--sampler=balanced",
         "--best_metric=balanced_accuracy",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     middle = tmp_path / "whole" / "training_checkpoint_40.pt"  # inside epoch 3 (iterations 37-54)
-    resumed = run_in_process(*common, "--run_name=resumed", f"--resume_from={middle}")
+    resumed = run_in_this_process(*common, "--run_name=resumed", f"--resume_from={middle}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ends = [
         torch.load(tmp_path / name / "training_checkpoint_54.pt", weights_only=True) for name in ("whole", "resumed")
@@ -248,7 +248,7 @@ def test_every_option_together_with_two_processes_resumes_exactly_and_evaluates_
     checkpoint = tmp_path / "whole" / "training_checkpoint_54.pt"
     results = [
         json.loads(
-            run_in_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
+            run_in_this_process("evaluate", f"--checkpoint={checkpoint}", "--json", "--num_workers=0", *launch)
             .stdout.strip()
             .splitlines()[-1]
         )

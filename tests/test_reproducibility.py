@@ -13,7 +13,7 @@ import torch
 
 from cifar10_dist.data import loaders
 from cifar10_dist.data.records import ImageSet
-from tests.conftest import REPO, TINY, assert_same_training_state, run_in_process, run_log
+from tests.conftest import REPO, TINY, assert_same_training_state, run_in_this_process, run_log
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]
 LAUNCHES = {1: [], 3: ["--backend=gloo", "--nproc_per_node=3"]}
@@ -26,7 +26,7 @@ def held_out_runs(small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("held-out")
     results = {}
     for world_size, launch in LAUNCHES.items():
-        result = run_in_process(
+        result = run_in_this_process(
             "run",
             *TINY,
             *HELD_OUT,
@@ -92,7 +92,7 @@ def test_no_held_out_image_is_ever_in_a_training_batch():
 @pytest.fixture(scope="module")
 def seed_runs(held_out_runs, small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("seeds")
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         *HELD_OUT,

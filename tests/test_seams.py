@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import REPO, TINY, cli_env, run_cli, run_in_process
+from tests.conftest import REPO, TINY, cli_env, run_forked, run_in_this_process
 from tests.reliability.test_outputs import fill, small_filesystem  # noqa: F401 - a fixture
 from tests.test_image_folders import write_image_folder
 
@@ -51,7 +51,7 @@ def best_model(long_reference) -> Path:
     ],
 )
 def test_a_mistyped_flag_is_matched_against_what_the_command_takes(args, line):
-    result = run_in_process(*args)
+    result = run_in_this_process(*args)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"error: {line}"), (
         result.stderr[-600:]
     )
@@ -81,7 +81,7 @@ def test_exports_help_page_and_a_mistyped_export_flag_answer_without_importing_t
 def test_a_device_this_machine_lacks_is_one_line_naming_what_it_has(device, line, best_model, tmp_path):
     if torch.cuda.is_available() or torch.backends.mps.is_available():
         pytest.skip("this machine has a GPU: the devices it lacks differ")
-    result = run_in_process("predict", f"--checkpoint={best_model}", f"--device={device}", str(tmp_path))
+    result = run_in_this_process("predict", f"--checkpoint={best_model}", f"--device={device}", str(tmp_path))
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and last.startswith(f"error: {line}") and last.endswith("give one of cpu"), last
     assert "Traceback" not in result.stderr
@@ -106,7 +106,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly(args):
 def test_a_best_model_file_given_to_resume_from_is_refused_before_anything_is_written(
     best_model, small_dataset, tmp_path
 ):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         f"--data_path={small_dataset}",
@@ -121,7 +121,7 @@ def test_a_best_model_file_given_to_resume_from_is_refused_before_anything_is_wr
         f"or auto; to start a new run from these weights, give --pretrained={best_model}"
     )
     assert list(tmp_path.iterdir()) == []  # no run folder: the same command without resume_from may start it
-    taken = run_in_process(
+    taken = run_in_this_process(
         "run",
         *TINY,
         "--num_epochs=1",
@@ -141,17 +141,17 @@ def test_a_best_model_file_given_to_resume_from_is_refused_before_anything_is_wr
 def test_a_switch_before_a_path_is_a_switch(best_model, tmp_path):
     image = tmp_path / "img.png"
     Image.new("RGB", (32, 32), (200, 30, 30)).save(image)
-    result = run_in_process("predict", f"--checkpoint={best_model}", "--json", str(image))
+    result = run_in_this_process("predict", f"--checkpoint={best_model}", "--json", str(image))
     assert result.returncode == 0, result.stderr[-1500:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["path"] == str(image)
-    worded = run_in_process("predict", f"--checkpoint={best_model}", "--json", "false", str(image))
+    worded = run_in_this_process("predict", f"--checkpoint={best_model}", "--json", "false", str(image))
     assert worded.returncode == 0 and worded.stdout.startswith(f"{image}: "), worded.stderr[-800:]
 
 
 def test_an_image_cache_without_room_is_one_line_and_leaves_no_partial_build(tmp_path, small_filesystem):  # noqa: F811
     data = write_image_folder(tmp_path / "data", train=40, test=10)
     fill(small_filesystem)
-    result = run_cli(
+    result = run_forked(
         "prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}", "--image_size=64"
     )
     last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
@@ -164,9 +164,9 @@ def test_an_image_cache_without_room_is_one_line_and_leaves_no_partial_build(tmp
 
 def test_a_cache_copied_to_a_full_disk_is_the_same_one_line(tmp_path, small_filesystem):  # noqa: F811
     data = write_image_folder(tmp_path / "data", train=40, test=10)
-    assert run_cli("prepare-data", "--dataset=folder", f"--data_path={data}", "--image_size=64").returncode == 0
+    assert run_forked("prepare-data", "--dataset=folder", f"--data_path={data}", "--image_size=64").returncode == 0
     fill(small_filesystem)
-    result = run_cli(
+    result = run_forked(
         "prepare-data", "--dataset=folder", f"--data_path={data}", f"--cache_dir={small_filesystem}", "--image_size=64"
     )
     last = result.stderr.strip().splitlines()[-1]
@@ -276,13 +276,13 @@ def test_an_export_without_room_for_its_sidecar_leaves_neither_file(best_model, 
     pages = -(-size // 4096) * 4096  # room for the model file's pages and not one more
     os.truncate(filler, filler.stat().st_size - pages)
     target = small_filesystem / "model.safetensors"
-    result = run_in_process("export", f"--checkpoint={best_model}", "--format=safetensors", f"--output={target}")
+    result = run_in_this_process("export", f"--checkpoint={best_model}", "--format=safetensors", f"--output={target}")
     assert result.returncode == 2, result.stderr[-1500:]
     assert "model.safetensors, written before it, was removed" in result.stderr.strip().splitlines()[-1]
     assert not target.exists() and not target.with_name("model.safetensors.json").exists()
 
 
 def run_export(checkpoint: Path, output: Path) -> Path:
-    done = run_in_process("export", f"--checkpoint={checkpoint}", "--format=safetensors", f"--output={output}")
+    done = run_in_this_process("export", f"--checkpoint={checkpoint}", "--format=safetensors", f"--output={output}")
     assert done.returncode == 0, done.stderr[-1500:]
     return output

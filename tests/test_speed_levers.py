@@ -22,7 +22,7 @@ from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop import warm_up
 from cifar10_dist.training.loop.step import TrainStep
 from cifar10_dist.training.setup import model_setup, optimizers
-from tests.conftest import TINY, assert_same_training_state, run_in_process
+from tests.conftest import TINY, assert_same_training_state, run_in_this_process
 
 CLASSES = tuple("abcdefghij")
 CPU = torch.device("cpu")
@@ -86,11 +86,11 @@ def test_a_pass_is_normalised_once_in_the_training_dtype_and_batches_are_its_sli
 
 def test_a_run_augmented_per_pass_resumes_mid_epoch_bit_for_bit_and_trains(small_dataset, tmp_path):
     common = [*TINY, *PER_PASS, f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    whole = run_in_process("run", *common, "--checkpoint_every=25", "--run_name=whole")
+    whole = run_in_this_process("run", *common, "--checkpoint_every=25", "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert "augment_per_pass: each pass's crops and flips cut at its start, normalised in fp32" in whole.stderr
     assert "augment_per_pass: true" in (tmp_path / "whole" / "config.yaml").read_text()
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run", *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_25.pt'}"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_a_run_augmented_per_pass_resumes_mid_epoch_bit_for_bit_and_trains(small
     ],
 )
 def test_a_lever_that_cannot_apply_is_refused_in_one_line_before_anything_starts(flags, refusal, tmp_path):
-    result = run_in_process("run", *TINY, *flags, f"--output_path={tmp_path}", "--dataset=synthetic")
+    result = run_in_this_process("run", *TINY, *flags, f"--output_path={tmp_path}", "--dataset=synthetic")
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(refusal), result.stderr[-500:]
     assert not any(tmp_path.iterdir())
 
@@ -143,7 +143,7 @@ def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_fo
     assert len(norms) == 6 and {t.dtype for m in norms for t in (m.weight, m.bias, m.running_var)} == {torch.float32}
     with pytest.raises(Exception, match="half_weights=True keeps the weights in bf16, and this run trains in fp32"):
         model_setup.half_network(models.build_model("simple_cnn"), Precision("cpu", None, "fp32 (with_amp=False)"))
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--half_weights=True",
@@ -158,7 +158,7 @@ def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_fo
     assert "half_weights: weights in bf16, 3 normalisation layers in fp32" in result.stderr
     saved = torch.load(tmp_path / "half" / "training_checkpoint_36.pt", weights_only=True)["model"]
     assert saved["0.0.weight"].dtype == torch.bfloat16 and saved["0.1.weight"].dtype == torch.float32
-    evaluated = run_in_process(
+    evaluated = run_in_this_process(
         "evaluate",
         f"--checkpoint={tmp_path / 'half' / 'training_checkpoint_36.pt'}",
         f"--data_path={small_dataset}",
@@ -303,7 +303,7 @@ def test_host_waits_are_filed_under_the_training_iteration_that_made_them(small_
     waits = HostWaits()
     with waits.caught():
         warnings.warn("called a synchronizing CUDA operation")  # outside any run
-        result = run_in_process(
+        result = run_in_this_process(
             "run",
             *TINY,
             f"--model={model}:model",
@@ -382,7 +382,7 @@ def test_the_warm_up_leaves_the_whole_fast_recipe_bit_for_bit_as_it_would_have_t
 
     monkeypatch.setattr(warm_up.WarmUp, "run", observed)
     for steps in (0, 3):
-        result = run_in_process(
+        result = run_in_this_process(
             "run",
             *FAST_SMALL,
             *plan,

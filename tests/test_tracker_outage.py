@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs.tracker_guard import RETRY_VARIABLE
-from tests.conftest import TINY, kill_when, run_cli, start_cli, stop_all, wait_until
+from tests.conftest import TINY, kill_when, run_forked, start_forked, stop_all, wait_until
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("flask") is None,
@@ -216,7 +216,7 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
         "--run_name=k",
     ]
     run_dir, client = tmp_path / "k", MlflowClient(server.uri)
-    run = start_cli(*command, env={"SLOW_STEP_SECONDS": "0.1"})  # time to see the store and kill
+    run = start_forked(*command, env={"SLOW_STEP_SECONDS": "0.1"})  # time to see the store and kill
     try:
         wait_until(run, (run_dir / "mlflow.json").is_file, "the run ended without an MLflow run")
         run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
@@ -230,7 +230,7 @@ def test_a_run_killed_after_its_store_got_later_steps_and_resumed_logs_no_step_t
     newest = max(int(path.stem.rsplit("_", 1)[1]) for path in run_dir.glob("training_checkpoint_*.pt"))
     logged = max(metric.step for metric in client.get_metric_history(run_id, "training/batch_loss"))
     assert newest < logged < 60  # the store had steps the resume trains again
-    resumed = run_cli(*command, "--resume_from=auto")
+    resumed = run_forked(*command, "--resume_from=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     keys = client.get_run(run_id).data.metrics
     assert {"test/accuracy", "training/batch_loss", "training/epoch_loss"} <= set(keys)
@@ -274,7 +274,7 @@ def test_a_tracking_server_that_stops_answering_mid_run_never_ends_the_run(serve
         f"mlflow: the store at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end"
         in gone.stderr
     )
-    report = run_cli("report", str(run_dir), f"--output={tmp_path / 'report.png'}")
+    report = run_forked("report", str(run_dir), f"--output={tmp_path / 'report.png'}")
     assert report.returncode == 0, report.stderr[-2000:]
     assert (
         f"gone: mlflow at {server.uri} did not get {note['unsent_metrics']} metric values, artifacts, end"
@@ -294,7 +294,7 @@ def train_through_outages(
     run_dir = output / name
     env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", RETRY_VARIABLE: str(RETRY)} if comes_back else None
     where = (f"--mlflow_tracking_uri={server.uri}", f"--output_path={output}", f"--run_name={name}")
-    run = start_cli("run", *RUN, "--figures=True", *where, env=env)  # (curves.png among the artifacts)
+    run = start_forked("run", *RUN, "--figures=True", *where, env=env)  # (curves.png among the artifacts)
     try:
         paused_after_epoch(run, run_dir, 1)
         server.shut()

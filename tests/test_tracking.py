@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from cifar10_dist.config import Config
 from cifar10_dist.outputs import log_lines
-from tests.conftest import TINY, cli_env, run_cli, run_in_process, start_cli, stop_all
+from tests.conftest import TINY, cli_env, run_forked, run_in_this_process, start_forked, stop_all
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -40,7 +40,7 @@ def tracked_run(small_dataset, tmp_path_factory):
     conf = output / "clearml.conf"
     conf.write_text("sdk { development { report_use_subprocess: false } }\n")
     env = {**cli_env(), "CLEARML_CACHE_DIR": str(output / "clearml-cache"), "CLEARML_CONFIG_FILE": str(conf)}
-    result = run_cli(
+    result = run_forked(
         "run",
         *TINY,
         "--batch_size=33",
@@ -211,7 +211,7 @@ def test_without_figures_a_run_writes_their_json_files_and_draws_nothing(tracked
     assert {"test/mistakes", "test/calibration"} <= set(drawn.Tags()["images"])
     run_dir = tmp_path / "undrawn"
     args = (f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=undrawn")
-    result = run_in_process("run", *TINY, "--figures=False", *args)
+    result = run_in_this_process("run", *TINY, "--figures=False", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     names = {path.name for path in run_dir.iterdir()}
     assert {"mistakes.json", "calibration.json", "metrics.json", "summary.json"} <= names
@@ -246,7 +246,7 @@ def test_report_compares_runs_in_a_table_and_a_plot(tracked_run, spawned_run, tm
     _, run_dir = tracked_run
     _, spawn_output = spawned_run
     (other,) = spawn_output.iterdir()
-    result = run_in_process("report", str(run_dir), str(other), f"--output={tmp_path / 'cmp.png'}")
+    result = run_in_this_process("report", str(run_dir), str(other), f"--output={tmp_path / 'cmp.png'}")
     assert result.returncode == 0, result.stderr
     for folder in (run_dir, other):
         summary = json.loads((folder / "summary.json").read_text())
@@ -270,7 +270,7 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
     with (broken / "metrics.jsonl").open("a") as metrics:
         metrics.write('{"event": "epo\n')
     lines = len((broken / "metrics.jsonl").read_text().splitlines())
-    result = run_in_process("report", str(cut), str(broken), str(other), f"--output={tmp_path / 'cmp.png'}")
+    result = run_in_this_process("report", str(cut), str(broken), str(other), f"--output={tmp_path / 'cmp.png'}")
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [
         f"error: {cut / 'summary.json'} is damaged: not valid JSON (Expecting value at line 1, column 13; 12 bytes): "
@@ -284,7 +284,7 @@ def test_report_names_each_damaged_file_in_one_line_and_reports_the_other_runs(t
     assert names == ["cut", other.name]  # in the order given, the unreadable one left out
     assert result.stdout.splitlines()[1].startswith("cut *")  # numbers so far, as for an unfinished run
     assert png_size(tmp_path / "cmp.png") == (1000, 400)
-    nothing = run_in_process("report", str(broken), f"--output={tmp_path / 'none.png'}")
+    nothing = run_in_this_process("report", str(broken), f"--output={tmp_path / 'none.png'}")
     assert nothing.returncode == 2 and not (tmp_path / "none.png").exists()
     assert nothing.stderr.splitlines()[-1] == (
         "error: nothing to report: none of the 1 run folder(s) could be read (see above)"
@@ -312,7 +312,7 @@ def test_progress_on_a_terminal_is_a_bar(small_dataset, tmp_path):
     args = ["run", *TINY, "--epoch_length=6", "--train_eval_size=0", f"--data_path={small_dataset}"]
     main, secondary = os.openpty()  # stderr on a terminal, as in an interactive shell
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 x 0
-    process = start_cli(*args, f"--output_path={tmp_path}", stderr=secondary)
+    process = start_forked(*args, f"--output_path={tmp_path}", stderr=secondary)
     try:
         os.close(secondary)
         chunks = []
@@ -369,7 +369,9 @@ def write_run(folder: Path, accuracies: list[float], epoch_time: float, eval_tim
 def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
     fast = write_run(tmp_path / "fast", [0.85, 0.91, 0.935, 0.94], epoch_time=60, eval_time=6)
     slow = write_run(tmp_path / "slow", [0.80, 0.89, 0.92, 0.93], epoch_time=120, eval_time=6)
-    result = run_in_process("report", str(fast), str(slow), "--targets=0.9,0.93,0.94", f"--output={tmp_path / 'r.png'}")
+    result = run_in_this_process(
+        "report", str(fast), str(slow), "--targets=0.9,0.93,0.94", f"--output={tmp_path / 'r.png'}"
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     fast_row = [line for line in lines if line.startswith("fast ")][-1]  # the second table's row
@@ -388,7 +390,7 @@ def test_report_targets_give_time_to_accuracy_per_run_and_over_runs(tmp_path):
 
 def test_report_rejects_targets_that_are_not_accuracies(tmp_path):
     run = write_run(tmp_path / "run", [0.5], epoch_time=1, eval_time=1)
-    result = run_in_process("report", str(run), "--targets=93")
+    result = run_in_this_process("report", str(run), "--targets=93")
     assert result.returncode == 2
     assert "targets=93 must be accuracies in (0, 1]" in result.stderr
 
@@ -425,7 +427,7 @@ def test_the_worker_names_no_tracker_and_each_checks_its_install_through_the_sam
         source = (repo / "cifar10_dist" / module).read_text().lower()
         assert not [name for name in trackers.TRACKERS if name in source], module
     monkeypatch.setitem(sys.modules, "clearml", None)
-    result = run_in_process(
+    result = run_in_this_process(
         "run", *TINY, "--dataset=synthetic", "--synthetic_size=64", "--with_clearml", f"--output_path={tmp_path}"
     )
     assert result.returncode == 2

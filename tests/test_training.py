@@ -14,7 +14,7 @@ import yaml
 
 from cifar10_dist import checkpoint_layout
 from cifar10_dist.data import cifar
-from tests.conftest import TINY, cli_env, run_cli, run_in_process
+from tests.conftest import TINY, cli_env, run_forked, run_in_this_process
 
 
 def final_test_accuracy(stdout: str) -> float:
@@ -27,7 +27,7 @@ def final_test_accuracy(stdout: str) -> float:
 def trained_run(small_dataset, tmp_path_factory):
     """One 3-epoch run shared by the tests that only read its outputs."""
     output = tmp_path_factory.mktemp("out")
-    result = run_cli(
+    result = run_forked(
         "run",
         *TINY,
         "--num_epochs=3",
@@ -113,7 +113,7 @@ def test_lr_warms_up_then_decays_to_zero(trained_run):
 
 def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp_path):
     _, first_dir = trained_run
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--num_epochs=3",

@@ -14,7 +14,7 @@ from torch import nn
 
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
-from tests.conftest import SPAWN_2, TINY, assert_same_training_state, run_in_process
+from tests.conftest import SPAWN_2, TINY, assert_same_training_state, run_in_this_process
 
 # A model without BatchNorm: a batch of 128 and two accumulated batches of 64 compute the same gradient.
 NO_BATCHNORM = textwrap.dedent("""\
@@ -56,7 +56,7 @@ def test_two_accumulated_batches_of_64_train_like_one_batch_of_128_in_one_proces
         "accumulated-2-processes": ["--batch_size=64", "--accumulation_steps=2", *SPAWN_2],
     }
     for name, args in runs.items():
-        result = run_in_process(*common, *args, f"--run_name={name}")
+        result = run_in_this_process(*common, *args, f"--run_name={name}")
         assert result.returncode == 0, result.stderr[-3000:]
     large = torch.load(tmp_path / "large" / "training_checkpoint_10.pt", weights_only=True)["model"]
     for name in ("accumulated", "accumulated-2-processes"):
@@ -142,9 +142,9 @@ def test_a_run_with_accumulation_resumes_to_the_identical_state(small_dataset, t
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}"
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -171,7 +171,7 @@ def test_early_stopping_ends_the_run_normally_for_both_processes_and_a_resume_tr
         f"--output_path={tmp_path}",
         "--run_name=early",
     ]
-    result = run_in_process(*args)
+    result = run_in_this_process(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stopped early at epoch 2 (early_stopping_patience)" in result.stdout
     run_dir = tmp_path / "early"
@@ -186,7 +186,7 @@ def test_early_stopping_ends_the_run_normally_for_both_processes_and_a_resume_tr
     stopper = torch.load(run_dir / "training_checkpoint_32.pt", weights_only=True)["early_stopping"]
     assert stopper["counter"] == 1
 
-    resumed = run_in_process(*args, "--resume_from=auto")
+    resumed = run_in_this_process(*args, "--resume_from=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "stopped early at epoch 2" in resumed.stdout
     assert sorted(path.name for path in run_dir.glob("training_checkpoint_*.pt")) == checkpoints
@@ -207,7 +207,7 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
     ]
-    whole = run_in_process(*common, "--run_name=whole")
+    whole = run_in_this_process(*common, "--run_name=whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     final = tmp_path / "whole" / "training_checkpoint_36.pt"
     state = torch.load(final, weights_only=True)
@@ -221,7 +221,7 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
     assert summary["best"]["split"] == "test_ema" and summary["final"]["test"]["model"] == "ema"
     assert summary["final"]["test"]["accuracy"] == splits["test_ema"][-1]["accuracy"]
 
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         *common, "--run_name=resumed", f"--resume_from={tmp_path / 'whole' / 'training_checkpoint_24.pt'}"
     )  # mid warm-up (27)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -230,7 +230,7 @@ def test_ema_weights_are_evaluated_checkpointed_resumed_exactly_and_used_by_eval
     assert_same_training_state(final, tmp_path / "resumed" / "training_checkpoint_36.pt")
 
     for flag, split in (([], "test_ema"), (["--raw_weights"], "test")):
-        evaluated = run_in_process("evaluate", f"--checkpoint={final}", "--json", "--num_workers=0", *flag)
+        evaluated = run_in_this_process("evaluate", f"--checkpoint={final}", "--json", "--num_workers=0", *flag)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
         accuracy = json.loads(evaluated.stdout.strip().splitlines()[-1])["accuracy"]
         assert accuracy == pytest.approx(splits[split][-1]["accuracy"]), split

@@ -31,8 +31,8 @@ from tests.conftest import (
     TINY,
     TINY_WIDTH,
     job_script_environment,
-    run_in_process,
-    start_cli,
+    run_in_this_process,
+    start_forked,
     stop_all,
     wait_for_file,
 )
@@ -74,7 +74,7 @@ def finished_study(small_dataset, tmp_path_factory):
     """3 random-sampler trials in this process (no pruning), then the report and the final test."""
     output = tmp_path_factory.mktemp("tune")
     space = write_space(output)
-    result = run_in_process(
+    result = run_in_this_process(
         *tune_args(
             small_dataset,
             output,
@@ -143,7 +143,7 @@ def test_best_config_runs_as_is_and_plots_are_written(finished_study):
 
 def test_report_only_does_not_use_the_test_set_again(finished_study):
     _, output = finished_study
-    result = run_in_process("tune", "--study=s", f"--output_path={output}", "--report_only")
+    result = run_in_this_process("tune", "--study=s", f"--output_path={output}", "--report_only")
     assert result.returncode == 0, result.stderr
     assert "evaluated once earlier" in result.stdout
     assert sum(key.startswith("final_test:") for key in load_study(output, "s").user_attrs) == 1
@@ -210,9 +210,9 @@ def test_pruning_is_agreed_by_spawned_gloo_workers_reaching_a_journal_study(smal
         "--final_test=False",
         f"--storage=journal:{journal}",
     )
-    first = run_in_process(*args)
+    first = run_in_this_process(*args)
     assert first.returncode == 0, first.stderr[-3000:]
-    result = run_in_process(*args, "--backend=gloo", "--nproc_per_node=2")
+    result = run_in_this_process(*args, "--backend=gloo", "--nproc_per_node=2")
     assert result.returncode == 0, result.stderr[-3000:]
     study = load_study(
         tmp_path, "p", optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
@@ -282,9 +282,9 @@ def test_two_workers_share_one_study(kind, small_dataset, tmp_path, request):
         *([f"--storage={storage}"] if storage else []),
     ]
     # one worker in a process of its own, the other in this one, at the same time
-    other = start_cli(*tune_args(small_dataset, tmp_path, space, "shared", *extra, "--sampler_seed=1"))
+    other = start_forked(*tune_args(small_dataset, tmp_path, space, "shared", *extra, "--sampler_seed=1"))
     try:
-        here = run_in_process(*tune_args(small_dataset, tmp_path, space, "shared", *extra, "--sampler_seed=2"))
+        here = run_in_this_process(*tune_args(small_dataset, tmp_path, space, "shared", *extra, "--sampler_seed=2"))
         _, stderr = other.communicate(timeout=300)
     finally:
         stop_all(other)
@@ -317,7 +317,7 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
         f"--model={slow_cnn}",
         *IN_MEMORY,
     )
-    worker = start_cli(*args, env=SLOWLY)
+    worker = start_forked(*args, env=SLOWLY)
     try:
         checkpoint = wait_for_file(tmp_path / "k" / "trial-0", "training_checkpoint_*.pt", worker)
         os.killpg(worker.pid, signal.SIGKILL)
@@ -325,7 +325,7 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
     finally:
         stop_all(worker)
     time.sleep(3.2)  # its heartbeat (1 s) goes stale after 2 beats (SQLite compares whole seconds)
-    second = run_in_process(*args)
+    second = run_in_this_process(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     trials = load_study(tmp_path, "k").trials
     assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "COMPLETE")]
@@ -375,7 +375,7 @@ def test_a_killed_workers_trial_is_retried_from_its_checkpoint(small_dataset, tm
 )
 def test_a_bad_space_is_one_line_before_any_trial(space, message, tmp_path):
     path = write_space(tmp_path, space)
-    result = run_in_process(
+    result = run_in_this_process(
         "tune",
         f"--space={path}",
         "--study=x",
@@ -440,7 +440,7 @@ def test_every_key_tune_sets_for_its_trials_is_refused_in_a_space(tmp_path):
 )
 def test_bad_tune_options_are_one_line(args, message, tmp_path):
     path = write_space(tmp_path)
-    result = run_in_process(
+    result = run_in_this_process(
         "tune",
         f"--space={path}",
         "--study=x",
@@ -456,7 +456,7 @@ def test_bad_tune_options_are_one_line(args, message, tmp_path):
 
 def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
     _, output = finished_study  # its own data_path, num_workers or launch are a worker's own: num_epochs is not
-    result = run_in_process(
+    result = run_in_this_process(
         *tune_args(
             small_dataset, output, output / "space.yaml", "s", "--num_epochs=3", "--num_workers=1", "--figures=True"
         )
@@ -468,7 +468,7 @@ def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
 
 def test_missing_optuna_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
-    result = run_in_process(
+    result = run_in_this_process(
         "tune",
         f"--space={write_space(tmp_path)}",
         "--study=x",
@@ -585,7 +585,7 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
 
 def test_a_failing_trial_is_reported_with_its_reason(small_dataset, tmp_path):
     space = write_space(tmp_path, {"learning_rate": {"type": "categorical", "choices": [1.0e4]}})
-    result = run_in_process(
+    result = run_in_this_process(
         *tune_args(small_dataset, tmp_path, space, "f", "--trials=1", "--sampler=grid", "--clip_grad_norm=None")
     )  # unclipped, 1e4 diverges
     assert result.returncode == 2
@@ -739,7 +739,7 @@ def test_a_study_whose_mlflow_store_does_not_answer_goes_on_with_one_warning_of_
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     space = write_space(tmp_path)
-    result = run_in_process(
+    result = run_in_this_process(
         *tune_args(
             small_dataset,
             tmp_path / "out",

@@ -6,9 +6,7 @@ also when a test fails inside it. (Nodes without one shared output folder: tests
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -111,14 +109,18 @@ def test_the_harness_leaves_no_namespace_link_or_process_behind_even_when_the_bo
 
 # ---------------------------------------------------------------- faults across hosts (issue 84)
 
-FAULTY = ["--num_epochs=30", "--dist_timeout=5", "--checkpoint_every=5", "--run_name=job"]  # long: stopped mid-way
+# long: stopped mid-way; dist_timeout also bounds how long node 0 waits for the other to join (a busy machine
+# forks and starts a node in seconds)
+FAULTY = ["--num_epochs=30", "--dist_timeout=10", "--checkpoint_every=5", "--run_name=job"]
 
 
 def when_trained(output: Path, nodes: list[Node]) -> None:
     """Wait for the first checkpoint (the group formed and trains)."""
     deadline = time.monotonic() + 120
     while not list((output / "job").glob("training_checkpoint_*.pt")):
-        assert time.monotonic() < deadline and all(node.process.poll() is None for node in nodes), "no checkpoint"
+        if time.monotonic() > deadline or any(node.process.poll() is not None for node in nodes):
+            ended = [node.finished(timeout=60) for node in nodes if node.process.poll() is not None]
+            raise AssertionError(f"no checkpoint: {[(done.returncode, done.stderr[-1500:]) for done in ended]}")
         time.sleep(0.05)
 
 
@@ -132,7 +134,7 @@ def test_a_node_that_dies_ends_the_other_in_one_line_naming_it_with_exit_4(small
     with two_hosts("20mbit") as hosts:
         nodes = start_two_nodes(hosts, *args, output=[tmp_path, tmp_path], env=SLOWLY)
         when_trained(tmp_path, nodes)
-        os.killpg(nodes[dying].process.pid, signal.SIGKILL)
+        hosts.kill_node(dying)
         killed_at = time.monotonic()
         survivor = nodes[1 - dying].finished(timeout=60)
         seconds = time.monotonic() - killed_at
@@ -177,7 +179,7 @@ def test_a_cut_link_names_the_node_that_stopped_answering(small_dataset, slow_cn
     for node, done in enumerate(ended):
         assert done.returncode == 4, done.stderr[-3000:]
         assert last_line(done).startswith(
-            f"error: a process on another node stopped answering: rank {node} waited 5 s (dist_timeout) for it in a "
+            f"error: a process on another node stopped answering: rank {node} waited 10 s (dist_timeout) for it in a "
             f"collective operation (the processes of other nodes: rank {1 - node} on "
         )
         assert f" at 10.77.0.{2 - node}); the others were stopped" in last_line(done)

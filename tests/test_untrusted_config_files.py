@@ -14,7 +14,7 @@ import pytest
 
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
-from tests.conftest import cli_env, run_in_process
+from tests.conftest import cli_env, run_in_this_process
 
 # 9 levels of 9 references to the level below: 9^9 (387 million) strings once the aliases are followed
 BOMB_LEVELS = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'] + [
@@ -32,7 +32,7 @@ def test_an_alias_bomb_under_any_key_is_one_line_within_a_second_and_nothing_is_
     path = tmp_path / "bomb.yaml"
     path.write_text(bomb_under(key))
     started = time.perf_counter()
-    result = run_in_process("run", f"--config={path}", f"--output_path={tmp_path / 'out'}")
+    result = run_in_this_process("run", f"--config={path}", f"--output_path={tmp_path / 'out'}")
     assert time.perf_counter() - started < 1.0
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
@@ -96,7 +96,7 @@ def test_merge_keys_work_as_yaml_defines_them(tmp_path):
 def test_a_non_finite_number_in_a_file_is_refused_naming_the_file_and_line(tmp_path, key, value):
     path = tmp_path / "inf.yaml"
     path.write_text(f"model: simple_cnn\n{key}: {value}\n")
-    result = run_in_process("run", f"--config={path}", f"--output_path={tmp_path / 'out'}")
+    result = run_in_this_process("run", f"--config={path}", f"--output_path={tmp_path / 'out'}")
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {path} line 2: {key}=") and "is not a finite number" in result.stderr
     assert not (tmp_path / "out").exists()
@@ -123,7 +123,7 @@ def test_a_non_finite_flag_and_model_kwargs_value_are_refused_too():
             "learning_rate='1e-3' has the wrong type: expected float or find (YAML reads 1e-3 as text; write 0.001)",
         ),
         ("batch_size: 0\n", 2, "batch_size=0 must be"),
-        ("optimizer: adamm\n", 2, "optimizer='adamm' is unknown: choose"),
+        ("optimizer: adamm\n", 2, "optimizer='adamm' is unknown: did you mean 'adamw'? choose"),
         ("num_epochs: 3\nnum_warmup_epochs: 5\n", "2 and 3", "num_warmup_epochs=5.0 must be at least 0"),
     ],
 )
@@ -158,7 +158,7 @@ def test_num_epochs_1_in_a_file_settles_the_warmup_as_the_flag_does(tmp_path, ca
 def test_a_misspelt_model_kwargs_key_gets_the_factorys_closest_parameter_and_the_files_line(tmp_path, small_dataset):
     path = tmp_path / "kw.yaml"
     path.write_text("model: simple_cnn\nnum_epochs: 2\nmodel_kwargs:\n  widht: 8\n")
-    result = run_in_process(
+    result = run_in_this_process(
         "run", f"--config={path}", f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}"
     )
     assert result.returncode == 2
@@ -167,7 +167,9 @@ def test_a_misspelt_model_kwargs_key_gets_the_factorys_closest_parameter_and_the
         "model='simple_cnn': did you mean 'width'? it takes width, num_classes\n"
     )
     assert not (tmp_path / "out").exists()
-    flagged = run_in_process("run", "--model=simple_cnn", '--model_kwargs={"widht": 8}', f"--data_path={small_dataset}")
+    flagged = run_in_this_process(
+        "run", "--model=simple_cnn", '--model_kwargs={"widht": 8}', f"--data_path={small_dataset}"
+    )
     assert flagged.stderr.startswith(
         "error: model_kwargs={'widht': 8}: 'widht' is not a parameter of model='simple_cnn'"
     )
@@ -175,18 +177,20 @@ def test_a_misspelt_model_kwargs_key_gets_the_factorys_closest_parameter_and_the
 
 @pytest.mark.parametrize("command", ["run", "config", "lr-find", "batch-size"])
 def test_a_bare_config_flag_is_one_line(command):
-    result = run_in_process(command, "--config")
+    result = run_in_this_process(command, "--config")
     assert result.returncode == 2
     assert result.stderr.startswith("error: --config needs a value: the name of a shipped config (default, demo,")
     assert result.stderr.endswith(" or the path of a YAML file, e.g. --config=demo\n")
 
 
 def test_config_given_twice_is_one_line_and_a_name_in_capitals_gets_its_suggestion():
-    twice = run_in_process("config", "--config=demo", "--config=fast")
+    twice = run_in_this_process("config", "--config=demo", "--config=fast")
     assert (twice.returncode, twice.stderr) == (
         2,
         "error: --config is given twice (demo, then fast): give one config file (flags change its keys)\n",
     )
-    capitals = run_in_process("config", "--config=DEMO")
+    capitals = run_in_this_process("config", "--config=DEMO")
     assert capitals.returncode == 2 and "does not exist: did you mean 'demo'? " in capitals.stderr
-    assert run_in_process("config", "--config=demo", "--num_epochs=3", "--num_epochs=2").returncode == 0  # last wins
+    assert (
+        run_in_this_process("config", "--config=demo", "--num_epochs=3", "--num_epochs=2").returncode == 0
+    )  # last wins

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import SPAWN_2, TINY, run_in_process
+from tests.conftest import SPAWN_2, TINY, run_in_this_process
 
 # A user's module: a small CNN whose width is a factory argument.
 USER_MODULE = textwrap.dedent("""\
@@ -46,7 +46,7 @@ def test_module_reference_trains_in_spawned_workers_and_evaluate_rebuilds_it(sma
     monkeypatch.setattr(sys, "path", list(sys.path))  # the import may add the current folder
     monkeypatch.delitem(sys.modules, "mynets", raising=False)
     output = tmp_path / "out"
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         *SPAWN_2,
@@ -65,7 +65,7 @@ def test_module_reference_trains_in_spawned_workers_and_evaluate_rebuilds_it(sma
     assert checkpoint["meta"]["config"]["model_kwargs"] == {"width": 6}
     assert checkpoint["model"]["0.weight"].shape == (6, 3, 3, 3)  # the factory got width=6
     final = json.loads((run_dir / "metrics.json").read_text())["test"]
-    evaluated = run_in_process(
+    evaluated = run_in_this_process(
         "evaluate", f"--checkpoint={run_dir / 'training_checkpoint_36.pt'}", "--json", "--num_workers=0"
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -79,7 +79,7 @@ def test_file_reference_is_recorded_absolute_and_a_run_resumes_from_its_config_e
     from any folder; the resumed run ends with the uninterrupted run's weights."""
     monkeypatch.chdir(tmp_path)
     write_user_module(tmp_path / "models", "net.py")
-    whole = run_in_process(
+    whole = run_in_this_process(
         "run",
         *TINY,
         "--model=models/net.py:small_cnn",
@@ -92,7 +92,7 @@ def test_file_reference_is_recorded_absolute_and_a_run_resumes_from_its_config_e
     config = tmp_path / "out" / "whole" / "config.yaml"
     assert yaml.safe_load(config.read_text())["model"] == f"{tmp_path / 'models' / 'net.py'}:small_cnn"
     monkeypatch.chdir(tmp_path / "out")
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run",
         f"--config={config}",
         "--run_name=resumed",
@@ -164,7 +164,7 @@ def test_a_bad_model_is_one_line_before_any_process_starts(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nets.py").write_text(BAD_MODULE)
     (tmp_path / "broken.py").write_text("import a_module_that_is_not_there\n")
-    result = run_in_process("run", f"--model={model}", *extra, *SPAWN_2, f"--output_path={tmp_path / 'out'}")
+    result = run_in_this_process("run", f"--model={model}", *extra, *SPAWN_2, f"--output_path={tmp_path / 'out'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr

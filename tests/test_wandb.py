@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist.outputs import wandb_history
-from tests.conftest import TINY, cli_env, kill_when, run_cli, run_in_process, start_cli, stop_all
+from tests.conftest import TINY, cli_env, kill_when, run_forked, run_in_this_process, start_forked, stop_all
 
 # (wandb imported by the runs that use it: not by collection, in every test process)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
@@ -57,10 +57,10 @@ def resumed_run(tmp_path_factory):
     """2 epochs, then, as if stopped after the first (its checkpoint the newest), resumed with wandb_log_model: one
     W&B run (id) for the run folder."""
     output = tmp_path_factory.mktemp("wandb")
-    first = run_cli("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r", env=environment())
+    first = run_forked("run", *RUN, "--num_epochs=2", f"--output_path={output}", "--run_name=r", env=environment())
     assert first.returncode == 0, first.stderr[-3000:]
     (output / "r" / "training_checkpoint_20.pt").unlink()
-    second = run_cli(
+    second = run_forked(
         "run",
         *RUN,
         "--num_epochs=2",
@@ -144,7 +144,7 @@ def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_
         "--run_name=k",
     ]
     run_dir = tmp_path / "k"
-    run = start_cli(*command, env={**environment(), "SLOW_STEP_SECONDS": "0.1"})
+    run = start_forked(*command, env={**environment(), "SLOW_STEP_SECONDS": "0.1"})
     try:
         kill_when(
             run,
@@ -155,7 +155,7 @@ def test_a_run_killed_after_wandb_recorded_later_steps_and_resumed_logs_no_step_
     finally:
         stop_all(run)
     assert newest_checkpoint(run_dir) < recorded_batch_loss(run_dir) < 200  # steps the resume trains again
-    resumed = run_cli(*command, "--resume_from=auto", env=environment())
+    resumed = run_forked(*command, "--resume_from=auto", env=environment())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps: dict[str, list[int]] = {}
     for session in sessions(run_dir):
@@ -172,7 +172,7 @@ def test_tuning_trials_are_wandb_runs_grouped_under_their_study(small_dataset, t
     from tests.test_tuning import tune_args, write_space
 
     space = write_space(tmp_path)
-    result = run_cli(
+    result = run_forked(
         *tune_args(
             small_dataset,
             tmp_path,
@@ -198,7 +198,7 @@ def test_tuning_trials_are_wandb_runs_grouped_under_their_study(small_dataset, t
 
 def test_with_wandb_but_no_wandb_installed_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    result = run_in_process("run", *RUN, f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *RUN, f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert result.stderr == (
         "error: with_wandb needs Weights & Biases: pip install 'cifar10-dist[wandb]' (or pip install wandb)\n"
@@ -225,7 +225,7 @@ def test_an_online_server_that_does_not_answer_leaves_one_offline_run_and_a_prom
         "WANDB_INIT_TIMEOUT": "3",
     }  # W&B's own setting wins over our 10 s (a shorter test)
     started = time.monotonic()
-    result = run_cli(
+    result = run_forked(
         "run", *RUN, "--num_epochs=1", "--num_warmup_epochs=0.5", f"--output_path={tmp_path}", "--run_name=w", env=env
     )
     seconds = time.monotonic() - started

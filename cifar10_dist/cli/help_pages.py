@@ -11,8 +11,9 @@ import shutil
 import textwrap
 from typing import Any, Callable
 
+from cifar10_dist.cli.page_layout import PAGE_WIDTH, help_block, option_line, usage
 from cifar10_dist.config import commands
-from cifar10_dist.config.commands import flags_of, help_block, option_line, usage
+from cifar10_dist.config.commands import flags_of
 from cifar10_dist.config.fields import FIELDS, choices, settable_by_topic
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
 from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
@@ -22,7 +23,7 @@ MAX_WIDTH = 100  # wider terminals get pages this wide: lines longer than that a
 
 def page_width() -> int:
     """The terminal's width (COLUMNS where set), 80 where there is no terminal, at most MAX_WIDTH."""
-    return min(shutil.get_terminal_size((commands.PAGE_WIDTH, 24)).columns, MAX_WIDTH)
+    return min(shutil.get_terminal_size((PAGE_WIDTH, 24)).columns, MAX_WIDTH)
 
 
 def paragraphs(text: str, width: int) -> str:

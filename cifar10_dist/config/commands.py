@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from cifar10_dist.config.trial import PrunerSpec
 from cifar10_dist.errors import UserError
-
-HELP_COLUMN = 29  # where a flag's help starts on a help page
-PAGE_WIDTH = 80  # a help page's width where no terminal says otherwise (shutil.get_terminal_size's fallback)
 
 
 @dataclass(frozen=True)
@@ -40,33 +36,6 @@ class Flag:
             return f"[--{self.name}]"
         value = self.shown if self.shown is not None else self.name.upper() if self.default is None else self.default
         return f"[--{self.name}={value}]"
-
-    def line(self, width: int = PAGE_WIDTH) -> str:
-        """The flag on a help page: ``--name=default`` (``--name`` for a switch), then its help, wrapped to
-        ``width`` (on the next line where the flag reaches past the help's column)."""
-        head = (
-            f"  --{self.name}"
-            if self.default is False and self.shown is None
-            else f"  --{self.name}={self.shown if self.shown is not None else self.default}"
-        )
-        return option_line(head, self.help, width)
-
-
-def option_line(head: str, text: str, width: int = PAGE_WIDTH, column: int = HELP_COLUMN) -> str:
-    """``head`` (a flag and its default), then ``text`` from ``column``, wrapped to ``width``, a paragraph for each
-    of its lines; a head that reaches the column stands on its own line (cut at the width where longer)."""
-    indent = " " * column
-    lines = [
-        line
-        for paragraph in text.split("\n")
-        for line in textwrap.wrap(
-            paragraph, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
-        )
-        or [indent]
-    ]
-    if len(head) >= column - 1:
-        return "\n".join([head if len(head) <= width else head[: width - 3] + "...", *lines])
-    return head.ljust(column) + lines[0].lstrip() + "".join("\n" + line for line in lines[1:])
 
 
 def default(declared: Iterable[Flag], name: str) -> Any:
@@ -360,37 +329,6 @@ def refuse_unknown_keys(
         raise UserError(
             f"{command} does not take --{key} ({hint}): it takes {takes}the config keys (cifar10-dist {command} --help)"
         )
-
-
-def usage(
-    command: str,
-    *declared: Iterable[Flag],
-    before: Iterable[str] = (),
-    after: Iterable[str] = (),
-    width: int = PAGE_WIDTH,
-) -> str:
-    """A help page's usage, made from the declared flags: the required ones, the words ``before`` (paths), every
-    other flag with its default, then ``after``; wrapped under the command at ``width``."""
-    flags = [one for group in declared for one in group]
-    words = [
-        *(one.usage() for one in flags if one.required),
-        *before,
-        *(one.usage() for one in flags if not one.required),
-        *after,
-    ]
-    head = f"Usage: cifar10-dist {command} "
-    lines, line = [], head
-    for word in words:
-        if len(line) + len(word) > width and line.strip() != head.strip():
-            lines.append(line.rstrip())
-            line = " " * len(head)
-        line += word + " "
-    return "\n".join([*lines, line.rstrip()])
-
-
-def help_block(*declared: Iterable[Flag], width: int = PAGE_WIDTH) -> str:
-    """The flag lines of a help page, in the order declared."""
-    return "\n".join(one.line(width) for flags in declared for one in flags)
 
 
 def refuse_unknown(command: str, given: Mapping[str, Any], *declared: Iterable[Flag]) -> None:

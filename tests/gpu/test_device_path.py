@@ -20,10 +20,11 @@ from tests.conftest import (
     REPO,
     assert_same_training_state,
     cli_env,
-    run_cli,
-    run_in_process,
-    run_torchrun,
-    start_cli,
+    run_forked,
+    run_in_this_process,
+    run_new_interpreter,
+    run_torchrun_new_interpreter,
+    start_new_interpreter,
     stop_all,
     wait_for_file,
 )
@@ -113,7 +114,7 @@ def test_training_iterations_do_not_wait_for_the_gpu(name, check_data, tmp_path,
     with waits.caught():
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = run_in_process(
+            result = run_in_this_process(
                 "run",
                 *WAITING_RUNS[name],
                 f"--data_path={check_data}",
@@ -199,7 +200,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     ranks on one GPU): the run trains with data_on_device agreed by both ranks (one value in config.yaml), its
     checkpoint evaluates identically at world sizes 1 and 2, and a Ctrl-C to the group stops both processes
     with exit code 130 and a checkpoint."""
-    trained = run_torchrun(
+    trained = run_torchrun_new_interpreter(
         2,
         "run",
         *SHORT,
@@ -210,7 +211,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
         f"--output_path={tmp_path}",
         "--run_name=two",
         timeout=1800,
-        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
+        # (on a GPU, torchrun's own children, as a user runs it)
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "distributed: backend gloo, world size 2" in trained.stderr
@@ -219,16 +220,9 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     record("two processes on one GPU: data_on_device settled", float(settled.group(1) == "true"))
     record("two processes on one GPU: test accuracy, 1 epoch", final_test(tmp_path / "two")["accuracy"])
     checkpoint = newest_checkpoint(tmp_path / "two")
-    one = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", timeout=600)
-    both = run_torchrun(
-        2,
-        "evaluate",
-        f"--checkpoint={checkpoint}",
-        f"--data_path={check_data}",
-        "--json",
-        *TWO,
-        timeout=600,
-        fresh=True,
+    one = run_forked("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", timeout=600)
+    both = run_torchrun_new_interpreter(
+        2, "evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *TWO, timeout=600
     )
     assert one.returncode == 0 and both.returncode == 0, (one.stderr[-2000:], both.stderr[-2000:])
     results = [json.loads(done.stdout.strip().splitlines()[-1]) for done in (one, both)]
@@ -236,7 +230,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-5)
     record("evaluation at world sizes 1 and 2: confusion matrices identical", 1.0)
 
-    job = start_cli(
+    job = start_new_interpreter(
         "run",
         *SHORT,
         "--num_epochs=2",
@@ -247,7 +241,7 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
         "--run_name=stopped",
         torchrun=["--nproc_per_node=2", "--standalone"],
         env={"SLOW_STEP_SECONDS": "0.05"} if not is_real(check_data) else None,
-        fresh=True,  # (its workers counted as torchrun's children)
+        # (its workers counted as torchrun's children)
     )
     try:
         wait_for_file(tmp_path / "stopped", "training_checkpoint_*.pt", job, timeout=600)
@@ -269,7 +263,7 @@ def test_a_compiled_airbench_step_compiles_both_branches_before_the_timer(check_
     the forward with the bias trained and frozen, so no recompilation happens between the warm-up and the first
     evaluation (torch's recompile log, TORCH_LOGS=recompiles); the steady epoch's seconds are recorded."""
     cuda_only()
-    result = run_cli(
+    result = run_new_interpreter(
         "run",
         f"--config={FAST}",
         "--num_epochs=2",
@@ -282,7 +276,6 @@ def test_a_compiled_airbench_step_compiles_both_branches_before_the_timer(check_
         "--run_name=compiled",
         env={**cli_env(), "TORCH_LOGS": "recompiles"},
         timeout=1800,
-        fresh=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr

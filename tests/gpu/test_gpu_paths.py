@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cifar10_dist.data import loaders
-from tests.conftest import assert_same_training_state, cli_env, run_cli, run_torchrun
+from tests.conftest import assert_same_training_state, cli_env, run_forked, run_torchrun_new_interpreter
 from tests.gpu.conftest import ON_CUDA, cuda_only, gpus, is_real
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +35,7 @@ SHORT = [
 
 
 def run(data: Path, output: Path, name: str, *extra: str, env: dict | None = None):
-    result = run_cli(
+    result = run_forked(
         "run",
         *SHORT,
         f"--data_path={data}",
@@ -72,7 +72,7 @@ def test_no_backend_run_trains_on_cuda0_and_logs_peak_gpu_memory(check_data, tmp
 
 def test_nccl_under_torchrun_with_one_process(check_data, tmp_path):
     cuda_only()
-    result = run_torchrun(
+    result = run_torchrun_new_interpreter(
         1,
         "run",
         *SHORT,
@@ -83,7 +83,7 @@ def test_nccl_under_torchrun_with_one_process(check_data, tmp_path):
         f"--output_path={tmp_path}",
         "--run_name=nccl1",
         timeout=1800,
-        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
+        # (on a GPU, torchrun's own children, as a user runs it)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "distributed: backend nccl, world size 1" in result.stderr
@@ -94,7 +94,7 @@ def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_w
 ):
     cuda_only()
     gpus(2)
-    mission = run_torchrun(
+    mission = run_torchrun_new_interpreter(
         2,
         "run",
         *SHORT,
@@ -103,7 +103,7 @@ def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_w
         f"--output_path={tmp_path}",
         "--run_name=torchrun2",
         timeout=1800,
-        fresh=True,  # (on a GPU, torchrun's own children, as a user runs it)
+        # (on a GPU, torchrun's own children, as a user runs it)
     )  # the README's command
     assert mission.returncode == 0, mission.stderr[-3000:]
     assert "distributed: backend nccl, world size 2" in mission.stderr
@@ -113,7 +113,7 @@ def test_two_gpus_nccl_by_torchrun_and_by_spawn_and_evaluation_is_identical_at_w
     checkpoint = newest_checkpoint(tmp_path / "spawn2")
     results = {}
     for world_size, launch in {1: [], 2: ["--backend=nccl", "--nproc_per_node=2"]}.items():
-        evaluated = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *launch)
+        evaluated = run_forked("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", *launch)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
         results[world_size] = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert results[1]["confusion_matrix"] == results[2]["confusion_matrix"]
@@ -218,7 +218,7 @@ def test_evaluation_on_the_gpu_agrees_with_the_cpu(check_data, tmp_path, record)
     checkpoint = newest_checkpoint(tmp_path / "trained")
     results = {}
     for where, env in (("gpu", cli_env()), ("cpu", {**cli_env(), "CUDA_VISIBLE_DEVICES": ""})):
-        evaluated = run_cli("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", env=env)
+        evaluated = run_forked("evaluate", f"--checkpoint={checkpoint}", f"--data_path={check_data}", "--json", env=env)
         assert evaluated.returncode == 0, evaluated.stderr[-3000:]
         results[where] = json.loads(evaluated.stdout.strip().splitlines()[-1])
     gpu, cpu = results["gpu"], results["cpu"]

@@ -19,7 +19,7 @@ from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.outputs.files import OutputNotWritable
 from cifar10_dist.training.loop import checkpointing
 from cifar10_dist.training.loop.background_writes import BackgroundWrites, host_copy
-from tests.conftest import TINY, run_in_process
+from tests.conftest import TINY, run_in_this_process
 
 
 def engine_at(iteration: int) -> Engine:
@@ -111,7 +111,7 @@ def test_the_host_copy_keeps_the_state_dicts_metadata_and_a_tensor_named_twice_o
 def test_a_run_writes_the_same_checkpoints_in_the_background_as_inline(small_dataset, tmp_path):
     runs = {}
     for name, setting in (("background", "True"), ("inline", "False")):
-        result = run_in_process(
+        result = run_in_this_process(
             "run",
             *TINY,
             f"--data_path={small_dataset}",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cifar10_dist import cli
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_forked
 
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "test", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 
@@ -188,7 +188,7 @@ def test_each_kind_of_bad_input_ends_the_cli_process_with_exit_2_and_one_line(in
     root, values = inputs
     output = tmp_path / "out"
     filled = [arg.format(tmp=root, **values) for arg in args]
-    result = run_cli("run", *TINY, f"--data_path={values['data']}", f"--output_path={output}", *filled, timeout=120)
+    result = run_forked("run", *TINY, f"--data_path={values['data']}", f"--output_path={output}", *filled, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: ") and message in last_line, last_line

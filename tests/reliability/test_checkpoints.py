@@ -13,13 +13,15 @@ from cifar10_dist import cli
 from cifar10_dist.errors import UserError
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.training.loop import checkpointing
-from tests.conftest import TINY, run_cli, run_in_process
+from tests.conftest import TINY, run_forked, run_in_this_process
 
 
 @pytest.fixture(scope="module")
 def finished_run(small_dataset, tmp_path_factory):
     output = tmp_path_factory.mktemp("run")
-    result = run_in_process("run", *TINY, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=r")
+    result = run_in_this_process(
+        "run", *TINY, f"--data_path={small_dataset}", f"--output_path={output}", "--run_name=r"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return output / "r"
 
@@ -54,7 +56,7 @@ def test_checkpoints_record_config_versions_and_world_size(finished_run):
 def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, small_dataset, tmp_path):
     broken = tmp_path / "broken.pt"
     broken.write_bytes((finished_run / "training_checkpoint_36.pt").read_bytes()[:5000])
-    result = run_cli(
+    result = run_forked(
         "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}", f"--resume_from={broken}"
     )
     assert result.returncode == 2
@@ -68,7 +70,7 @@ def test_a_truncated_checkpoint_named_explicitly_is_a_clear_error(finished_run, 
 def test_a_file_that_is_no_checkpoint_is_refused_saying_so_without_a_bare_number(small_dataset, tmp_path):
     text = tmp_path / "notes.pt"
     text.write_text("hello world\n")  # torch.load raises KeyError(104): the first byte, nothing a user can read
-    result = run_cli(
+    result = run_forked(
         "run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path / 'out'}", f"--teacher={text}"
     )
     assert result.returncode == 2

@@ -16,9 +16,9 @@ from tests.conftest import (
     SPAWN_2,
     TINY,
     assert_same_training_state,
-    run_in_process,
+    run_in_this_process,
     run_log,
-    start_cli,
+    start_forked,
     stop_all,
     wait_for_file,
     write_dataset,
@@ -42,7 +42,7 @@ def reference(request, small_dataset):
 def test_resume_mid_epoch_ends_with_identical_state_and_metrics(reference, tmp_path):
     world_size, data_path, ref_dir = reference
     checkpoint = ref_dir / "training_checkpoint_50.pt"  # epoch 3, 14 of 18 iterations done
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         *LAUNCH[world_size],
@@ -78,7 +78,7 @@ def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference
         "--resume_from=auto",
         "--checkpoint_every=3",
     ]
-    process = start_cli(*command, env=SLOWLY)
+    process = start_forked(*command, env=SLOWLY)
     try:
         wait_for_file(tmp_path / "job", "training_checkpoint_*.pt", process)
         stop_signal = signal.SIGUSR1 if world_size == 1 else signal.SIGTERM
@@ -93,7 +93,7 @@ def test_preempted_run_resumed_with_auto_matches_the_uninterrupted_run(reference
     assert (tmp_path / "job" / f"training_checkpoint_{stopped_at}.pt").is_file()
     assert stopped_at < 72
 
-    again = run_in_process(*command)
+    again = run_in_this_process(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"continuing from {tmp_path / 'job' / f'training_checkpoint_{stopped_at}.pt'}" in run_log(
         again, tmp_path / "job"
@@ -115,10 +115,10 @@ def test_auto_resume_without_checkpoint_starts_fresh_and_after_the_end_only_eval
         "--run_name=auto",
         "--resume_from=auto",
     ]
-    first = run_in_process(*command)
+    first = run_in_this_process(*command)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "no checkpoint, starting fresh" in first.stderr
-    again = run_in_process(*command)
+    again = run_in_this_process(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "from the end of training: evaluating only" in again.stderr
     assert "epoch 1/2" not in again.stderr
@@ -131,7 +131,7 @@ def test_auto_resume_skips_a_truncated_newest_checkpoint(reference, tmp_path):
     shutil.copytree(ref_dir, run_dir)
     newest = run_dir / "training_checkpoint_72.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         *LAUNCH[world_size],
@@ -206,7 +206,7 @@ def run_seen(tmp_path, name, processes, *extra):
     folder.mkdir()
     os.environ["SEEN_FOLDER"] = str(folder)  # the spawned workers take the launcher's environment
     try:
-        return folder, run_in_process(
+        return folder, run_in_this_process(
             "run",
             *SEEN_RUN,
             f"--nproc_per_node={processes}",
@@ -268,7 +268,7 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
         "--run_name=job",
         "--resume_from=auto",
     ]
-    first = run_in_process(*command)
+    first = run_in_this_process(*command)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "job"
     (run_dir / "training_checkpoint_6.pt").unlink()  # as if stopped after iteration 4 of 6
@@ -278,7 +278,7 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
     for index in range(5):
         write_image(root / "train" / "cat" / f"new{index}.png", (200, 40, 40), (32, 32), 900 + index)
 
-    refused = run_in_process(*command)
+    refused = run_in_this_process(*command)
     assert refused.returncode == 2, refused.stderr[-3000:]
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith(
@@ -295,7 +295,7 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
     after = {path.name: path.read_bytes() for path in run_dir.glob("[!.]*") if path.is_file()}
     assert after == before  # nothing written: config, provenance, checkpoints, metrics, log as they were
 
-    going_on = run_in_process(*command, "--resume_on_changed_data=True")
+    going_on = run_in_this_process(*command, "--resume_on_changed_data=True")
     assert going_on.returncode == 0, going_on.stderr[-3000:]
     assert "going on as asked (resume_on_changed_data)" in going_on.stderr
     change = json.loads((run_dir / "provenance.json").read_text())["resumed_on_changed_data"]
@@ -312,7 +312,7 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
 def test_a_resume_on_changed_cifar_files_is_refused_too(long_reference, tmp_path):
     other = write_dataset(tmp_path / "other", 600, 301, seed=1)  # the same shape, other pixels and labels
     checkpoint = long_reference / "training_checkpoint_50.pt"
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *RUN,
         f"--data_path={other}",
@@ -334,7 +334,7 @@ def test_a_warm_up_is_undone_bit_for_bit_and_counted_apart(
     then undone, so a 2-process run and a 1-process run resumed mid-epoch (the sampler's position untouched by
     the warm-up's batch) end with the references' weights, optimizer state and position; the seconds are
     recorded apart from the training time."""
-    whole = run_in_process(
+    whole = run_in_this_process(
         "run",
         *RUN,
         *SPAWN_2,
@@ -345,7 +345,7 @@ def test_a_warm_up_is_undone_bit_for_bit_and_counted_apart(
     )
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert_same_training_state(long_spawned_reference, tmp_path / "whole" / FINAL)
-    resumed = run_in_process(
+    resumed = run_in_this_process(
         "run",
         *RUN,
         "--warm_up_steps=3",

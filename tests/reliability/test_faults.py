@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from tests.conftest import LONG as LONG_RUN
-from tests.conftest import SLOWLY, TINY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import (
+    SLOWLY,
+    TINY,
+    assert_same_training_state,
+    run_in_this_process,
+    start_forked,
+    stop_all,
+    wait_for_file,
+)
 
 LONG = [*LONG_RUN, "--checkpoint_every=4"]  # 72 iterations
 
@@ -76,7 +84,7 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
 
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and the
     # workers, restarted gloo workers can read the dead round's addresses and hang (pytorch/pytorch#135712)
-    job = start_cli(
+    job = start_forked(
         "run",
         *common,
         "--run_name=job",
@@ -113,7 +121,7 @@ def gone(pids: list[int], within: float = 5.0) -> bool:
 def signal_a_spawned_worker(data: Path, output: Path, timeout: int, worker_signal: signal.Signals):
     """Start a long 2-process spawned run, send worker_signal to local rank 1 after the first checkpoint;
     returns (the launcher after it ended, its stderr, seconds from the signal to its end, the worker pids)."""
-    job = start_cli(
+    job = start_forked(
         "run",
         *LONG,
         "--num_epochs=30",
@@ -181,7 +189,7 @@ def test_a_stopped_peer_is_named_in_one_line_soon_after_dist_timeout(small_datas
 
 
 def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(small_dataset, tmp_path):
-    result = run_in_process(
+    result = run_in_this_process(
         "run",
         *TINY,
         "--learning_rate=1e30",
@@ -206,7 +214,7 @@ def test_nan_loss_stops_with_the_iteration_and_keeps_only_finite_checkpoints(sma
 def test_the_preemption_signal_is_configurable(small_dataset, tmp_path, slow_cnn):
     """A cluster that announces preemption with SIGUSR2: CIFAR10_DIST_PREEMPTION_SIGNALS=SIGUSR2 makes it a stop at
     a checkpoint with exit code 75, as SIGTERM is by default."""
-    process = start_cli(
+    process = start_forked(
         "run",
         *TINY,
         f"--model={slow_cnn}",
@@ -229,7 +237,7 @@ def test_the_preemption_signal_is_configurable(small_dataset, tmp_path, slow_cnn
 
 def test_a_bad_preemption_signal_name_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("CIFAR10_DIST_PREEMPTION_SIGNALS", "SIGTERM,SIGKIL")
-    result = run_in_process("run", *TINY, "--dataset=synthetic", f"--output_path={tmp_path}")
+    result = run_in_this_process("run", *TINY, "--dataset=synthetic", f"--output_path={tmp_path}")
     assert result.returncode == 2
     assert result.stderr == (
         "error: CIFAR10_DIST_PREEMPTION_SIGNALS='SIGTERM,SIGKIL': SIGKIL cannot announce a "

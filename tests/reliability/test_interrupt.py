@@ -22,9 +22,9 @@ from tests.conftest import (
     SLOWLY,
     TINY,
     assert_same_training_state,
-    run_in_process,
+    run_in_this_process,
     run_log,
-    start_cli,
+    start_forked,
     stop_all,
     wait_for_file,
 )
@@ -43,7 +43,7 @@ def interrupt(data: Path, output: Path, send, *extra: str) -> tuple[int, str, fl
     first checkpoint; returns (exit code, stderr, seconds from the signal to the launcher's end, worker pids, the
     processes of its session still there when it ended: its forkserver and resource tracker, where they outlive
     it)."""
-    job = start_cli(
+    job = start_forked(
         "run", *RUN, *SPAWN, *extra, f"--data_path={data}", f"--output_path={output}", "--run_name=job", env=SLOWLY
     )
     try:
@@ -88,7 +88,7 @@ def test_ctrl_c_to_the_whole_group_saves_stops_every_process_and_resumes_exactly
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert gone(workers)
 
-    again = run_in_process(
+    again = run_in_this_process(
         "run",
         *RUN,
         *SPAWN,
@@ -124,7 +124,7 @@ def test_a_preemption_signal_to_the_whole_group_exits_75_and_resumes_exactly(
     assert (tmp_path / "job" / f"training_checkpoint_{match.group(1)}.pt").is_file()
     assert "Traceback" not in stderr and gone(workers)
     if preemption == signal.SIGTERM:
-        again = run_in_process(
+        again = run_in_this_process(
             "run",
             *RUN,
             *SPAWN,
@@ -182,7 +182,7 @@ def test_a_ctrl_c_while_a_stopped_run_cleans_up_still_reports_its_checkpoint(mon
             raise KeyboardInterrupt  # what the signal handler raises in the middle of the clean-up
 
     monkeypatch.setattr(api, "train", train)
-    result = run_in_process("run", "--model=simple_cnn")
+    result = run_in_this_process("run", "--model=simple_cnn")
     assert (result.returncode, result.stderr) == (130, stopped + "\n")
 
 
@@ -235,10 +235,10 @@ def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_datase
         f"--output_path={tmp_path}",
         "--run_name=job",
     ]
-    first = start_cli(*args)
+    first = start_forked(*args)
     try:
         wait_for_file(tmp_path / "job", ".run.lock.json", first)
-        second = run_in_process(*args)  # the holder is another process: this one's pid is not in the lock
+        second = run_in_this_process(*args)  # the holder is another process: this one's pid is not in the lock
         wait_for_file(tmp_path / "job", "metrics.jsonl", first)  # the first run trains on
         first.send_signal(signal.SIGINT)
         _, first_stderr = first.communicate(timeout=120)
@@ -262,9 +262,9 @@ def test_a_second_run_on_a_busy_folder_is_refused_naming_the_holder(small_datase
 
 def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwrite(small_dataset, tmp_path):
     args = ["run", *TINY, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=job"]
-    assert run_in_process(*args).returncode == 0
+    assert run_in_this_process(*args).returncode == 0
     before = sorted(path.name for path in (tmp_path / "job").iterdir())
-    again = run_in_process(*args)
+    again = run_in_this_process(*args)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         f"error: run folder '{tmp_path / 'job'}' already holds a run (1 training checkpoint(s), the newest "
@@ -273,7 +273,7 @@ def test_a_finished_folder_is_refused_without_resume_and_moved_aside_with_overwr
     )
     assert sorted(path.name for path in (tmp_path / "job").iterdir()) == before  # nothing written
 
-    fresh = run_in_process(*args, "--overwrite=True")
+    fresh = run_in_this_process(*args, "--overwrite=True")
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     (aside,) = tmp_path.glob("job.replaced-*")
     assert sorted(path.name for path in aside.iterdir()) == before

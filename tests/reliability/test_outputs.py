@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import LONG, SLOWLY, assert_same_training_state, run_in_process, start_cli, stop_all, wait_for_file
+from tests.conftest import (
+    LONG,
+    SLOWLY,
+    assert_same_training_state,
+    run_in_this_process,
+    start_forked,
+    stop_all,
+    wait_for_file,
+)
 
 RUN = [*LONG, "--checkpoint_every=4"]  # 72 iterations, a checkpoint every 4
 FINAL = "training_checkpoint_72.pt"
@@ -64,7 +72,7 @@ def interrupt_by_output_fault(
         "--run_name=job",
         "--resume_from=auto",
     ]
-    process = start_cli(*command, env=SLOWLY)
+    process = start_forked(*command, env=SLOWLY)
     try:
         wait_for_file(output / "job", "training_checkpoint_*.pt", process)
         break_filesystem()
@@ -107,7 +115,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_resume_continues_exactly(
     assert_run_folder_is_clean(run_dir)
 
     fillers[0].unlink()
-    again = run_in_process(*command)
+    again = run_in_this_process(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing from" in again.stderr
     assert_same_training_state(reference, run_dir / FINAL)
@@ -141,6 +149,6 @@ def test_a_folder_turned_read_only_ends_the_run_the_same_way(small_dataset, smal
     assert_run_folder_is_clean(run_dir)
 
     subprocess.run(["umount", str(run_dir)], check=True)
-    again = run_in_process(*command)
+    again = run_in_this_process(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert_same_training_state(reference, run_dir / FINAL)

@@ -16,7 +16,7 @@ import yaml
 
 from cifar10_dist.config import FIELDS, MAY_CHANGE_ON_RESUME
 from cifar10_dist.data.loaders import LEGACY_ORDER, MIXED_ORDER, ResumableSampler
-from tests.conftest import LONG, REPO, assert_same_training_state, run_in_process
+from tests.conftest import LONG, REPO, assert_same_training_state, run_in_this_process
 
 FINAL = "training_checkpoint_72.pt"
 
@@ -31,13 +31,13 @@ def reference_copy(long_reference, tmp_path) -> Path:
 
 def test_a_resumed_runs_config_yaml_replays_the_run_from_the_start(reference_copy, small_dataset, tmp_path):
     common = [*LONG, f"--data_path={small_dataset}", f"--output_path={tmp_path}"]
-    continued = run_in_process(
+    continued = run_in_this_process(
         "run", *common, "--run_name=continued", f"--resume_from={reference_copy / 'training_checkpoint_50.pt'}"
     )
     assert continued.returncode == 0, continued.stderr[-3000:]
     (reference_copy / "training_checkpoint_50.pt").unlink()  # pruned, as a run's later checkpoints prune it
 
-    replay = run_in_process("run", f"--config={tmp_path / 'continued' / 'config.yaml'}", "--run_name=replay")
+    replay = run_in_this_process("run", f"--config={tmp_path / 'continued' / 'config.yaml'}", "--run_name=replay")
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert "Resumed from" not in (tmp_path / "replay" / "run.log").read_text()
     assert_same_training_state(reference_copy / FINAL, tmp_path / "replay" / FINAL)
@@ -55,7 +55,7 @@ def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_w
     config_yaml = reference_copy / "config.yaml"
     edit(config_yaml, learning_rate=0.05, num_epochs=6)
     before = {path.name: path.read_bytes() for path in reference_copy.iterdir()}  # the lock's files too
-    result = run_in_process("run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--resume_from=auto")
+    result = run_in_this_process("run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--resume_from=auto")
     newest = reference_copy / FINAL
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
@@ -67,13 +67,13 @@ def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_w
     )
     after = {path.name: path.read_bytes() for path in reference_copy.iterdir()}
     assert after == before
-    into_another = run_in_process(
+    into_another = run_in_this_process(
         "run", f"--config={config_yaml}", f"--output_path={tmp_path}", "--run_name=another", f"--resume_from={newest}"
     )
     assert into_another.returncode == 2 and "keys that shape training" in into_another.stderr
     assert not (tmp_path / "another").exists()  # no folder holding only the lock's files
 
-    advised = run_in_process(
+    advised = run_in_this_process(
         "run",
         f"--config={config_yaml}",
         f"--output_path={tmp_path}",
@@ -86,7 +86,7 @@ def test_a_resume_that_changes_what_shapes_training_is_refused_in_one_line_and_w
 
 def test_a_resume_may_change_how_a_run_is_kept_and_says_so(reference_copy, tmp_path):
     edit(reference_copy / "config.yaml", checkpoint_every=9, log_every_iters=3)
-    result = run_in_process(
+    result = run_in_this_process(
         "run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}", "--resume_from=auto"
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_a_resume_removes_the_partial_files_of_killed_writes_and_nothing_else(re
     }
     for name, content in {**partial, **kept}.items():
         (reference_copy / name).write_bytes(content)
-    result = run_in_process(
+    result = run_in_this_process(
         "run", f"--config={reference_copy / 'config.yaml'}", f"--output_path={tmp_path}", "--resume_from=auto"
     )
     assert result.returncode == 0, result.stderr[-3000:]
