@@ -58,7 +58,7 @@ LEVERS: dict[str, dict[str, Any]] = {  # fast.yaml + these (seed 0); "default" i
     "fused_optimizer alone": {**ALL_OFF, "fused_optimizer": True},
     "augment_per_pass alone": {**ALL_OFF, "augment_per_pass": True},
     "default + quiet": QUIET,
-    "default + half_weights": {"half_weights": True},
+    "default + half_weights": {"low_precision_weights": True},
 }
 COMPILED: dict[str, dict[str, Any]] = {  # the compiled step: minutes of compilation each, so a part of its own
     "default + compile": {"compile": True},

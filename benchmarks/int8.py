@@ -1,6 +1,6 @@
 """int8 against fp32 in ONNX Runtime on this CPU: images per second of cifar_resnet18 (32 px) and resnet18
 (224 px) as our export writes them (the fp32 ONNX graph, and its static int8 quantization by
-``serve.quantizing.quantize``, with its unsigned activations and, for comparison, signed ones), and, for a trained
+``deployment.quantizing.quantize``, with its unsigned activations and, for comparison, signed ones), and, for a trained
 model, the test accuracy of both and their agreement.
 
     python -m benchmarks.int8 [--checkpoint=FILE] [--rounds=5] [--json=PATH]
@@ -25,8 +25,8 @@ import torch
 
 from benchmarks import records
 from cifar10_dist import api, models
-from cifar10_dist.data.records import DatasetInfo
-from cifar10_dist.serve import quantizing
+from cifar10_dist.data.datasets import DatasetInfo
+from cifar10_dist.deployment import quantizing
 
 SHAPES = {"cifar_resnet18": (32, 64, 20), "resnet18": (224, 16, 10)}  # image size, batch, batches per round
 

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks import records
 from cifar10_dist import api
-from cifar10_dist.serve import inference, quantizing
+from cifar10_dist.deployment import inference, quantizing
 
 GROWING = (300, 1000, 3000)  # MinMax calibration sizes
 

@@ -21,7 +21,7 @@ from benchmarks import records, runner
 
 LEVERS = {
     "plain": {},
-    "levers": {"resize_start": 0.5, "resize_until": 0.75, "select_fraction": 0.5, "select_until": 0.5},
+    "levers": {"resize_start": 0.5, "resize_until": 0.75, "select_hardest_fraction": 0.5, "select_hardest_until": 0.5},
 }
 
 

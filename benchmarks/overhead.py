@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--default_allocator", action="store_true", help="leave glibc's allocator as it is")
     args = parser.parse_args()
     if not args.default_allocator and cpu.keep_freed_memory():
-        print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
+        print("reuse_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
     os.environ["OMP_NUM_THREADS"] = "1"  # our run keeps it (else it takes a thread per core)
     torch.set_num_threads(1)
     print(

@@ -25,7 +25,7 @@ from PIL import Image
 from cifar10_dist import cli, models
 from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.data.synthetic import make_synthetic
-from cifar10_dist.serve import inference
+from cifar10_dist.deployment import inference
 
 
 def test_images(count: int, data_path: str | None) -> torch.Tensor:

@@ -47,12 +47,12 @@ OURS: dict[str, tuple[str, dict[str, Any]]] = {
     "muon5": ("fast_muon.yaml", {"num_epochs": 5, "validate_every": 5}),
     # each lever of configs/fast_lean.yaml alone on fast_muon.yaml (the ablation in docs/recipes.md), then together
     "resize": ("fast_muon.yaml", {"resize_start": 0.5, "resize_until": 0.75}),
-    "select": ("fast_muon.yaml", {"select_fraction": 0.5, "select_until": 0.5}),
+    "select": ("fast_muon.yaml", {"select_hardest_fraction": 0.5, "select_hardest_until": 0.5}),
     "lean": ("fast_lean.yaml", {}),
     # variants of lean tried to close its gap to the peer (none did: docs/recipes.md)
-    "lean_lookahead": ("fast_lean.yaml", {"lookahead": True}),
+    "lean_lookahead": ("fast_lean.yaml", {"periodic_averaging": True}),
     "lean_ls009": ("fast_lean.yaml", {"label_smoothing": 0.09}),
-    "lean_select10": ("fast_lean.yaml", {"select_until": 1.0, "num_epochs": 10, "validate_every": 10}),
+    "lean_select10": ("fast_lean.yaml", {"select_hardest_until": 1.0, "num_epochs": 10, "validate_every": 10}),
     # hiverge's cifar10_speedrun.py values that map onto our options: Muon lr 0.2 and momentum 0.65, smoothing 0.1
     "lean_record": ("fast_lean.yaml", {"muon_lr": 0.2, "muon_momentum": 0.65, "label_smoothing": 0.1}),
     # the record's network and augmentation changes: SiLU for GELU, brightness and contrast jitter of 0.15

@@ -27,7 +27,7 @@ import torch
 from benchmarks import records, runner
 from benchmarks.steps import Batch, bare_loop, engine_loop, flops_per_image, make_step, setup
 from cifar10_dist.data import cifar
-from cifar10_dist.data.records import MEAN, STD
+from cifar10_dist.data.datasets import MEAN, STD
 from cifar10_dist.system import cpu, hardware
 
 VARIANTS = {
@@ -222,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     if not args.default_allocator and cpu.keep_freed_memory():
-        print("keep_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
+        print("reuse_freed_memory: on in this process, as in a run (--default_allocator leaves it off)")
     batch = (torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,)))
     if args.variants:
         print_variants(args.model, batch, args.steps, args.warmup)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, commands
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR
+from cifar10_dist.deployment.export_flags import EXPORT_FLAGS
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
@@ -26,7 +27,6 @@ from cifar10_dist.results import (
     ReportResult,
     TuneResult,
 )
-from cifar10_dist.serve.export_flags import EXPORT_FLAGS
 
 __all__ = [
     "INHERITED_BY_EVALUATE",
@@ -106,8 +106,8 @@ def predict(
     a uint8 tensor (N, 3, 32, 32). The checkpoint's model (its recorded reference) on the GPU when there is one,
     with the normalisation of evaluation and the checkpoint's ``tta`` unless given; EMA weights when the checkpoint
     has them, unless ``raw_weights``."""
+    from cifar10_dist.deployment import inference
     from cifar10_dist.outputs.checkpoint_files import model_file
-    from cifar10_dist.serve import inference
 
     trained = inference.load_trained_model(model_file(checkpoint), device, raw_weights)
     return inference.probabilities(trained, inference.as_uint8_batch(images, trained.info.stored_size), batch_size, tta)
@@ -124,8 +124,8 @@ def predict_files(
     """Image files and folders (searched recursively) classified with the checkpoint's model, as ``predict`` does,
     batch by batch: an ``inference.FilePredictions`` (classes, the paths that yield no file, lazy batches with
     each file's probabilities and the files that cannot be read)."""
+    from cifar10_dist.deployment import inference
     from cifar10_dist.outputs.checkpoint_files import model_file
-    from cifar10_dist.serve import inference
 
     if tta is not None:
         inference.check_tta(tta)
@@ -141,15 +141,15 @@ def export(
     calibration: Any = None,
     **quantization: Any,
 ) -> ExportResult:
-    """Write the checkpoint's model as one of ``serve.formats.FORMATS`` (safetensors, pt2, onnx, torchscript; default:
-    next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with the
-    PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
+    """Write the checkpoint's model as one of ``deployment.formats.FORMATS`` (safetensors, pt2, onnx, torchscript;
+    default: next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with
+    the PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
     ``calibration_images`` training images (or the uint8 images ``calibration``) by ``calibration_method`` (auto:
     the best on held-out training images), refused with nothing written when its top-1 agrees with the fp32
-    model's on fewer than ``min_agreement`` of the test images (``quantization``: serve.exporting.Quantization's
+    model's on fewer than ``min_agreement`` of the test images (``quantization``: deployment.exporting.Quantization's
     flags, their defaults there)."""
+    from cifar10_dist.deployment import exporting
     from cifar10_dist.outputs.checkpoint_files import model_file
-    from cifar10_dist.serve import exporting
 
     commands.refuse_unknown("export", quantization, commands.flags_of(exporting.Quantization))
     settings = commands.from_flags(exporting.Quantization, quantization, calibration=calibration)
@@ -262,7 +262,7 @@ def evaluate(
 
 def refuse_an_export(checkpoint: str | Path) -> None:
     """One line for a file of ``export`` given to evaluate, which reads checkpoints: what reads it instead."""
-    from cifar10_dist.serve import formats
+    from cifar10_dist.deployment import formats
 
     exported = formats.exported_format(str(checkpoint))
     if exported is None:
@@ -324,7 +324,7 @@ def prepare_data(
     """Download, extract and check CIFAR-10 (or CIFAR-100) in data_path, or write ``synthetic`` training images
     (and ``synthetic_test``, default a fifth) in the same on-disk format; for dataset=folder, build (or reuse) and
     check the image folder's cache and describe it in a card."""
-    from cifar10_dist.data import records
+    from cifar10_dist.data import datasets
 
     config = resolve(
         None,
@@ -336,4 +336,4 @@ def prepare_data(
         drop_test_duplicates=drop_test_duplicates,
         cache_dir=None if cache_dir is None else str(cache_dir),
     )  # the values checked
-    return records.implementation(dataset).prepare(config, synthetic, synthetic_test, seed)
+    return datasets.implementation(dataset).prepare(config, synthetic, synthetic_test, seed)

@@ -153,8 +153,12 @@ def recorded_config(checkpoint: Mapping[str, Any]) -> Config | None:
 def recorded_keys(checkpoint: Mapping[str, Any]) -> frozenset[str]:
     """The config keys a checkpoint's META records (an older release's file lacks the keys added since): where a
     reader must tell a recorded value from a default."""
+    from cifar10_dist.config.fields import RENAMED
+
     values = meta(checkpoint).get("config")
-    return frozenset(values) if isinstance(values, Mapping) else frozenset()
+    if not isinstance(values, Mapping):
+        return frozenset()
+    return frozenset(RENAMED.get(str(key), str(key)) for key in values)
 
 
 def recorded_provenance(checkpoint: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def test_evaluate_and_a_run_report_the_ece_and_draw_the_reliability_diagram(smal
 
 def test_the_fitted_temperature_undoes_overconfidence_and_lowers_the_nll():
     """Logits drawn calibrated, then made 3x too sharp: the fitted T is near 3 and the NLL falls back."""
-    from cifar10_dist.training.shipping.temperature import fit_temperature
+    from cifar10_dist.training.trained_models.temperature import fit_temperature
 
     generator = torch.Generator().manual_seed(0)
     calibrated = torch.randn(4000, 10, generator=generator) * 1.5
@@ -148,7 +148,7 @@ def test_a_calibrated_run_stores_its_temperature_and_evaluate_predict_and_export
 def test_a_folder_without_a_validation_split_is_refused_before_training():
     from cifar10_dist.errors import UserError
     from cifar10_dist.models.viewing import TemperatureScaled
-    from cifar10_dist.training.shipping.temperature import scaled_test_model
+    from cifar10_dist.training.trained_models.temperature import scaled_test_model
 
     with pytest.raises(
         UserError,
@@ -165,7 +165,7 @@ def test_the_temperature_is_stored_only_with_the_weights_it_was_fitted_to(tmp_pa
     into its file only (the checkpoint holds later weights); fitted on the epoch-2 model, into its file and the
     checkpoint that holds the same weights (its EMA's where it has one); with no best-model file, the checkpoint."""
     from cifar10_dist.outputs import checkpoint_files
-    from cifar10_dist.training.shipping import temperature
+    from cifar10_dist.training.trained_models import temperature
 
     def weights(value: float) -> dict[str, torch.Tensor]:
         return {"layer.weight": torch.full((2, 2), value), "layer.bias": torch.zeros(2)}

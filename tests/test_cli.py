@@ -225,13 +225,13 @@ def shown(value) -> str | None:
 @pytest.mark.parametrize("command", sorted(API_OF))
 def test_a_commands_flags_and_defaults_are_the_same_in_its_help_page_cli_and_api(command):
     """What the help page says a flag defaults to is what the CLI and the API do: each command's own flags are
-    declared once (config.commands: lr-find's in config.lr_sweep, export's in serve.exporting, the others' there),
+    declared once (config.commands: lr-find's in config.lr_sweep, export's in deployment.exporting, the others' there),
     and the CLI and the API read them there: a flag on the page is the declared one, and a signature's default is
     the declared default."""
     from cifar10_dist import api, cli
     from cifar10_dist.config import commands
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
-    from cifar10_dist.serve.exporting import EXPORT_FLAGS, Quantization
+    from cifar10_dist.deployment.exporting import EXPORT_FLAGS, Quantization
 
     declared = {
         "lr-find": (*commands.flags_of(LrSweep), OUTPUT_DIR),
@@ -297,11 +297,11 @@ def written_defaults(place: object) -> dict[str, ast.expr]:
 
 def test_no_default_of_a_commands_flag_is_written_twice():
     """Where a command's flag is a parameter or a field (its API call, the records and functions that implement
-    it), its default is read from the declaration (config.commands, lr_sweep, serve.export_flags), never written
+    it), its default is read from the declaration (config.commands, lr_sweep, deployment.export_flags), never written
     again as a literal: change it there and the CLI, the API, the help page and the code follow."""
     from cifar10_dist import api
     from cifar10_dist.cli.flags import declared_flags
-    from cifar10_dist.serve import inference
+    from cifar10_dist.deployment import inference
     from cifar10_dist.system import doctor
 
     places = {

@@ -10,10 +10,10 @@ import torch
 import yaml
 
 from cifar10_dist.cli.help_pages import options_reference
-from cifar10_dist.config import Config, load_config
+from cifar10_dist.config import FIELDS, Config, load_config
 from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
-from tests.conftest import TINY, run_in_this_process
+from tests.conftest import REPO, TINY, run_in_this_process
 
 
 def test_defaults_are_the_ignite_tutorials():
@@ -111,7 +111,10 @@ def test_shipped_configs_are_valid():
             {"accumulation_steps": 3, "checkpoint_every": 200},
             "checkpoint_every=200 must be a multiple of accumulation_steps=3: checkpoints are taken after",
         ),
-        ({"accumulation_steps": 2, "lookahead": True}, "lookahead=True counts iterations as optimizer steps"),
+        (
+            {"accumulation_steps": 2, "periodic_averaging": True},
+            "periodic_averaging=True counts iterations as optimizer steps",
+        ),
         ({"early_stopping_patience": 0, "val_split": 0.1}, "early_stopping_patience=0 must be at least 1"),
         (
             {"early_stopping_patience": 3},
@@ -312,3 +315,25 @@ def test_a_recorded_config_reads_back_as_a_config_whatever_release_wrote_it():
     read = Config.from_record({**older, "a_key_since_removed": 1})
     assert read.grad_compression == Config().grad_compression and read.num_epochs == 3
     assert read.trial == trial and isinstance(read.trial.pruner, PrunerSpec)
+
+
+def test_an_older_runs_config_with_keys_since_renamed_loads_and_says_so_once(capsys):
+    """tests/fixtures/run_before_packages/config.yaml names lookahead and keep_freed_memory (renamed since:
+    periodic_averaging, reuse_freed_memory): it loads with their values, a line for each old name, once."""
+    from cifar10_dist.config import RENAMED, loading
+
+    loading._SAID_RENAMED.clear()
+    old = REPO / "tests" / "fixtures" / "run_before_packages" / "config.yaml"
+    written = old.read_text()
+    assert "lookahead: false" in written and "keep_freed_memory: true" in written
+    config = load_config(old)
+    assert (config.periodic_averaging, config.reuse_freed_memory) == (False, True)
+    said = capsys.readouterr().err
+    assert "config key 'lookahead' is now 'periodic_averaging': the old name still works" in said
+    assert "config key 'keep_freed_memory' is now 'reuse_freed_memory'" in said
+    load_config(old)
+    assert "is now" not in capsys.readouterr().err  # once a process
+    assert load_config(None, half_weights=False, select_fraction=0.5).select_hardest_fraction == 0.5
+    with pytest.raises(UserError, match="^'lookahead' and 'periodic_averaging' are the same key"):
+        load_config(None, lookahead=True, periodic_averaging=True)
+    assert set(RENAMED.values()) <= set(FIELDS)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cifar10_dist.data import augmentation, cifar, cifar_layouts, loaders
-from cifar10_dist.data.records import MEAN, STD
+from cifar10_dist.data.datasets import MEAN, STD
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
 from tests.conftest import run_in_this_process, write_dataset
@@ -200,7 +200,7 @@ def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_out
     """num_workers=auto: 0 on a CPU for images in memory or a cache the page cache can hold, 2 for a larger cache
     (the reads then come from disk and overlap the step); on an accelerator each process's cores but one, from 2 to
     8, times the node's processes (Ignite splits the node's number); a number is kept as given."""
-    from cifar10_dist.data.records import MappedImages
+    from cifar10_dist.data.datasets import MappedImages
 
     np.save(tmp_path / "images.npy", np.zeros((10, 3, 8, 8), dtype=np.uint8))
     cache = MappedImages(tmp_path / "images.npy", np.arange(10))

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from cifar10_dist import api
-from cifar10_dist.data.records import ImageSet, MappedImages
+from cifar10_dist.data.datasets import ImageSet, MappedImages
 from tests.conftest import cli_env, run_in_this_process, run_log
 
 SIZE = 128  # pixels: 48 KiB an image in the cache

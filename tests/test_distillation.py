@@ -16,7 +16,7 @@ from cifar10_dist import models
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import TrainStep
-from cifar10_dist.training.shipping.distillation import Distillation, Teacher
+from cifar10_dist.training.trained_models.distillation import Distillation, Teacher
 from tests.conftest import SPAWN_2, TINY, assert_same_nested, run_in_this_process
 from tests.test_pretrained import RESNET18_FILE, torch_home  # noqa: F401  (a fixture)
 
@@ -150,7 +150,7 @@ def test_a_missing_teacher_file_is_one_line(tmp_path):
 def test_a_calibrated_teacher_teaches_with_its_calibrated_logits(teacher_file, tmp_path):
     from cifar10_dist.config import load_config
     from cifar10_dist.models.viewing import TemperatureScaled
-    from cifar10_dist.training.shipping.distillation import build_teacher
+    from cifar10_dist.training.trained_models.distillation import build_teacher
 
     checkpoint = checkpoint_files.load_checkpoint(teacher_file)
     checkpoint["temperature"] = 2.0

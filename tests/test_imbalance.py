@@ -13,7 +13,7 @@ import torch
 from ignite.engine import Engine
 
 from cifar10_dist.data import cifar, cifar_layouts, loaders
-from cifar10_dist.data.records import ImageSet
+from cifar10_dist.data.datasets import ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.outputs import checkpoint_files
 from cifar10_dist.outputs import summary as summary_file

@@ -16,7 +16,7 @@ FLOORS = [
     ("cli",),
     ("api",),
     ("tuning",),
-    ("launch", "serve"),
+    ("launch", "deployment"),
     ("training",),
     ("recipes",),
     ("data",),
@@ -259,7 +259,7 @@ def room_arrows(package: Path = PACKAGE) -> dict[tuple[str, str], set[tuple[str,
 
 def test_no_two_sibling_rooms_of_any_package_import_each_other():
     """Inside every package, its rooms (subpackages and modules) are layered too: where one imports another, the
-    other never imports it back (training/: setup below loop, below before_training and shipping, below run)."""
+    other never imports it back (training/: setup below loop, below before_training and trained_models, below run)."""
     arrows = room_arrows()
     both_ways = sorted(
         f"{parent or 'cifar10_dist'}: {room} <-> {other}"
@@ -284,11 +284,11 @@ def test_the_room_check_sees_a_two_way_arrow_between_subpackages(tmp_path):
 def test_no_training_or_data_code_names_a_recipe_or_its_parts():
     """What makes a recipe (airbench's whitening from data, its frozen bias and its group, the forward branches to
     warm up) is declared by its model (``models.traits``) and its recipe module (``recipes``), and the loop asks
-    for it through ``recipes.parts_of``: no name in training/, data/, launch/ or serve/ names the network or its
+    for it through ``recipes.parts_of``: no name in training/, data/, launch/ or deployment/ names the network or its
     whitening."""
     named = [
         f"{dotted(path, PACKAGE)}:{node.lineno} {name}"
-        for room in ("training", "data", "launch", "serve")
+        for room in ("training", "data", "launch", "deployment")
         for path in sorted((PACKAGE / room).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         for name in [getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)]

@@ -15,7 +15,7 @@ import torch
 from cifar10_dist import api
 from cifar10_dist.config import Config
 from cifar10_dist.data import cifar, cifar_layouts
-from cifar10_dist.serve import quantizing
+from cifar10_dist.deployment import quantizing
 from tests.conftest import run_in_this_process
 from tests.test_predict_export import write_png_folder
 
@@ -166,7 +166,7 @@ def test_a_run_with_a_val_split_chooses_its_calibration_on_the_val_images():
     from types import SimpleNamespace
 
     from cifar10_dist.data import loaders
-    from cifar10_dist.data.records import ImageSet
+    from cifar10_dist.data.datasets import ImageSet
 
     images = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 2, 2).contiguous()
     data = SimpleNamespace(train=ImageSet(images, torch.zeros(100, dtype=torch.long)), val=None)

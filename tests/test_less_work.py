@@ -13,7 +13,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import load_config
 from cifar10_dist.data import batches, resizing
-from cifar10_dist.data.records import DatasetInfo
+from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.selection import HardestSelection
 from cifar10_dist.training.loop.step import TrainStep
@@ -149,7 +149,7 @@ def test_a_selecting_step_trains_exactly_as_a_step_on_the_selected_images():
             "resize_start=0.25: model='airbench' cannot take the first epoch's 8x8 images",
         ),
         (["--resize_start=0.2"], "resize_start=0.2"),
-        (["--select_fraction=0"], "select_fraction=0"),
+        (["--select_hardest_fraction=0"], "select_hardest_fraction=0"),
         (["--resize_until=0"], "resize_until=0"),
     ],
 )
@@ -174,8 +174,8 @@ def test_resizing_and_selection_with_two_processes_resume_exactly_and_evaluate_a
         "--num_warmup_epochs=1",
         "--resize_start=0.5",
         "--resize_until=0.67",
-        "--select_fraction=0.5",
-        "--select_until=0.8",
+        "--select_hardest_fraction=0.5",
+        "--select_hardest_until=0.8",
         "--backend=gloo",
         "--nproc_per_node=2",
         f"--data_path={small_dataset}",

@@ -17,7 +17,7 @@ import yaml
 from cifar10_dist.config import Config, load_config
 from cifar10_dist.errors import Preempted
 from cifar10_dist.outputs import mlflow_tracking
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.outputs.tracker_guard import Guarded
 from tests.conftest import TINY, run_in_this_process
 
@@ -122,7 +122,7 @@ def test_a_stopped_run_is_killed_in_mlflow_and_running_again_when_resumed(tmp_pa
 
 
 def tracked(config: Config, run_dir: Path) -> Guarded:
-    return Guarded(mlflow_tracking.MLflow(config, run_dir, RunRecord.from_dict({})), "mlflow", run_dir)
+    return Guarded(mlflow_tracking.MLflow(config, run_dir, Provenance.from_dict({})), "mlflow", run_dir)
 
 
 def test_tuning_trials_are_child_runs_of_the_studys_run(small_dataset, tmp_path):

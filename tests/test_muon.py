@@ -111,7 +111,7 @@ def test_fast_muon_yaml_holds_the_records_values_converted_to_our_loss_and_head(
     config = load_config(MUON_YAML)
     assert (config.batch_size, config.num_epochs, config.num_warmup_epochs, config.lr_end) == (2000, 8, 0, 0)
     assert (config.muon_lr, config.muon_momentum, config.muon_ns_steps) == (0.24, 0.6, 3)
-    assert not config.lookahead and config.tta == 2 and config.label_smoothing == 0.2
+    assert not config.periodic_averaging and config.tta == 2 and config.label_smoothing == 0.2
     # record: summed loss, head lr 0.67 with unit-std weights / 256; ours: mean loss, head / 9
     assert config.learning_rate == pytest.approx(0.67 * 2000 * (9 / 256) ** 2, rel=1e-3)
     assert config.learning_rate * config.bias_lr_scale == pytest.approx(0.053 * 2000, rel=2e-3)

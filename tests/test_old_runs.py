@@ -61,13 +61,13 @@ def test_an_old_run_folder_is_reported(old_run, tmp_path):
 def test_the_run_record_reads_an_old_provenance_back_whole_and_refuses_a_field_it_does_not_have():
     """provenance.json is one typed record: an old file (and one with keys that are no longer provenance, such as
     learning_rate_found) reads back and writes out as it was; a writer's misspelt field fails at once."""
-    from cifar10_dist.outputs.provenance import RunRecord
+    from cifar10_dist.outputs.provenance import Provenance
 
     old = json.loads((FIXTURES / "run_before_packages" / "provenance.json").read_text())
-    record = RunRecord.from_dict(old)
+    record = Provenance.from_dict(old)
     assert record.to_dict() == old and record.dataset.sha256 == old["dataset"]["sha256"]
     with_found = {**old, "learning_rate_found": {"suggestion": 0.1}, "memory_format": "channels_last: faster"}
-    again = RunRecord.from_dict(with_found)
+    again = Provenance.from_dict(with_found)
     assert again.memory_format == "channels_last: faster"
     assert again.extra == {"learning_rate_found": {"suggestion": 0.1}}
     assert again.to_dict() == with_found

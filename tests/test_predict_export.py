@@ -17,7 +17,7 @@ from PIL import Image
 
 from cifar10_dist import models
 from cifar10_dist.data import augmentation, cifar, cifar_layouts
-from cifar10_dist.data.records import MEAN, STD, ImageSet
+from cifar10_dist.data.datasets import MEAN, STD, ImageSet
 from cifar10_dist.data.synthetic import make_synthetic
 from tests.conftest import TINY_WIDTH, run_in_this_process
 
@@ -352,11 +352,11 @@ def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trai
 
 
 def test_every_place_that_lists_the_export_formats_lists_them_all():
-    """serve.formats.FORMATS is the one registry: the CLI's help pages, its usage line, the API, the serve package
-    and docs/models-in-and-out.md's table name every format (pt2 was missing from three of them)."""
-    from cifar10_dist import api, serve
+    """deployment.formats.FORMATS is the one registry: the CLI's help pages, its usage line, the API, the deployment
+    package and docs/models-in-and-out.md's table name every format (pt2 was missing from three of them)."""
+    from cifar10_dist import api, deployment
     from cifar10_dist.cli import help_pages as cli_help
-    from cifar10_dist.serve.formats import FORMATS
+    from cifar10_dist.deployment.formats import FORMATS
 
     repo = Path(__file__).resolve().parents[1]
     table = [
@@ -367,7 +367,7 @@ def test_every_place_that_lists_the_export_formats_lists_them_all():
         "export --help": cli_help.page("export"),
         "--help": cli_help.main_help(80),
         "api.export": api.export.__doc__,
-        "serve": serve.__doc__,
+        "deployment": deployment.__doc__,
         "the usage error": usage.stderr,
         "the docs' table": "\n".join(line.split("|")[1] for line in table),
     }

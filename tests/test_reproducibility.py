@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cifar10_dist.data import loaders
-from cifar10_dist.data.records import ImageSet
+from cifar10_dist.data.datasets import ImageSet
 from tests.conftest import REPO, TINY, assert_same_training_state, run_in_this_process, run_log
 
 HELD_OUT = ["--val_split=0.1", "--validate_every=1", "--deterministic=True"]

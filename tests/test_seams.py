@@ -261,7 +261,7 @@ def test_report_averages_runs_of_one_split_only():
 
 
 def test_predict_names_a_broken_link_among_the_images(tmp_path):
-    from cifar10_dist.serve import inference
+    from cifar10_dist.deployment import inference
 
     Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
     (tmp_path / "b.png").symlink_to(tmp_path / "gone.png")

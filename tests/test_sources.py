@@ -13,7 +13,7 @@ import torch
 
 from cifar10_dist import api, sources
 from cifar10_dist.config import Config, load_config
-from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.datasets import DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
 

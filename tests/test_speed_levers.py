@@ -16,7 +16,7 @@ import torch
 from cifar10_dist import models, recipes
 from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, loaders
-from cifar10_dist.data.records import MEAN, STD, DatasetInfo, ImageSet
+from cifar10_dist.data.datasets import MEAN, STD, DatasetInfo, ImageSet
 from cifar10_dist.recipes.lookahead import Lookahead
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop import warm_up
@@ -113,8 +113,8 @@ def test_a_run_augmented_per_pass_resumes_mid_epoch_bit_for_bit_and_trains(small
             "batch by batch: leave augment_per_pass=auto (it is then off) or turn those off",
         ),
         (
-            ["--half_weights=True", "--with_amp=False"],
-            "half_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
+            ["--low_precision_weights=True", "--with_amp=False"],
+            "low_precision_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
             "amp_dtype=bfloat16), not with_amp=False, amp_dtype=auto",
         ),
     ],
@@ -141,12 +141,14 @@ def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_fo
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert model.whiten.weight.dtype == model.head.weight.dtype == model.layers[1][0].weight.dtype == torch.bfloat16
     assert len(norms) == 6 and {t.dtype for m in norms for t in (m.weight, m.bias, m.running_var)} == {torch.float32}
-    with pytest.raises(Exception, match="half_weights=True keeps the weights in bf16, and this run trains in fp32"):
+    with pytest.raises(
+        Exception, match="low_precision_weights=True keeps the weights in bf16, and this run trains in fp32"
+    ):
         model_setup.half_network(models.build_model("simple_cnn"), Precision("cpu", None, "fp32 (with_amp=False)"))
     result = run_in_this_process(
         "run",
         *TINY,
-        "--half_weights=True",
+        "--low_precision_weights=True",
         "--with_amp=True",
         "--amp_dtype=bfloat16",
         "--checkpoint_every=18",
@@ -155,7 +157,7 @@ def test_half_weights_keep_normalisation_in_fp32_train_in_bf16_and_checkpoint_fo
         "--run_name=half",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "half_weights: weights in bf16, 3 normalisation layers in fp32" in result.stderr
+    assert "low_precision_weights: weights in bf16, 3 normalisation layers in fp32" in result.stderr
     saved = torch.load(tmp_path / "half" / "training_checkpoint_36.pt", weights_only=True)["model"]
     assert saved["0.0.weight"].dtype == torch.bfloat16 and saved["0.1.weight"].dtype == torch.float32
     evaluated = run_in_this_process(
@@ -398,6 +400,6 @@ def test_the_warm_up_leaves_the_whole_fast_recipe_bit_for_bit_as_it_would_have_t
     warmed, plain = (
         torch.load(tmp_path / f"warm{steps}" / "training_checkpoint_40.pt", weights_only=True) for steps in (3, 0)
     )
-    assert warmed["lookahead"]["average"] is not None
-    for name, tensor in plain["lookahead"]["average"].items():
-        assert torch.equal(warmed["lookahead"]["average"][name], tensor), name
+    assert warmed["periodic_averaging"]["average"] is not None
+    for name, tensor in plain["periodic_averaging"]["average"].items():
+        assert torch.equal(warmed["periodic_averaging"]["average"][name], tensor), name

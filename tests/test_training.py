@@ -46,7 +46,7 @@ def test_training_exits_zero_and_prints_final_metrics_and_run_folder(trained_run
     assert f"run folder: {run_dir}" in result.stdout
     assert "(301 images)" in result.stdout  # the whole test set, once
     assert "final train subset: accuracy" in result.stdout
-    assert "keep_freed_memory: freed memory stays in this process for reuse (glibc)" in result.stderr  # the default
+    assert "reuse_freed_memory: freed memory stays in this process for reuse (glibc)" in result.stderr  # the default
 
 
 def test_validation_accuracy_rises_well_above_chance(trained_run):
@@ -121,10 +121,10 @@ def test_resume_continues_at_the_saved_iteration(trained_run, small_dataset, tmp
         f"--output_path={tmp_path}",
         "--run_name=resumed",
         f"--resume_from={first_dir / 'training_checkpoint_50.pt'}",
-        "--keep_freed_memory=False",
+        "--reuse_freed_memory=False",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "INFO keep_freed_memory" not in result.stderr  # off: nothing said of it (the resume's note names it)
+    assert "INFO reuse_freed_memory" not in result.stderr  # off: nothing said of it (the resume's note names it)
     assert "at iteration 50" in result.stderr
     assert "epoch 3 done" in result.stderr
     assert "epoch 1/3" not in result.stderr and "epoch 2 done" not in result.stderr  # nothing trained twice

@@ -393,7 +393,7 @@ def test_a_bad_space_is_one_line_before_any_trial(space, message, tmp_path):
 def test_every_key_tune_sets_for_its_trials_is_refused_in_a_space(tmp_path):
     """The keys a trial's config gets from tune itself (its folder, name, resume, seed count, the trial, the MLflow
     parent and store) are found by building one trial's config, not listed here: each must be refused in a space
-    (their role is on their field, config.fields: tunable=False, per_worker or internal)."""
+    (their role is on their field, config.fields: tunable=False, per_tuning_worker or internal)."""
     import types
 
     from cifar10_dist.config import PrunerSpec

@@ -46,8 +46,9 @@ def _help_text(argv: list[str]) -> str | None:
 
 def _known_key(name: str) -> str:
     """A config key, or one line naming the closest (as an unknown flag gets)."""
-    from cifar10_dist.config import FIELDS
+    from cifar10_dist.config import FIELDS, RENAMED
 
+    name = RENAMED.get(name, name)
     if name in FIELDS and not FIELDS[name].metadata["internal"]:
         return name
     settable = [key for key, field in FIELDS.items() if not field.metadata["internal"]]

@@ -13,10 +13,10 @@ from cifar10_dist.errors import UserError
 
 def declared_flags() -> dict[str, tuple[commands.Flag, ...]]:
     """Every command's own flags, declared where each command's job is (``config.commands``, ``config.lr_sweep``,
-    ``serve.export_flags``)."""
+    ``deployment.export_flags``)."""
     from cifar10_dist.config import LrSweep
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR
-    from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization
+    from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization
 
     return {
         "run": (),
@@ -56,12 +56,13 @@ def switches_alone(argv: list[str]) -> list[str]:
     whose default is True or False) stays a switch when a path or word follows it: fire would take
     ``--json img.png`` as json="img.png"; here it becomes ``--json=True img.png``. ``--json false`` keeps its
     word."""
-    from cifar10_dist.config import FIELDS
+    from cifar10_dist.config import FIELDS, RENAMED
 
     command = argv[0]
     switches = {one.name for one in declared_flags().get(command, ()) if isinstance(one.default, bool)}
     if command in KEY_COMMANDS:
         switches |= {name for name, field in FIELDS.items() if isinstance(field.default, bool)}
+        switches |= {old for old, new in RENAMED.items() if isinstance(FIELDS[new].default, bool)}
     fixed, words = argv[:1], iter(argv[1:])
     for arg in words:
         bare = arg.startswith("--") and "=" not in arg and arg[2:] in switches

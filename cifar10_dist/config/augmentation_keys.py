@@ -18,7 +18,7 @@ class AugmentationKeys:
         4,
         "pixels of padding before the random 32x32 crop (0: no crop)",
         short="padding before the random crop (0: none)",
-        bounds=Bounds(0, 16, reads="in 0..16 pixels"),
+        bounds=Bounds(0, 16, in_words="in 0..16 pixels"),
     )
     random_resized_crop: float = option(
         0.0,
@@ -34,7 +34,7 @@ class AugmentationKeys:
         "resized to image_size (e.g. 0.875, torchvision's 224 of 256); a folder is stored "
         "at image_size / crop_fraction",
         short="central fraction evaluation sees",
-        bounds=Bounds(0.5, 1, reads="in [0.5, 1]"),
+        bounds=Bounds(0.5, 1, in_words="in [0.5, 1]"),
     )
     resize_start: float = option(
         1.0,
@@ -42,7 +42,7 @@ class AugmentationKeys:
         "per epoch (4-pixel steps) to full size by resize_until of training; evaluation at "
         "full size (1: off)",
         short="progressive resizing: first size fraction",
-        bounds=Bounds(0.25, 1, reads="in [0.25, 1]", note=" (1: off)"),
+        bounds=Bounds(0.25, 1, in_words="in [0.25, 1]", note=" (1: off)"),
     )
     resize_until: float = option(
         0.75,
@@ -54,7 +54,7 @@ class AugmentationKeys:
         "zeros",
         "padding for the crop: zeros or reflect",
         short="crop padding: zeros or reflect",
-        choices_read="zeros or reflect",
+        choices_in_words="zeros or reflect",
     )
     flip: Literal["random", "alternating", "none"] = option(
         "random",
@@ -78,7 +78,7 @@ class AugmentationKeys:
         0.0,
         "probability of erasing a random rectangle of each training image (torchvision's RandomErasing), 0..1",
         short="probability of erasing a rectangle",
-        bounds=Bounds(0, 1, reads="a probability in 0..1"),
+        bounds=Bounds(0, 1, in_words="a probability in 0..1"),
     )
     color_jitter: float = option(
         0.0,
@@ -91,11 +91,11 @@ class AugmentationKeys:
         0.0,
         "MixUp's Beta(alpha, alpha) for training batches (0: off; with cutmix_alpha, one of the two per batch)",
         short="MixUp's alpha (0: off)",
-        bounds=Bounds(0, reads="0 (off) or more"),
+        bounds=Bounds(0, in_words="0 (off) or more"),
     )
     cutmix_alpha: float = option(
         0.0,
         "CutMix's Beta(alpha, alpha) for training batches (0: off)",
         short="CutMix's alpha (0: off)",
-        bounds=Bounds(0, reads="0 (off) or more"),
+        bounds=Bounds(0, in_words="0 (off) or more"),
     )

@@ -2,7 +2,7 @@
 dataclass made with ``flag(...)`` (default, help, how the page shows it, whether it is required), read as ``Flag``
 records by ``flags_of``. The CLI and the API take their defaults from the declaration, the help pages print it
 (``help_block``, ``usage``); tests/test_cli.py compares all three and fails on a default written again.
-lr-find's are ``config.lr_sweep``'s, export's ``serve.export_flags``'; the other commands' are declared below
+lr-find's are ``config.lr_sweep``'s, export's ``deployment.export_flags``'; the other commands' are declared below
 (their jobs' modules import torch, and the help pages must not)."""
 
 from __future__ import annotations
@@ -307,12 +307,12 @@ def refuse_unknown_keys(
     """One line for a flag of a command that also takes config keys when it is neither one of its own flags nor a
     config key a user sets: the closest of those the command accepts, its own flags first ("did you mean"), or
     the command that takes it (``elsewhere``: command -> its flags)."""
-    from cifar10_dist.config.fields import FIELDS
+    from cifar10_dist.config.fields import FIELDS, RENAMED
 
     own = [one.name for flags in declared for one in flags]
     keys = [name for name, field in FIELDS.items() if not field.metadata["internal"]]
     for key in given:
-        if key in own or key in FIELDS:
+        if key in own or key in FIELDS or key in RENAMED:
             continue
         close = difflib.get_close_matches(key, own + keys, n=1, cutoff=0.6)
         takers = [other for other, flags in elsewhere.items() if other != command and key in flags]

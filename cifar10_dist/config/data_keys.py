@@ -26,27 +26,27 @@ class DataKeys:
         "cifar10",
         "folder holding cifar-10-batches-py or cifar-100-python (downloaded there when missing)",
         short="where the dataset's files are",
-        per_worker=True,
+        per_tuning_worker=True,
         inherited_by_evaluate=True,
     )
     label_mode: Literal["fine", "coarse"] = option(
         "fine",
         "CIFAR-100 labels: fine (100 classes) or coarse (20 superclasses)",
         short="CIFAR-100 labels: fine or coarse",
-        choices_read="fine or coarse",
+        choices_in_words="fine or coarse",
         inherited_by_evaluate=True,
     )
     download: bool = option(
         True,
         "download CIFAR-10 into data_path when it is missing (False: fail at once)",
         short="download CIFAR-10 when it is missing",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     image_size: int = option(
         32,
         "dataset=folder: images are stored and trained at this size (shorter side scaled, centre crop); CIFAR is 32",
         short="folder: the size images train at",
-        bounds=Bounds(8, 1024, reads="in 8..1024 pixels"),
+        bounds=Bounds(8, 1024, in_words="in 8..1024 pixels"),
         inherited_by_evaluate=True,
     )
     skip_bad_images: bool = option(
@@ -70,14 +70,14 @@ class DataKeys:
         "data_path/.cifar10_dist_cache); a node-local folder (e.g. $SLURM_TMPDIR) "
         "gets a copy of the cache beside the data when there is one, once per node",
         short="folder: where the decoded images are cached",
-        per_worker=True,
+        per_tuning_worker=True,
         inherited_by_evaluate=True,
     )
     synthetic_size: int = option(
         5000,
         "training images when dataset=synthetic (test set: a fifth of it)",
         short="training images of synthetic data",
-        bounds=Bounds(10, reads="at least 10 (it is too small)"),
+        bounds=Bounds(10, in_words="at least 10 (it is too small)"),
         tunable=False,
         inherited_by_evaluate=True,
     )
@@ -87,15 +87,15 @@ class DataKeys:
         "auto: 0 on a CPU from images that fit in memory, 2 from disk; on an "
         "accelerator each process's cores but one, 2 to 8",
         short="DataLoader worker processes per node",
-        also=("auto",),
+        also_accepts=("auto",),
         bounds=AT_LEAST_0,
-        per_worker=True,
+        per_tuning_worker=True,
     )
     train_eval_size: int = option(
         5000,
         "size of the fixed, non-augmented train subset used for train metrics",
         short="train images evaluated for train metrics",
-        bounds=Bounds(0, reads="0 (off) or more"),
+        bounds=Bounds(0, in_words="0 (off) or more"),
         may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
     val_split: float = option(
@@ -117,7 +117,7 @@ class DataKeys:
         "all images kept on the training device, batches sliced there; "
         "auto: on a CUDA GPU if under 25% of its free memory",
         short="keep all images on the training device",
-        also=("auto",),
+        also_accepts=("auto",),
         may_change_on_resume=True,
     )
     sampler: Literal["shuffle", "balanced"] = option(

@@ -50,14 +50,14 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
         "set when a config file is read: its path and whether the package "
         "ships it (provenance.json records it; config.yaml does not)",
         internal=True,
-        per_worker=True,
+        per_tuning_worker=True,
         compare=False,
     )
     mlflow_parent_run: Optional[str] = option(
         None,
         "set by tune: the MLflow run of the study, parent of this trial's MLflow run",
         internal=True,
-        per_worker=True,
+        per_tuning_worker=True,
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,7 +69,9 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
         as it was, not validated again: keys of this release's that an older record lacks take their defaults
         (a key is added with the default that does what releases before it did), keys this release no longer has
         are left out, and the trial is a ``TrialSpec`` again."""
-        known = {name: value for name, value in values.items() if name in _FIELD_NAMES}
+        known = {
+            RENAMED.get(name, name): value for name, value in values.items() if RENAMED.get(name, name) in _FIELD_NAMES
+        }
         if known.get("trial") is not None:
             known["trial"] = TrialSpec.from_mapping(dict(known["trial"]))
         return cls(**known)
@@ -85,6 +87,15 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+# keys renamed for what they are: the old name still reads in files, flags, checkpoints and config.yaml (one line
+# says so, once a process: ``loading.renamed``)
+RENAMED = {
+    "lookahead": "periodic_averaging",  # airbench's scheme, not the Lookahead optimizer
+    "half_weights": "low_precision_weights",  # with_amp's dtype, bf16 or fp16
+    "keep_freed_memory": "reuse_freed_memory",  # glibc's allocator keeps freed memory for reuse
+    "select_fraction": "select_hardest_fraction",  # the highest-loss images of each batch
+    "select_until": "select_hardest_until",
+}
 # the keys by topic, as the help pages and docs/configuration.md group them (launch first: a distributed user's
 # first need); each topic is a module of its own
 TOPICS: tuple[tuple[str, type], ...] = (
@@ -110,14 +121,14 @@ _FIELD_NAMES = frozenset(FIELDS)
 UNTUNABLE = tuple(
     name
     for name, f in FIELDS.items()
-    if not f.metadata["tunable"] or f.metadata["per_worker"] or f.metadata["internal"]
+    if not f.metadata["tunable"] or f.metadata["per_tuning_worker"] or f.metadata["internal"]
 )
-PER_WORKER = tuple(name for name, f in FIELDS.items() if f.metadata["per_worker"])
+PER_TUNING_WORKER = tuple(name for name, f in FIELDS.items() if f.metadata["per_tuning_worker"])
 INHERITED_BY_EVALUATE = tuple(name for name, f in FIELDS.items() if f.metadata["inherited_by_evaluate"])
 MAY_CHANGE_ON_RESUME = tuple(
     name
     for name, f in FIELDS.items()
-    if f.metadata["may_change_on_resume"] or f.metadata["per_worker"] or f.metadata["internal"]
+    if f.metadata["may_change_on_resume"] or f.metadata["per_tuning_worker"] or f.metadata["internal"]
 )
 
 
@@ -139,11 +150,11 @@ def choices(name: str) -> tuple[Any, ...]:
 def check_field(name: str, value: Any) -> None:
     """One field's own rules, declared with it: its choices, its bounds."""
     meta = FIELDS[name].metadata
-    if value is None or value in meta["also"] or isinstance(value, (bool, dict, TrialSpec)):
+    if value is None or value in meta["also_accepts"] or isinstance(value, (bool, dict, TrialSpec)):
         return
     accepted = choices(name)
     if accepted and value not in accepted:
-        words = meta["choices_read"] or f"one of {', '.join(map(str, accepted))}"
+        words = meta["choices_in_words"] or f"one of {', '.join(map(str, accepted))}"
         shown, verdict = (f"'{value}'", "is unknown") if isinstance(value, str) else (value, "is not accepted")
         close = (
             difflib.get_close_matches(value.lower(), [str(choice) for choice in accepted], n=1, cutoff=0.6)

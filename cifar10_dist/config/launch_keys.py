@@ -17,52 +17,52 @@ class LaunchKeys:
         None,
         "distributed backend: gloo, nccl, xla-tpu, horovod (default: none)",
         short="gloo (CPU), nccl (GPU), xla-tpu, horovod",
-        choices_read="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)",
-        per_worker=True,
+        choices_in_words="one of gloo, nccl, xla-tpu, horovod (or leave it unset for 1 process)",
+        per_tuning_worker=True,
     )
     nproc_per_node: Optional[int] = option(
         None,
         "processes to spawn on this node (not under torchrun)",
         short="processes to start on this node",
-        bounds=Bounds(1, reads=">= 1"),
-        per_worker=True,
+        bounds=Bounds(1, in_words=">= 1"),
+        per_tuning_worker=True,
     )
     nnodes: Optional[int] = option(
         None,
         "number of nodes when spawning (with nproc_per_node)",
         short="number of nodes",
         bounds=AT_LEAST_1,
-        per_worker=True,
+        per_tuning_worker=True,
     )
     node_rank: Optional[int] = option(
         None,
         "rank of this node when spawning over several nodes",
         short="this node's rank (0 on the first)",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     master_addr: Optional[str] = option(
         None,
         "address of node 0 when spawning over several nodes",
         short="node 0's address, as the others reach it",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     master_port: Optional[int] = option(
         None,
         "free TCP port on node 0 when spawning (default: a free one, 1 node)",
         short="a free TCP port on node 0",
         bounds=Bounds(1, 65535),
-        per_worker=True,
+        per_tuning_worker=True,
     )
     init_method: str = option(
         "env://",
         "how gloo/nccl processes find each other: env:// or file:///shared/fresh-file",
         short="env:// or file:///shared/file",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     dist_timeout: int = option(
         1800,
         "seconds a process waits for the others in a gloo/nccl collective before failing",
         short="seconds to wait for the other processes",
-        bounds=Bounds(1, reads="at least 1 second"),
-        per_worker=True,
+        bounds=Bounds(1, in_words="at least 1 second"),
+        per_tuning_worker=True,
     )

@@ -18,7 +18,7 @@ from typing import Any, Collection, Literal
 
 import yaml
 
-from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, Config, field_types
+from cifar10_dist.config.fields import FIELDS, LIST_FIELDS, RENAMED, Config, field_types
 from cifar10_dist.config.rules import absolute_model_reference, validate
 from cifar10_dist.config.trial import TrialSpec
 from cifar10_dist.config.yaml_files import YamlMapping, config_path, read_yaml_file, source_of, unread_namesake
@@ -42,7 +42,9 @@ def load_config(
 
 def _built(file: YamlMapping | None, overrides: dict[str, Any], explicit: set[str], config_file: Any) -> Config:
     """The Config of defaults < the file's values < ``overrides``, derived values settled, validated."""
-    from_file = file.values if file is not None else {}
+    from_file = renamed(file.values) if file is not None else {}
+    overrides = renamed(overrides)
+    explicit = {RENAMED.get(key, key) for key in explicit}
     values = {**from_file, **overrides}
     if file is not None:  # where the values came from: the file read, never one a file names
         values["config_source"] = source_of(file.path).to_dict()
@@ -70,12 +72,34 @@ def _built(file: YamlMapping | None, overrides: dict[str, Any], explicit: set[st
     return config
 
 
+_SAID_RENAMED: set[str] = set()
+
+
+def renamed(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each key of an older release under its new name (``fields.RENAMED``), said once a process;
+    one line where a key is given under both names."""
+    found = {}
+    for key, value in values.items():
+        new = RENAMED.get(key)
+        if new is None:
+            found[key] = value
+            continue
+        if new in values:
+            raise UserError(f"'{key}' and '{new}' are the same key ({key} is its old name): give it once, as {new}")
+        if key not in _SAID_RENAMED:
+            _SAID_RENAMED.add(key)
+            note(f"config key '{key}' is now '{new}': the old name still works; write {new} from now on")
+        found[new] = value
+    return found
+
+
 def located(error: UserError, file: YamlMapping, overrides: Collection[str]) -> UserError:
     """The error with the file and line of the keys it names that the file set (and no flag changed) before it:
     'my.yaml line 3: num_epochs=0 must be ...'. Keys named as ``key=`` or 'key' count first, then as words; an
     error that names none of the file's keys is returned as it was."""
     message = str(error)
-    keys = [key for key in file.lines if key not in overrides]
+    lines = {RENAMED.get(key, key): line for key, line in file.lines.items()}
+    keys = [key for key in lines if key not in overrides and RENAMED.get(key, key) not in overrides]
     named = sorted(
         (match.start(), key)
         for key in keys
@@ -86,8 +110,8 @@ def located(error: UserError, file: YamlMapping, overrides: Collection[str]) -> 
     )
     if not named:
         return error
-    lines = sorted({file.lines[key] for _, key in named})
-    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+    found = sorted({lines[key] for _, key in named})
+    where = f"line {found[0]}" if len(found) == 1 else f"lines {', '.join(map(str, found[:-1]))} and {found[-1]}"
     return type(error)(f"{file.path} {where}: {message}")
 
 
@@ -107,6 +131,7 @@ def located_in_its_file(error: UserError, config: Config) -> UserError:
 
 def _still(config: Config, key: str, value: Any) -> bool:
     """Whether the config holds the file's ``value`` for ``key``."""
+    key = RENAMED.get(key, key)
     if key not in FIELDS:
         return False
     try:
@@ -189,7 +214,7 @@ def _field_type(name: str) -> tuple[type, bool]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
         if type(None) not in args:
-            return args[0], False  # bool | str: a bool, or one of the field's ``also`` words
+            return args[0], False  # bool | str: a bool, or one of the field's ``also_accepts`` words
         (annotation,), optional = [arg for arg in args if arg is not type(None)], True
     if typing.get_origin(annotation) is Literal:
         return type(typing.get_args(annotation)[0]), optional
@@ -199,7 +224,7 @@ def _field_type(name: str) -> tuple[type, bool]:
 def _coerce(name: str, value: Any) -> Any:
     """Convert a YAML/command-line value to the field's type, or raise a UserError naming both."""
     base, optional = _field_type(name)
-    also = FIELDS[name].metadata["also"]
+    also = FIELDS[name].metadata["also_accepts"]
     if isinstance(value, str) and value.lower() in also:
         return value.lower()
     if value is True and "true" in also:  # fire reads --pretrained=true as a bool

@@ -45,7 +45,7 @@ class OutputKeys:
         0,
         "test-time augmentation of val/test evaluations: 0 none, 1 mirror, 2 mirror and 1-pixel shifts (6 views)",
         short="test-time augmentation: 0, 1 or 2",
-        choices_read="0 (none), 1 (mirror) or 2 (mirror + shifts)",
+        choices_in_words="0 (none), 1 (mirror) or 2 (mirror + shifts)",
         inherited_by_evaluate=True,
         may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
@@ -55,7 +55,7 @@ class OutputKeys:
         "val_split or a val/ folder) so that softmax(logits / T) are calibrated probabilities; stored with the "
         "model, used by evaluate, predict and export",
         short="fit a temperature on the val split",
-        choices_read="temperature (or leave it unset)",
+        choices_in_words="temperature (or leave it unset)",
         tunable=False,
         may_change_on_resume=True,  # (evaluation only: training goes on the same)
     )
@@ -133,71 +133,74 @@ class OutputKeys:
         False,
         "track the run with ClearML (pip install cifar10-dist[clearml])",
         short="track with ClearML",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     clearml_project: str = option(
         "cifar10_dist",
         "ClearML project name (the task is named after the run folder)",
         short="ClearML project",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     clearml_offline: bool = option(
         False,
         "ClearML without a server: record the session locally for a later import",
         short="ClearML without a server",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     with_mlflow: bool = option(
         False,
         "track the run with MLflow (pip install cifar10-dist[mlflow]): config, "
         "metrics, provenance tags, artifacts; a resume continues the same MLflow run",
         short="track with MLflow",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     mlflow_tracking_uri: Optional[str] = option(
         None,
         "MLflow store: any URI MLflow accepts (default: MLFLOW_TRACKING_URI, else sqlite:///output_path/mlflow.db)",
         short="MLflow store",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     mlflow_experiment: str = option(
         "cifar10_dist",
         "MLflow experiment name (the run is named after the run folder)",
         short="MLflow experiment",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     mlflow_log_model: bool = option(
         False,
         "with_mlflow: also store the best model file as an MLflow artifact",
         short="store the best model in MLflow",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     with_wandb: bool = option(
         False,
         "track the run with Weights & Biases (pip install cifar10-dist[wandb]): config, "
         "metrics, provenance, the run's files; a resume continues the same W&B run",
         short="track with Weights & Biases",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     wandb_project: str = option(
-        "cifar10_dist", "W&B project (the run is named after the run folder)", short="W&B project", per_worker=True
+        "cifar10_dist",
+        "W&B project (the run is named after the run folder)",
+        short="W&B project",
+        per_tuning_worker=True,
     )
     wandb_entity: Optional[str] = option(
-        None, "W&B entity, a user or team (default: W&B's own)", short="W&B user or team", per_worker=True
+        None, "W&B entity, a user or team (default: W&B's own)", short="W&B user or team", per_tuning_worker=True
     )
     wandb_mode: Optional[Literal["online", "offline", "disabled"]] = option(
         None,
         "W&B mode: online, offline (kept in the run folder for wandb sync) or disabled (default: online when "
         "WANDB_API_KEY is set, else offline)",
         short="W&B: online, offline or disabled",
-        choices_read="online, offline or disabled (or leave it unset)",
-        per_worker=True,
+        choices_in_words="online, offline or disabled (or leave it unset)",
+        per_tuning_worker=True,
     )
     wandb_log_model: bool = option(
         False,
         "with_wandb: also store the best model file as a W&B artifact",
         short="store the best model in W&B",
-        per_worker=True,
+        per_tuning_worker=True,
     )
     profile: int = option(
         0,
@@ -205,7 +208,7 @@ class OutputKeys:
         "TensorBoard or Perfetto in RUN/profile/, the top operators and each handler's share of the "
         "time in the log (0: off)",
         short="profile N iterations (0: off)",
-        bounds=Bounds(0, reads="0 (off) or more"),
+        bounds=Bounds(0, in_words="0 (off) or more"),
         tunable=False,
         may_change_on_resume=True,
     )

@@ -94,8 +94,8 @@ def _validate_training_options(c: Config) -> None:
         f"freeze_epochs={c.freeze_epochs} must be less than num_epochs={c.num_epochs}: the whole model trains after",
     )
     _require(
-        not (c.lookahead and c.accumulation_steps > 1),
-        f"lookahead=True counts iterations as optimizer steps: it cannot be combined with "
+        not (c.periodic_averaging and c.accumulation_steps > 1),
+        f"periodic_averaging=True counts iterations as optimizer steps: it cannot be combined with "
         f"accumulation_steps={c.accumulation_steps}",
     )
     _require(
@@ -187,7 +187,7 @@ def per_batch_augmentations(c: Config) -> list[str]:
 
 
 def _validate_speed_levers(c: Config) -> None:
-    """augment_per_pass=True and half_weights=True: what each needs."""
+    """augment_per_pass=True and low_precision_weights=True: what each needs."""
     if c.augment_per_pass is True:
         _require(
             c.data_on_device is not False,
@@ -200,8 +200,8 @@ def _validate_speed_levers(c: Config) -> None:
             "augments batch by batch: leave augment_per_pass=auto (it is then off) or turn those off",
         )
     _require(
-        not c.half_weights or (c.with_amp is not False and c.amp_dtype != "float16"),
-        f"half_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
+        not c.low_precision_weights or (c.with_amp is not False and c.amp_dtype != "float16"),
+        f"low_precision_weights=True keeps the weights in bf16: it needs bf16 training (with_amp=auto or True with "
         f"amp_dtype=bfloat16), not with_amp={c.with_amp}, amp_dtype={c.amp_dtype}",
     )
 

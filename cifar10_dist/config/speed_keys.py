@@ -21,7 +21,7 @@ class SpeedKeys:
         "8.0+, else fp16 + GradScaler; bf16 on XLA), True (fp16 + GradScaler on CUDA, "
         "bf16 elsewhere, even where slow) or False (fp32)",
         short="mixed precision: auto, True or False",
-        also=("auto",),
+        also_accepts=("auto",),
         may_change_on_resume=True,
     )
     amp_dtype: Literal["auto", "float16", "bfloat16"] = option(
@@ -37,10 +37,10 @@ class SpeedKeys:
         "convolutions on a CPU or CUDA GPU, off elsewhere; logged and saved in "
         "config.yaml), True or False",
         short="channels-last memory format",
-        also=("auto",),
+        also_accepts=("auto",),
         may_change_on_resume=True,
     )
-    keep_freed_memory: bool = option(
+    reuse_freed_memory: bool = option(
         True,
         "CPU training on Linux (glibc): freed memory stays in the process for reuse "
         "instead of going back to the OS after every step (wide batches train up to "
@@ -67,7 +67,7 @@ class SpeedKeys:
         "CUDA GPU; also spares fp16's GradScaler a host wait), True or False "
         "(torch's foreach kernels)",
         short="fused optimizer kernel",
-        also=("auto",),
+        also_accepts=("auto",),
         may_change_on_resume=True,
     )
     augment_per_pass: Union[bool, str] = option(
@@ -75,10 +75,10 @@ class SpeedKeys:
         "data_on_device: crop, flip and normalise a whole pass at its start, in the training dtype (airbench's "
         "loader), not batch by batch; auto: on a CUDA GPU when pad-crop and flip are the only augmentation",
         short="augment a whole pass at once",
-        also=("auto",),
+        also_accepts=("auto",),
         may_change_on_resume=True,
     )
-    half_weights: bool = option(
+    low_precision_weights: bool = option(
         False,
         "keep the network's weights in bf16 (with_amp's dtype), BatchNorm in fp32, as "
         "airbench's .half() net, instead of casting fp32 weights at every step",
@@ -102,7 +102,7 @@ class SpeedKeys:
         "ones, then undone bit for bit (autotuning and compilation fall outside "
         "the training time); auto: 3 on a CUDA GPU, else 0",
         short="untimed steps before training, undone",
-        also=("auto",),
+        also_accepts=("auto",),
         bounds=AT_LEAST_0,
         tunable=False,
         may_change_on_resume=True,
@@ -118,11 +118,11 @@ class SpeedKeys:
         2,
         "powersgd: the rank of its low-rank approximation (higher: closer to the exact gradient, more bytes)",
         short="PowerSGD's rank",
-        bounds=Bounds(1, 64, reads="in 1..64"),
+        bounds=Bounds(1, 64, in_words="in 1..64"),
     )
     powersgd_start_step: int = option(
         10,
         "powersgd: the steps exchanged uncompressed before it starts (its warm start)",
         short="steps before PowerSGD starts",
-        bounds=Bounds(2, reads="at least 2"),
+        bounds=Bounds(2, in_words="at least 2"),
     )

@@ -29,7 +29,7 @@ class TrainingKeys:
         "state-dict .pt/.pth or a .safetensors file; the head is new for the run's "
         "classes (docs/fine-tuning.md)",
         short="start from pretrained weights",
-        also=("true",),
+        also_accepts=("true",),
     )
     freeze_epochs: int = option(
         0,
@@ -59,14 +59,14 @@ class TrainingKeys:
         "torchvision "
         "weights name, true for timm, or a file that records its classes",
         short="the teacher's weights",
-        also=("true",),
+        also_accepts=("true",),
         tunable=False,
     )
     distill_alpha: float = option(
         0.5,
         "with a teacher: the weight of its softened targets in the loss (the run's own loss has 1 - distill_alpha)",
         short="weight of the teacher's targets",
-        bounds=Bounds(0, 1, reads="in [0, 1]"),
+        bounds=Bounds(0, 1, in_words="in [0, 1]"),
     )
     distill_temperature: float = option(
         4.0,
@@ -119,7 +119,7 @@ class TrainingKeys:
         "as lr-find does (its defaults) and train with the suggestion "
         "(docs/before-you-train.md)",
         short="peak learning rate, or find",
-        also=("find",),
+        also_accepts=("find",),
         bounds=ABOVE_0,
     )
     momentum: float = option(0.9, "SGD momentum", short="SGD momentum", bounds=FRACTION)
@@ -245,7 +245,7 @@ class TrainingKeys:
         short="EMA of the weights with this decay",
         bounds=Bounds(0, 1, low_open=True, high_open=True, note=", e.g. 0.999"),
     )
-    lookahead: bool = option(
+    periodic_averaging: bool = option(
         False,
         "airbench's lookahead: from 30% of training, every 5 steps move the weights "
         "to an EMA of them whose decay grows to 0.77",
@@ -257,14 +257,14 @@ class TrainingKeys:
         short="iterations per epoch",
         bounds=AT_LEAST_1,
     )
-    select_fraction: float = option(
+    select_hardest_fraction: float = option(
         1.0,
         "data selection: each step trains on this fraction of each process's batch, "
         "the highest-loss images under a no-grad forward of the model (1: off)",
         short="train on the hardest fraction of a batch",
         bounds=Bounds(0, 1, low_open=True, note=" (1: off)"),
     )
-    select_until: float = option(
+    select_hardest_until: float = option(
         1.0,
         "data selection: the fraction of training it applies to",
         short="data selection: until this fraction",

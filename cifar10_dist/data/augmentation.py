@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from cifar10_dist.data.records import MEAN, STD
-from cifar10_dist.data.uploads import upload
+from cifar10_dist.data.datasets import MEAN, STD
+from cifar10_dist.data.device_copies import upload
 
 PAD = 4  # pixels of padding before the random crop, CIFAR's default
 

@@ -14,8 +14,8 @@ from ignite.engine import Engine, Events
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation, loaders, resizing
-from cifar10_dist.data.records import DatasetInfo
-from cifar10_dist.data.uploads import upload
+from cifar10_dist.data.datasets import DatasetInfo
+from cifar10_dist.data.device_copies import upload
 from cifar10_dist.errors import UserError
 
 logger = logging.getLogger("cifar10_dist")

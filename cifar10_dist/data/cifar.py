@@ -29,7 +29,7 @@ from cifar10_dist.data.cifar_layouts import (
     cifar_info,
     num_classes,
 )
-from cifar10_dist.data.records import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.datasets import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData

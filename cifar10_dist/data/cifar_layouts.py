@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cifar10_dist.data.records import CLASSES, DatasetInfo
+from cifar10_dist.data.datasets import CLASSES, DatasetInfo
 
 FOLDER = "cifar-10-batches-py"
 ARCHIVE = "cifar-10-python.tar.gz"

@@ -15,7 +15,7 @@ import torch
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import cache_builds, folder_scan
-from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
+from cifar10_dist.data.datasets import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
 from cifar10_dist.system import ranks

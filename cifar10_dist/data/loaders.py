@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
 
-from cifar10_dist.data.records import ImageSet, MappedImages
-from cifar10_dist.data.uploads import upload
+from cifar10_dist.data.datasets import ImageSet, MappedImages
+from cifar10_dist.data.device_copies import upload
 from cifar10_dist.errors import UserError
 
 BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 images, epoch, iteration) -> images

@@ -15,8 +15,8 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import batches, loaders, records
-from cifar10_dist.data.records import DatasetInfo, ImageSet, LoadedData, MappedImages
+from cifar10_dist.data import batches, datasets, loaders
+from cifar10_dist.data.datasets import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
 from cifar10_dist.outputs import files, provenance
 from cifar10_dist.system import ranks
@@ -25,7 +25,7 @@ from cifar10_dist.system.precision import Precision
 if TYPE_CHECKING:  # every registered source's module is a DataSource: mypy checks each against the protocol
     from cifar10_dist.data import cifar, folder_source, synthetic
 
-    _SOURCE_MODULES: tuple[records.DataSource, ...] = (cifar, folder_source, synthetic)
+    _SOURCE_MODULES: tuple[datasets.DataSource, ...] = (cifar, folder_source, synthetic)
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -41,7 +41,7 @@ class DataSetup:
     loaders: loaders.Loaders
     split: str  # where the best model is chosen: "val" (held-out images) or "test"
     held_out_indices: list[int] | None
-    provenance: provenance.RunRecord  # what produced the run: its modules note their choices in it
+    provenance: provenance.Provenance  # what produced the run: its modules note their choices in it
     iterations_per_epoch: int
     total_iterations: int
     images_per_iteration: int  # what all processes together train on per step
@@ -58,7 +58,7 @@ class RunImages:
     loaded: LoadedData
     held_out: loaders.HeldOut
     train_images: ImageSet
-    record: provenance.RunRecord
+    record: provenance.Provenance
 
     @property
     def image_sets(self) -> list[ImageSet | None]:
@@ -215,14 +215,14 @@ def _rounded(values: tuple[float, ...]) -> str:
 def load_datasets(config: Config) -> LoadedData:
     """The images of the run's dataset source (``sources``): downloaded, or a folder's cache built, by one process
     per node first where that is needed."""
-    loaded = records.implementation(config.dataset).load(config)
+    loaded = datasets.implementation(config.dataset).load(config)
     loaded.info = dataclasses.replace(
         loaded.info, crop_fraction=config.crop_fraction, stored=int(loaded.train.images.shape[-1])
     )  # what evaluation's view is cut from
     return loaded
 
 
-def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precision: Precision) -> provenance.RunRecord:
+def describe_run(dataset: str, loaded: LoadedData, device: torch.device, precision: Precision) -> provenance.Provenance:
     """Provenance of this run (every process calls it; rank 0 hashes the data and logs the summary): with the
     dataset's classes, normalisation and image size, and a folder's check findings."""
     checksum = ranks.on_rank_zero(data_sha256, loaded)

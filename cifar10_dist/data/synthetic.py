@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data.records import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
+from cifar10_dist.data.datasets import CLASSES, NUM_CLASSES, DatasetInfo, ImageSet, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import PreparedData
 

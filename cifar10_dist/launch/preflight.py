@@ -16,7 +16,7 @@ import torch
 
 from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config, class_weights, located_in_its_file, note, planned_world_size
-from cifar10_dist.data import records, resizing
+from cifar10_dist.data import datasets, resizing
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch.start_method import launch_rank
 from cifar10_dist.models import pretrained
@@ -35,7 +35,7 @@ def check_before_launch(config: Config) -> None:
 
 
 def _check(config: Config) -> None:
-    source = records.implementation(config.dataset)
+    source = datasets.implementation(config.dataset)
     source.preflight(config)  # e.g. a folder's layout (one line); its images are read by the run
     info = source.info(config)
     classes = info.classes

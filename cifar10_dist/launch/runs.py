@@ -43,20 +43,20 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
         resolved = dataclasses.replace(resolved, trial=None)
     start_method.start_early(resolved)
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.training import run as worker
+    from cifar10_dist.training.run import training
 
     preflight.check_before_launch(resolved)
-    return RunResult.from_dict(reported_by(spawn.run(worker.training, resolved)))
+    return RunResult.from_dict(reported_by(spawn.run(training, resolved)))
 
 
 def train_trial(config: Config) -> TrialResult:
     """A tuning trial's run (``config.trial`` set): as ``train``, its result chosen on val and never tested."""
     from cifar10_dist.launch import preflight, spawn
-    from cifar10_dist.training import run as worker
+    from cifar10_dist.training.run import training
 
     start_method.start_early(config)
     preflight.check_before_launch(config)
-    return TrialResult.from_dict(reported_by(spawn.run(worker.training, config)))
+    return TrialResult.from_dict(reported_by(spawn.run(training, config)))
 
 
 def reported_by(reported: dict[str, Any]) -> dict[str, Any]:
@@ -77,13 +77,13 @@ def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> 
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.outputs import summary as summary_file
-    from cifar10_dist.training import run as worker
+    from cifar10_dist.training.run import training
 
     preflight.check_before_launch(resolved)
     runs = []
     for seed in range(resolved.seed, resolved.seed + resolved.seeds):
         run_name = f"{resolved.run_name}-seed{seed}" if resolved.run_name else None
-        reported = spawn.run(worker.training, dataclasses.replace(resolved, seed=seed, seeds=1, run_name=run_name))
+        reported = spawn.run(training, dataclasses.replace(resolved, seed=seed, seeds=1, run_name=run_name))
         runs.append(dataclasses.replace(RunResult.from_dict(reported_by(reported)), seed=seed))
     summary = summary_file.summarize_seeds([run.to_dict() for run in runs])
     name = resolved.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -124,7 +124,7 @@ def evaluate(
     ``raw_weights``."""
     from cifar10_dist.launch import preflight, spawn
     from cifar10_dist.outputs import files
-    from cifar10_dist.training.shipping import checkpoint_evaluation
+    from cifar10_dist.training.trained_models import checkpoint_evaluation
 
     resolved = evaluation_config(checkpoint, config, **overrides)
     start_method.start_early(resolved)

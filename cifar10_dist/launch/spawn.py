@@ -27,14 +27,13 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted, UserError, resume_hint
-from cifar10_dist.launch import failures, preflight, xla_compat
-from cifar10_dist.launch import start_method as start_methods
+from cifar10_dist.launch import failures, preflight, start_method, xla_compat
 from cifar10_dist.outputs import log_lines
 from cifar10_dist.system import cpu, ranks, stopping
 
 Worker = Callable[[Config], dict[str, Any]]
 RESULT_PREFIX = "result-rank"  # result-rank<R>.json: rank 0's result, as rank R returns it
-NATIVE_BACKENDS = start_methods.NATIVE_BACKENDS
+NATIVE_BACKENDS = start_method.NATIVE_BACKENDS
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
 
 
@@ -169,11 +168,11 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
     stop); a second Ctrl-C ends them at once.
     """
     environment = {**os.environ, **_spawn_environment(config)}  # the whole environment: a forkserver's is older
-    start_method = start_methods.start_method()
-    if start_method != "fork":
-        start_methods.require_main_guard(config.nproc_per_node)
-    if start_method == "forkserver":
-        start_methods.start_forkserver()  # (at once when start_early started it)
+    method = start_method.start_method()
+    if method != "fork":
+        start_method.require_main_guard(config.nproc_per_node)
+    if method == "forkserver":
+        start_method.start_forkserver()  # (at once when start_early started it)
     # the workers inherit blocked stop signals: a Ctrl-C while they start up waits until they can handle it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.stop_signals())
     try:
@@ -182,7 +181,7 @@ def _spawn(worker: Worker, config: Config, exchange: Path) -> None:
             args=(worker, config, exchange, environment, os.getcwd(), list(sys.path)),
             nprocs=config.nproc_per_node,
             join=False,
-            start_method=start_method,
+            start_method=method,
         )
         _supervise_with_signals(context, config, exchange)
     finally:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
@@ -79,7 +79,7 @@ def experiment_id(client: Any, name: str, uri: str) -> str:
         return found.experiment_id if found is not None else client.create_experiment(name, location)
 
 
-def provenance_tags(record: RunRecord) -> dict[str, str]:
+def provenance_tags(record: Provenance) -> dict[str, str]:
     """The provenance worth filtering runs by, as MLflow tags."""
     package, versions = record.package, record.versions or {}
     tags = {
@@ -113,7 +113,7 @@ class MLflow:
     Every call that reaches the store goes through ``tracker_guard.Guarded`` (a background thread; a store that
     does not answer never ends the run); scalars wait in ``pending`` until a flush has sent them."""
 
-    def __init__(self, config: Config, run_dir: Path, provenance: RunRecord) -> None:
+    def __init__(self, config: Config, run_dir: Path, provenance: Provenance) -> None:
         self.client: Any = None
         self.run_id: str | None = None
         self.pending: list[Any] = []

@@ -1,7 +1,7 @@
 """What produced a run: package version and git commit, library versions, backend, devices, dataset checksum, and
 the choices made on the way (memory format, class weights, pretrained start, teacher, a resume on changed data).
 
-One typed record (``RunRecord``): a field per fact, written by the module that owns the fact (a misspelt field is
+One typed record (``Provenance``): a field per fact, written by the module that owns the fact (a misspelt field is
 an AttributeError: the record has slots), serialised by ``to_dict`` to provenance.json and under a checkpoint's
 ``meta``, and read back by ``from_dict`` (older files: what they hold of it). ``evaluate`` compares a checkpoint's
 record with the present package and data and warns when they differ.
@@ -77,7 +77,7 @@ class DataChange:
 
 
 @dataclass(slots=True)
-class PackageRecord:
+class PackageBuild:
     """The package that ran: its name and version, whether that is a release (False: a development build; None in
     files from before it was recorded), and its checkout's git commit and whether tracked files differed from it
     (None where it ran from an installed copy)."""
@@ -97,16 +97,16 @@ class PackageRecord:
         }
 
     @classmethod
-    def from_dict(cls, recorded: Mapping[str, Any] | None) -> PackageRecord:
+    def from_dict(cls, recorded: Mapping[str, Any] | None) -> PackageBuild:
         names = {one.name for one in fields(cls)}
         return cls(**{key: value for key, value in (recorded or {}).items() if key in names})
 
 
 @dataclass(slots=True)
-class RunRecord:
+class Provenance:
     """provenance.json: what produced a run, one field per fact."""
 
-    package: PackageRecord
+    package: PackageBuild
     versions: dict[str, str]  # python, torch, torchvision, pytorch-ignite
     backend: str | None  # the distributed backend (None: one process)
     world_size: int
@@ -117,7 +117,7 @@ class RunRecord:
     memory_format: str | None = None  # channels_last=auto's choice and why (training.setup.layouts)
     class_weights: list[float] | None = None  # class_weights=auto's weights (training.setup.loss)
     pretrained: dict[str, Any] | None = None  # the pretrained start: kind, name, url or path, sha256
-    teacher: dict[str, Any] | None = None  # distillation's teacher (training.shipping.distillation)
+    teacher: dict[str, Any] | None = None  # distillation's teacher (training.trained_models.distillation)
     resumed_on_changed_data: DataChange | None = None  # resume_on_changed_data: what changed
     config_file: dict[str, Any] | None = None  # the config file read: path, shipped (config.ConfigSource)
     resumed_from: str | None = None  # the training checkpoint the run continued from
@@ -133,7 +133,7 @@ class RunRecord:
         return {**self.extra, **found, "package": self.package.to_dict(), "dataset": self.dataset.to_dict()}
 
     @classmethod
-    def from_dict(cls, recorded: Mapping[str, Any]) -> RunRecord:
+    def from_dict(cls, recorded: Mapping[str, Any]) -> Provenance:
         """A record read back (provenance.json, a checkpoint's meta); keys it no longer has go to ``extra``."""
         names = {one.name for one in fields(cls)} - {"extra", "dataset", "package"}
         data_names = {one.name for one in fields(DataRecord)}
@@ -142,7 +142,7 @@ class RunRecord:
         present["resumed_on_changed_data"] = DataChange.from_dict(recorded.get("resumed_on_changed_data"))
         return cls(
             **present,
-            package=PackageRecord.from_dict(recorded.get("package")),
+            package=PackageBuild.from_dict(recorded.get("package")),
             dataset=DataRecord(
                 **{
                     key: dataset.get(key)
@@ -170,11 +170,11 @@ def _set_items(record: Any) -> dict[str, Any]:
     }
 
 
-def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> RunRecord:
+def collect(dataset: str, dataset_sha256: str | None, device: torch.device, precision: str) -> Provenance:
     """The record for this run; every process must call it (device names are gathered from all ranks).
     ``precision`` is what training computes in (fp32, bf16, fp16), ``hardware`` this process's CPU and GPUs."""
-    return RunRecord(
-        package=PackageRecord(PACKAGE, package_version(), is_release(package_version()), **git_state()),
+    return Provenance(
+        package=PackageBuild(PACKAGE, package_version(), is_release(package_version()), **git_state()),
         versions={
             "python": platform.python_version(),
             "torch": str(torch.__version__),
@@ -190,7 +190,7 @@ def collect(dataset: str, dataset_sha256: str | None, device: torch.device, prec
     )
 
 
-def describe(record: RunRecord) -> str:
+def describe(record: Provenance) -> str:
     """One log line: package version, git state and data checksum."""
     package = record.package
     git = "no git"
@@ -278,12 +278,12 @@ def dataset_sha256(*tensors: Any) -> str:
     return digest.hexdigest()
 
 
-def of_checkpoint(checkpoint: Mapping[str, Any]) -> RunRecord:
-    """The record a checkpoint's meta holds, read back as a ``RunRecord`` (an older file's: what it has of it)."""
-    return RunRecord.from_dict(checkpoint_layout.recorded_provenance(checkpoint))
+def of_checkpoint(checkpoint: Mapping[str, Any]) -> Provenance:
+    """The record a checkpoint's meta holds, read back as a ``Provenance`` (an older file's: what it has of it)."""
+    return Provenance.from_dict(checkpoint_layout.recorded_provenance(checkpoint))
 
 
-def differences(recorded: RunRecord, present: RunRecord) -> list[str]:
+def differences(recorded: Provenance, present: Provenance) -> list[str]:
     """What differs between a checkpoint's record and the present run: package version, dataset checksum."""
     found = []
     then, now = recorded.package.version, present.package.version

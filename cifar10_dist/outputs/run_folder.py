@@ -18,7 +18,7 @@ import ignite.distributed as idist
 from cifar10_dist.errors import OutputNotWritable, UserError, resume_hint
 from cifar10_dist.outputs import checkpoint_files, reading
 from cifar10_dist.outputs.files import remove_stale_temporaries, write_json, write_yaml
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system.ranks import from_rank_zero, on_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
@@ -218,7 +218,7 @@ def describe_existing_run(folder: Path) -> str | None:
 
 
 def write_run_start(
-    run_dir: Path, config: Mapping[str, Any], provenance: RunRecord, held_out_indices: list[int] | None
+    run_dir: Path, config: Mapping[str, Any], provenance: Provenance, held_out_indices: list[int] | None
 ) -> None:
     """config.yaml, provenance.json and held_out_indices.json (when images are held out), on rank 0."""
 

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cifar10_dist.outputs.provenance import DataRecord, PackageRecord, RunRecord
+from cifar10_dist.outputs.provenance import DataRecord, PackageBuild, Provenance
 from cifar10_dist.outputs.reading import epochs_and_evaluations, read_events, selection_split
 from cifar10_dist.results import BestResult, RunResult, RunSummary, TrialResult
 
@@ -15,13 +15,13 @@ from cifar10_dist.results import BestResult, RunResult, RunSummary, TrialResult
 def summarize(
     run_dir: Path,
     result: RunResult | TrialResult,
-    record: RunRecord | None,
+    record: Provenance | None,
     seconds: float,
     best_metric: str = "accuracy",
 ) -> RunSummary:
     """summary.json's record: best and final accuracy, times, world size (and its changes), backend, devices,
     precision, hardware, versions (from the run's ``record``, where given), checkpoint paths."""
-    record = record or RunRecord(PackageRecord(), {}, None, 0, {}, "", {}, DataRecord("", None))
+    record = record or Provenance(PackageBuild(), {}, None, 0, {}, "", {}, DataRecord("", None))
     events = read_events(run_dir)
     epochs, evaluations = epochs_and_evaluations(events)
     selection, _, best = selection_split(evaluations, best_metric)

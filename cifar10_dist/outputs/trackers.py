@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from cifar10_dist.config import Config
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.outputs.tracker_guard import Guarded
 
 
@@ -55,19 +55,19 @@ class Tracker(Protocol):
         """FINISHED, FAILED or KILLED (stopped by a signal: a resume continues it)."""
 
 
-def _clearml(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
+def _clearml(config: Config, run_dir: Path, provenance: Provenance) -> Tracker:
     from cifar10_dist.outputs.clearml_tracking import ClearML
 
     return ClearML(config, run_dir)
 
 
-def _mlflow(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
+def _mlflow(config: Config, run_dir: Path, provenance: Provenance) -> Tracker:
     from cifar10_dist.outputs.mlflow_tracking import MLflow
 
     return MLflow(config, run_dir, provenance)
 
 
-def _wandb(config: Config, run_dir: Path, provenance: RunRecord) -> Tracker:
+def _wandb(config: Config, run_dir: Path, provenance: Provenance) -> Tracker:
     from cifar10_dist.outputs.wandb_tracking import WandB
 
     return WandB(config, run_dir, provenance)
@@ -96,7 +96,7 @@ class TrackerKind:
     """A tracker as the opener knows it: whether a run's config turns it on, its builder, its install check."""
 
     turned_on: Callable[[Config], bool]
-    build: Callable[[Config, Path, RunRecord], Tracker]
+    build: Callable[[Config, Path, Provenance], Tracker]
     require: Callable[[], None]
 
 
@@ -148,7 +148,7 @@ class OpenTrackers:
         return fields
 
 
-def open_trackers(config: Config, run_dir: Path, provenance: RunRecord) -> OpenTrackers:
+def open_trackers(config: Config, run_dir: Path, provenance: Provenance) -> OpenTrackers:
     """Every tracker whose ``with_*`` key is on, built and guarded (enter the result to start them); each logs
     ``config.replayable()`` as the run's parameters."""
     return OpenTrackers(

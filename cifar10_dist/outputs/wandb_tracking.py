@@ -24,7 +24,7 @@ from typing import Any
 from cifar10_dist.config import Config
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.outputs import checkpoint_files, files, wandb_history
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.outputs.run_folder import record_files
 from cifar10_dist.system.ranks import is_rank_zero
 
@@ -54,7 +54,7 @@ class WandB:
     disabled): started or continued at the first flush (in ``tracker_guard``'s thread), scalars kept until a flush
     sends them."""
 
-    def __init__(self, config: Config, run_dir: Path, provenance: RunRecord) -> None:
+    def __init__(self, config: Config, run_dir: Path, provenance: Provenance) -> None:
         self.mode = wandb_mode(config.wandb_mode)
         self.enabled = config.with_wandb and self.mode != "disabled" and is_rank_zero()
         self.config, self.run_dir, self.provenance = config, run_dir, provenance.to_dict()

@@ -2,7 +2,8 @@
 training loop calls (``RecipeParts``): the parameters it trains apart (their own lr scale and schedule), the events
 it hooks on the trainer, and the forward branches a warm-up must run. ``training`` names no recipe: it asks
 ``parts_of(model)``. A new recipe is a model, a config and one module here that registers its parts (``register``);
-this package finds its modules itself. Lookahead, airbench's average of the weights, is here too (``lookahead``).
+this package finds its modules itself. Lookahead, airbench's average of the weights, is here too (``lookahead``,
+turned on by the key ``periodic_averaging``).
 
 Imports: ``models``, ``data``, ``config`` and Ignite's engine; never ``training``."""
 

@@ -1,6 +1,6 @@
 """airbench's lookahead (from hlb-cifar10): from 30% of training, every 5 steps the weights and BatchNorm statistics
 move to an exponential average of themselves, whose decay grows with training; at each epoch end the weights are set
-to the average. Any model may use it (``lookahead: true``); fast.yaml does."""
+to the average. Any model may use it (``periodic_averaging: true``); fast.yaml does."""
 
 from __future__ import annotations
 

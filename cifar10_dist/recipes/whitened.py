@@ -17,7 +17,7 @@ from torch import nn
 from cifar10_dist import models
 from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation
-from cifar10_dist.data.records import DatasetInfo
+from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.recipes import GroupApart, register
 
 

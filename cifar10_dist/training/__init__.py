@@ -7,7 +7,7 @@ layered so that each imports only the ones below it (each subpackage's ``__init_
   averages, freezing, data selection, the warm-up, checkpoints written and resumed, a trial's in-run reporting,
   and the run's end;
 - ``before_training``: the tools run before a run: the learning-rate sweep, the batch-size finder, the profiler;
-- ``shipping``: what makes a trained model ready to ship or check: distillation, temperature scaling, and
-  evaluating a saved model in every process.
+- ``trained_models``: what is done with trained models: a teacher's soft targets (distillation), temperature
+  scaling fitted on a trained model, and evaluating a saved model in every process.
 
 Imports ``data``, ``outputs``, ``system`` and the floors below them."""

@@ -25,7 +25,7 @@ from cifar10_dist.training.loop.freezing import BackboneFreeze
 from cifar10_dist.training.loop.step import Accumulation, TrainStep, create_trainer
 from cifar10_dist.training.loop.validation import EngineSet
 from cifar10_dist.training.setup import loss, model_setup, optimizers, schedules
-from cifar10_dist.training.shipping import distillation, temperature
+from cifar10_dist.training.trained_models import distillation, temperature
 
 TOP5_FROM = 5  # top-5 accuracy is reported when there are more classes than this
 
@@ -65,8 +65,8 @@ def setup_optimization(
     )
     teacher = distillation.setup_teacher(config, data_setup.info, device, precision, data_setup.provenance)
     chooser = selection.from_config(
-        config.select_fraction,
-        config.select_until,
+        config.select_hardest_fraction,
+        config.select_hardest_until,
         network.forward,
         precision,
         data_setup.total_iterations,
@@ -137,7 +137,9 @@ def attach_trainer_handlers(
             trainer
         )
     batches.position_sampler_each_epoch(trainer, data_setup.loaders.train, exact_resume=config.epoch_length is None)
-    lookahead = Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.lookahead else None
+    lookahead = (
+        Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.periodic_averaging else None
+    )
     if lookahead is not None:
         lookahead.attach(trainer)
     return lookahead

@@ -1,5 +1,5 @@
 """What runs inside each training process: ``training`` (one of world_size processes), above the four rooms it
-uses (``setup``, ``loop``, ``before_training``, ``shipping``), which import only downward.
+uses (``setup``, ``loop``, ``before_training``, ``trained_models``), which import only downward.
 
 Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
 engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
@@ -36,7 +36,7 @@ from cifar10_dist.training.loop.evaluators import attach_validation
 from cifar10_dist.training.loop.validation import EngineSet, Validation
 from cifar10_dist.training.setup import compression, model_setup, plan, process_setup
 from cifar10_dist.training.setup.resumption import Resumption
-from cifar10_dist.training.shipping import temperature
+from cifar10_dist.training.trained_models import temperature
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -81,9 +81,16 @@ def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     device = process_setup.setup_process(config)
     precision, resumption = plan.process_choices(config, device)
     weights = model_setup.setup_pretrained(config)
-    fed, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
+    with_data_choices, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
     the_plan, network, sweep = plan_the_run(
-        config, fed, data, device=device, precision=precision, resumption=resumption, weights=weights, stop=stop
+        config,
+        with_data_choices,
+        data,
+        device=device,
+        precision=precision,
+        resumption=resumption,
+        weights=weights,
+        stop=stop,
     )
     settled = the_plan.config
     optimization = engines.setup_optimization(settled, network, data, device, precision)
@@ -152,7 +159,7 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
 
 def plan_the_run(
     config: Config,
-    fed: Config,
+    with_data_choices: Config,
     data_setup: run_data.DataSetup,
     *,
     device: torch.device,
@@ -161,11 +168,13 @@ def plan_the_run(
     weights: Any,
     stop: stopping.StopRequest,
 ) -> tuple[plan.RunPlan, model_setup.Network, Any]:
-    """The rest of the planner's choices for a run (``fed``: ``config`` with the data's already settled by
+    """The rest of the planner's choices for a run (``with_data_choices``: ``config`` with the data's already settled by
     ``plan.plan_data``), in the order they need each other: what the device, precision and classes decide
     (``plan.settled_choices``), the memory layout (``layouts``), then the model built with them and, with
     learning_rate=find, the sweep on it. Returns the plan (logged once), the model and the sweep (its files)."""
-    settled = dataclasses.replace(fed, **plan.settled_choices(config, device, precision, resumption, data_setup))
+    settled = dataclasses.replace(
+        with_data_choices, **plan.settled_choices(config, device, precision, resumption, data_setup)
+    )
     settled = plan.settle_layout(settled, device, data_setup)
     if weights is not None:  # the file hashed once, on rank 0
         data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
@@ -174,7 +183,7 @@ def plan_the_run(
     settled, sweep = lr_finding.settle_learning_rate(settled, network, data_setup, device, precision, resumption, stop)
     network.compression = compression.attach(network.model, settled)  # (after the sweep, which runs uncompressed)
     data_setup.provenance.grad_compression = compression.described(network.compression, settled)
-    the_plan = plan.made(settled, config, device, precision, data_setup.provenance.grad_compression)
+    the_plan = plan.run_plan(settled, config, device, precision, data_setup.provenance.grad_compression)
     ranks.on_rank_zero(
         logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s", the_plan.table()
     )

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, PER_WORKER, PRUNERS, Config, PrunerSpec, commands
+from cifar10_dist.config import FIELDS, PER_TUNING_WORKER, PRUNERS, Config, PrunerSpec, commands
 from cifar10_dist.errors import UserError
 from cifar10_dist.training.loop.trials import JOURNAL_PREFIX, make_pruner, open_storage, require_optuna
 from cifar10_dist.tuning.search_space import Dimension
@@ -120,12 +120,12 @@ def json_roundtrip(value: Any) -> Any:
 
 
 def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any], name: str) -> None:
-    """Every worker trains the same thing: base config (but for the keys set per worker: PER_WORKER) and space as
+    """Every worker trains the same thing: base config (but for the keys set per worker: PER_TUNING_WORKER) and space as
     the study records."""
     for part in ("base_config", "space"):
         stored = stored_record.get(part, {})
         for key in sorted(set(stored) | set(record[part])):
-            if part == "base_config" and key in PER_WORKER:
+            if part == "base_config" and key in PER_TUNING_WORKER:
                 continue
             if part == "base_config" and key not in stored and record[part][key] == FIELDS[key].default:
                 continue  # a key newer than the study, at its default: the study trained with that too

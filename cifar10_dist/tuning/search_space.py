@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, UNTUNABLE, Config, config_path, load_config, read_yaml_file
+from cifar10_dist.config import FIELDS, RENAMED, UNTUNABLE, Config, config_path, load_config, read_yaml_file
 from cifar10_dist.errors import UserError
 
 SPACE_TYPES = ("float", "int", "categorical")
@@ -71,7 +71,9 @@ def read_space(path: str | Path) -> dict[str, Dimension]:
             "{type: float, low: 0.01, high: 1.0, log: true}"
         )
     return {
-        str(name): _dimension(str(name), entry, f"space file '{path}' line {space.lines.get(str(name), 1)}")
+        RENAMED.get(str(name), str(name)): _dimension(
+            RENAMED.get(str(name), str(name)), entry, f"space file '{path}' line {space.lines.get(str(name), 1)}"
+        )
         for name, entry in loaded.items()
     }
 

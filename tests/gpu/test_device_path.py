@@ -54,7 +54,7 @@ def test_cutting_and_preparing_a_batch_on_the_device_never_waits_for_it(augment,
     same code runs without it."""
     from cifar10_dist.config import load_config
     from cifar10_dist.data import batches
-    from cifar10_dist.data.records import DatasetInfo
+    from cifar10_dist.data.datasets import DatasetInfo
     from cifar10_dist.data.synthetic import make_synthetic
 
     device = torch.device("cuda" if ON_CUDA else "cpu")

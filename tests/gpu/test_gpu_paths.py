@@ -280,7 +280,7 @@ def test_progressive_resizing_and_data_selection_train_on_the_gpu_and_resume_exa
     levers = [
         "--resize_start=0.5",
         "--resize_until=0.75",
-        "--select_fraction=0.5",
+        "--select_hardest_fraction=0.5",
         "--data_on_device=True",
         "--with_amp=auto",
         "--deterministic=True",

@@ -301,9 +301,9 @@ def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then
     change = json.loads((run_dir / "provenance.json").read_text())["resumed_on_changed_data"]
     assert change["sha256_then"] == recorded["sha256"] != change["sha256_now"]
     assert (change["images_then"], change["images_now"]) == ({"train": 30, "test": 9}, {"train": 35, "test": 9})
-    from cifar10_dist.outputs.provenance import DataChange, RunRecord  # read back typed, written back the same
+    from cifar10_dist.outputs.provenance import DataChange, Provenance  # read back typed, written back the same
 
-    read = RunRecord.from_dict(json.loads((run_dir / "provenance.json").read_text()))
+    read = Provenance.from_dict(json.loads((run_dir / "provenance.json").read_text()))
     assert isinstance(read.resumed_on_changed_data, DataChange)
     assert read.resumed_on_changed_data.images_now == {"train": 35, "test": 9}
     assert read.to_dict()["resumed_on_changed_data"] == change

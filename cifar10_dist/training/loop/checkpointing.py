@@ -26,7 +26,7 @@ from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import files, provenance, scalars
 from cifar10_dist.outputs.checkpoint_files import BEST_PATTERN, TRAINING_PATTERN, existing_checkpoints, load_checkpoint
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.training.loop.background_writes import BackgroundWrites
 
@@ -209,7 +209,7 @@ def check_optimizer_fits(expected: Mapping[str, Any], found: Mapping[str, Any], 
         )
 
 
-def checked_resume_path(path: str | None, config: Config, record: RunRecord) -> str | None:
+def checked_resume_path(path: str | None, config: Config, record: Provenance) -> str | None:
     """The checkpoint the run continues from (``setup.resumption``), refused in one line when it was made with
     other data (the checksum it records against this run's) unless ``resume_on_changed_data``: then one warning,
     and ``record`` (this run's provenance) keeps what changed."""
@@ -300,7 +300,7 @@ def _flag_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
-def refuse_other_classes(path: str, record: RunRecord) -> None:
+def refuse_other_classes(path: str, record: Provenance) -> None:
     """One line, before anything of the run folder is written, when the checkpoint's classes are not this run's
     (a class folder added or removed): its model's head cannot take them, whatever resume_on_changed_data says."""
     now = record.dataset.classes
@@ -321,7 +321,7 @@ def refuse_other_classes(path: str, record: RunRecord) -> None:
     )
 
 
-def data_change(path: str, record: RunRecord) -> provenance.DataChange | None:
+def data_change(path: str, record: Provenance) -> provenance.DataChange | None:
     """What differs between the data a checkpoint records and this run's (rank 0: it holds the checksum); None
     when the checksums agree or either is unknown (a file from before they were recorded)."""
     recorded = provenance.of_checkpoint(load_checkpoint(path, mmap=True)).dataset  # its meta only

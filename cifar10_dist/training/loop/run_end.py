@@ -15,7 +15,7 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import run_data
 from cifar10_dist.outputs import evaluation_files, files, memory_use, mistake_grid, plots, scalars
 from cifar10_dist.outputs import summary as summary_file
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.outputs.trackers import OpenTrackers
 from cifar10_dist.results import Mistake, RunResult, TrialResult
 from cifar10_dist.system import ranks
@@ -114,7 +114,7 @@ def write_run_end(
     result: RunResult | TrialResult,
     findings: RunFindings,
     config: Config,
-    record: RunRecord,
+    record: Provenance,
     tracker_fields: dict[str, Any],
     recorder: scalars.Recorder,
     seconds: float,

@@ -1,12 +1,10 @@
-"""Data selection (``select_fraction``): each step trains on the hardest part of the batch. A forward pass of the
-model without gradients scores every image by its cross-entropy; forward and backward then run on the highest-
-scoring ``select_fraction`` of them alone (backward is most of a step's cost). Selective backprop (Jiang et al.
-2019) with the model as its own scorer; airbench96_faster picks the same way with a small proxy network.
-
-Each process selects from its own batch: with world size W and per-process batch B, every step trains on W x
-round(fraction x B) images. The scoring pass leaves BatchNorm's running statistics as they were, so the model's
-state after a step depends on the selected images alone: resume stays exact.
-"""
+"""Data selection (``select_hardest_fraction``): each step trains on the hardest part of the batch. A forward pass of
+the model without gradients scores every image by its cross-entropy; forward and backward then run on the highest-
+scoring ``select_hardest_fraction`` of them alone (backward is most of a step's cost). Selective backprop (Jiang et
+al. 2019) with the model as its own scorer; airbench96_faster picks the same way with a small proxy network. Each
+process selects from its own batch: with world size W and per-process batch B, every step trains on W x
+round(fraction x B) images. The scoring pass leaves BatchNorm's running statistics as they were, so the model's state
+after a step depends on the selected images alone: resume stays exact."""
 
 from __future__ import annotations
 
@@ -65,7 +63,7 @@ class HardestSelection:
 def from_config(
     fraction: float, until: float, model: nn.Module, precision: Precision, total_iterations: int, batch_size: int
 ) -> HardestSelection | None:
-    """The run's selection (None when select_fraction is 1), logged once with what each process keeps."""
+    """The run's selection (None when select_hardest_fraction is 1), logged once with what each process keeps."""
     if fraction >= 1:
         return None
     selection = HardestSelection(model, precision, fraction, round(until * total_iterations))

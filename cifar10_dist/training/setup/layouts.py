@@ -21,7 +21,7 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import Config
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system import layout_numerics
 
 logger = logging.getLogger("cifar10_dist")
@@ -65,7 +65,7 @@ def choose(
     return True, f"channels_last=auto: on ({faster}; {numerics.describe()})"
 
 
-def settle(config: Config, device: torch.device, classes: int, record: RunRecord | None = None) -> Config:
+def settle(config: Config, device: torch.device, classes: int, record: Provenance | None = None) -> Config:
     """The config with channels_last settled to True or False for its model with ``classes`` outputs; the reason
     is logged and, given a provenance ``record``, kept in it as ``memory_format``."""
     chosen, why = choose(

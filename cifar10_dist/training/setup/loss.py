@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cifar10_dist.config import Config, class_weights
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system import ranks
 
 logger = logging.getLogger("cifar10_dist")
@@ -22,7 +22,7 @@ def training_loss(
     class_counts: Sequence[int],
     classes: Sequence[str],
     device: torch.device,
-    record: RunRecord | None = None,
+    record: Provenance | None = None,
 ) -> nn.Module:
     """Cross-entropy for training; ``record`` (the run's provenance; None for the lr sweep's loss) gets the class
     weights when there are any."""

@@ -44,7 +44,7 @@ def setup_model(
     resumption: Resumption | None = None,
 ) -> Network:
     """The model (started from ``weights`` unless resuming, else with what its recipe sets from training images),
-    its weights in bf16 with ``half_weights`` (``precision``: the run's), in the configured memory
+    its weights in bf16 with ``low_precision_weights`` (``precision``: the run's), in the configured memory
     format, wrapped for the backend (DDP, ...), and compiled for the engines if asked."""
     info = data_setup.info
     model = models.build_model(config.model, config.model_kwargs, len(info.classes))
@@ -53,7 +53,7 @@ def setup_model(
     else:  # what the model's recipe sets from data, never over pretrained weights
         recipes.parts_of(model).init_from_data(data_setup.train.images, info)
     logger.info("model %s: %.2fM parameters", config.model, models.count_parameters(model) / 1e6)
-    if config.half_weights:
+    if config.low_precision_weights:
         half_network(model, precision)
     if config.sync_bn and idist.get_world_size() > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -82,17 +82,17 @@ NORMALISATION = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def half_network(model: nn.Module, precision: Precision | None) -> None:
-    """``half_weights``: every weight and buffer in bf16 but the normalisation layers' (fp32, as airbench's
+    """``low_precision_weights``: every weight and buffer in bf16 but the normalisation layers' (fp32, as airbench's
     ``.half()`` net keeps its BatchNorm), so autocast has no weight to cast at each step; refused in one line
     unless the run trains in bf16."""
     if precision is None or precision.dtype != torch.bfloat16:
         trains = f"{precision.name} ({precision.reason})" if precision else "fp32"
         raise UserError(
-            f"half_weights=True keeps the weights in bf16, and this run trains in {trains}: give "
-            "--with_amp=True --amp_dtype=bfloat16 on hardware with bf16, or leave half_weights off"
+            f"low_precision_weights=True keeps the weights in bf16, and this run trains in {trains}: give "
+            "--with_amp=True --amp_dtype=bfloat16 on hardware with bf16, or leave low_precision_weights off"
         )
     norms = [module for module in model.modules() if isinstance(module, NORMALISATION)]
     model.to(torch.bfloat16)
     for norm in norms:
         norm.float()
-    logger.info("half_weights: weights in bf16, %d normalisation layers in fp32", len(norms))
+    logger.info("low_precision_weights: weights in bf16, %d normalisation layers in fp32", len(norms))

@@ -24,7 +24,7 @@ import torch
 
 from cifar10_dist.config import Config, class_weights, per_batch_augmentations
 from cifar10_dist.data import batches, loaders, run_data
-from cifar10_dist.data.records import LoadedData
+from cifar10_dist.data.datasets import LoadedData
 from cifar10_dist.data.run_data import DataSetup, Normalisation
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision, choose_precision
@@ -162,7 +162,7 @@ def settle_measurement(config: Config, device: torch.device, num_classes: int) -
     return layouts.settle(settled, device, num_classes)
 
 
-def made(
+def run_plan(
     settled: Config, given: Config, device: torch.device, precision: Precision, grad_compression: str = "none"
 ) -> RunPlan:
     """The plan of a run whose config was ``given`` and is now ``settled``."""

@@ -1,5 +1,5 @@
 """What each process sets up before anything else: its device, seeds and numerics settings (deterministic
-kernels, TF32, cuDNN autotuning, glibc's keep_freed_memory), the run's precision (with why), and what a second
+kernels, TF32, cuDNN autotuning, glibc's reuse_freed_memory), the run's precision (with why), and what a second
 Ctrl-C does."""
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def settled_precision(config: Config, precision: Precision) -> dict[str, Any]:
 
 
 def configure_device_speed(config: Config, device: torch.device) -> None:
-    """On CPU, glibc keeps freed memory for reuse (keep_freed_memory); TF32 and cuDNN autotuning on CUDA;
+    """On CPU, glibc keeps freed memory for reuse (reuse_freed_memory); TF32 and cuDNN autotuning on CUDA;
     deterministic mode overrides autotuning."""
-    if device.type == "cpu" and config.keep_freed_memory and cpu.keep_freed_memory():
-        logger.info("keep_freed_memory: freed memory stays in this process for reuse (glibc)")
+    if device.type == "cpu" and config.reuse_freed_memory and cpu.keep_freed_memory():
+        logger.info("reuse_freed_memory: freed memory stays in this process for reuse (glibc)")
     if device.type != "cuda":
         return
     torch.backends.cuda.matmul.allow_tf32 = config.tf32

@@ -17,7 +17,7 @@ from torch import nn
 from cifar10_dist import checkpoint_layout
 from cifar10_dist.config import Config, commands
 from cifar10_dist.data import augmentation, cifar, cifar_layouts, folder_scan
-from cifar10_dist.data.records import IMAGE_SIZE, DatasetInfo
+from cifar10_dist.data.datasets import IMAGE_SIZE, DatasetInfo
 from cifar10_dist.errors import UserError
 from cifar10_dist.models.restoring import restore_model
 from cifar10_dist.models.viewing import TemperatureScaled, tta_logits
@@ -62,7 +62,7 @@ def load_trained_model(
     ONNX Runtime, on the CPU."""
     chosen = usable_device(str(device)) if device is not None else default_device()
     if str(checkpoint).endswith(".onnx"):
-        from cifar10_dist.serve import quantizing
+        from cifar10_dist.deployment import quantizing
 
         if not Path(checkpoint).is_file():
             raise UserError(f"checkpoint '{checkpoint}' does not exist")

@@ -1,4 +1,4 @@
-"""Making a trained model ready to ship, and checking a shipped one:
+"""What is done with trained models:
 
 - ``distillation``: a teacher's soft targets for a smaller student;
 - ``temperature``: temperature scaling fitted on val (``calibrate=temperature``) and stored with its model;

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cifar10_dist.config.commands import flag, flags_of
+from cifar10_dist.deployment.formats import FORMATS, NAMES
 from cifar10_dist.errors import UserError
-from cifar10_dist.serve.formats import FORMATS, NAMES
 
 CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
 MIN_AGREEMENT = 0.98  # of the test images, the int8 model's top-1 must equal the fp32 model's on at least this share
@@ -38,7 +38,7 @@ EXPORT_FLAGS = flags_of(ExportFlags)
 
 @dataclass(frozen=True)
 class Quantization:
-    """``quantize=int8`` and its settings (serve.quantizing), export's flags; ``calibration``: uint8 images to
+    """``quantize=int8`` and its settings (deployment.quantizing), export's flags; ``calibration``: uint8 images to
     calibrate on instead of a choice of training images (a test's way to quantize badly on purpose)."""
 
     kind: str | None = flag(

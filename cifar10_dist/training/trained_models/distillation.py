@@ -26,10 +26,10 @@ from cifar10_dist.data import cifar
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained, restoring
 from cifar10_dist.outputs import checkpoint_files
-from cifar10_dist.outputs.provenance import RunRecord
+from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision
-from cifar10_dist.training.shipping import temperature
+from cifar10_dist.training.trained_models import temperature
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -157,7 +157,7 @@ def build_teacher(
 
 
 def setup_teacher(
-    config: Config, info: Any, device: torch.device, precision: Precision, record: RunRecord
+    config: Config, info: Any, device: torch.device, precision: Precision, record: Provenance
 ) -> Teacher | None:
     """The run's teacher (``build_teacher`` for the data's classes and normalisation, in the run's memory format),
     recorded in the run's provenance (``record``) as ``teacher``."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from cifar10_dist.config import Config
 from cifar10_dist.data import batches, cifar, run_data
-from cifar10_dist.data.records import DatasetInfo, LoadedData
+from cifar10_dist.data.datasets import DatasetInfo, LoadedData
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import restoring
 from cifar10_dist.outputs import checkpoint_files, evaluation_files, log_lines, provenance
@@ -23,7 +23,7 @@ from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.evaluators import MistakeCollector, create_evaluator, per_class_f1, reliability
 from cifar10_dist.training.setup import model_setup, plan
-from cifar10_dist.training.shipping import temperature
+from cifar10_dist.training.trained_models import temperature
 
 logger = logging.getLogger("cifar10_dist")
 

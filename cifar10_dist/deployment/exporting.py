@@ -24,15 +24,15 @@ import torch
 
 from cifar10_dist import models, sources
 from cifar10_dist.config import Config
-from cifar10_dist.data import augmentation, records
-from cifar10_dist.data.records import DatasetInfo
+from cifar10_dist.data import augmentation, datasets
+from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.data.synthetic import make_synthetic
+from cifar10_dist.deployment import inference, quantizing
+from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization  # noqa: F401 - export's flags
+from cifar10_dist.deployment.formats import FORMATS, INSTALL_HINT
 from cifar10_dist.errors import OutputNotWritable, UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
-from cifar10_dist.serve import inference, quantizing
-from cifar10_dist.serve.export_flags import EXPORT_FLAGS, Quantization  # noqa: F401 - export's flags
-from cifar10_dist.serve.formats import FORMATS, INSTALL_HINT
 
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
 # logits' scale (their largest absolute value, at least 1): fp32 kernels of other runtimes and CPUs sum in another
@@ -102,7 +102,7 @@ def write_int8_onnx(
     quantization: Quantization,
 ) -> dict[str, Any]:
     """The fp32 ONNX export (verified against PyTorch), quantized to int8 and checked against it on the test set;
-    written to ``path`` only when the agreement holds (serve.quantizing)."""
+    written to ``path`` only when the agreement holds (deployment.quantizing)."""
     import onnx
 
     with tempfile.TemporaryDirectory(prefix="cifar10_dist-int8-") as folder:
@@ -187,7 +187,7 @@ def check_images(config: Config, info: DatasetInfo) -> tuple[torch.Tensor, str]:
     """Normalised images for the check (with the model's normalisation): the first test images of the data the
     model was trained on when that is still readable (its source says), else synthetic images of its size."""
     known = config.dataset in sources.SOURCES  # (a checkpoint of a source this installation lacks: synthetic ones)
-    found = records.implementation(config.dataset).sample_images(config, CHECK_IMAGES) if known else None
+    found = datasets.implementation(config.dataset).sample_images(config, CHECK_IMAGES) if known else None
     images, described = (
         found
         if found is not None

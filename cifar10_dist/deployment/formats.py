@@ -16,7 +16,7 @@ class ExportFormat:
     name: str
     suffix: str  # of the file written next to the checkpoint by default
     needs: tuple[str, ...]  # packages beyond torch
-    writer: str  # the function of serve.exporting that writes it and checks it against the PyTorch model
+    writer: str  # the function of deployment.exporting that writes it and checks it against the PyTorch model
     verified_by: str  # what loads it back for that check
     help: str  # one line: what the file holds
 

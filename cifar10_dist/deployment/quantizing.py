@@ -27,15 +27,15 @@ import torch
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, load_config
 from cifar10_dist.data import augmentation, loaders, run_data
-from cifar10_dist.data.records import DatasetInfo
-from cifar10_dist.errors import UserError
-from cifar10_dist.serve.export_flags import (  # noqa: F401 - declared with export's flags
+from cifar10_dist.data.datasets import DatasetInfo
+from cifar10_dist.deployment.export_flags import (  # noqa: F401 - declared with export's flags
     CALIBRATION_IMAGES,
     CHOICE_IMAGES,
     METHODS,
     MIN_AGREEMENT,
     check_calibration_method,
 )
+from cifar10_dist.errors import UserError
 
 WORTH_ACCEPTING = 0.9  # a refusal offers --min_agreement=<what was measured> only from this agreement up
 SEED = 0  # which training images calibrate and choose
