@@ -175,13 +175,13 @@ def test_local_ranks_beyond_the_gpu_count_share_gpus_round_robin(monkeypatch):
     """scripts/slurm/shared_gpu.sbatch: 4 tasks, 1 GPU; Ignite calls torch.cuda.set_device(local_rank)."""
     import torch
 
-    from cifar10_dist.launch import spawn
+    from cifar10_dist.launch import supervision
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    with spawn._gpus_shared_by_local_ranks():
+    with supervision._gpus_shared_by_local_ranks():
         for local_rank in range(5):
             torch.cuda.set_device(local_rank)
     torch.cuda.set_device(7)  # outside: untouched

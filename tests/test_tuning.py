@@ -153,7 +153,7 @@ def test_optuna_dashboard_serves_the_study(finished_study):
     _, output = finished_study
     if shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("optuna-dashboard is not installed (pip install 'cifar10-dist[tune]')")
-    from cifar10_dist.launch.spawn import free_port
+    from cifar10_dist.launch.supervision import free_port
 
     port = free_port()
     dashboard = subprocess.Popen(
@@ -243,7 +243,7 @@ def postgresql(tmp_path_factory):
         account = pwd.getpwnam("postgres")
         os.chown(folder, account.pw_uid, account.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    from cifar10_dist.launch.spawn import free_port
+    from cifar10_dist.launch.supervision import free_port
 
     port = free_port()
     data = folder / "data"

@@ -41,7 +41,7 @@ def start_method() -> str:
     """fork in a notebook (its functions stay reachable); elsewhere a forkserver that imported torch and this
     package once, so each worker starts in a fraction of a second instead of importing them again (what spawn
     does, and where there is no forkserver, e.g. on Windows). Workers forked from the server take this process's
-    environment, folder and import path from their arguments (``spawn._spawned_entry``), as spawned ones would."""
+    environment, folder and import path from their arguments (``supervision._spawned_entry``), as spawned ones would."""
     if "__IPYTHON__" in builtins.__dict__:
         return "fork"
     if "forkserver" not in multiprocessing.get_all_start_methods():
