@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, commands
+from cifar10_dist.config.export_flags import EXPORT_FLAGS
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR
-from cifar10_dist.deployment.export_flags import EXPORT_FLAGS
 from cifar10_dist.errors import UserError
 from cifar10_dist.launch import runs
 from cifar10_dist.launch.runs import resolve, train, train_seeds
@@ -141,7 +141,7 @@ def export(
     calibration: Any = None,
     **quantization: Any,
 ) -> ExportResult:
-    """Write the checkpoint's model as one of ``deployment.formats.FORMATS`` (safetensors, pt2, onnx, torchscript;
+    """Write the checkpoint's model as one of ``config.export_formats.FORMATS`` (safetensors, pt2, onnx, torchscript;
     default: next to the checkpoint), with a JSON sidecar; the file is loaded back by its own runtime and compared with
     the PyTorch model first. ``quantize="int8"`` (onnx): ONNX Runtime's static quantization calibrated on
     ``calibration_images`` training images (or the uint8 images ``calibration``) by ``calibration_method`` (auto:
@@ -237,10 +237,11 @@ def doctor(
     from cifar10_dist import models
     from cifar10_dist.config import absolute_model_reference
     from cifar10_dist.system.doctor import examine
+    from cifar10_dist.training.setup import plan
 
     model = absolute_model_reference(str(model))
     models.check_model(model, None, models.NUM_CLASSES)
-    return examine(model, batch_size, budget_seconds, None if link is None else str(link))
+    return examine(model, batch_size, budget_seconds, None if link is None else str(link), plan.automatic_choice)
 
 
 def evaluate(
@@ -262,7 +263,7 @@ def evaluate(
 
 def refuse_an_export(checkpoint: str | Path) -> None:
     """One line for a file of ``export`` given to evaluate, which reads checkpoints: what reads it instead."""
-    from cifar10_dist.deployment import formats
+    from cifar10_dist.config import export_formats as formats
 
     exported = formats.exported_format(str(checkpoint))
     if exported is None:

@@ -297,7 +297,7 @@ def written_defaults(place: object) -> dict[str, ast.expr]:
 
 def test_no_default_of_a_commands_flag_is_written_twice():
     """Where a command's flag is a parameter or a field (its API call, the records and functions that implement
-    it), its default is read from the declaration (config.commands, lr_sweep, deployment.export_flags), never written
+    it), its default is read from the declaration (config.commands, lr_sweep, config.export_flags), never written
     again as a literal: change it there and the CLI, the API, the help page and the code follow."""
     from cifar10_dist import api
     from cifar10_dist.cli.flags import declared_flags

@@ -299,6 +299,7 @@ def test_no_training_or_data_code_names_a_recipe_or_its_parts():
 
 # the rules that settle an auto (or find) key, each declared in its own module: training.setup.plan alone calls them
 SETTLING_RULES = {
+    "candidates_for",  # export --quantize=int8's calibration_method=auto (config.export_flags)
     "settle_data_on_device",
     "workers_for",
     "settle_augment_per_pass",
@@ -339,3 +340,12 @@ def test_every_auto_is_settled_by_the_planner_alone():
 def test_the_planner_check_sees_a_rule_called_outside_the_planner(tmp_path):
     (tmp_path / "loader.py").write_text("from x import loaders\n\ndef f(c, d):\n    return loaders.workers_for(c, d)\n")
     assert calls_of(tmp_path / "loader.py", SETTLING_RULES) == {"workers_for"}
+
+
+def test_the_precision_is_chosen_by_the_planner_alone():
+    """with_amp=auto's rule (system.precision: choose_precision, automatic_precision) is called by the planner and
+    the process set-up it calls (doctor and batch-size ask the planner), nowhere else."""
+    callers = {
+        dotted(path, PACKAGE) for path in sources() if calls_of(path, {"choose_precision", "automatic_precision"})
+    }
+    assert callers <= {PLANNER, "training.setup.process_setup", "system.precision"}, callers

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cifar10_dist import api
-from cifar10_dist.config import Config
+from cifar10_dist.config import Config, export_flags
 from cifar10_dist.data import cifar, cifar_layouts
 from cifar10_dist.deployment import quantizing
 from tests.conftest import run_in_this_process
@@ -43,7 +43,7 @@ def test_int8_export_reports_accuracy_and_agreement_and_loads_in_onnx_runtime(tr
     found = sidecar["quantization"]
     assert found["test_images"] == 301 and found["calibration_images"] == 200
     # chosen among the 6 calibrations on the 400 training images the calibration did not use (of small_dataset's 600)
-    assert [row["calibration"] for row in found["candidates"]] == [c.name for c in quantizing.CANDIDATES]
+    assert [row["calibration"] for row in found["candidates"]] == [c.name for c in export_flags.CANDIDATES]
     assert found["chosen_on"] == 400
     best = max(found["candidates"], key=lambda row: row["agreement"])
     assert found["calibration"] == best["calibration"]

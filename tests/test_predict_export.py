@@ -352,11 +352,11 @@ def test_the_docs_predict_json_example_has_the_entries_its_command_asks_for(trai
 
 
 def test_every_place_that_lists_the_export_formats_lists_them_all():
-    """deployment.formats.FORMATS is the one registry: the CLI's help pages, its usage line, the API, the deployment
+    """config.export_formats.FORMATS is the one registry: the CLI's help pages, its usage line, the API, the deployment
     package and docs/models-in-and-out.md's table name every format (pt2 was missing from three of them)."""
     from cifar10_dist import api, deployment
     from cifar10_dist.cli import help_pages as cli_help
-    from cifar10_dist.deployment.formats import FORMATS
+    from cifar10_dist.config.export_formats import FORMATS
 
     repo = Path(__file__).resolve().parents[1]
     table = [

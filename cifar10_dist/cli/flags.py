@@ -13,10 +13,10 @@ from cifar10_dist.errors import UserError
 
 def declared_flags() -> dict[str, tuple[commands.Flag, ...]]:
     """Every command's own flags, declared where each command's job is (``config.commands``, ``config.lr_sweep``,
-    ``deployment.export_flags``)."""
+    ``config.export_flags``)."""
     from cifar10_dist.config import LrSweep
+    from cifar10_dist.config.export_flags import EXPORT_FLAGS, Quantization
     from cifar10_dist.config.lr_sweep import OUTPUT_DIR
-    from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization
 
     return {
         "run": (),

@@ -2,7 +2,7 @@
 ``cifar10-dist COMMAND --help`` (the command's own flags, then the config keys under one heading per topic, each
 key on its own line with a few words), and ``cifar10-dist COMMAND --help=KEY`` (one key's whole story). Every text
 comes from the declarations: the keys' (``config.fields``: ``short`` and ``help``), the commands' flags
-(``config.commands``), the export formats (``deployment.formats``). Lines are wrapped to the terminal's width, 80
+(``config.commands``), the export formats (``config.export_formats``). Lines are wrapped to the terminal's width, 80
 columns where there is no terminal."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Callable
 from cifar10_dist.cli.page_layout import PAGE_WIDTH, help_block, option_line, usage
 from cifar10_dist.config import commands
 from cifar10_dist.config.commands import flags_of
+from cifar10_dist.config.export_formats import FORMATS, INSTALL_HINT
 from cifar10_dist.config.fields import FIELDS, choices, settable_by_topic
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR, LrSweep
-from cifar10_dist.deployment.formats import FORMATS, INSTALL_HINT
 
 MAX_WIDTH = 100  # wider terminals get pages this wide: lines longer than that are hard to read
 
@@ -130,9 +130,9 @@ PREDICT_HELP = command_page(
 
 
 def export_help(width: int) -> str:
-    """export's page: its flags are ``deployment.export_flags``', imported (with torch) only when this page is asked
+    """export's page: its flags are ``config.export_flags``', imported (with torch) only when this page is asked
     for."""
-    from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization
+    from cifar10_dist.config.export_flags import EXPORT_FLAGS, Quantization
 
     needs = ", ".join(f.name for f in FORMATS.values() if f.needs)
     return command_page(

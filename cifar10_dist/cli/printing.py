@@ -135,7 +135,7 @@ def format_prediction(path: str, probabilities: Any, classes: tuple[str, ...], t
 
 def print_export(result: ExportResult) -> None:
     """How the exported file was verified against PyTorch, the int8 check where there is one, and what was written."""
-    from cifar10_dist.deployment.formats import FORMATS
+    from cifar10_dist.config.export_formats import FORMATS
 
     runtime = FORMATS[result.format].verified_by
     if result.tensors_equal is not None:

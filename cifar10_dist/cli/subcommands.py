@@ -141,9 +141,9 @@ def _require_whole(name: str, value: Any, minimum: int) -> None:
 
 
 def export(**flags: Any) -> None:
-    """Export a checkpoint's model (any of deployment.formats.FORMATS), verified against PyTorch; print the check
+    """Export a checkpoint's model (any of config.export_formats.FORMATS), verified against PyTorch; print the check
     (its flags: deployment.exporting's)."""
-    from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization
+    from cifar10_dist.config.export_flags import EXPORT_FLAGS, Quantization
 
     values = commands.resolve("export", flags, EXPORT_FLAGS, commands.flags_of(Quantization))
     result = api.export(str(values.pop("checkpoint")), str(values.pop("format")), **values)

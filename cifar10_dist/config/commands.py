@@ -2,7 +2,7 @@
 dataclass made with ``flag(...)`` (default, help, how the page shows it, whether it is required), read as ``Flag``
 records by ``flags_of``. The CLI and the API take their defaults from the declaration, the help pages print it
 (``help_block``, ``usage``); tests/test_cli.py compares all three and fails on a default written again.
-lr-find's are ``config.lr_sweep``'s, export's ``deployment.export_flags``'; the other commands' are declared below
+lr-find's are ``config.lr_sweep``'s, export's ``config.export_flags``'; the other commands' are declared below
 (their jobs' modules import torch, and the help pages must not)."""
 
 from __future__ import annotations

@@ -24,15 +24,16 @@ import torch
 
 from cifar10_dist import models, sources
 from cifar10_dist.config import Config
+from cifar10_dist.config.export_flags import EXPORT_FLAGS, Quantization  # noqa: F401 - export's flags
+from cifar10_dist.config.export_formats import FORMATS, INSTALL_HINT
 from cifar10_dist.data import augmentation, datasets
 from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.deployment import inference, quantizing
-from cifar10_dist.deployment.export_flags import EXPORT_FLAGS, Quantization  # noqa: F401 - export's flags
-from cifar10_dist.deployment.formats import FORMATS, INSTALL_HINT
 from cifar10_dist.errors import OutputNotWritable, UserError
 from cifar10_dist.outputs import files
 from cifar10_dist.results import ExportResult
+from cifar10_dist.training.setup import plan
 
 # The largest logit difference accepted between an exported form and the PyTorch model, as a fraction of the
 # logits' scale (their largest absolute value, at least 1): fp32 kernels of other runtimes and CPUs sum in another
@@ -115,7 +116,7 @@ def write_int8_onnx(
         )
         if quantization.calibration is not None:
             calibration = quantization.calibration
-        candidates = quantizing.candidates_for(quantization.calibration_method)
+        candidates = plan.calibration_candidates(quantization.calibration_method)
         int8, how, table = quantizing.choose(fp32, calibration, choosing, trained.info, work, candidates)
         compared = quantizing.compared_on_test(fp32, int8, data.test, trained.info)
         described = {

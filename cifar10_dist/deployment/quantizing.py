@@ -2,14 +2,14 @@
 ONNX export (QDQ format, signed int8 weights, unsigned 8-bit activations: ORT's fast U8S8 kernels on x86; signed
 activations ran far slower on the Zen 4 EPYC, benchmarks.int8 measures both).
 
-The classifier (the last layer with weights) stays fp32. The activation ranges are calibrated on N training
-images. How (MinMax, Percentile or Entropy; weights per output channel or per tensor) is chosen, by default,
-among CANDIDATES on other training images, held out from the calibration (or on the run's validation images,
-where it had a val split): the one whose top-1 class agrees with the fp32 model's most often there. The test set
-is used once, on the chosen model, to report the test accuracy of both and their agreement; below
-``min_agreement`` (default MIN_AGREEMENT) the export is refused in one line and nothing is written. An int8 model
-whose largest logit is tied between classes does not agree (nor is it correct): it has not decided. ``OnnxModel``
-runs an exported file for ``predict``."""
+The classifier (the last layer with weights) stays fp32. The activation ranges are calibrated on N training images.
+How (MinMax, Percentile or Entropy; weights per output channel or per tensor) is chosen, by default, among the
+planner's candidates (config.export_flags.CANDIDATES) on other training images, held out from the calibration (or on
+the run's validation images, where it had a val split): the one whose top-1 class agrees with the fp32 model's most
+often there. The test set is used once, on the chosen model, to report the test accuracy of both and their
+agreement; below ``min_agreement`` (default MIN_AGREEMENT) the export is refused in one line and nothing is written.
+An int8 model whose largest logit is tied between classes does not agree (nor is it correct): it has not decided.
+``OnnxModel`` runs an exported file for ``predict``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import io
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,45 +25,21 @@ import numpy as np
 import torch
 
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, load_config
-from cifar10_dist.data import augmentation, loaders, run_data
-from cifar10_dist.data.datasets import DatasetInfo
-from cifar10_dist.deployment.export_flags import (  # noqa: F401 - declared with export's flags
+from cifar10_dist.config.export_flags import (  # noqa: F401 - declared with export's flags
     CALIBRATION_IMAGES,
     CHOICE_IMAGES,
     METHODS,
     MIN_AGREEMENT,
+    Calibration,
     check_calibration_method,
 )
+from cifar10_dist.data import augmentation, loaders, run_data
+from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.errors import UserError
 
 WORTH_ACCEPTING = 0.9  # a refusal offers --min_agreement=<what was measured> only from this agreement up
 SEED = 0  # which training images calibrate and choose
 BATCH = 256
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """How the int8 model is made: ORT's calibration ``method`` for the activation ranges, and weight scales per
-    output channel or per tensor."""
-
-    method: str = "minmax"
-    per_channel: bool = True
-
-    @property
-    def name(self) -> str:
-        return self.method + ("" if self.per_channel else " per-tensor")
-
-
-CANDIDATES = tuple(Calibration(method, per_channel) for method in METHODS for per_channel in (True, False))
-
-
-def candidates_for(method: str) -> tuple[Calibration, ...]:
-    """The calibrations an export tries: all CANDIDATES for ``auto``, else that method's two (per channel, per
-    tensor); a one-line UserError for another word."""
-    check_calibration_method(method)
-    if method == "auto":
-        return CANDIDATES
-    return tuple(candidate for candidate in CANDIDATES if candidate.method == method)
 
 
 class OnnxModel:

@@ -28,7 +28,7 @@ from cifar10_dist import models
 from cifar10_dist.config import commands
 from cifar10_dist.results import DoctorReport, ProbeResult
 from cifar10_dist.system import cpu, hardware, layout_numerics, scaling
-from cifar10_dist.system.precision import Precision, automatic_precision, make_grad_scaler
+from cifar10_dist.system.precision import Precision, make_grad_scaler
 
 MIN_STEPS = 3  # timed steps after the warm-up that a setting needs to be compared (and advised on)
 MAX_STEPS = 200
@@ -40,13 +40,17 @@ def examine(
     batch_size: int = commands.default(commands.DOCTOR, "batch_size"),
     budget_seconds: float = commands.default(commands.DOCTOR, "budget_seconds"),
     link: str | None = commands.default(commands.DOCTOR, "link"),
+    auto_choice: Callable[[torch.device], Precision] | None = None,
 ) -> DoctorReport:
     """The whole report; the probe gives each setting about ``budget_seconds``; with ``link``, the estimate at N
-    nodes over it from the probe's fastest step."""
+    nodes over it from the probe's fastest step. ``auto_choice``: what with_amp=auto picks on a device, the
+    planner's rule (``training.setup.plan.automatic_choice``: api.doctor passes it; this floor cannot import it)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     probe_batch_size, probes = probe(model, batch_size, device, budget_seconds)
-    auto = automatic_precision(device)
+    if auto_choice is None:
+        raise ValueError("examine needs the planner's auto_choice (api.doctor gives it)")
+    auto = auto_choice(device)
     numerics = layout_numerics.check(lambda: models.build_model(model)) if device.type == "cpu" else None
     return DoctorReport(
         versions=versions(),

@@ -251,8 +251,11 @@ def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(reco
     )
     assert result.device == "cuda" and result.batch_size > 256
     record("batch-size finder: suggested batch (simple_cnn, 128 px)", result.batch_size)
+    from cifar10_dist.training.setup import plan
+
     config = api.resolve(None, model="simple_cnn", image_size=128, dataset="folder", data_path="unused")
-    fits = batch_sizes.fits_on_gpu(config, torch.device("cuda"))
+    config, precision = plan.settle_measurement(config, torch.device("cuda"), 10)
+    fits = batch_sizes.fits_on_gpu(config, torch.device("cuda"), precision)
     assert fits(result.batch_size)
     assert not fits(int(result.batch_size / batch_sizes.GPU_MARGIN) * 2 + 64)
 

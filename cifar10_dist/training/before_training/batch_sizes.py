@@ -27,7 +27,7 @@ from cifar10_dist.data import batches, run_data
 from cifar10_dist.errors import UserError
 from cifar10_dist.results import BatchSizeResult, BatchSpeed
 from cifar10_dist.system import doctor
-from cifar10_dist.system.precision import choose_precision
+from cifar10_dist.system.precision import Precision
 from cifar10_dist.training.loop.step import TrainStep
 from cifar10_dist.training.setup import optimizers, plan
 
@@ -38,7 +38,7 @@ GPU_LIMIT = 1 << 16
 ROUND_TO = 8
 
 
-def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[], Any]:
+def step_of(config: Config, batch_size: int, device: torch.device, precision: Precision) -> Callable[[], Any]:
     """One training step of the config's run on ``batch_size`` random images, as a callable."""
     torch.manual_seed(0)
     layout = batches.memory_format(config.channels_last)  # settled once by find_batch_size
@@ -47,7 +47,6 @@ def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[
         config, learning_rate=1e-3 if config.learning_rate == "find" else config.learning_rate
     )
     optimizer, _ = optimizers.build_optimizer(model, numeric, total_iterations=1000)
-    precision = choose_precision(device, config.with_amp, config.amp_dtype)  # (settled by the plan: no auto here)
     train = TrainStep(model, optimizer, nn.CrossEntropyLoss(), precision)
     inputs = torch.randn(batch_size, 3, config.image_size, config.image_size, device=device).contiguous(
         memory_format=layout
@@ -56,9 +55,11 @@ def step_of(config: Config, batch_size: int, device: torch.device) -> Callable[[
     return lambda: train(inputs, targets)
 
 
-def timing(config: Config, batch_size: int, device: torch.device, budget_seconds: float) -> doctor.Timing:
+def timing(
+    config: Config, batch_size: int, device: torch.device, precision: Precision, budget_seconds: float
+) -> doctor.Timing:
     """A warm-up step, then timed steps until the budget is spent (at least MIN_STEPS, at most MAX_STEPS)."""
-    step = step_of(config, batch_size, device)
+    step = step_of(config, batch_size, device, precision)
     warm_up = doctor.timed(step, device)
     steps: list[float] = []
     started = time.perf_counter()
@@ -106,10 +107,10 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = GPU_LI
     return low
 
 
-def fits_on_gpu(config: Config, device: torch.device) -> Callable[[int], bool]:
+def fits_on_gpu(config: Config, device: torch.device, precision: Precision) -> Callable[[int], bool]:
     def fits(batch_size: int) -> bool:
         try:
-            step = step_of(config, batch_size, device)
+            step = step_of(config, batch_size, device, precision)
             step()
             step()  # the optimizer's state is made by the first step
             torch.cuda.synchronize(device)
@@ -180,17 +181,19 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     """Measure, choose and explain (per process sizes; the suggestion is global: times the planned world size)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = plan.settle_measurement(config, device, models.NUM_CLASSES)  # once, not per batch tried
+    config, precision = plan.settle_measurement(config, device, models.NUM_CLASSES)  # once, not per batch tried
     world = planned_world_size(config) or 1
     own = max(1, config.batch_size // world)
     limit, limit_note = per_process_limit(config, world)
     if device.type == "cuda":
         largest = largest_fitting(
-            fits_on_gpu(config, device), candidates[0] if candidates else 32, min(GPU_LIMIT, limit or GPU_LIMIT)
+            fits_on_gpu(config, device, precision),
+            candidates[0] if candidates else 32,
+            min(GPU_LIMIT, limit or GPU_LIMIT),
         )
         chosen = max(ROUND_TO, int(largest * GPU_MARGIN) // ROUND_TO * ROUND_TO) if largest else 0
         chosen = min(chosen, limit) if limit else chosen
-        rows = compared([timing(config, chosen, device, budget_seconds)]) if chosen else []
+        rows = compared([timing(config, chosen, device, precision, budget_seconds)]) if chosen else []
         reason = (
             (
                 f"the largest batch that fit was {largest} per process; {GPU_MARGIN:.0%} of it, rounded down to a "
@@ -201,7 +204,7 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
         )
     else:
         sizes = capped(sorted(set(candidates or CPU_CANDIDATES) | {own}), limit)
-        rows = compared([timing(config, size, device, budget_seconds) for size in sizes])
+        rows = compared([timing(config, size, device, precision, budget_seconds) for size in sizes])
         chosen, reason = cpu_choice(rows, own)
     if limit_note:
         reason = f"{reason}; {limit_note}"

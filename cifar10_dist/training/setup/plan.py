@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from cifar10_dist.config import Config, class_weights, per_batch_augmentations
+from cifar10_dist.config.export_flags import Calibration, candidates_for
 from cifar10_dist.data import batches, loaders, run_data
 from cifar10_dist.data.datasets import LoadedData
 from cifar10_dist.data.run_data import DataSetup, Normalisation
@@ -154,12 +155,23 @@ def settle_evaluation(config: Config, device: torch.device, loaded: LoadedData) 
     return layouts.settle(settled, device, len(loaded.info.classes)), precision
 
 
-def settle_measurement(config: Config, device: torch.device, num_classes: int) -> Config:
+def settle_measurement(config: Config, device: torch.device, num_classes: int) -> tuple[Config, Precision]:
     """``batch-size``'s choices, once for every batch it times: the precision (by a run's rule, unlogged: the
     command prints its own report) and the memory layout."""
     precision = choose_precision(device, config.with_amp, config.amp_dtype)
     settled = dataclasses.replace(config, **process_setup.settled_precision(config, precision))
-    return layouts.settle(settled, device, num_classes)
+    return layouts.settle(settled, device, num_classes), precision
+
+
+def automatic_choice(device: torch.device) -> Precision:
+    """What with_amp=auto picks on ``device`` (doctor reports it)."""
+    return choose_precision(device, "auto", "auto")
+
+
+def calibration_candidates(method: str) -> tuple[Calibration, ...]:
+    """``export --quantize=int8``'s calibrations to try: all of them for calibration_method=auto (the best on
+    held-out training images is kept), else that method's two."""
+    return candidates_for(method)
 
 
 def run_plan(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cifar10_dist.config.commands import flag, flags_of
-from cifar10_dist.deployment.formats import FORMATS, NAMES
+from cifar10_dist.config.export_formats import FORMATS, NAMES
 from cifar10_dist.errors import UserError
 
 CALIBRATION_IMAGES = 300  # training images whose activations set the int8 ranges (ORT's docs: a few hundred)
@@ -90,3 +90,28 @@ def check_calibration_method(method: str) -> None:
             f"calibration_method={method!r} is not accepted: auto (choose on held-out training images) "
             f"or one of {', '.join(METHODS)}"
         )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How the int8 model is made: ORT's calibration ``method`` for the activation ranges, and weight scales per
+    output channel or per tensor."""
+
+    method: str = "minmax"
+    per_channel: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.method + ("" if self.per_channel else " per-tensor")
+
+
+CANDIDATES = tuple(Calibration(method, per_channel) for method in METHODS for per_channel in (True, False))
+
+
+def candidates_for(method: str) -> tuple[Calibration, ...]:
+    """The calibrations an export tries: all CANDIDATES for ``auto``, else that method's two (per channel, per
+    tensor); a one-line UserError for another word."""
+    check_calibration_method(method)
+    if method == "auto":
+        return CANDIDATES
+    return tuple(candidate for candidate in CANDIDATES if candidate.method == method)
