@@ -13,6 +13,7 @@ from cifar10_dist.cli.help_pages import options_reference
 from cifar10_dist.config import FIELDS, Config, load_config
 from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
+from cifar10_dist.launch.runs import resolve
 from tests.conftest import REPO, TINY, run_in_this_process
 
 
@@ -179,17 +180,22 @@ def test_docs_list_the_options_exactly_as_the_declarations_say():
 
 
 def test_a_checkpoint_interval_not_given_explicitly_is_rounded_up_to_whole_optimizer_steps(capsys):
-    assert load_config("configs/demo.yaml", accumulation_steps=3).checkpoint_every == 51
+    """Loading notes the value and leaves it; the planner (config_fitting, as the config resolves) rounds it."""
+    loaded = load_config("configs/demo.yaml", accumulation_steps=3)
+    assert loaded.checkpoint_every == 50
+    assert loaded.fit_to_the_run == {"checkpoint_every": {"source": "from configs/demo.yaml"}}
+    assert capsys.readouterr().err == ""  # loading decides nothing and says nothing
+    assert resolve("configs/demo.yaml", accumulation_steps=3).checkpoint_every == 51
     assert capsys.readouterr().err.endswith(
         " INFO checkpoint_every=50 (from configs/demo.yaml) rounded up to 51, a multiple of accumulation_steps=3: "
         "checkpoints are taken after optimizer steps\n"
     )
-    assert load_config(accumulation_steps=4).checkpoint_every == 200  # already a multiple: no line
+    assert resolve(None, accumulation_steps=4).checkpoint_every == 200  # already a multiple: no line
     assert capsys.readouterr().err == ""
-    assert load_config(accumulation_steps=3).checkpoint_every == 201
+    assert resolve(None, accumulation_steps=3).checkpoint_every == 201
     assert "checkpoint_every=200 (the default) rounded up to 201" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"^checkpoint_every=50 must be a multiple of accumulation_steps=3: "):
-        load_config("configs/demo.yaml", accumulation_steps=3, checkpoint_every=50)  # given: refused as before
+        resolve("configs/demo.yaml", accumulation_steps=3, checkpoint_every=50)  # given: refused as before
 
 
 def test_the_rounded_checkpoint_interval_is_what_a_run_uses(tmp_path):
@@ -236,17 +242,20 @@ def test_every_shipped_config_takes_num_epochs_1_with_its_warmup_scaled(config):
 
 
 def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_one_is_refused(capsys, tmp_path):
-    assert load_config("configs/fast.yaml", num_epochs=1).num_warmup_epochs == 0.23
+    loaded = load_config("configs/fast.yaml", num_epochs=1)
+    assert loaded.num_warmup_epochs == 2.3  # loading notes it for the planner and leaves it
+    assert loaded.fit_to_the_run == {"num_warmup_epochs": {"source": "from configs/fast.yaml", "planned_epochs": 10}}
+    assert resolve("configs/fast.yaml", num_epochs=1).num_warmup_epochs == 0.23
     assert capsys.readouterr().err.endswith(
         " INFO num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1: the same share of the "
         "run as 2.3 of 10 epochs\n"
     )
-    assert load_config(num_epochs=2).num_warmup_epochs == 1.0  # fits: left as it is, no line
+    assert resolve(None, num_epochs=2).num_warmup_epochs == 1.0  # fits: left as it is, no line
     assert capsys.readouterr().err == ""
-    assert load_config(num_epochs=1).num_warmup_epochs == 0.2
+    assert resolve(None, num_epochs=1).num_warmup_epochs == 0.2
     assert "num_warmup_epochs=1.0 (the default) scaled to 0.2 for num_epochs=1" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"^num_warmup_epochs=1.0 must be at least 0 and less than num_epochs=1$"):
-        load_config("configs/fast.yaml", num_epochs=1, num_warmup_epochs=1.0)  # both given: refused as before
+        resolve("configs/fast.yaml", num_epochs=1, num_warmup_epochs=1.0)  # both given: refused as before
     broken = tmp_path / "broken.yaml"
     broken.write_text("num_epochs: 2\nnum_warmup_epochs: 3\n")
     with pytest.raises(

@@ -68,3 +68,40 @@ def test_a_resumed_run_records_the_checkpoint_it_continued_from_in_provenance_an
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert settled(tmp_path / "on")["resume_from"] is None
     assert json.loads((tmp_path / "on" / "provenance.json").read_text())["resumed_from"] == str(checkpoint)
+
+
+def test_the_plan_is_settled_once_before_anything_is_built_and_never_read_once_training_starts(
+    small_dataset, tmp_path, monkeypatch
+):
+    """Every planner call and every read of the Plan happen before ``run_to_the_end`` (the warm-up and the
+    training loop); ``settle`` is called once per process."""
+    from cifar10_dist.training import run
+    from cifar10_dist.training.setup import plan
+
+    events: list[str] = []
+    for name in ("settle", "data_choices", "class_weights_taken", "warm_up_steps_for", "precision_unlogged"):
+        original = getattr(plan, name)
+        monkeypatch.setattr(
+            plan, name, lambda *args, _f=original, _n=name, **kwargs: events.append(_n) or _f(*args, **kwargs)
+        )
+    plans: list[plan.Plan] = []
+
+    def read(self, attribute):
+        events.append(f"read {attribute}")
+        if attribute == "config":
+            plans.append(self)
+        return object.__getattribute__(self, attribute)
+
+    monkeypatch.setattr(plan.Plan, "__getattribute__", read)
+    to_the_end = run.run_to_the_end
+    monkeypatch.setattr(run, "run_to_the_end", lambda *a, **k: events.append("training starts") or to_the_end(*a, **k))
+    result = run_in_this_process(
+        "run", *ONE_EPOCH, f"--data_path={small_dataset}", f"--output_path={tmp_path}", "--run_name=p"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    start = events.index("training starts")
+    assert events.count("settle") == 1 and events.index("settle") < start
+    assert "read config" in events[:start] and "read precision" in events[:start]  # the spy sees the reads
+    assert events[start + 1 :] == []  # nothing planned or read after training starts
+    plans[0].config  # noqa: B018 - a read after the run: the spy records it (so a read in training would show)
+    assert events[-1] == "read config"

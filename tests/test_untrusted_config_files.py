@@ -14,6 +14,7 @@ import pytest
 
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
+from cifar10_dist.launch.runs import resolve
 from tests.conftest import cli_env, run_in_this_process
 
 # 9 levels of 9 references to the level below: 9^9 (387 million) strings once the aliases are followed
@@ -146,8 +147,8 @@ def test_a_flag_that_replaces_the_files_value_is_its_own_error_without_the_files
 def test_num_epochs_1_in_a_file_settles_the_warmup_as_the_flag_does(tmp_path, capsys):
     path = tmp_path / "short.yaml"
     path.write_text("model: simple_cnn\nbatch_size: 32\nnum_epochs: 1\n")
-    from_file = load_config(path)
-    from_flag = load_config(None, model="simple_cnn", batch_size=32, num_epochs=1)
+    from_file = resolve(path)
+    from_flag = resolve(None, model="simple_cnn", batch_size=32, num_epochs=1)
     assert from_file.num_warmup_epochs == from_flag.num_warmup_epochs == 0.2
     assert "num_warmup_epochs=1.0 (the default) scaled to 0.2 for num_epochs=1" in capsys.readouterr().err
     path.write_text("num_epochs: 1\nnum_warmup_epochs: 1\n")  # both in the file: at odds with itself, refused

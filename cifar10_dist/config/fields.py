@@ -53,6 +53,13 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
         per_tuning_worker=True,
         compare=False,
     )
+    fit_to_the_run: Optional[dict] = option(
+        None,
+        "set when a config is loaded: the values a config file or the defaults gave (no flag) that this run leaves "
+        "no room for, each with where it came from; the planner fits them to the run (config_fitting)",
+        internal=True,
+        compare=False,
+    )
     mlflow_parent_run: Optional[str] = option(
         None,
         "set by tune: the MLflow run of the study, parent of this trial's MLflow run",
@@ -83,6 +90,7 @@ class Config(LaunchKeys, OutputKeys, SpeedKeys, TrainingKeys, AugmentationKeys, 
         would act on."""
         values = self.to_dict()
         values.pop("config_source")
+        values.pop("fit_to_the_run")
         return {**values, "resume_from": None}
 
 

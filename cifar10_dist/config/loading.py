@@ -1,6 +1,7 @@
 """Building a Config: defaults < YAML file (``--config``) < keyword overrides (command line or Python), each value
-converted to its field's type or refused in one line, unknown keys with "did you mean"; values the user did not
-set that a shorter or accumulated run leaves no room for are adjusted with one line."""
+converted to its field's type or refused in one line, unknown keys with "did you mean". Values the user did not
+set that a shorter or accumulated run leaves no room for are noted in ``fit_to_the_run``, never rewritten here:
+the planner fits them (``training.setup.config_fitting``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def load_config(
     config_file: str | Path | None = None, *, given: Collection[str] | None = None, **overrides: Any
 ) -> Config:
     """Build and validate a Config: defaults, then the YAML file, then ``overrides``. ``given``: the keys the user
-    set explicitly (default: all of ``overrides``); the others may be adjusted (``_checkpoints_after_steps``)."""
+    set explicitly (default: all of ``overrides``); the others may be fitted to the run by the planner
+    (``fit_to_the_run``)."""
     path = config_path(config_file) if config_file is not None else None
     file = read_yaml_file(path) if path is not None else None
     try:
@@ -41,7 +43,8 @@ def load_config(
 
 
 def _built(file: YamlMapping | None, overrides: dict[str, Any], explicit: set[str], config_file: Any) -> Config:
-    """The Config of defaults < the file's values < ``overrides``, derived values settled, validated."""
+    """The Config of defaults < the file's values < ``overrides``, with what the planner is to fit noted,
+    validated."""
     from_file = renamed(file.values) if file is not None else {}
     overrides = renamed(overrides)
     explicit = {RENAMED.get(key, key) for key in explicit}
@@ -54,19 +57,11 @@ def _built(file: YamlMapping | None, overrides: dict[str, Any], explicit: set[st
     typed = {key: _coerce(key, value) for key, value in values.items()}
     if "model" in typed:
         typed["model"] = absolute_model_reference(typed["model"])
-    if "checkpoint_every" not in explicit:
-        source = (
-            "the default"
-            if "checkpoint_every" not in values
-            else f"from {config_file}"
-            if config_file is not None
-            else "from the config given"
-        )
-        _checkpoints_after_steps(typed, source)
-    if "num_warmup_epochs" not in explicit and "num_epochs" in explicit:  # the flags shorten the file's run
-        _warmup_within_a_shorter_run(typed, from_file.get("num_epochs"), "num_warmup_epochs" in from_file, config_file)
-    elif "num_warmup_epochs" not in values and "num_epochs" in from_file:  # the file shortens the defaults' run
-        _warmup_within_a_shorter_run(typed, None, False, config_file)
+    to_fit = {
+        **_checkpoints_after_steps(typed, values, explicit, config_file),
+        **_warmup_within_a_shorter_run(typed, from_file, values, explicit, config_file),
+    }
+    typed["fit_to_the_run"] = to_fit or None  # (a config given whole is noted afresh)
     config = Config(**typed)
     validate(config)
     return config
@@ -152,40 +147,44 @@ def _note_an_unread_namesake(given: str, path: Path) -> None:
         )
 
 
-def _checkpoints_after_steps(typed: dict[str, Any], source: str) -> None:
-    """A checkpoint_every the user did not set (a config file's or the default) rounded up to a multiple of
-    accumulation_steps, with one INFO line; one set explicitly is refused by ``validate`` instead."""
+def _checkpoints_after_steps(
+    typed: dict[str, Any], values: dict[str, Any], explicit: set[str], config_file: Any
+) -> dict[str, Any]:
+    """A checkpoint_every the user did not set (a config file's or the default) that is no multiple of
+    accumulation_steps, with where it came from: the planner rounds it up (``config_fitting``); one set
+    explicitly is refused by ``validate`` instead."""
     steps = typed.get("accumulation_steps", FIELDS["accumulation_steps"].default)
     every = typed.get("checkpoint_every", FIELDS["checkpoint_every"].default)
-    if steps < 1 or every < 1 or every % steps == 0:
-        return  # validate() names a bad value
-    typed["checkpoint_every"] = -(-every // steps) * steps
-    note(
-        f"checkpoint_every={every} ({source}) rounded up to {typed['checkpoint_every']}, a multiple of "
-        f"accumulation_steps={steps}: checkpoints are taken after optimizer steps"
-    )
+    if "checkpoint_every" in explicit or steps < 1 or every < 1 or every % steps == 0:
+        return {}  # fits, set by the user, or validate() names a bad value
+    given_by = "the config given" if config_file is None else str(config_file)
+    return {"checkpoint_every": {"source": "the default" if "checkpoint_every" not in values else f"from {given_by}"}}
 
 
 def _warmup_within_a_shorter_run(
-    typed: dict[str, Any], planned_epochs: Any, warmup_from_file: bool, config_file: Any
-) -> None:
+    typed: dict[str, Any], from_file: dict[str, Any], values: dict[str, Any], explicit: set[str], config_file: Any
+) -> dict[str, Any]:
     """A warmup set for a longer run (a config file's, or the default) that a shorter num_epochs leaves no room
-    after, scaled to the same share of the run, with one INFO line: ``--num_epochs=1`` on any shipped config, or
-    ``num_epochs: 1`` in a file of a few lines, is a smoke test. ``planned_epochs``: the epochs the warmup was set
-    for (None: the default's). A warmup given beside num_epochs is refused by ``validate`` instead."""
+    after, with the epochs it was set for and where it came from: the planner scales it to the same share of the
+    run (``config_fitting``). ``--num_epochs=1`` on any shipped config, or ``num_epochs: 1`` in a file of a few
+    lines, is a smoke test. A warmup given beside num_epochs is refused by ``validate`` instead."""
+    if "num_warmup_epochs" in explicit:
+        return {}
+    if "num_epochs" in explicit:  # the flags shorten the file's run
+        planned_epochs, from_the_file = from_file.get("num_epochs"), "num_warmup_epochs" in from_file
+    elif "num_warmup_epochs" not in values and "num_epochs" in from_file:  # the file shortens the defaults' run
+        planned_epochs, from_the_file = None, False
+    else:
+        return {}
     warmup = typed.get("num_warmup_epochs", FIELDS["num_warmup_epochs"].default)
     epochs = typed["num_epochs"]
     if not isinstance(warmup, float) or not isinstance(epochs, int) or epochs < 1 or warmup < epochs:
-        return  # fits, or validate() names a bad value
+        return {}  # fits, or validate() names a bad value
     planned = _coerce("num_epochs", FIELDS["num_epochs"].default if planned_epochs is None else planned_epochs)
-    source = f"from {config_file}" if warmup_from_file else "the default"
     if planned <= warmup:
-        return  # the file's own warmup does not fit its own epochs: validate() refuses it
-    typed["num_warmup_epochs"] = round(warmup * epochs / planned, 4)
-    note(
-        f"num_warmup_epochs={warmup} ({source}) scaled to {typed['num_warmup_epochs']} for num_epochs={epochs}: "
-        f"the same share of the run as {warmup} of {planned} epochs"
-    )
+        return {}  # the file's own warmup does not fit its own epochs: validate() refuses it
+    source = f"from {config_file}" if from_the_file else "the default"
+    return {"num_warmup_epochs": {"source": source, "planned_epochs": planned}}
 
 
 def note(message: str) -> None:

@@ -43,8 +43,9 @@ def validate(config: Config) -> None:
     c = config
     for name in FIELDS:
         check_field(name, getattr(c, name))
+    to_fit = c.fit_to_the_run or {}  # values the planner fits to the run (config_fitting): checked once fitted
     _require(
-        c.num_warmup_epochs >= 0 and c.num_warmup_epochs < c.num_epochs,
+        c.num_warmup_epochs >= 0 and (c.num_warmup_epochs < c.num_epochs or "num_warmup_epochs" in to_fit),
         f"num_warmup_epochs={c.num_warmup_epochs} must be at least 0 and less than num_epochs={c.num_epochs}",
     )
     _require(c.lr_start >= 0 and c.lr_end >= 0, f"lr_start={c.lr_start} and lr_end={c.lr_end} must be 0 or more")
@@ -85,7 +86,7 @@ def _validate_training_options(c: Config) -> None:
         f"model='{c.model}' is not a model reference: write package.module:factory or path/to/file.py:factory",
     )
     _require(
-        c.checkpoint_every % c.accumulation_steps == 0,
+        c.checkpoint_every % c.accumulation_steps == 0 or "checkpoint_every" in (c.fit_to_the_run or {}),
         f"checkpoint_every={c.checkpoint_every} must be a multiple of accumulation_steps={c.accumulation_steps}: "
         "checkpoints are taken after optimizer steps",
     )
@@ -135,7 +136,7 @@ def _validate_schedule_and_augmentation(c: Config) -> None:
         c.learning_rate != "find" or c.trial is None,
         "learning_rate=find in a tuning trial: give the trials a learning_rate (or search it in the space)",
     )
-    milestones = milestone_epochs(c.lr_milestones)
+    milestones, to_fit = milestone_epochs(c.lr_milestones), c.fit_to_the_run or {}
     _require(
         c.lr_schedule == "step" or not milestones,
         f"lr_milestones={c.lr_milestones} is for lr_schedule=step, not {c.lr_schedule}",
@@ -145,7 +146,8 @@ def _validate_schedule_and_augmentation(c: Config) -> None:
         "lr_schedule=step needs lr_milestones: the epochs at which the lr drops, e.g. --lr_milestones=30,60",
     )
     _require(
-        all(c.num_warmup_epochs < m < c.num_epochs for m in milestones) and milestones == sorted(set(milestones)),
+        all((c.num_warmup_epochs < m or "num_warmup_epochs" in to_fit) and m < c.num_epochs for m in milestones)
+        and milestones == sorted(set(milestones)),
         f"lr_milestones={c.lr_milestones} must increase and lie between num_warmup_epochs={c.num_warmup_epochs} "
         f"and num_epochs={c.num_epochs}",
     )

@@ -52,13 +52,12 @@ class DataSetup:
 @dataclass
 class RunImages:
     """A run's images before any choice about how they are fed: the data as loaded (its normalisation a pretrained
-    start's where there is one), the training and held-out splits, the training images as the loader reads them
-    (flipped in place for flip=alternating) and the run's provenance record."""
+    start's where there is one), the training and held-out splits, and the training images as the loader reads
+    them (flipped in place for flip=alternating)."""
 
     loaded: LoadedData
     held_out: loaders.HeldOut
     train_images: ImageSet
-    record: provenance.Provenance
 
     @property
     def image_sets(self) -> list[ImageSet | None]:
@@ -66,9 +65,7 @@ class RunImages:
         return [self.train_images, self.loaded.test, self.held_out.val]
 
 
-def load_run_images(
-    config: Config, device: torch.device, precision: Precision, normalisation: Normalisation | None = None
-) -> RunImages:
+def load_run_images(config: Config, normalisation: Normalisation | None = None) -> RunImages:
     """The run's images on every rank; ``normalisation`` (mean, std) replaces the data's own (a pretrained start's:
     images as its weights learned them)."""
     loaded = load_datasets(config)
@@ -81,18 +78,18 @@ def load_run_images(
             _rounded(mean),
             _rounded(std),
         )
-    record = describe_run(config.dataset, loaded, device, precision)
     if loaded.val is not None:  # a val/ folder replaces val_split
         held_out = loaders.HeldOut(loaded.train, loaded.val, torch.empty(0, dtype=torch.long))
     else:
         held_out = loaders.hold_out(loaded.train, config.val_split, config.val_seed)
     train_images = loaders.pre_flip(held_out.train, config.seed) if config.flip == "alternating" else held_out.train
-    return RunImages(loaded, held_out, train_images, record)
+    return RunImages(loaded, held_out, train_images)
 
 
 def setup_data(config: Config, device: torch.device, precision: Precision, images: RunImages) -> DataSetup:
-    """The run's loaders and the numbers derived from them, the same on every rank, with the plan's choices
-    (``training.setup.plan``: data_on_device, num_workers and augment_per_pass settled, never auto here)."""
+    """The run's loaders, its provenance record and the numbers derived from them, the same on every rank, with
+    the plan's choices (``training.setup.plan``: data_on_device, num_workers and augment_per_pass settled, never
+    auto here)."""
     on_device, workers, per_pass = bool(config.data_on_device), int(config.num_workers), bool(config.augment_per_pass)
     loaded, held_out, train_images = images.loaded, images.held_out, images.train_images
     augment = dataclasses.replace(batches.TrainAugmentation.of(config), data_on_device=on_device)
@@ -137,7 +134,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision, image
         loaders=batch_loaders,
         split="val" if held_out.val is not None else "test",
         held_out_indices=held_out.indices.tolist() if held_out.val is not None and loaded.val is None else None,
-        provenance=images.record,
+        provenance=describe_run(config.dataset, loaded, device, precision),
         iterations_per_epoch=iterations_per_epoch,
         total_iterations=config.num_epochs * iterations_per_epoch,
         images_per_iteration=images_per_iteration,
@@ -148,7 +145,7 @@ def setup_data(config: Config, device: torch.device, precision: Precision, image
 
 def evaluation_loaders(config: Config, device: torch.device, loaded: LoadedData) -> loaders.Loaders:
     """The test loader of a saved model's evaluation (``evaluate``), by a run's own rules, with the plan's
-    data_on_device and num_workers (``training.setup.plan.settle_evaluation``)."""
+    data_on_device and num_workers (``training.setup.plan.settle``)."""
     return loaders.make_loaders(
         loaded.train,
         loaded.test,

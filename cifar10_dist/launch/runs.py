@@ -17,13 +17,17 @@ from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, load_con
 from cifar10_dist.errors import UserError, WorkerLost
 from cifar10_dist.launch import start_method
 from cifar10_dist.results import EvaluationResult, LrFindResult, RunResult, SeedsResult, TrialResult
+from cifar10_dist.training.setup import config_fitting
 
 
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
-    """A validated Config: ``config`` itself (with ``overrides`` applied) or built from a YAML path."""
+    """A validated Config: ``config`` itself (with ``overrides`` applied) or built from a YAML path, with the values
+    a file or the defaults gave fitted to the run by the planner (``config_fitting``, one line each)."""
     if isinstance(config, Config):
-        return load_config(None, given=overrides, **{**config.to_dict(), **overrides}) if overrides else config
-    return load_config(config, **overrides)
+        loaded = load_config(None, given=overrides, **{**config.to_dict(), **overrides}) if overrides else config
+    else:
+        loaded = load_config(config, **overrides)
+    return config_fitting.fitted_to_the_run(loaded)
 
 
 def train(config: Config | str | Path | None = None, **overrides: Any) -> RunResult:

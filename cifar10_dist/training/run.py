@@ -24,7 +24,16 @@ from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config
 from cifar10_dist.data import run_data
 from cifar10_dist.models import restoring
-from cifar10_dist.outputs import checkpoint_files, log_lines, memory_use, progress, run_folder, scalars, trackers
+from cifar10_dist.outputs import (
+    checkpoint_files,
+    log_lines,
+    memory_use,
+    progress,
+    provenance,
+    run_folder,
+    scalars,
+    trackers,
+)
 from cifar10_dist.outputs.run_log import RunLog
 from cifar10_dist.results import RunResult, TrialResult
 from cifar10_dist.system import ranks, stopping
@@ -77,37 +86,49 @@ class TrainingParts:
 
 
 def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
-    """The process, precision, data, plan, model, optimisation and engines, in the order they need each other."""
+    """The process and the images, then the plan (every choice at once), then what it decides: the data's
+    loaders, the model, the learning rate a find sweeps for, the optimisation and the engines."""
     device = process_setup.setup_process(config)
-    precision, resumption = plan.process_choices(config, device)
     weights = model_setup.setup_pretrained(config)
-    with_data_choices, data = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
-    the_plan, network, sweep = plan_the_run(
-        config,
-        with_data_choices,
-        data,
-        device=device,
-        precision=precision,
-        resumption=resumption,
-        weights=weights,
-        stop=stop,
+    images = run_data.load_run_images(config, weights.normalisation if weights else None)
+    the_plan = plan.settle(config, device, plan.DataFacts.of_run(images))
+    data = run_data.setup_data(the_plan.config, device, the_plan.precision, images)
+    note_the_start(data.provenance, the_plan, weights)
+    network = model_setup.setup_model(the_plan.config, data, weights, the_plan.precision, the_plan.resumption)
+    settled, sweep = lr_finding.settle_learning_rate(
+        the_plan.config, network, data, device, the_plan.precision, the_plan.resumption, stop
     )
-    settled = the_plan.config
-    optimization = engines.setup_optimization(settled, network, data, device, precision)
+    network.compression = compression.attach(network.model, settled)  # (after the sweep, which runs uncompressed)
+    data.provenance.grad_compression = compression.described(network.compression, settled)
+    ranks.on_rank_zero(
+        logger.info,
+        "plan (what this run chose for itself; config.yaml records it):\n%s",
+        dataclasses.replace(the_plan, config=settled).table(data.provenance.grad_compression),
+    )
+    optimization = engines.setup_optimization(settled, network, data, device, the_plan.precision)
     engine_set = engines.setup_engines(settled, device, network, optimization, data)
     return TrainingParts(
         settled,
         device,
-        precision,
+        the_plan.precision,
         data,
         network,
         optimization,
         engine_set,
         stop,
-        resumption,
+        the_plan.resumption,
         the_plan.resume_from,
         sweep,
     )
+
+
+def note_the_start(record: provenance.Provenance, the_plan: plan.Plan, weights: Any) -> None:
+    """What the run started from, in its provenance: the pretrained file (hashed once, on rank 0), the config
+    file, the checkpoint it continues and the memory format the plan chose."""
+    if weights is not None:
+        record.pretrained = ranks.from_rank_zero(weights.describe)
+    record.config_file, record.resumed_from = the_plan.given.config_source, the_plan.resumption.checkpoint
+    record.memory_format = the_plan.memory_format
 
 
 def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -> RunResult | TrialResult:
@@ -155,39 +176,6 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
             seconds=time.perf_counter() - started,
         )
     return result
-
-
-def plan_the_run(
-    config: Config,
-    with_data_choices: Config,
-    data_setup: run_data.DataSetup,
-    *,
-    device: torch.device,
-    precision: Precision,
-    resumption: Resumption,
-    weights: Any,
-    stop: stopping.StopRequest,
-) -> tuple[plan.RunPlan, model_setup.Network, Any]:
-    """The rest of the planner's choices for a run (``with_data_choices``: ``config`` with the data's already settled by
-    ``plan.plan_data``), in the order they need each other: what the device, precision and classes decide
-    (``plan.settled_choices``), the memory layout (``layouts``), then the model built with them and, with
-    learning_rate=find, the sweep on it. Returns the plan (logged once), the model and the sweep (its files)."""
-    settled = dataclasses.replace(
-        with_data_choices, **plan.settled_choices(config, device, precision, resumption, data_setup)
-    )
-    settled = plan.settle_layout(settled, device, data_setup)
-    if weights is not None:  # the file hashed once, on rank 0
-        data_setup.provenance.pretrained = ranks.from_rank_zero(weights.describe)
-    data_setup.provenance.config_file, data_setup.provenance.resumed_from = config.config_source, resumption.checkpoint
-    network = model_setup.setup_model(settled, data_setup, weights, precision, resumption)
-    settled, sweep = lr_finding.settle_learning_rate(settled, network, data_setup, device, precision, resumption, stop)
-    network.compression = compression.attach(network.model, settled)  # (after the sweep, which runs uncompressed)
-    data_setup.provenance.grad_compression = compression.described(network.compression, settled)
-    the_plan = plan.run_plan(settled, config, device, precision, data_setup.provenance.grad_compression)
-    ranks.on_rank_zero(
-        logger.info, "plan (what this run chose for itself; config.yaml records it):\n%s", the_plan.table()
-    )
-    return the_plan, network, sweep
 
 
 # ---------------------------------------------------------------- checkpoints and trackers

@@ -254,7 +254,8 @@ def test_the_batch_size_finder_grows_until_out_of_memory_and_keeps_a_margin(reco
     from cifar10_dist.training.setup import plan
 
     config = api.resolve(None, model="simple_cnn", image_size=128, dataset="folder", data_path="unused")
-    config, precision = plan.settle_measurement(config, torch.device("cuda"), 10)
+    the_plan = plan.settle(config, torch.device("cuda"), plan.DataFacts.classes_only(10), report=False)
+    config, precision = the_plan.config, the_plan.precision
     fits = batch_sizes.fits_on_gpu(config, torch.device("cuda"), precision)
     assert fits(result.batch_size)
     assert not fits(int(result.batch_size / batch_sizes.GPU_MARGIN) * 2 + 64)

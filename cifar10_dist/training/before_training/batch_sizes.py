@@ -181,7 +181,8 @@ def find_batch_size(config: Config, candidates: tuple[int, ...] | None, budget_s
     """Measure, choose and explain (per process sizes; the suggestion is global: times the planned world size)."""
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config, precision = plan.settle_measurement(config, device, models.NUM_CLASSES)  # once, not per batch tried
+    the_plan = plan.settle(config, device, plan.DataFacts.classes_only(models.NUM_CLASSES), report=False)
+    config, precision = the_plan.config, the_plan.precision  # settled once, not per batch tried
     world = planned_world_size(config) or 1
     own = max(1, config.batch_size // world)
     limit, limit_note = per_process_limit(config, world)

@@ -320,9 +320,11 @@ class LrFindWorker:
     def __call__(self, config: Config) -> dict[str, Any]:
         with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = process_setup.setup_process(config)
-            precision = plan.precision_for(config, device)
             weights = model_setup.setup_pretrained(config)
-            config, data_setup = plan.plan_data(config, device, precision, weights.normalisation if weights else None)
+            images = run_data.load_run_images(config, weights.normalisation if weights else None)
+            the_plan = plan.settle(config, device, plan.DataFacts.of_run(images))
+            config, precision = the_plan.config, the_plan.precision
+            data_setup = run_data.setup_data(config, device, precision, images)
             network = model_setup.setup_model(config, data_setup, weights, precision)
             with contextlib.closing(data_setup.loaders):
                 result = find(

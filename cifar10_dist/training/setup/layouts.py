@@ -12,7 +12,6 @@ so checkpoints, evaluation and export see what training used.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Callable
 
@@ -21,7 +20,6 @@ from torch import nn
 
 from cifar10_dist import models
 from cifar10_dist.config import Config
-from cifar10_dist.outputs.provenance import Provenance
 from cifar10_dist.system import layout_numerics
 
 logger = logging.getLogger("cifar10_dist")
@@ -65,9 +63,9 @@ def choose(
     return True, f"channels_last=auto: on ({faster}; {numerics.describe()})"
 
 
-def settle(config: Config, device: torch.device, classes: int, record: Provenance | None = None) -> Config:
-    """The config with channels_last settled to True or False for its model with ``classes`` outputs; the reason
-    is logged and, given a provenance ``record``, kept in it as ``memory_format``."""
+def settle_channels_last(config: Config, device: torch.device, classes: int) -> tuple[bool, str]:
+    """channels_last settled to True or False for the config's model with ``classes`` outputs, and why (logged
+    where it was auto; a run's provenance keeps it as ``memory_format``)."""
     chosen, why = choose(
         config.channels_last,
         device,
@@ -76,6 +74,4 @@ def settle(config: Config, device: torch.device, classes: int, record: Provenanc
     )
     if config.channels_last == "auto":
         logger.info("memory format: %s", why)
-    if record is not None:
-        record.memory_format = why
-    return dataclasses.replace(config, channels_last=chosen)
+    return chosen, why

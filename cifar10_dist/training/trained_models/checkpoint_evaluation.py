@@ -40,7 +40,8 @@ class EvaluationWorker:
         with log_lines.package_logging(), stopping.StopRequest() as stop:
             device = idist.device()
             loaded = run_data.load_datasets(config)
-            config, precision = plan.settle_evaluation(config, device, loaded)
+            the_plan = plan.settle(config, device, plan.DataFacts.of_evaluation(loaded))
+            config, precision = the_plan.config, the_plan.precision
             batch_loaders = run_data.evaluation_loaders(config, device, loaded)
             model, info = self.load_model(config, loaded, device, precision)
             evaluator = create_evaluator(
