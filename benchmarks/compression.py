@@ -3,14 +3,15 @@ benchmarks.two_hosts) of one process each, gloo, ResNet-18 and the fast recipe's
 each node sends per step for each ``grad_compression`` against none, at each link speed, in interleaved rounds; the
 scaling estimate (cifar10_dist.system.scaling) against each measured step; and the accuracy each setting reaches on
 a short real-data run (fast.yaml cut short, 2 gloo processes on loopback: the link changes the time, not the
-numbers). Last run: docs/launching.md, "Slow links between nodes" (2-core Zen 4; JSON compression_cpu_zen4.json).
+numbers). Figures: docs/measured.md, "Gradient compression on a slow link".
 
     python -m benchmarks.compression speed [--links=1gbit,100mbit] [--models=resnet18,airbench] [--rounds=2]
         [--steps=4] [--json=PATH]
     python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--epochs=4] [--epoch_length=16]
-        [--kinds=none,bf16,fp16,powersgd] [--json=PATH]
+        [--kinds=none,bf16,fp16,powersgd] [--powersgd_rank=R] [--powersgd_start_step=S] [--json=PATH]
     python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
-    python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--json=PATH]
+    python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--kinds=...] [--powersgd_rank=R]
+        [--json=PATH]
         (whole epochs of a real run on the two hosts: ResNet-18, 1,536 synthetic images, batch 64, 2 epochs)
     python -m benchmarks.compression exact [--json=PATH]
         (that run with powersgd on 2 local gloo processes: twice, and once killed after a checkpoint and resumed;
@@ -206,8 +207,8 @@ def epochs(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for link in args.links:
         with two_hosts(link) as hosts:
             for round_index in range(args.rounds):
-                for kind in KINDS:
-                    found = run_epochs(hosts, kind)
+                for kind in args.kinds:
+                    found = run_epochs(hosts, kind, powersgd_flags(args) if kind == "powersgd" else [])
                     out["epochs"].setdefault(link, {}).setdefault(kind, []).append(found)
                     records.write(args.json, out) if args.json else None
                     print(f"{link} {kind} round {round_index}: epochs {found['epoch_seconds']} s", flush=True)
@@ -224,11 +225,18 @@ def epochs(args: argparse.Namespace, out: dict[str, Any]) -> None:
         }
 
 
-def run_epochs(hosts: Any, kind: str) -> dict[str, Any]:
-    """One run of EPOCH_RUN on the two nodes with ``grad_compression=kind``: node 0's epoch times and result."""
+def powersgd_flags(args: argparse.Namespace) -> list[str]:
+    """--powersgd_rank and --powersgd_start_step as the benchmark was given them (none: the run's defaults)."""
+    keys = ("powersgd_rank", "powersgd_start_step")
+    return [f"--{key}={getattr(args, key)}" for key in keys if getattr(args, key) is not None]
+
+
+def run_epochs(hosts: Any, kind: str, extra: list[str]) -> dict[str, Any]:
+    """One run of EPOCH_RUN on the two nodes with ``grad_compression=kind`` (and ``extra`` flags): node 0's epoch
+    times and result."""
     sent_before = hosts.sent_bytes(0)
     with tempfile.TemporaryDirectory() as output:
-        command = [sys.executable, "-m", "cifar10_dist", "run", *EPOCH_RUN, f"--grad_compression={kind}"]
+        command = [sys.executable, "-m", "cifar10_dist", "run", *EPOCH_RUN, f"--grad_compression={kind}", *extra]
         env = {**os.environ, "PYTHONPATH": str(records.REPO), "OMP_NUM_THREADS": "1"}
         processes = [
             hosts.start(
@@ -318,7 +326,10 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from benchmarks import runner
 
     length = {"epoch_length": args.epoch_length} if args.epoch_length else {}
-    out["accuracy_run"] = {"num_epochs": args.epochs, "epoch_length": args.epoch_length or "whole epochs"}
+    powersgd = {
+        key: getattr(args, key) for key in ("powersgd_rank", "powersgd_start_step") if getattr(args, key) is not None
+    }
+    out["accuracy_run"] = {"num_epochs": args.epochs, "epoch_length": args.epoch_length or "whole epochs", **powersgd}
     for seed in args.seeds:
         for kind in args.kinds:
             with tempfile.TemporaryDirectory() as output:
@@ -334,6 +345,7 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
                     backend="gloo",
                     nproc_per_node=2,
                     grad_compression=kind,
+                    **(powersgd if kind == "powersgd" else {}),
                 )
             out["accuracy"].setdefault(kind, {})[str(seed)] = run.accuracy
             records.write(args.json, out) if args.json else None
@@ -353,6 +365,8 @@ def main() -> None:
     parser.add_argument("--epochs", default=4, type=int)
     parser.add_argument("--epoch_length", default=16, type=int)
     parser.add_argument("--kinds", default=",".join(KINDS), type=lambda text: text.split(","))
+    parser.add_argument("--powersgd_rank", default=None, type=int)
+    parser.add_argument("--powersgd_start_step", default=None, type=int)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.part == "worker":
