@@ -1,6 +1,6 @@
 """DDP: what DistributedDataParallel itself costs on this machine, over gloo; prints a table (and writes JSON with
---json: the rounds and each case's medians). Last run: docs/speed.md (CPU named there, JSON in
-docs/measurements/ddp_cpu.json); ResNet-18, 128 images per process, --steps=15 --rounds=4, about 20 minutes on
+--json: the rounds and each case's medians). Figures: docs/measured.md, "Several processes: DDP over gloo" (CPU
+named there, JSON in docs/measurements/); ResNet-18, 128 images per process, --steps=15 --rounds=4, about 20 minutes on
 2 cores.
 
     python -m benchmarks.ddp [--model=resnet18] [--batch_size=128] [--steps=20] [--warmup=3] [--rounds=3]

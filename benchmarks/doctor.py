@@ -1,7 +1,7 @@
 """The doctor's probe, recorded: ``cifar10-dist doctor``'s report (the CPU, what each setting trains at, its advice)
 as a benchmark JSON with the command, commit and machine, so that docs quote it from a file. About 6 s on a CPU
-(3 settings of about --budget_seconds each). Last run: docs/speed.md (CPU named there, JSON in
-docs/measurements/doctor_cpu_zen4.json).
+(3 settings of about --budget_seconds each). Figures: docs/measured.md, "The doctor's probe" (CPU named there,
+JSON in docs/measurements/).
 
     python -m benchmarks.doctor [--model=airbench] [--batch_size=32] [--budget_seconds=2] [--json=PATH]
 """

@@ -1,7 +1,6 @@
 """Overhead: the microseconds per iteration our trainer adds to a bare loop, with its default handlers, on a model
-whose step costs microseconds (so only the framework around it shows), and each handler's share. Last run on the
-Zen 4 EPYC, 2026-11-24: 91 us above the bare loop (rounds 88-108; bare 163 us), docs/measurements/
-overhead_cpu.json; 5 interleaved rounds after a warm-up round, about 1 minute on 2 cores.
+whose step costs microseconds (so only the framework around it shows), and each handler's share. Figures:
+docs/measured.md, "The trainer's own cost"; 5 interleaved rounds after a warm-up round, under a minute on 2 cores.
 
     python -m benchmarks.overhead [--rounds=5] [--short=300] [--long=1800] [--json=PATH] [--default_allocator]
 

@@ -2,8 +2,8 @@
 (2) our trainer with its handlers on the same tensors, (3) a full epoch of a real run on real data, 1 process,
 (4) the same with 2 gloo processes, (5) torchvision's CIFAR10 + PIL transforms in a 2-worker DataLoader with the
 same step, (6) evaluation; FLOPs per image and peak memory. One run of each; ResNet-18, batch 512 takes about
-10 minutes on 2 cores. Last full table: docs/speed.md "Throughput benchmark" (CPU not recorded); --loops last run on the
-Zen 4 EPYC, 2026-11-24 (trainer/bare 1.004 over 5 rounds, about 4 minutes).
+10 minutes on 2 cores. Figures: docs/measured.md, "The throughput benchmark" and "Against a bare loop on a real
+model" (--loops: about 4 minutes).
 
     python -m benchmarks.throughput --data_path=DIR [--model=resnet18] [--batch_size=512] [--steps=10] [--json=PATH]
     --variants   only the bare loop in each speed setting (fp32, channels_last, bf16 autocast with and without

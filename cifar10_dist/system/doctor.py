@@ -10,7 +10,8 @@ fp32 only when the two settings' step-time bands (the middle half of each one's 
 follows only from such a difference. When even fp32 cannot take MIN_STEPS steps in its budget (a slow or busy
 machine), the probe runs at a smaller batch; a setting too slow for its budget at that batch (bf16 emulated on a CPU
 without native bf16) is reported as not measurable, not advised on from one step. It agrees with
-``python -m benchmarks.throughput --variants`` at the same model and batch (docs/speed.md has both on one machine).
+``python -m benchmarks.throughput --variants`` at the same model and batch (docs/measured.md has both on one
+machine).
 """
 
 from __future__ import annotations
