@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, cifar_layouts, loaders
 from cifar10_dist.data.datasets import ImageSet
@@ -395,7 +395,9 @@ def test_fast_recipe_with_two_processes_resumes_to_the_identical_state(tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final_a, final_b = (tmp_path / name / "training_checkpoint_30.pt" for name in ("ref", "resumed"))
     assert_same_training_state(final_a, final_b)
-    averages = [torch.load(path, weights_only=True)["periodic_averaging"]["average"] for path in (final_a, final_b)]
+    averages = [
+        torch.load(path, weights_only=True)[checkpoint_layout.LOOKAHEAD]["average"] for path in (final_a, final_b)
+    ]
     assert averages[0].keys() == averages[1].keys() and len(averages[0]) > 10
     assert all(torch.equal(averages[0][key], averages[1][key]) for key in averages[0])
     assert json.loads((tmp_path / "resumed" / "metrics.json").read_text())["test"] == metrics["test"]

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from cifar10_dist import models, recipes
+from cifar10_dist import checkpoint_layout, models, recipes
 from cifar10_dist.config import load_config
 from cifar10_dist.data import augmentation, batches, loaders
 from cifar10_dist.data.datasets import MEAN, STD, DatasetInfo, ImageSet
@@ -400,6 +400,6 @@ def test_the_warm_up_leaves_the_whole_fast_recipe_bit_for_bit_as_it_would_have_t
     warmed, plain = (
         torch.load(tmp_path / f"warm{steps}" / "training_checkpoint_40.pt", weights_only=True) for steps in (3, 0)
     )
-    assert warmed["periodic_averaging"]["average"] is not None
-    for name, tensor in plain["periodic_averaging"]["average"].items():
-        assert torch.equal(warmed["periodic_averaging"]["average"][name], tensor), name
+    assert warmed[checkpoint_layout.LOOKAHEAD]["average"] is not None
+    for name, tensor in plain[checkpoint_layout.LOOKAHEAD]["average"].items():
+        assert torch.equal(warmed[checkpoint_layout.LOOKAHEAD]["average"][name], tensor), name
