@@ -5,6 +5,7 @@ bit-identical; one line where it cannot work; nothing registered without it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -74,21 +75,21 @@ def test_the_powersgd_test_model_fills_three_ddp_buckets(tmp_path):
     assert len(buckets) == 3
 
 
-def test_powersgd_on_three_buckets_trains_70_steps_compressed_and_a_killed_run_resumes_bit_exactly(
+def test_powersgd_on_three_buckets_trains_32_steps_compressed_and_a_killed_run_resumes_bit_exactly(
     small_dataset, tmp_path
 ):
-    """Two gloo processes, PowerSGD from step 4 to step 74. Before each bucket waited for the one before, such a
-    model died within tens of compressed steps (gloo::EnforceNotMet: a collective mismatch), as ResNet-18 did."""
+    """Two gloo processes, PowerSGD from step 4 to step 36. Before each bucket waited for the one before, such a
+    model hung at its first compressed steps or died within tens of them (gloo::EnforceNotMet: a collective
+    mismatch), as ResNet-18 did; dist_timeout turns a hang into a failure within a minute."""
     common = [
         *TINY,
         *SPAWN,
         f"--model={three_buckets_model(tmp_path)}",
         "--model_kwargs={}",
-        "--batch_size=16",  # 37 steps an epoch
-        "--learning_rate=0.2",
         "--grad_compression=powersgd",
         "--powersgd_start_step=4",
-        "--checkpoint_every=18",
+        "--checkpoint_every=6",
+        "--dist_timeout=60",
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
     ]
@@ -98,28 +99,29 @@ def test_powersgd_on_three_buckets_trains_70_steps_compressed_and_a_killed_run_r
     provenance = json.loads((tmp_path / "whole" / "provenance.json").read_text())
     assert provenance["grad_compression"] == "powersgd rank 2 from step 4"
     metrics = json.loads((tmp_path / "whole" / "metrics.json").read_text())
-    assert metrics["test"]["accuracy"] > 0.2  # it learns through the compressed steps (0.31; chance: 0.1)
-    state = torch.load(tmp_path / "whole" / "training_checkpoint_74.pt", weights_only=True)["grad_compression"]
-    assert state["iter"] == 74 and len(state["errors"]) == 3  # each bucket's error feedback,
+    # it learns through the compressed steps (0.156 and 2.248 on the Xeon with AMX; chance: 0.1 and ln 10 = 2.303)
+    assert metrics["test"]["accuracy"] > 0.12 and metrics["test"]["loss"] < 2.29
+    state = torch.load(tmp_path / "whole" / "training_checkpoint_36.pt", weights_only=True)["grad_compression"]
+    assert state["iter"] == 36 and len(state["errors"]) == 3  # each bucket's error feedback,
     assert all(errors.shape[0] == 2 for errors in state["errors"].values())  # of both ranks
 
     killed = start_forked("run", *common, "--run_name=killed")
     try:
         kill_when(
             killed,
-            lambda: (tmp_path / "killed" / "training_checkpoint_54.pt").is_file(),
-            "the run ended before its checkpoint at step 54",
+            lambda: (tmp_path / "killed" / "training_checkpoint_18.pt").is_file(),
+            "the run ended before its checkpoint at step 18",
         )
     finally:
         stop_all(killed)
-    assert not (tmp_path / "killed" / "training_checkpoint_74.pt").exists()
+    assert not (tmp_path / "killed" / "training_checkpoint_36.pt").exists()
     resumed = run_in_this_process("run", *common, "--run_name=killed", "--resume_from=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = run_log(resumed, tmp_path / "killed")
-    assert f"continuing from {tmp_path / 'killed' / 'training_checkpoint_54.pt'}" in log
+    assert re.search(rf"continuing from {re.escape(str(tmp_path / 'killed'))}/training_checkpoint_(18|24)\.pt", log)
     assert "for PowerSGD's bucket layout" in log
     assert_same_training_state(
-        tmp_path / "whole" / "training_checkpoint_74.pt", tmp_path / "killed" / "training_checkpoint_74.pt"
+        tmp_path / "whole" / "training_checkpoint_36.pt", tmp_path / "killed" / "training_checkpoint_36.pt"
     )
     assert json.loads((tmp_path / "killed" / "metrics.json").read_text())["test"] == metrics["test"]
 
