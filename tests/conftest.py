@@ -25,31 +25,36 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # when inductor's config is imported, so set for the test process and every process it starts alike
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-# The files whose tests take longest (seconds of their tests on a 2-core Zen 4 EPYC, 2026-11-28, longest first),
+# The files whose tests take longest (seconds of their tests on the 2-core Xeon with AMX, 2026-11-29, longest first),
 # collected first, and handed out in that order (``pytest_configure``): pytest-xdist's --dist loadfile hands files
 # out in collection order, and in alphabetical order (or by number of tests, xdist's own reordering) a long file
 # came last, leaving one worker on it while the other had nothing left to do
 LONGEST_FILES = [
-    "test_launch_modes.py",
     "test_tuning.py",
-    "test_wandb.py",
+    "test_launch_modes.py",
     "test_tracker_outage.py",
+    "test_compression.py",
+    "test_wandb.py",
     "reliability/test_faults.py",
-    "test_gpu_harness.py",
-    "test_recipe.py",
+    "test_two_hosts.py",
     "test_predict_export.py",
-    "test_cli.py",
-    "test_package.py",
-    "reliability/test_interrupt.py",
     "test_hardware.py",
+    "test_recipe.py",
+    "reliability/test_interrupt.py",
+    "test_package.py",
+    "test_cli.py",
+    "test_gpu_harness.py",
     "reliability/test_exact_resume.py",
+    "test_lr_find.py",
     "test_distributed.py",
-    "test_slurm.py",
-    "test_speed_levers.py",
-    "test_image_folders.py",
-    "test_data_at_scale.py",
-    "test_int8_export.py",
+    "test_pretrained.py",
+    "test_imbalance.py",
     "test_notebooks.py",
+    "test_int8_export.py",
+    "test_image_folders.py",
+    "test_readme.py",
+    "test_speed_levers.py",
+    "test_data_at_scale.py",
 ]
 
 

@@ -5,7 +5,6 @@ bit-identical; one line where it cannot work; nothing registered without it."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
@@ -75,10 +74,10 @@ def test_the_powersgd_test_model_fills_three_ddp_buckets(tmp_path):
     assert len(buckets) == 3
 
 
-def test_powersgd_on_three_buckets_trains_32_steps_compressed_and_a_killed_run_resumes_bit_exactly(
+def test_powersgd_on_three_buckets_trains_50_steps_compressed_and_a_killed_run_resumes_bit_exactly(
     small_dataset, tmp_path
 ):
-    """Two gloo processes, PowerSGD from step 4 to step 36. Before each bucket waited for the one before, such a
+    """Two gloo processes, PowerSGD from step 4 to step 54. Before each bucket waited for the one before, such a
     model hung at its first compressed steps or died within tens of them (gloo::EnforceNotMet: a collective
     mismatch), as ResNet-18 did; dist_timeout turns a hang into a failure within a minute."""
     common = [
@@ -86,9 +85,10 @@ def test_powersgd_on_three_buckets_trains_32_steps_compressed_and_a_killed_run_r
         *SPAWN,
         f"--model={three_buckets_model(tmp_path)}",
         "--model_kwargs={}",
+        "--num_epochs=3",  # 18 steps an epoch
         "--grad_compression=powersgd",
         "--powersgd_start_step=4",
-        "--checkpoint_every=6",
+        "--checkpoint_every=18",  # (each holds 120 MB: the weights, momentum and both ranks' error feedback)
         "--dist_timeout=60",
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
@@ -99,29 +99,29 @@ def test_powersgd_on_three_buckets_trains_32_steps_compressed_and_a_killed_run_r
     provenance = json.loads((tmp_path / "whole" / "provenance.json").read_text())
     assert provenance["grad_compression"] == "powersgd rank 2 from step 4"
     metrics = json.loads((tmp_path / "whole" / "metrics.json").read_text())
-    # it learns through the compressed steps (0.156 and 2.248 on the Xeon with AMX; chance: 0.1 and ln 10 = 2.303)
+    # it learns through the compressed steps (chance: 0.1 and ln 10 = 2.303)
     assert metrics["test"]["accuracy"] > 0.12 and metrics["test"]["loss"] < 2.29
-    state = torch.load(tmp_path / "whole" / "training_checkpoint_36.pt", weights_only=True)["grad_compression"]
-    assert state["iter"] == 36 and len(state["errors"]) == 3  # each bucket's error feedback,
+    state = torch.load(tmp_path / "whole" / "training_checkpoint_54.pt", weights_only=True)["grad_compression"]
+    assert state["iter"] == 54 and len(state["errors"]) == 3  # each bucket's error feedback,
     assert all(errors.shape[0] == 2 for errors in state["errors"].values())  # of both ranks
 
     killed = start_forked("run", *common, "--run_name=killed")
     try:
         kill_when(
             killed,
-            lambda: (tmp_path / "killed" / "training_checkpoint_18.pt").is_file(),
-            "the run ended before its checkpoint at step 18",
+            lambda: (tmp_path / "killed" / "training_checkpoint_36.pt").is_file(),
+            "the run ended before its checkpoint at step 36",
         )
     finally:
         stop_all(killed)
-    assert not (tmp_path / "killed" / "training_checkpoint_36.pt").exists()
+    assert not (tmp_path / "killed" / "training_checkpoint_54.pt").exists()
     resumed = run_in_this_process("run", *common, "--run_name=killed", "--resume_from=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = run_log(resumed, tmp_path / "killed")
-    assert re.search(rf"continuing from {re.escape(str(tmp_path / 'killed'))}/training_checkpoint_(18|24)\.pt", log)
+    assert f"continuing from {tmp_path / 'killed' / 'training_checkpoint_36.pt'}" in log
     assert "for PowerSGD's bucket layout" in log
     assert_same_training_state(
-        tmp_path / "whole" / "training_checkpoint_36.pt", tmp_path / "killed" / "training_checkpoint_36.pt"
+        tmp_path / "whole" / "training_checkpoint_54.pt", tmp_path / "killed" / "training_checkpoint_54.pt"
     )
     assert json.loads((tmp_path / "killed" / "metrics.json").read_text())["test"] == metrics["test"]
 
