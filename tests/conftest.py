@@ -262,17 +262,16 @@ def run_log(result: subprocess.CompletedProcess, run_dir: Path) -> str:
 def run_torchrun_forked(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --nproc_per_node=NPROC --standalone -m cifar10_dist ARGS`` to its end,
     torchrun and its workers forked by the CLI server (see ``start_forked``)."""
-    run = start_forked(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
-    try:
-        stdout, stderr = run.communicate(timeout=timeout)
-    finally:
-        stop_all(run)
-    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+    return to_the_end(start_forked(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"]), timeout)
 
 
 def run_torchrun_new_interpreter(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``run_torchrun_forked`` with torchrun and its workers new interpreters, as a user runs them."""
-    run = start_new_interpreter(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"])
+    return to_the_end(start_new_interpreter(*args, torchrun=[f"--nproc_per_node={nproc}", "--standalone"]), timeout)
+
+
+def to_the_end(run: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """A started run's output once it ended (within ``timeout``; stopped with its group whatever happens)."""
     try:
         stdout, stderr = run.communicate(timeout=timeout)
     finally:
