@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks import records
 from benchmarks.two_hosts import two_hosts
@@ -113,31 +113,20 @@ def measure(hosts: Any, model_name: str, kind: str, steps: int) -> dict[str, Any
         f"--kind={kind}",
         f"--steps={steps}",
     ]
-    outputs = on_both_nodes(
-        hosts,
-        lambda node: command,
-        lambda node: {"RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
-        f"{model_name} {kind}",
-        timeout=1800,
-    )
+    ranks = [{"RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"} for node in (0, 1)]
+    outputs = on_both_nodes(hosts, [command, command], ranks, f"{model_name} {kind}", timeout=1800)
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
-def on_both_nodes(
-    hosts: Any,
-    command_of: Callable[[int], list[str]],
-    environment_of: Callable[[int], dict[str, str]],
-    what: str,
-    timeout: float,
-) -> list[tuple[str, str]]:
-    """Each node's command in its namespace, one torch thread each; their (stdout, stderr) once both ended, or
-    SystemExit with both stderr tails where either failed."""
+def on_both_nodes(hosts: Any, commands: list, environments: list, what: str, timeout: float) -> list[tuple[str, str]]:
+    """Node N's command and environment in its namespace, one torch thread each; their (stdout, stderr) once both
+    ended, or SystemExit with both stderr tails where either failed."""
     env = {**os.environ, "PYTHONPATH": str(records.REPO), "OMP_NUM_THREADS": "1"}
     processes = [
         hosts.start(
             node,
-            command_of(node),
-            env={**env, **environment_of(node)},
+            commands[node],
+            env={**env, **environments[node]},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -256,13 +245,10 @@ def run_epochs(hosts: Any, kind: str, extra: list[str]) -> dict[str, Any]:
     sent_before = hosts.sent_bytes(0)
     with tempfile.TemporaryDirectory() as output:
         command = [sys.executable, "-m", "cifar10_dist", "run", *EPOCH_RUN, f"--grad_compression={kind}", *extra]
-        outputs = on_both_nodes(
-            hosts,
-            lambda node: [*command, *hosts.node_flags(node), f"--output_path={output}", "--run_name=epochs"],
-            lambda node: {},
-            kind,
-            timeout=3600,
-        )
+        commands = [
+            [*command, *hosts.node_flags(node), f"--output_path={output}", "--run_name=epochs"] for node in (0, 1)
+        ]
+        outputs = on_both_nodes(hosts, commands, [{}, {}], kind, timeout=3600)
         log = outputs[0][1]
         seconds = [float(found) for found in re.findall(r"epoch \d+ done in ([0-9.]+) s", log)]
         final = json.loads((Path(output) / "epochs" / "metrics.json").read_text())["test"]

@@ -250,6 +250,8 @@ def test_a_warmup_not_given_explicitly_is_scaled_into_a_shorter_run_and_a_given_
         " INFO num_warmup_epochs=2.3 (from configs/fast.yaml) scaled to 0.23 for num_epochs=1: the same share of the "
         "run as 2.3 of 10 epochs\n"
     )
+    assert resolve(loaded, seed=3).num_warmup_epochs == 0.23  # a loaded config changed by keyword, as train(...)
+    assert "(from configs/fast.yaml) scaled to 0.23" in capsys.readouterr().err
     assert resolve(None, num_epochs=2).num_warmup_epochs == 1.0  # fits: left as it is, no line
     assert capsys.readouterr().err == ""
     assert resolve(None, num_epochs=1).num_warmup_epochs == 0.2

@@ -23,7 +23,8 @@ from cifar10_dist.training.setup import config_fitting
 def resolve(config: Config | str | Path | None = None, **overrides: Any) -> Config:
     """A validated Config: ``config`` itself (with ``overrides`` applied) or built from a YAML path, with the values
     a file or the defaults gave fitted to the run by the planner (``config_fitting``, one line each)."""
-    if isinstance(config, Config):
+    if isinstance(config, Config):  # (fitted before the overrides: what it noted needs the file it came from)
+        config = config_fitting.fitted_to_the_run(config)
         loaded = load_config(None, given=overrides, **{**config.to_dict(), **overrides}) if overrides else config
     else:
         loaded = load_config(config, **overrides)
@@ -109,9 +110,7 @@ def evaluation_config(checkpoint: str | Path, config: Config | str | Path | None
     inherited = {key: getattr(recorded, key) for key in INHERITED_BY_EVALUATE if key in keys}
     if "model" in overrides and overrides["model"] != inherited.get("model"):
         inherited.pop("model_kwargs", None)
-    if isinstance(config, Config):
-        return resolve(config, **{**inherited, **overrides})
-    return load_config(config, **{**inherited, **overrides})
+    return resolve(config, **{**inherited, **overrides})
 
 
 def evaluate(

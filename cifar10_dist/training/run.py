@@ -91,7 +91,7 @@ def build_training(config: Config, stop: stopping.StopRequest) -> TrainingParts:
     device = process_setup.setup_process(config)
     weights = model_setup.setup_pretrained(config)
     images = run_data.load_run_images(config, weights.normalisation if weights else None)
-    the_plan = plan.settle(config, device, plan.DataFacts.of_run(images))
+    the_plan = plan.settle(config, device, plan.DataFacts.of_run(images), resumes=True)
     data = run_data.setup_data(the_plan.config, device, the_plan.precision, images)
     note_the_start(data.provenance, the_plan, weights)
     network = model_setup.setup_model(the_plan.config, data, weights, the_plan.precision, the_plan.resumption)

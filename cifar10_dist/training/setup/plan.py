@@ -115,20 +115,23 @@ class Plan:
         return "\n".join(f"  {key:<{width}}  {value} {note}".rstrip() for key, value, note in rows)
 
 
-def settle(config: Config, device: torch.device, data: DataFacts | None = None, *, report: bool = True) -> Plan:
+def settle(
+    config: Config, device: torch.device, data: DataFacts | None = None, *, report: bool = True, resumes: bool = False
+) -> Plan:
     """Every choice at once, in the order they need each other: the values fitted to the run, the precision,
-    whether and from where the run continues, how the data is fed, the optimizer's kernel, the warm-up steps, the
-    class weights and the memory layout. ``data`` None: the choices that need no images (``doctor``); ``report``:
-    log the precision chosen (``batch-size`` and ``doctor`` print their own report)."""
+    whether and from where the run continues (``resumes``: a run's command, ``run``), how the data is fed, the
+    optimizer's kernel, the warm-up steps, the class weights and the memory layout. ``data`` None: the choices
+    that need no images (``doctor``); ``report``: log the precision chosen (``batch-size`` and ``doctor`` print
+    their own report)."""
     given = config
     config = config_fitting.fitted_to_the_run(config)
     precision = process_setup.setup_precision(config, device) if report else precision_unlogged(config, device)
-    resumption = resumption_of.decide(config)
+    resumption = resumption_of.decide(config) if resumes else Resumption(False, None)
     choices: dict[str, Any] = {
         **process_setup.settled_precision(config, precision),
         "fused_optimizer": optimizers.fused_on(config.fused_optimizer, device),
         "warm_up_steps": warm_up_steps_for(config.warm_up_steps, device),
-        "resume_from": resumption.checkpoint,
+        **({"resume_from": resumption.checkpoint} if resumes else {}),
     }
     memory_format = ""
     if data is not None:
