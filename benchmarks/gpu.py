@@ -10,7 +10,7 @@ every run, so a command cut short still returns what it measured. Last run: docs
      their timers; airbench's own time also holds its whitening init) next to airbench94's train94
      (benchmarks.peer), seed by seed, the peer first; epoch 1's seconds and the median of epochs 2+ of each;
   levers: fast.yaml seed 0 with every automatic lever off (fused_optimizer, augment_per_pass), with each alone,
-     and the opt-in ones added to the default: no mid-run checkpoint or loss read (quiet), half_weights;
+     and the opt-in ones added to the default: no mid-run checkpoint or loss read (quiet), low_precision_weights;
   resnet: the default config (ResNet-18) for 3 epochs: the median images/s of epochs 2+, against the matched bare
      step (same model, batch, layout, precision, optimizer, clipping) on device-resident tensors, the loss never
      read inside the timed steps; then with its checkpoints written inline, and with none mid-run (quiet);

@@ -3,7 +3,7 @@ own, in a folder where its CifarLoader finds cifar10/train.pt and test.pt writte
 read back. On a CPU it is adapted at run time, without changing its code: .cuda()/.half() become no-ops (fp32
 weights), torch.cuda.Event becomes a CPU timer, and its network's forward runs under bf16 autocast where the CPU
 has native bf16 (AMX or AVX512-BF16), in fp32 elsewhere (as our recipes' with_amp=auto does). Its process keeps
-freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; keep_freed_memory).
+freed memory as ours do (glibc's MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_; reuse_freed_memory).
 
     python -m benchmarks.peer --device=cpu --seed=0 [--epochs=E] [--batch_size=B]   (the worker side; benchmarks
     call ``run_peer``)
@@ -29,7 +29,7 @@ from cifar10_dist.system import cpu, hardware
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "airbench==0.1.8"
 QUICK = ["--epochs=0.01", "--batch_size=128"]  # a few steps of train94 at a smaller batch (checks the tool)
-# the glibc setting our runs make themselves (keep_freed_memory, on by default), so that times compare recipes,
+# the glibc setting our runs make themselves (reuse_freed_memory, on by default), so that times compare recipes,
 # not allocators (it makes both about 1.1x faster at batch 1024 on the Zen 4 machine)
 KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(cpu.NEVER_TRIM)}
 

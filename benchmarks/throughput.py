@@ -10,7 +10,7 @@ model" (--loops: about 4 minutes).
                  channels_last, torch.compile alone and on top of both, with its warm-up time)
     --profile    [--amp] [--channels_last]: torch.profiler's top operators of a few bare training steps
     --loops      [--rounds=5]: our trainer against the bare loop, interleaved, the ratio of each round
-The process applies keep_freed_memory as a run does (--default_allocator leaves glibc alone).
+The process applies reuse_freed_memory as a run does (--default_allocator leaves glibc alone).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main() -> None:
     parser.add_argument(
         "--default_allocator",
         action="store_true",
-        help="leave glibc's allocator as it is (runs apply keep_freed_memory on CPU, so this process "
+        help="leave glibc's allocator as it is (runs apply reuse_freed_memory on CPU, so this process "
         "does too unless told not to)",
     )
     args = parser.parse_args()
