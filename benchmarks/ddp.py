@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks import records
 from benchmarks.steps import make_step, setup
-from cifar10_dist.launch.spawn import free_port
+from cifar10_dist.launch.supervision import free_port
 
 CASES: dict[str, dict[str, Any] | None] = {  # None: no DDP
     "one": None,

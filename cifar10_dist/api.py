@@ -1,4 +1,4 @@
-"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``launch.runs``), ``lr_find``, ``batch_size``,
+"""The Python API: ``train``, ``train_seeds``, ``evaluate`` (from ``runs``), ``lr_find``, ``batch_size``,
 ``predict``, ``export``, ``tune``, ``doctor``, ``report`` and ``prepare_data``; the CLI and notebooks call these, and
 nothing below calls up into it.
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from cifar10_dist import runs
 from cifar10_dist.config import INHERITED_BY_EVALUATE, Config, LrSweep, commands
 from cifar10_dist.config.export_flags import EXPORT_FLAGS
 from cifar10_dist.config.lr_sweep import OUTPUT_DIR
 from cifar10_dist.errors import UserError
-from cifar10_dist.launch import runs
-from cifar10_dist.launch.runs import resolve, train, train_seeds
+from cifar10_dist.launch import start_method
 from cifar10_dist.results import (
     BatchSizeResult,
     DoctorReport,
@@ -27,6 +27,7 @@ from cifar10_dist.results import (
     ReportResult,
     TuneResult,
 )
+from cifar10_dist.runs import resolve, train, train_seeds
 
 __all__ = [
     "INHERITED_BY_EVALUATE",
@@ -204,9 +205,9 @@ def tune(
         )
     searched = search_space.read_space(space)
     studies.require_optuna()
-    from cifar10_dist.launch import preflight
+    from cifar10_dist import preflight
 
-    if preflight.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
+    if start_method.started_by_torchrun() or (resolved.backend is not None and resolved.nproc_per_node is None):
         raise UserError(
             "tune starts each trial's processes itself: run one tune process per worker (not under "
             "torchrun or srun tasks) and give --backend with --nproc_per_node for multi-process trials"
@@ -251,7 +252,7 @@ def evaluate(
     output_dir: str | Path | None = commands.default(commands.EVALUATE, "output_dir"),
     **overrides: Any,
 ) -> EvaluationResult:
-    """``launch.runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
+    """``runs.evaluate``: test-set metrics, per-class accuracy, confusion matrix and the most confident
     mistakes of a saved model, in one pass; with ``output_dir`` the confusion matrix is also written there as
     confusion_<checkpoint name>.json and .png, and the mistakes as mistakes_<checkpoint name>.png and .json."""
     from cifar10_dist.outputs.checkpoint_files import model_file

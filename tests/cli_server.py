@@ -53,7 +53,7 @@ from typing import Any
 # what a CLI run imports (the forkserver's preload list, below, plus the command line itself), and scikit-learn
 # where it is installed: it sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK when imported, and a test process that
 # imported it (an in-process tune's parameter importances, through Optuna) would send them to a server without them
-PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.launch.runs", "sklearn")
+PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.runs", "sklearn")
 # variables that torch, OpenMP and Python read when they start (PYTHONPATH aside: the child's import path is set
 # from it): a process whose values differ from the server's needs an interpreter of its own
 IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")

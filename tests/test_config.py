@@ -13,7 +13,7 @@ from cifar10_dist.cli.help_pages import options_reference
 from cifar10_dist.config import FIELDS, Config, load_config
 from cifar10_dist.data import loaders
 from cifar10_dist.errors import UserError
-from cifar10_dist.launch.runs import resolve
+from cifar10_dist.runs import resolve
 from tests.conftest import REPO, TINY, run_in_this_process
 
 

@@ -16,6 +16,8 @@ FLOORS = [
     ("cli",),
     ("api",),
     ("tuning",),
+    ("runs",),
+    ("preflight",),
     ("launch", "deployment"),
     ("training",),
     ("recipes",),

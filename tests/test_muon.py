@@ -12,10 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from cifar10_dist import models
+from cifar10_dist import models, preflight
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
-from cifar10_dist.launch import preflight
 from cifar10_dist.training.setup import optimizers
 from cifar10_dist.training.setup import schedules as lr_schedules
 from tests.conftest import REPO, assert_same_training_state, run_in_this_process

@@ -14,7 +14,7 @@ import pytest
 
 from cifar10_dist.config import load_config
 from cifar10_dist.errors import UserError
-from cifar10_dist.launch.runs import resolve
+from cifar10_dist.runs import resolve
 from tests.conftest import cli_env, run_in_this_process
 
 # 9 levels of 9 references to the level below: 9^9 (387 million) strings once the aliases are followed

@@ -6,7 +6,7 @@ together and the typed values parsed from text (``rules``), building one from de
 and the options' help (``loading``), which file a ``--config`` names and reading it strictly (``yaml_files``), and
 every command's own flags, declared once (``commands``). Plain data: it
 imports nothing heavier than PyYAML, and only ``sources`` (the dataset names) and ``errors`` below it; checks
-against the filesystem, the model registry and the launch environment are ``launch.preflight``'s."""
+against the filesystem, the model registry and the launch environment are ``preflight``'s."""
 
 from cifar10_dist.config.fields import (
     FIELDS,

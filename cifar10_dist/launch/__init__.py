@@ -1,4 +1,5 @@
-"""Starting runs: the entry points (``runs``: resolve, train, train_seeds, evaluate), the checks of a config
-against the world before any process starts (``preflight``), spawning and supervising processes under every
-launcher (``spawn``), and ignite's compatibility with current torch-xla (``xla_compat``). Imports ``training`` and
+"""How processes start: every launch through Ignite's ``idist.Parallel`` (``spawn``), what Parallel lacks as small
+wrappers around it (``supervision``), how spawned workers start (``start_method``), a failed launch's one line
+(``failures``), and Ignite's compatibility with current torch-xla (``xla_compat``). The runs that launch are
+``cifar10_dist.runs``, and their checks before launching are ``cifar10_dist.preflight``. Imports ``training`` and
 the floors below it."""

@@ -59,6 +59,11 @@ def launch_rank(node_rank: int | None = None) -> int:
     return node_rank or 0
 
 
+def started_by_torchrun() -> bool:
+    """True in a process that torchrun (torch.distributed.run) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"LOCAL_RANK", "RANK", "WORLD_SIZE"} <= os.environ.keys()
+
+
 def start_early(config: Config) -> None:
     """A run that will spawn gloo/nccl workers through a forkserver starts the server now, before this process
     imports torch for its checks: both import at once (a launch from the command line starts its workers about

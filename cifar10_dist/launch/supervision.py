@@ -30,7 +30,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from cifar10_dist.config import Config
 from cifar10_dist.errors import Interrupted, UserError, resume_hint
-from cifar10_dist.launch import failures, preflight, start_method
+from cifar10_dist.launch import failures, start_method
 from cifar10_dist.system import stopping
 
 STOP_GRACE_SECONDS = 1  # after one spawned worker fails, how long the others get to exit before SIGTERM, then SIGKILL
@@ -104,7 +104,7 @@ def _spawned_entry(
 
 def join(config: Config, exchange: Path) -> None:
     """A process torchrun or srun started joins its group with dist_timeout; several replicas may share a GPU."""
-    with _joining(config, exchange, hide_slurm=preflight.started_by_torchrun()), _gpus_shared_by_local_ranks():
+    with _joining(config, exchange, hide_slurm=start_method.started_by_torchrun()), _gpus_shared_by_local_ranks():
         idist.initialize(str(config.backend), **_native_options(config))
 
 

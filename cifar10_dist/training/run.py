@@ -3,7 +3,7 @@ uses (``setup``, ``loop``, ``before_training``, ``trained_models``), which impor
 
 Read ``training`` top-down: each line builds one thing (the process, precision, data, model, optimisation,
 engines, run folder, checkpoints, trackers) with a ``setup_*`` function that returns a typed object, then it
-runs and reports. ``launch.runs`` launches it in every process; evaluating a checkpoint is ``checkpoint_evaluation``.
+runs and reports. ``runs`` launches it in every process; evaluating a checkpoint is ``checkpoint_evaluation``.
 """
 
 from __future__ import annotations

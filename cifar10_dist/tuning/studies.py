@@ -60,7 +60,7 @@ class Objective:
 
     def __call__(self, trial: Any) -> float:
         optuna = require_optuna()
-        from cifar10_dist.launch import runs
+        from cifar10_dist import runs
 
         self.current = trial.number
         params = {name: dimension.suggest(trial) for name, dimension in self.space.items()}
@@ -289,7 +289,7 @@ def best_config_of(study: Any, best: Any) -> dict[str, Any]:
 def run_final_test(study: Any, best: Any, echo: Callable[[str], None]) -> dict[str, Any] | None:
     """The best trial's best model on the test set, once per study and best trial (kept in the study); skipped
     while other workers still run trials of it (the last one to finish runs it)."""
-    from cifar10_dist.launch import runs
+    from cifar10_dist import runs
     from cifar10_dist.outputs import checkpoint_files
 
     key = f"final_test:trial-{best.number}"

@@ -1,4 +1,4 @@
-"""The planner's choices that read the config alone (part of ``plan``, without torch: ``launch.runs.resolve`` makes
+"""The planner's choices that read the config alone (part of ``plan``, without torch: ``runs.resolve`` makes
 them before launch, so that a value they leave impossible fails in well under a second).
 
 Loading notes the values a config file or the defaults gave, never a flag, that this run leaves no room for

@@ -1,4 +1,4 @@
-"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``launch.runs.evaluate`` launches
+"""Evaluating a saved model in every process of a launch: ``EvaluationWorker`` (``runs.evaluate`` launches
 it)."""
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
         )
         resolved = dataclasses.replace(resolved, trial=None)
     start_method.start_early(resolved)
-    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist import preflight
+    from cifar10_dist.launch import spawn
     from cifar10_dist.training.run import training
 
     preflight.check_before_launch(resolved)
@@ -56,7 +57,8 @@ def train(config: Config | str | Path | None = None, **overrides: Any) -> RunRes
 
 def train_trial(config: Config) -> TrialResult:
     """A tuning trial's run (``config.trial`` set): as ``train``, its result chosen on val and never tested."""
-    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist import preflight
+    from cifar10_dist.launch import spawn
     from cifar10_dist.training.run import training
 
     start_method.start_early(config)
@@ -79,7 +81,8 @@ def train_seeds(config: Config | str | Path | None = None, **overrides: Any) -> 
     output_path/seeds_<run_name or time>.json (by rank 0 of a torchrun/srun launch).
     """
     resolved = resolve(config, **overrides)
-    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist import preflight
+    from cifar10_dist.launch import spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.outputs import summary as summary_file
     from cifar10_dist.training.run import training
@@ -125,7 +128,8 @@ def evaluate(
     matrix and the mistakes are also written there. The model and data keys recorded in the checkpoint are used
     unless given; a training checkpoint of a run with ema_decay is evaluated with its EMA weights unless
     ``raw_weights``."""
-    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist import preflight
+    from cifar10_dist.launch import spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.training.trained_models import checkpoint_evaluation
 
@@ -144,7 +148,8 @@ def lr_find(config: Config, settings: LrSweep, folder: str | Path | None = None)
     """Sweep the learning rate with the config's model, data and optimizer in every process of its launch
     (``training.before_training.lr_finding``); lr_find.json and lr_find.png go to ``folder`` (default: a new
     output_path/lr_find-<time>). Every process of a torchrun/srun launch returns rank 0's."""
-    from cifar10_dist.launch import preflight, spawn
+    from cifar10_dist import preflight
+    from cifar10_dist.launch import spawn
     from cifar10_dist.outputs import files
     from cifar10_dist.training.before_training import lr_finding
 

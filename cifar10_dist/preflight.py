@@ -18,7 +18,7 @@ from cifar10_dist import checkpoint_layout, models
 from cifar10_dist.config import Config, class_weights, located_in_its_file, note, planned_world_size
 from cifar10_dist.data import datasets, resizing
 from cifar10_dist.errors import UserError
-from cifar10_dist.launch.start_method import launch_rank
+from cifar10_dist.launch.start_method import launch_rank, started_by_torchrun
 from cifar10_dist.models import pretrained
 from cifar10_dist.outputs import checkpoint_files, trackers
 from cifar10_dist.system import cpu, stopping
@@ -137,11 +137,6 @@ def check_files(config: Config) -> None:
             f"init_method='{config.init_method}': the file already exists (left by an earlier run?); "
             "torch needs a new, empty file for every run: delete it or choose another name"
         )
-
-
-def started_by_torchrun() -> bool:
-    """True in a process that torchrun (torch.distributed.run) started."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or {"LOCAL_RANK", "RANK", "WORLD_SIZE"} <= os.environ.keys()
 
 
 def check_launch(config: Config) -> None:
