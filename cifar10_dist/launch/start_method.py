@@ -2,7 +2,7 @@
 imports torch and the package once (``start_method``), started as early as a run knows it will spawn
 (``start_early``), so that the server imports them on one core while the launcher checks the config on the other;
 and the rule both spawn and the forkserver impose on a script, its main guard (``require_main_guard``), checked
-before anything starts."""
+before anything starts. Also which launcher started this process (``started_by_torchrun``, ``launch_rank``)."""
 
 from __future__ import annotations
 
