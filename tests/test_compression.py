@@ -88,7 +88,7 @@ def test_powersgd_on_three_buckets_trains_50_steps_compressed_and_a_killed_run_r
         "--num_epochs=3",  # 18 steps an epoch
         "--grad_compression=powersgd",
         "--powersgd_start_step=4",
-        "--checkpoint_every=18",  # (each holds 120 MB: the weights, momentum and both ranks' error feedback)
+        "--checkpoint_every=36",  # (each holds 120 MB: the weights, momentum and both ranks' error feedback)
         "--dist_timeout=60",
         f"--data_path={small_dataset}",
         f"--output_path={tmp_path}",
