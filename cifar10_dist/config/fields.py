@@ -138,6 +138,8 @@ MAY_CHANGE_ON_RESUME = tuple(
     for name, f in FIELDS.items()
     if f.metadata["may_change_on_resume"] or f.metadata["per_tuning_worker"] or f.metadata["internal"]
 )
+# key -> (the key, the value) under which alone it takes effect
+ONLY_WITH = {name: f.metadata["only_with"] for name, f in FIELDS.items() if f.metadata["only_with"] is not None}
 
 
 @functools.lru_cache(maxsize=None)

@@ -60,6 +60,7 @@ def option(
     per_tuning_worker: bool = False,
     inherited_by_evaluate: bool = False,
     may_change_on_resume: bool = False,
+    only_with: tuple[str, str] | None = None,
     compare: bool = True,
 ) -> Any:
     """A config field with its help text, its own rules and its roles.
@@ -72,10 +73,11 @@ def option(
     ``per_tuning_worker``, each tuning worker sets it for its own machine (not compared with the study's, never
     tuned); ``inherited_by_evaluate``, ``evaluate`` takes it from the checkpoint unless given;
     ``may_change_on_resume``, a resume may give it another value than the checkpoint's run had (it says how the run
-    is kept, logged or made fast, not what it trains; every ``per_tuning_worker`` key may too); ``compare=False``, a
+    is kept, logged or made fast, not what it trains; every ``per_tuning_worker`` key may too); ``only_with=(KEY,
+    VALUE)``, it takes effect only where KEY has VALUE (a resume compares it only there); ``compare=False``, a
     record of where the values came from, left out when two configs are compared. The lists of keys by role
-    (``UNTUNABLE``, ``PER_TUNING_WORKER``, ``INHERITED_BY_EVALUATE``, ``MAY_CHANGE_ON_RESUME``) are derived from
-    these, below the class."""
+    (``UNTUNABLE``, ``PER_TUNING_WORKER``, ``INHERITED_BY_EVALUATE``, ``MAY_CHANGE_ON_RESUME``, ``ONLY_WITH``) are
+    derived from these, below the class."""
     return field(
         default=default,
         compare=compare,
@@ -90,5 +92,6 @@ def option(
             "per_tuning_worker": per_tuning_worker,
             "inherited_by_evaluate": inherited_by_evaluate,
             "may_change_on_resume": may_change_on_resume,
+            "only_with": only_with,
         },
     )

@@ -115,15 +115,18 @@ class SpeedKeys:
         short="none, fp16, bf16 or powersgd",
     )
     powersgd_rank: int = option(
-        2,
-        "powersgd: the rank of its low-rank approximation (higher: closer to the exact gradient, more bytes; "
-        "give 8 on a short run, where 2 costs accuracy)",
+        32,
+        "powersgd: the rank of its low-rank approximation (higher: closer to the exact gradient, more bytes); 32 "
+        "keeps a short recipe's accuracy, and 2 (torch's small setting) costs it points; lower it on a long run over "
+        "a very slow link",
         short="PowerSGD's rank",
         bounds=Bounds(1, 64, in_words="in 1..64"),
+        only_with=("grad_compression", "powersgd"),
     )
     powersgd_start_step: int = option(
         10,
         "powersgd: the steps exchanged uncompressed before it starts (its warm start)",
         short="steps before PowerSGD starts",
         bounds=Bounds(2, in_words="at least 2"),
+        only_with=("grad_compression", "powersgd"),
     )

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from cifar10_dist.config import FIELDS
+
+POWERSGD_RANK = int(FIELDS["powersgd_rank"].default)  # type: ignore[arg-type]  # the rank a run takes unless given
 KINDS = ("none", "bf16", "powersgd")  # what the estimate compares (fp16 puts the bytes of bf16 on the wire)
 LATENCY_SECONDS = 100e-6  # a hop between nodes on Ethernet, for the small buffers
 WIRE_EFFICIENCY = 0.95  # the payload's share of what a link carries (TCP/IP headers at a 1500-byte MTU)
@@ -37,7 +40,7 @@ def link_bytes_per_second(link: str) -> float:
     return scaled if unit == "B/s" else scaled / 8
 
 
-def wire_bytes(model: nn.Module, kind: str = "none", rank: int = 2) -> int:
+def wire_bytes(model: nn.Module, kind: str = "none", rank: int = POWERSGD_RANK) -> int:
     """Bytes of one process's gradient exchange per step (before the ring's 2 (N - 1) / N): fp32 gradients; fp16 and
     bf16 half of it; PowerSGD its P and Q of rank ``rank`` for every matrix it compresses (as torch's hook decides:
     where that is smaller) and the rest whole."""
@@ -87,7 +90,7 @@ def table(
     images_per_step: int,
     link: str,
     node_counts: tuple[int, ...] = (2, 4, 8, 16),
-    rank: int = 2,
+    rank: int = POWERSGD_RANK,
 ) -> list[str]:
     """The lines ``doctor --link`` prints: per node count, each kind's images/s and the share spent communicating."""
     bandwidth = link_bytes_per_second(link)

@@ -95,6 +95,22 @@ def test_a_resume_may_change_how_a_run_is_kept_and_says_so(reference_copy, tmp_p
     ) in (reference_copy / "run.log").read_text()
 
 
+def test_a_key_that_takes_effect_only_with_another_is_not_compared_without_it(reference_copy, tmp_path):
+    """powersgd_rank and powersgd_start_step shape nothing without grad_compression=powersgd: a run without
+    compression resumes with other values (the rank's default went from 2 to 32, and older checkpoints hold 2)."""
+    result = run_in_this_process(
+        "run",
+        f"--config={reference_copy / 'config.yaml'}",
+        f"--output_path={tmp_path}",
+        "--resume_from=auto",
+        "--powersgd_rank=2",
+        "--powersgd_start_step=20",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in (reference_copy / "run.log").read_text().splitlines() if "resuming with keys" in line]
+    assert not any("powersgd" in line for line in said), said
+
+
 def test_the_docs_list_the_keys_a_resume_may_change():
     page = (REPO / "docs" / "fault-tolerance.md").read_text()
     line = next(line for line in page.splitlines() if line.startswith("Keys a resume may change:"))

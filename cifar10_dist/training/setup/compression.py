@@ -252,7 +252,7 @@ def attach(model: nn.Module, config: Config, process_group: Any = None) -> Gradi
 
 
 def described(attached: GradientCompression | None, config: Config) -> str:
-    """What the run compresses, for its plan and provenance: 'none', 'bf16', 'powersgd rank 2 from step 10', or
+    """What the run compresses, for its plan and provenance: 'none', 'bf16', 'powersgd rank 32 from step 10', or
     what was asked and why it does nothing."""
     if attached is None:
         return "none" if config.grad_compression == "none" else f"none ({config.grad_compression} asked: world size 1)"
