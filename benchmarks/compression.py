@@ -5,17 +5,14 @@ scaling estimate (cifar10_dist.system.scaling) against each measured step; and t
 a short real-data run (fast.yaml cut short, 2 gloo processes on loopback: the link changes the time, not the
 numbers). Figures: docs/measured.md, "Gradient compression on a slow link".
 
-    python -m benchmarks.compression speed [--links=1gbit,100mbit] [--models=resnet18,airbench] [--rounds=2]
-        [--steps=4] [--json=PATH]
+    python -m benchmarks.compression speed [--links=1gbit,100mbit] [--models=resnet18,airbench] [--rounds=2] [--steps=4]
     python -m benchmarks.compression accuracy --data_path=DIR [--seeds=0,1,2] [--epochs=4] [--epoch_length=16]
-        [--kinds=none,bf16,fp16,powersgd] [--powersgd_rank=R] [--powersgd_start_step=S] [--json=PATH]
-    python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
-    python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--kinds=...] [--powersgd_rank=R]
-        [--json=PATH]
+    python -m benchmarks.compression epochs [--links=100mbit] [--rounds=1] [--kinds=...]
         (whole epochs of a real run on the two hosts: ResNet-18, 1,536 synthetic images, batch 64, 2 epochs)
-    python -m benchmarks.compression exact [--json=PATH]
-        (that run with powersgd on 2 local gloo processes: twice, and once killed after a checkpoint and resumed;
-        every tensor of the three final checkpoints compared)
+    python -m benchmarks.compression exact     (that run with powersgd on 2 local gloo processes: twice, and once
+        killed after a checkpoint and resumed; every tensor of the three final checkpoints compared)
+    python -m benchmarks.compression summarise --json=PATH     (the estimate again over the runs it holds)
+Each takes --json=PATH, --powersgd_rank=R and --powersgd_start_step=S (the run's defaults unless given; recorded).
 
 Each speed measurement is a worker pair (``worker``, one a namespace) that joins the group over the link, builds the
 model with the run's DDP wrapping and hook (training.setup.compression), times ``--steps`` training steps on
@@ -44,9 +41,10 @@ from benchmarks.two_hosts import two_hosts
 KINDS = ("none", "bf16", "fp16", "powersgd")
 BATCH = {"resnet18": 64, "airbench": 128}  # images per node and step
 WARM_STEPS = 3
+OLDER_RANK = 2  # PowerSGD's rank in the records that name none (made while it was powersgd_rank's default)
 
 
-def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
+def worker(model_name: str, kind: str, steps: int, rank: int) -> dict[str, Any]:
     """One node: compute-only steps, then steps through DDP and the hook over the link (run inside a namespace)."""
     import ignite.distributed as idist
     import torch
@@ -80,6 +78,7 @@ def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
             master_addr=os.environ["MASTER_ADDR"],
             master_port=int(os.environ["MASTER_PORT"]),
             grad_compression=kind,
+            powersgd_rank=rank,
             powersgd_start_step=2,
         )
         alone = [torch.distributed.new_group([rank]) for rank in range(idist.get_world_size())][idist.get_rank()]
@@ -102,7 +101,7 @@ def worker(model_name: str, kind: str, steps: int) -> dict[str, Any]:
     return {"compute_seconds": local, "step_seconds": step, "sent_bytes_per_step": sent / steps}
 
 
-def measure(hosts: Any, model_name: str, kind: str, steps: int) -> dict[str, Any]:
+def measure(hosts: Any, model_name: str, kind: str, steps: int, rank: int) -> dict[str, Any]:
     """The worker pair on the hosts' link; node 0's figures."""
     command = [
         sys.executable,
@@ -112,6 +111,7 @@ def measure(hosts: Any, model_name: str, kind: str, steps: int) -> dict[str, Any
         f"--models={model_name}",
         f"--kind={kind}",
         f"--steps={steps}",
+        f"--powersgd_rank={rank}",
     ]
     ranks = [{"RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0"} for node in (0, 1)]
     outputs = on_both_nodes(hosts, [command, command], ranks, f"{model_name} {kind}", timeout=1800)
@@ -145,7 +145,7 @@ def speed(args: argparse.Namespace, out: dict[str, Any]) -> None:
             for round_index in range(args.rounds):
                 for model_name in args.models:
                     for kind in KINDS:  # interleaved: each round runs every setting once
-                        found = measure(hosts, model_name, kind, args.steps)
+                        found = measure(hosts, model_name, kind, args.steps, out["powersgd"]["powersgd_rank"])
                         out["speed"].setdefault(link, {}).setdefault(model_name, {}).setdefault(kind, []).append(found)
                         records.write(args.json, out) if args.json else None
                         print(
@@ -163,19 +163,16 @@ def summarise(out: dict[str, Any]) -> None:
     from cifar10_dist.system import scaling
 
     out["summary"] = {}
+    rank = out.get("powersgd", {}).get("powersgd_rank", OLDER_RANK)
     for link, by_model in out["speed"].items():
         for model_name, by_kind in by_model.items():
             network = models.build_model(model_name, None, 10)
             for kind, runs in by_kind.items():
                 step = statistics.median(run["step_seconds"] for run in runs)
                 compute = statistics.median(run["compute_seconds"] for run in runs)
+                wire = scaling.wire_bytes(network, kind, rank)
                 predicted = scaling.estimate(
-                    compute,
-                    scaling.wire_bytes(network, kind),
-                    scaling.link_bytes_per_second(link),
-                    2,
-                    BATCH[model_name],
-                    kind,
+                    compute, wire, scaling.link_bytes_per_second(link), 2, BATCH[model_name], kind
                 ).seconds_per_step
                 out["summary"].setdefault(link, {}).setdefault(model_name, {})[kind] = {
                     "step_seconds": step,
@@ -183,7 +180,7 @@ def summarise(out: dict[str, Any]) -> None:
                     "estimated_step_seconds": predicted,
                     "estimate_error": predicted / step - 1,
                     "sent_mb_per_step": statistics.median(run["sent_bytes_per_step"] for run in runs) / 1e6,
-                    "wire_mb_predicted": scaling.wire_bytes(network, kind) / 1e6,
+                    "wire_mb_predicted": wire / 1e6,
                     "over_none": step / statistics.median(r["step_seconds"] for r in by_kind["none"]),
                 }
     errors = [
@@ -216,7 +213,7 @@ def epochs(args: argparse.Namespace, out: dict[str, Any]) -> None:
         with two_hosts(link) as hosts:
             for round_index in range(args.rounds):
                 for kind in args.kinds:
-                    found = run_epochs(hosts, kind, powersgd_flags(args) if kind == "powersgd" else [])
+                    found = run_epochs(hosts, kind, flags_of(out["powersgd"]) if kind == "powersgd" else [])
                     out["epochs"].setdefault(link, {}).setdefault(kind, []).append(found)
                     records.write(args.json, out) if args.json else None
                     print(f"{link} {kind} round {round_index}: epochs {found['epoch_seconds']} s", flush=True)
@@ -233,10 +230,16 @@ def epochs(args: argparse.Namespace, out: dict[str, Any]) -> None:
         }
 
 
-def powersgd_flags(args: argparse.Namespace) -> list[str]:
-    """--powersgd_rank and --powersgd_start_step as the benchmark was given them (none: the run's defaults)."""
+def powersgd_settings(args: argparse.Namespace) -> dict[str, int]:
+    """PowerSGD's rank and start step as given, else the run's defaults: every record names them."""
+    from cifar10_dist.config import FIELDS
+
     keys = ("powersgd_rank", "powersgd_start_step")
-    return [f"--{key}={getattr(args, key)}" for key in keys if getattr(args, key) is not None]
+    return {key: FIELDS[key].default if getattr(args, key) is None else getattr(args, key) for key in keys}
+
+
+def flags_of(settings: dict[str, Any]) -> list[str]:
+    return [f"--{key}={value}" for key, value in settings.items()]
 
 
 def run_epochs(hosts: Any, kind: str, extra: list[str]) -> dict[str, Any]:
@@ -245,12 +248,9 @@ def run_epochs(hosts: Any, kind: str, extra: list[str]) -> dict[str, Any]:
     sent_before = hosts.sent_bytes(0)
     with tempfile.TemporaryDirectory() as output:
         command = [sys.executable, "-m", "cifar10_dist", "run", *EPOCH_RUN, f"--grad_compression={kind}", *extra]
-        commands = [
-            [*command, *hosts.node_flags(node), f"--output_path={output}", "--run_name=epochs"] for node in (0, 1)
-        ]
-        outputs = on_both_nodes(hosts, commands, [{}, {}], kind, timeout=3600)
-        log = outputs[0][1]
-        seconds = [float(found) for found in re.findall(r"epoch \d+ done in ([0-9.]+) s", log)]
+        command += [f"--output_path={output}", "--run_name=epochs"]
+        outputs = on_both_nodes(hosts, [[*command, *hosts.node_flags(node)] for node in (0, 1)], [{}, {}], kind, 3600)
+        seconds = [float(found) for found in re.findall(r"epoch \d+ done in ([0-9.]+) s", outputs[0][1])]
         final = json.loads((Path(output) / "epochs" / "metrics.json").read_text())["test"]
     return {"epoch_seconds": seconds, "test": final, "sent_mb": (hosts.sent_bytes(0) - sent_before) / 1e6}
 
@@ -269,6 +269,7 @@ def exact(args: argparse.Namespace, out: dict[str, Any]) -> None:
         "run",
         *EPOCH_RUN,
         "--grad_compression=powersgd",
+        *flags_of(out["powersgd"]),
         "--backend=gloo",
         "--nproc_per_node=2",
         "--checkpoint_every=12",
@@ -323,9 +324,7 @@ def accuracy(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from benchmarks import runner
 
     length = {"epoch_length": args.epoch_length} if args.epoch_length else {}
-    powersgd = {
-        key: getattr(args, key) for key in ("powersgd_rank", "powersgd_start_step") if getattr(args, key) is not None
-    }
+    powersgd = out["powersgd"]
     out["accuracy_run"] = {"num_epochs": args.epochs, "epoch_length": args.epoch_length or "whole epochs", **powersgd}
     for seed in args.seeds:
         for kind in args.kinds:
@@ -367,7 +366,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.part == "worker":
-        print(json.dumps(worker(args.models[0], args.kind, args.steps)))
+        print(json.dumps(worker(args.models[0], args.kind, args.steps, powersgd_settings(args)["powersgd_rank"])))
         return
     if args.part == "summarise":  # the estimate again, over the speed runs a JSON holds
         recorded = json.loads(Path(args.json).read_text())
@@ -384,6 +383,7 @@ def main() -> None:
         "epochs_summary": {},
         "exact": {},
         "batch_per_node": BATCH,
+        "powersgd": powersgd_settings(args),
     }
     {"speed": speed, "epochs": epochs, "exact": exact, "accuracy": accuracy}[args.part](args, out)
     if args.json:

@@ -348,3 +348,24 @@ def test_an_older_runs_config_with_keys_since_renamed_loads_and_says_so_once(cap
     with pytest.raises(UserError, match="^'lookahead' and 'periodic_averaging' are the same key"):
         load_config(None, lookahead=True, periodic_averaging=True)
     assert set(RENAMED.values()) <= set(FIELDS)
+
+
+def test_a_key_declared_only_with_another_names_a_key_and_one_of_its_values():
+    """A mistyped ``only_with`` would turn its key's resume check off without a word."""
+    from cifar10_dist.config import ONLY_WITH, choices
+
+    assert ONLY_WITH == {
+        "powersgd_rank": ("grad_compression", "powersgd"),
+        "powersgd_start_step": ("grad_compression", "powersgd"),
+    }
+    for needed, value in ONLY_WITH.values():
+        assert needed in FIELDS and value in choices(needed)
+
+
+def test_a_key_takes_effect_only_where_the_key_it_needs_has_its_value():
+    from cifar10_dist.config import takes_effect
+
+    assert takes_effect("powersgd_rank", {"grad_compression": "powersgd"})
+    assert not takes_effect("powersgd_rank", {"grad_compression": "bf16"})
+    assert not takes_effect("powersgd_rank", {})  # a record from before compression existed
+    assert takes_effect("learning_rate", {})  # a key with no condition always does

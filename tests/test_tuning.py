@@ -466,6 +466,17 @@ def test_a_worker_with_another_config_is_refused(finished_study, small_dataset):
     assert len(load_study(output, "s").trials) == 3
 
 
+def test_a_worker_may_differ_in_a_key_that_takes_effect_in_neither_config(finished_study, small_dataset):
+    """powersgd_rank shapes nothing without grad_compression=powersgd: passed over. The check goes on to the keys
+    after it in order, and weight_decay is refused."""
+    _, output = finished_study
+    extra = ("--figures=True", "--powersgd_rank=2", "--weight_decay=0.123")
+    result = run_in_this_process(*tune_args(small_dataset, output, output / "space.yaml", "s", *extra))
+    assert result.returncode == 2
+    assert "study 's' was created with another base config: weight_decay is " in result.stderr
+    assert " and 0.123 here" in result.stderr
+
+
 def test_missing_optuna_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
     result = run_in_this_process(

@@ -18,6 +18,7 @@ from cifar10_dist.config.fields import (
     UNTUNABLE,
     Config,
     choices,
+    takes_effect,
 )
 from cifar10_dist.config.loading import load_config, located_in_its_file, note
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
@@ -45,6 +46,7 @@ __all__ = [
     "INHERITED_BY_EVALUATE",
     "MAY_CHANGE_ON_RESUME",
     "ONLY_WITH",
+    "takes_effect",
     "PER_TUNING_WORKER",
     "PRUNERS",
     "UNTUNABLE",

@@ -11,7 +11,7 @@ import difflib
 import functools
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from cifar10_dist.config.augmentation_keys import AugmentationKeys
 from cifar10_dist.config.data_keys import DataKeys
@@ -140,6 +140,13 @@ MAY_CHANGE_ON_RESUME = tuple(
 )
 # key -> (the key, the value) under which alone it takes effect
 ONLY_WITH = {name: f.metadata["only_with"] for name, f in FIELDS.items() if f.metadata["only_with"] is not None}
+
+
+def takes_effect(key: str, settings: Mapping[str, Any]) -> bool:
+    """Whether a key takes effect under these settings (a config's replayable values): one declared ``only_with``
+    another key's value (powersgd_rank with grad_compression=powersgd) shapes nothing elsewhere."""
+    condition = ONLY_WITH.get(key)
+    return condition is None or settings.get(condition[0]) == condition[1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from cifar10_dist.config import FIELDS, PER_TUNING_WORKER, PRUNERS, Config, PrunerSpec, commands
+from cifar10_dist.config import FIELDS, PER_TUNING_WORKER, PRUNERS, Config, PrunerSpec, commands, takes_effect
 from cifar10_dist.errors import UserError
 from cifar10_dist.training.loop.trials import JOURNAL_PREFIX, make_pruner, open_storage, require_optuna
 from cifar10_dist.tuning.search_space import Dimension
@@ -129,6 +129,8 @@ def _check_same_study(stored_record: Mapping[str, Any], record: Mapping[str, Any
                 continue
             if part == "base_config" and key not in stored and record[part][key] == FIELDS[key].default:
                 continue  # a key newer than the study, at its default: the study trained with that too
+            if part == "base_config" and not (takes_effect(key, stored) or takes_effect(key, record[part])):
+                continue  # e.g. powersgd_rank where neither trains with PowerSGD
             if stored.get(key) != record[part].get(key):
                 raise UserError(
                     f"study '{name}' was created with another {part.replace('_', ' ')}: {key} is "

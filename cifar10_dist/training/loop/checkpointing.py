@@ -20,7 +20,7 @@ from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
 from ignite.handlers.checkpoint import BaseSaveHandler
 
 from cifar10_dist import checkpoint_layout, models
-from cifar10_dist.config import MAY_CHANGE_ON_RESUME, ONLY_WITH, Config
+from cifar10_dist.config import MAY_CHANGE_ON_RESUME, Config, takes_effect
 from cifar10_dist.data import cifar, loaders, run_data
 from cifar10_dist.errors import UserError, first_line
 from cifar10_dist.models import restoring
@@ -276,8 +276,7 @@ def refuse_changed_training(path: str, config: Config) -> None:
         and key != "model"
         and then[key] not in ("auto", "find")
         and then[key] != value
-        and takes_effect(key, then)
-        and takes_effect(key, present)
+        and takes_effect(key, then)  # (where it took effect then: a change of the key it needs is refused too)
     }
     shaping = [key for key in changed if key not in MAY_CHANGE_ON_RESUME]
     if shaping:
@@ -298,14 +297,6 @@ def refuse_changed_training(path: str, config: Config) -> None:
             "resuming with keys changed that may change on a resume: %s",
             ", ".join(f"{key} {_flag_value(now)} (was {_flag_value(then)})" for key, (then, now) in said.items()),
         )
-
-
-def takes_effect(key: str, settings: dict[str, Any]) -> bool:
-    """Whether a key takes effect under these settings: a key ``only_with`` another key's value (powersgd_rank
-    with grad_compression=powersgd) shapes nothing elsewhere, so a resume compares it only where it took effect
-    then and takes effect now (a change of the other key is refused as itself)."""
-    condition = ONLY_WITH.get(key)
-    return condition is None or settings.get(condition[0]) == condition[1]
 
 
 def _flag_value(value: Any) -> str:
