@@ -331,7 +331,7 @@ def test_replicas_sharing_a_gpu_are_wrapped_in_ddp_on_the_gpu_they_use():
     assert not model_setup.shares_a_gpu(torch.device("cuda", 0), local_rank=0, world_size=2)
     assert not model_setup.shares_a_gpu(CPU, local_rank=1, world_size=2)
     model = models.build_model("simple_cnn", {"width": 8})
-    assert model_setup.wrapped_for_backend(model) is model  # one process on a CPU: nothing to wrap
+    assert model_setup.wrapped_for_backend(model, load_config(None)) is model  # one process on a CPU: nothing to wrap
 
 
 # the fast recipe whole (its schedule, the whitening bias's freeze after epoch 3, lookahead from 30% of training,

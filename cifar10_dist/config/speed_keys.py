@@ -5,9 +5,9 @@ one flat set of keys for flags, YAML and the API)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
-from cifar10_dist.config.options import AT_LEAST_0, Bounds, option
+from cifar10_dist.config.options import ABOVE_0, AT_LEAST_0, Bounds, option
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,14 @@ class SpeedKeys:
         short="PowerSGD's rank",
         bounds=Bounds(1, 64, in_words="in 1..64"),
         only_with=("grad_compression", "powersgd"),
+    )
+    ddp_bucket_cap_mb: Optional[float] = option(
+        None,
+        "the size of DDP's gradient buckets in MB: processes exchange gradients a bucket at a time while backward "
+        "goes on (None: torch's 25 MB, after a first bucket of 1 MB); grad_compression works a bucket at a time, "
+        "and at 3 or more processes the order of the sums follows the buckets, so a resume keeps it",
+        short="DDP's gradient bucket size, MB",
+        bounds=ABOVE_0,
     )
     powersgd_start_step: int = option(
         10,

@@ -57,20 +57,22 @@ def setup_model(
         half_network(model, precision)
     if config.sync_bn and idist.get_world_size() > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
+    model = wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)), config)
     compiled: nn.Module = torch.compile(model, mode=config.compile_mode) if config.compile else model  # type: ignore[assignment]
     return Network(model, compiled)
 
 
-def wrapped_for_backend(model: nn.Module) -> nn.Module:
-    """The model on this process's device, wrapped for its backend by Ignite's ``auto_model`` (DDP, ...); where
-    local ranks share a GPU (replicas per GPU over gloo, ``launch.spawn``), in DDP on the GPU this process
-    really uses: auto_model names the local rank as the device, a GPU that does not exist past the first."""
+def wrapped_for_backend(model: nn.Module, config: Config) -> nn.Module:
+    """The model on this process's device, wrapped for its backend by Ignite's ``auto_model`` (DDP, ...), with the
+    config's DDP bucket size; where local ranks share a GPU (replicas per GPU over gloo, ``launch.spawn``), in DDP
+    on the GPU this process really uses: auto_model names the local rank as the device, a GPU that does not exist
+    past the first."""
     device = idist.device()
     local_rank = idist.get_local_rank()
+    buckets: dict[str, Any] = {} if config.ddp_bucket_cap_mb is None else {"bucket_cap_mb": config.ddp_bucket_cap_mb}
     if not shares_a_gpu(device, local_rank, idist.get_world_size()):
-        return idist.auto_model(model)
-    return nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index])
+        return idist.auto_model(model, **buckets)
+    return nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index], **buckets)
 
 
 def shares_a_gpu(device: torch.device, local_rank: int, world_size: int) -> bool:

@@ -105,5 +105,6 @@ class EvaluationWorker:
             ranks.on_rank_zero(
                 logger.warning, "checkpoint %s: %s; the numbers may not be comparable", self.checkpoint, difference
             )
-        model = model_setup.wrapped_for_backend(model.to(memory_format=batches.memory_format(config.channels_last)))
+        layout = batches.memory_format(config.channels_last)
+        model = model_setup.wrapped_for_backend(model.to(memory_format=layout), config)
         return temperature.with_temperature(model, checkpoint), info  # calibrate=temperature: its probabilities
