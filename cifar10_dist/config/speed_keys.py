@@ -123,6 +123,13 @@ class SpeedKeys:
         bounds=Bounds(1, 64, in_words="in 1..64"),
         only_with=("grad_compression", "powersgd"),
     )
+    powersgd_start_step: int = option(
+        10,
+        "powersgd: the steps exchanged uncompressed before it starts (its warm start)",
+        short="steps before PowerSGD starts",
+        bounds=Bounds(2, in_words="at least 2"),
+        only_with=("grad_compression", "powersgd"),
+    )
     ddp_bucket_cap_mb: Optional[float] = option(
         None,
         "the size of DDP's gradient buckets in MB: processes exchange gradients a bucket at a time while backward "
@@ -130,11 +137,5 @@ class SpeedKeys:
         "and at 3 or more processes the order of the sums follows the buckets, so a resume keeps it",
         short="DDP's gradient bucket size, MB",
         bounds=ABOVE_0,
-    )
-    powersgd_start_step: int = option(
-        10,
-        "powersgd: the steps exchanged uncompressed before it starts (its warm start)",
-        short="steps before PowerSGD starts",
-        bounds=Bounds(2, in_words="at least 2"),
-        only_with=("grad_compression", "powersgd"),
+        tunable=False,
     )

@@ -107,6 +107,17 @@ class GradientCompression:
         self.state.error_dict = {bucket: stacked[rank].to(device) for bucket, stacked in errors.items()}
 
 
+def start_afresh(state: powerSGD_hook.PowerSGDState) -> None:
+    """A checkpoint's PowerSGD state of other buckets (another ddp_bucket_cap_mb, or a build before it was recorded)
+    is dropped, with one warning: the error feedback and the warm P and Q start again."""
+    ranks.on_rank_zero(
+        logger.warning, "powersgd: the checkpoint's buckets differ from this run's: its error feedback starts afresh"
+    )
+    state.error_dict.clear()
+    state.p_memory_dict.clear()
+    state.q_memory_dict.clear()
+
+
 def powersgd_on_this_thread(
     state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -123,6 +134,8 @@ def powersgd_on_this_thread(
         done.set_result(buffer)
         return done
     index = bucket.index()
+    if index in state.error_dict and state.error_dict[index].shape != buffer.shape:
+        start_afresh(state)
     if index in state.error_dict:
         buffer.add_(state.error_dict[index])
     before = buffer.detach().clone()

@@ -69,9 +69,12 @@ def wrapped_for_backend(model: nn.Module, config: Config) -> nn.Module:
     past the first."""
     device = idist.device()
     local_rank = idist.get_local_rank()
-    buckets: dict[str, Any] = {} if config.ddp_bucket_cap_mb is None else {"bucket_cap_mb": config.ddp_bucket_cap_mb}
+    cap = config.ddp_bucket_cap_mb
+    buckets: dict[str, Any] = {"bucket_cap_mb": cap} if cap is not None else {}
     if not shares_a_gpu(device, local_rank, idist.get_world_size()):
-        return idist.auto_model(model, **buckets)
+        # auto_model wraps one process on several GPUs in DataParallel, which takes no buckets
+        in_ddp = idist.get_world_size() > 1 and idist.backend() in ("gloo", "nccl", "mpi")
+        return idist.auto_model(model, **(buckets if in_ddp else {}))
     return nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index], **buckets)
 
 
