@@ -20,6 +20,7 @@ from cifar10_dist.config.fields import (
     choices,
     takes_effect,
 )
+from cifar10_dist.config.launch_keys import NATIVE_BACKENDS
 from cifar10_dist.config.loading import load_config, located_in_its_file, note
 from cifar10_dist.config.lr_sweep import SUGGESTION_RULES, LrSweep
 from cifar10_dist.config.options import Bounds
@@ -39,6 +40,7 @@ from cifar10_dist.config.trial import PRUNERS, PrunerSpec, TrialSpec
 from cifar10_dist.config.yaml_files import ConfigSource, YamlMapping, config_path, read_yaml_file, shipped_configs
 
 __all__ = [
+    "NATIVE_BACKENDS",
     "ConfigSource",
     "LrSweep",
     "SUGGESTION_RULES",

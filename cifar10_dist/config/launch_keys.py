@@ -8,6 +8,8 @@ from typing import Literal, Optional
 
 from cifar10_dist.config.options import AT_LEAST_1, Bounds, option
 
+NATIVE_BACKENDS = ("gloo", "nccl")  # torch.distributed's own: DDP and its hooks, init_method, timeouts
+
 
 @dataclass(frozen=True)
 class LaunchKeys:

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from cifar10_dist import sources
 from cifar10_dist.config.fields import FIELDS, Config, check_field
+from cifar10_dist.config.launch_keys import NATIVE_BACKENDS
 from cifar10_dist.errors import UserError
 
 # package.module:factory or path/to/file.py:factory (the factory may be an attribute path: module:Class.create)
@@ -267,7 +268,7 @@ def _validate_launch(c: Config) -> None:
     """Spawning keys need a backend; several nodes need their rank and node 0's address; gradient compression a
     process group with DDP's hooks."""
     _require(
-        c.grad_compression == "none" or c.backend in ("gloo", "nccl"),
+        c.grad_compression == "none" or c.backend in NATIVE_BACKENDS,
         f"grad_compression={c.grad_compression} compresses the gradients processes exchange, through DDP's "
         "communication hooks (backends gloo and nccl): "
         + (
@@ -308,7 +309,7 @@ def _validate_init_method(c: Config) -> None:
         return
     _require(c.init_method.startswith("file:///"), f"init_method='{c.init_method}' is not accepted: use {accepted}")
     _require(
-        c.backend in ("gloo", "nccl"),
+        c.backend in NATIVE_BACKENDS,
         f"init_method='{c.init_method}' works with backend gloo or nccl only, not '{c.backend}'",
     )
     _require(

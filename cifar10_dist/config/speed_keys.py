@@ -117,8 +117,8 @@ class SpeedKeys:
     powersgd_rank: int = option(
         32,
         "powersgd: the rank of its low-rank approximation (higher: closer to the exact gradient, more bytes); 32 "
-        "kept fast.yaml's accuracy over its 10 epochs, where 2 cost 5 points; a long run over a very slow link may "
-        "do with less: measure it there",
+        "kept fast.yaml's accuracy over its 10 epochs, where a low rank cost points (docs/measured.md); a long run "
+        "over a very slow link may do with less: measure it there",
         short="PowerSGD's rank",
         bounds=Bounds(1, 64, in_words="in 1..64"),
         only_with=("grad_compression", "powersgd"),
@@ -134,7 +134,7 @@ class SpeedKeys:
         None,
         "the size of DDP's gradient buckets in MB: processes exchange gradients a bucket at a time while backward "
         "goes on (None: torch's 25 MB, after a first bucket of 1 MB); grad_compression works a bucket at a time, "
-        "and at 3 or more processes the order of the sums follows the buckets, so a resume keeps it",
+        "so a resume keeps it",
         short="DDP's gradient bucket size, MB",
         bounds=ABOVE_0,
         tunable=False,

@@ -23,9 +23,9 @@ import ignite.distributed as idist
 import torch
 from ignite.utils import setup_logger
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import NATIVE_BACKENDS, Config
 from cifar10_dist.errors import Interrupted, UserError
-from cifar10_dist.launch import failures, start_method, supervision, xla_compat
+from cifar10_dist.launch import failures, supervision, xla_compat
 from cifar10_dist.outputs import log_lines
 from cifar10_dist.system import cpu, ranks, stopping
 
@@ -61,7 +61,7 @@ def launched(config: Config, exchange: Path) -> Iterator[idist.Parallel]:
     elif config.nproc_per_node is None:
         with Joined(config, exchange) as joined:
             yield joined
-    elif config.backend in start_method.NATIVE_BACKENDS:
+    elif config.backend in NATIVE_BACKENDS:
         with supervision.supervised(config, exchange) as spawning:
             with idist.Parallel(backend=config.backend, **spawning) as parallel:
                 yield parallel

@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import NATIVE_BACKENDS, Config
 from cifar10_dist.errors import UserError
 from cifar10_dist.system.signals import stop_signals
 
-NATIVE_BACKENDS = ("gloo", "nccl")
 # the worker module (torch, Ignite), what every worker imports on first use (torch._dynamo, by the optimizer's
 # constructor: about 1 s of a core; torchvision's datasets and models, filelock) and what rank 0 imports at every
 # run (TensorBoard's writer; matplotlib for curves.png and mistakes.png); the forkserver leaves out a module that

@@ -28,7 +28,7 @@ import ignite.distributed as idist
 import torch
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from cifar10_dist.config import Config
+from cifar10_dist.config import NATIVE_BACKENDS, Config
 from cifar10_dist.errors import Interrupted, UserError, resume_hint
 from cifar10_dist.launch import failures, start_method
 from cifar10_dist.system import stopping
@@ -175,7 +175,7 @@ def shared_gpu_index(local_rank: int, gpus: int) -> int:
 
 def _native_options(config: Config) -> dict[str, Any]:
     """Collective timeout and init_method: torch.distributed takes them, Ignite's XLA and Horovod models do not."""
-    if config.backend not in start_method.NATIVE_BACKENDS:
+    if config.backend not in NATIVE_BACKENDS:
         return {}
     return {"timeout": timedelta(seconds=config.dist_timeout), "init_method": config.init_method}
 

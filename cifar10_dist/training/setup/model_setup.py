@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from cifar10_dist import models, recipes
-from cifar10_dist.config import Config
+from cifar10_dist.config import NATIVE_BACKENDS, Config
 from cifar10_dist.data import batches, run_data
 from cifar10_dist.errors import UserError
 from cifar10_dist.models import pretrained
@@ -73,7 +73,7 @@ def wrapped_for_backend(model: nn.Module, config: Config) -> nn.Module:
     buckets: dict[str, Any] = {"bucket_cap_mb": cap} if cap is not None else {}
     if not shares_a_gpu(device, local_rank, idist.get_world_size()):
         # auto_model wraps one process on several GPUs in DataParallel, which takes no buckets
-        in_ddp = idist.get_world_size() > 1 and idist.backend() in ("gloo", "nccl", "mpi")
+        in_ddp = idist.get_world_size() > 1 and idist.backend() in NATIVE_BACKENDS
         return idist.auto_model(model, **(buckets if in_ddp else {}))
     return nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device.index], **buckets)
 
