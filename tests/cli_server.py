@@ -406,9 +406,9 @@ def run_served(args: list[str], address: str | None) -> int | None:
     ``address`` with this process's environment, folder and standard streams, in a session of its own; the
     signals of PASSED_ON that reach this process are passed on to it. A torchrun worker without a hash seed is
     given RANK + 1 from rank 1 on (rank 0 keeps the server's random one: new interpreters' seeds differ from rank
-    to rank). Its exit code (negative: minus the signal
-    that ended it), or None where this is another command, no server is named or answers, or it refuses this
-    environment."""
+    to rank). Its exit code (negative: minus the signal that ended it), or None where this is another command or no
+    server is named. Where the server refuses this environment or does not answer, one line on stderr names why, and
+    the code is 2: a test that meant a forked process never gets a new interpreter without a word."""
     unbuffered = args[:1] == ["-u"]
     command = args[1:] if unbuffered else args
     if not address or len(command) < 2 or command[0] != "-m" or command[1] not in SERVED_MODULES:
@@ -428,16 +428,26 @@ def run_served(args: list[str], address: str | None) -> int | None:
     network = os.open("/proc/self/ns/net", os.O_RDONLY)  # (this process's network namespace, for the child's)
     try:
         connection, answer = ask(address, request, [0, 1, 2, network])
-    except OSError:
-        return None
+    except OSError as error:
+        return refused(f"the CLI server at {address} does not answer ({error})")
     finally:
         os.close(network)
     if answer == b"" or answer.startswith(b"refused"):
-        return None
+        differing = answer[len(b"refused ") :].decode() or "?"
+        return refused(
+            f"the CLI server cannot serve this environment: it differs from the server's in {differing}, read when "
+            "Python or torch starts (give the server's value, or run the test's command with run_new_interpreter)"
+        )
     pid = int(answer)
     for number in PASSED_ON:
         signal.signal(number, lambda received, _: os.kill(pid, received))
     return int(connection.recv(64))
+
+
+def refused(why: str) -> int:
+    """A stand-in python's one line when its command cannot be forked by the server, and its exit code."""
+    print(f"tests/served_python: {why}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

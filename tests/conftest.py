@@ -17,10 +17,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # pytest-xdist runs two test processes on the two cores: one torch thread each, and in the processes they start
-    # (two threads each would spin against each other); set before torch is imported
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# pytest-xdist runs two test processes on the two cores: one torch thread each, and in the processes they start
+# (two threads each would spin against each other); set before torch is imported. A file run alone gets the same, so
+# that it runs as in the suite (torchrun sets 1 for its workers too: the CLI server, started with this environment,
+# serves them)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # torch.compile's inductor compiles in this process, without a pool of new interpreters (one each per core): read
 # when inductor's config is imported, so set for the test process and every process it starts alike
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -391,7 +392,8 @@ def spawned_run(small_dataset, tmp_path_factory) -> tuple[subprocess.CompletedPr
 
 
 # simple_cnn with a sleep before each training step's forward (SLOW_STEP_SECONDS, none where unset): it trains bit
-# for bit like simple_cnn, so a run stopped at a chosen point still compares with the simple_cnn references
+# for bit like simple_cnn, so a run stopped at a chosen point still compares with the simple_cnn references. Under
+# torchrun, only the first round sleeps: the workers it restarts after a test killed one have nothing left to wait for
 SLOW_CNN = """
 import os
 import time
@@ -400,7 +402,7 @@ from cifar10_dist.models.networks import simple_cnn
 
 
 def sleep_when_training(module, inputs):
-    if module.training:
+    if module.training and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         time.sleep(float(os.environ.get("SLOW_STEP_SECONDS", "0")))
 
 

@@ -161,7 +161,8 @@ TIMINGS = ("epoch_time", "images_per_second", "duration")
 
 def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path):
     """tests/served_python/python: `-m cifar10_dist` forked by the CLI server, anything else run by the real
-    interpreter; either way its exit status and streams are the command's."""
+    interpreter; either way its exit status and streams are the command's. One the server cannot serve is one line
+    naming the variable, exit 2, and no new interpreter in its place."""
     import signal
     import subprocess
 
@@ -176,6 +177,20 @@ def test_the_stand_in_python_of_job_scripts_ends_as_the_command_it_ran(tmp_path)
         timeout=60,
     )
     assert (served.returncode, served.stderr) == (2, "error: batch_size=0 must be at least 1\n")
+    refused = subprocess.run(
+        [stand_in, "-m", "cifar10_dist", "run", f"--output_path={tmp_path}"],
+        cwd=tmp_path,
+        env={**env, "OMP_NUM_THREADS": "3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith(
+        "tests/served_python: the CLI server cannot serve this environment: it differs from the server's in "
+        "OMP_NUM_THREADS, read when Python or torch starts"
+    )
+    assert len(refused.stderr.splitlines()) == 1 and not any(tmp_path.iterdir())  # nothing ran
     passed = subprocess.run(
         [stand_in, "-c", "import sys; print(sys.argv[1:]); sys.exit(5)", "a b"],
         env=env,

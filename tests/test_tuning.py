@@ -584,7 +584,14 @@ def test_a_preempted_array_task_requeues_itself_and_continues_its_trial(small_da
     assert job.returncode == 0, stderr[-3000:]
     assert (tmp_path / "slurm.log").read_text() == "requeue 7000_1\n"
     assert "trial 0 stopped at iteration" in stderr and "queued again in study array" in stderr
-    requeued = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    requeued = subprocess.run(
+        ["bash", str(script)],
+        cwd=REPO,
+        env={**env, "SLOW_STEP_SECONDS": "0"},  # (nothing to signal in the requeued task)
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     journal = optuna.storages.journal.JournalFileBackend(str(tmp_path / "out" / "array" / "journal.log"))
     trials = load_study(tmp_path / "out", "array", optuna.storages.JournalStorage(journal)).trials
