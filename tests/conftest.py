@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 # pytest-xdist runs two test processes on the two cores: one torch thread each, and in the processes they start
 # (two threads each would spin against each other); set before torch is imported. A file run alone gets the same, so
 # that it runs as in the suite (torchrun sets 1 for its workers too: the CLI server, started with this environment,
-# serves them)
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# serves them). The GPU checks, alone on a machine with a GPU and many cores, keep torch's own thread count
+if os.environ.get("PYTEST_XDIST_WORKER") or not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # torch.compile's inductor compiles in this process, without a pool of new interpreters (one each per core): read
 # when inductor's config is imported, so set for the test process and every process it starts alike
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
