@@ -429,12 +429,14 @@ def run_served(args: list[str], address: str | None) -> int | None:
     try:
         connection, answer = ask(address, request, [0, 1, 2, network])
     except OSError as error:
-        return refused(f"the CLI server at {address} does not answer ({error})")
+        return not_served(f"the CLI server at {address} does not answer ({error})")
     finally:
         os.close(network)
-    if answer == b"" or answer.startswith(b"refused"):
+    if answer == b"":
+        return not_served(f"the CLI server at {address} closed the connection without an answer")
+    if answer.startswith(b"refused"):
         differing = answer[len(b"refused ") :].decode() or "?"
-        return refused(
+        return not_served(
             f"the CLI server cannot serve this environment: it differs from the server's in {differing}, read when "
             "Python or torch starts (give the server's value, or run the test's command with run_new_interpreter)"
         )
@@ -444,7 +446,7 @@ def run_served(args: list[str], address: str | None) -> int | None:
     return int(connection.recv(64))
 
 
-def refused(why: str) -> int:
+def not_served(why: str) -> int:
     """A stand-in python's one line when its command cannot be forked by the server, and its exit code."""
     print(f"tests/served_python: {why}", file=sys.stderr)
     return 2
