@@ -22,6 +22,7 @@ with --device=cpu on a small synthetic set (docs/gpu-report.md says what each ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from benchmarks import records
 
@@ -93,17 +94,36 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def history(history_bundle: str | None) -> Path:
-    """A repository holding the commits: this checkout's, or a clone of the bundle (a copy without .git)."""
+@contextlib.contextmanager
+def history(history_bundle: str | None) -> Iterator[Path]:
+    """A repository holding the commits: this checkout's, or a clone of the bundle (a copy without .git), removed
+    at the end."""
     try:
         git(records.REPO, "rev-parse", "--verify", "-q", "5bbdca2^{commit}")
-        return records.REPO
+        has_history = True
     except subprocess.CalledProcessError:
-        if history_bundle is None:
-            raise SystemExit("this copy has no git history: give --history=BUNDLE (git bundle create F --all)")
-    clone = Path(tempfile.mkdtemp(prefix="bisect-history-"))
-    subprocess.run(["git", "clone", "-q", "--no-checkout", history_bundle, str(clone)], check=True)
-    return clone
+        has_history = False
+    if has_history:
+        yield records.REPO
+        return
+    if history_bundle is None:
+        raise SystemExit("this copy has no git history: give --history=BUNDLE (git bundle create F --all)")
+    with tempfile.TemporaryDirectory(prefix="bisect-history-") as clone:
+        subprocess.run(["git", "clone", "-q", "--no-checkout", history_bundle, clone], check=True)
+        yield Path(clone)
+
+
+@contextlib.contextmanager
+def worktrees_of(repo: Path) -> Iterator[Path]:
+    """A folder for the commits' worktrees; at the end each is removed from ``repo`` and the folder goes."""
+    with tempfile.TemporaryDirectory(prefix="bisect-worktrees-") as folder:
+        try:
+            yield Path(folder)
+        finally:
+            for tree in Path(folder).iterdir():
+                subprocess.run(
+                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True
+                )
 
 
 def commits(repo: Path, good: str, bad: str) -> list[tuple[str, str]]:
@@ -170,10 +190,14 @@ class Search:
 
 
 def bisect(args: argparse.Namespace) -> None:
-    repo = history(args.history)
+    with history(args.history) as repo, worktrees_of(repo) as worktrees:
+        search_commits(args, repo, worktrees)
+
+
+def search_commits(args: argparse.Namespace, repo: Path, worktrees: Path) -> None:
+    """Both ends, then the binary search between them, each commit checked out in a worktree under ``worktrees``."""
     order = commits(repo, args.good, args.bad)
     search = Search(args, order)
-    worktrees = Path(tempfile.mkdtemp(prefix="bisect-worktrees-"))
 
     def verdict(index: int) -> bool | None:
         sha, subject = order[index]

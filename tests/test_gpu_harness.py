@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -296,24 +298,48 @@ def test_the_tutorial_benchmark_reads_the_tutorials_log_and_data_despite_checksu
     )
 
 
-@pytest.mark.parametrize(
-    "first_bad, expected",
-    [(6, "first bad commit: c6"), (1, "first bad commit: c1"), (None, "the ends do not differ here")],
-)
-def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_once(
-    monkeypatch, tmp_path, first_bad, expected
-):
-    """benchmarks.bisect's search over 10 commits whose runs score 0.91 before the first bad one and 0.90 from it
-    (the runs themselves rehearsed with --device=cpu --quick: the real ones need a GPU)."""
+def small_history(folder: Path, count: int) -> list[str]:
+    """A git repository in ``folder`` with ``count`` commits that each change cifar10_dist/; their shas, oldest
+    first."""
+    folder.mkdir()
+    environment = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    environment["GIT_COMMITTER_EMAIL"] = "t@t"
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(folder), *args], env=environment, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (folder / "cifar10_dist").mkdir()
+    shas = []
+    for index in range(count):
+        (folder / "cifar10_dist" / "change.txt").write_text(str(index))
+        git("add", ".")
+        git("commit", "-q", "-m", f"change {index}")
+        shas.append(git("rev-parse", "--short", "HEAD"))
+    return shas
+
+
+@pytest.mark.parametrize("first_bad", [6, 1, None])
+def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_once(monkeypatch, tmp_path, first_bad):
+    """benchmarks.bisect's search over 10 commits of a small repository whose runs score 0.91 before the first bad
+    one and 0.90 from it (the runs themselves rehearsed with --device=cpu --quick: the real ones need a GPU). Each
+    commit it measures is a worktree of its own; at the end the repository lists none of them and no folder of
+    theirs is left."""
     import argparse
+    import contextlib
+    import tempfile
 
     from benchmarks import bisect
 
-    order = [(f"c{index}", f"change {index}") for index in range(10)]
+    repo = tmp_path / "history"
+    shas = small_history(repo, 10)
     measured = []
 
     def run(source, data_path, seed, flags, environment, quick):
-        index = int(source.name[1:])
+        index = shas.index(source.name)
+        assert (source / "cifar10_dist" / "change.txt").read_text() == str(index)  # the commit's own files
         measured.append((index, seed))
         return {
             "seed": seed,
@@ -321,16 +347,17 @@ def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_on
             "accuracy": 0.90 if first_bad is not None and index >= first_bad else 0.91,
         }
 
-    monkeypatch.setattr(bisect, "history", lambda bundle: REPO)
-    monkeypatch.setattr(bisect, "commits", lambda repo, good, bad: order)
-    monkeypatch.setattr(bisect, "checkout", lambda repo, sha, tree: tree)
+    monkeypatch.setattr(bisect, "history", lambda bundle: contextlib.nullcontext(repo))
     monkeypatch.setattr(bisect, "run_fast", run)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     args = argparse.Namespace(
         part="bisect",
         device="cpu",
         data_path="d",
-        good="c0",
-        bad="c9",
+        good=shas[0],
+        bad=shas[-1],
         seeds=[0, 1],
         threshold=0.9035,
         budget_minutes=5.0,
@@ -340,7 +367,11 @@ def test_the_bisect_finds_the_first_commit_below_the_threshold_measuring_each_on
     )
     bisect.bisect(args)
     found = json.loads((tmp_path / "b.json").read_text())
+    expected = f"first bad commit: {shas[first_bad]}" if first_bad is not None else "the ends do not differ here"
     assert found["conclusion"].startswith(expected), found["conclusion"]
     commits_measured = [index for index, seed in measured if seed == 0]
     assert len(commits_measured) == len(set(commits_measured)) <= 2 + math.ceil(math.log2(10))
+    listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert listed.splitlines() == [listed.splitlines()[0]] and str(repo) in listed  # only the repository's own
+    assert list(temporary.iterdir()) == []  # no worktree folder left
     assert [run["seed"] for run in found["runs"]] == [0, 1] * len(commits_measured)
