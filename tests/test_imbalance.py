@@ -24,6 +24,7 @@ from tests.conftest import run_in_this_process
 MAJORITY, MINORITY = 300, 15  # training images of classes 0-4 and of classes 5-9: 20 to 1
 RUN = [
     "--model=simple_cnn",
+    '--model_kwargs={"width": 16}',  # (half the default: the same margins, in half the time)
     "--figures=False",
     "--batch_size=32",
     "--num_workers=0",

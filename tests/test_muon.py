@@ -122,7 +122,7 @@ def test_fast_muon_yaml_holds_the_records_values_converted_to_our_loss_and_head(
 MUON_TINY = [
     f"--config={MUON_YAML}",
     *SMALL,
-    '--model_kwargs={"widths": [16, 64, 64]}',
+    '--model_kwargs={"widths": [16, 32, 32]}',
     "--batch_size=64",
     "--num_epochs=3",
     "--validate_every=3",
