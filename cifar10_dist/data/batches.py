@@ -309,17 +309,39 @@ def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: D
     return prepare
 
 
-def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader, exact_resume: bool) -> None:
-    """A new shuffle each epoch (same on every rank); after a mid-epoch resume, skip the batches already seen.
+def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
+    """A new shuffle each epoch (same on every rank); a run that starts at a later iteration (a resume) starts
+    where an uninterrupted run would be: in the same pass over the data, with the same shuffle, after the
+    batches already seen.
 
-    Skipping is exact when an epoch is one pass over the loader (epoch_length unset).
+    Ignite takes a new pass over the loader when the last one ends, also mid-epoch where ``epoch_length`` is
+    not the loader's length; a pass draws the shuffle of the epoch under way when it begins (``pass_started``).
     """
     sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
+    batches_per_pass = len(loaders.batch_sampler_of(loader))
+    first_epoch_of_this_run = True
+
+    @trainer.on(Events.STARTED)
+    def run_started(engine: Engine) -> None:
+        nonlocal first_epoch_of_this_run
+        first_epoch_of_this_run = True
 
     @trainer.on(Events.EPOCH_STARTED)
     def set_epoch(engine: Engine) -> None:
+        nonlocal first_epoch_of_this_run
         sampler.set_epoch(engine.state.epoch - 1)
-        done_in_epoch = engine.state.iteration % (engine.state.epoch_length or 1)
-        if exact_resume and done_in_epoch:
-            sampler.start_next_pass_at(done_in_epoch * batch_size)
+        if first_epoch_of_this_run:  # the run's first pass starts now, maybe part-way
+            first_epoch_of_this_run = False
+            shuffle_epoch, seen = pass_started(engine.state.iteration, batches_per_pass, engine.state.epoch_length)
+            sampler.set_epoch(shuffle_epoch)
+            if seen:
+                sampler.start_next_pass_at(seen * batch_size)
+
+
+def pass_started(iteration: int, batches_per_pass: int, epoch_length: int | None) -> tuple[int, int]:
+    """For a run that has done ``iteration`` steps: the epoch (from 0) whose shuffle the pass under way drew,
+    and how many of its batches were taken. The pass began at step ``p * batches_per_pass`` (from 0), in the epoch
+    of that step."""
+    passes, seen = divmod(iteration, batches_per_pass)
+    return (passes * batches_per_pass) // (epoch_length or batches_per_pass), seen

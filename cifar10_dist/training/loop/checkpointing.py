@@ -352,18 +352,18 @@ def note_world_size_change(
         return
     before = resumed.world_size
     per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
-    epoch, done = divmod(resumed.iteration, data_setup.iterations_per_epoch)
-    epoch += 1
-    same_images = per_step_before == data_setup.images_per_iteration and config.epoch_length is None
+    epoch = resumed.iteration // data_setup.iterations_per_epoch + 1
+    passes, done = divmod(resumed.iteration, len(loaders.batch_sampler_of(data_setup.loaders.train)))
+    span = f"epoch {epoch}" if config.epoch_length is None else f"pass {passes + 1} over the data"
+    same_images = per_step_before == data_setup.images_per_iteration
     if not done:
-        rest = f"epoch {epoch} starts afresh"
+        rest = f"{span} starts afresh"
     elif same_images:
-        rest = f"the rest of epoch {epoch} sees exactly the images an uninterrupted run would, each once"
+        rest = f"the rest of {span} sees exactly the images an uninterrupted run would, each once"
     else:
-        because = ", with epoch_length set" if config.epoch_length else ""
         rest = (
-            f"the rest of epoch {epoch} may repeat or skip images (a step took {per_step_before} images at world "
-            f"size {before}, {data_setup.images_per_iteration} now{because})"
+            f"the rest of {span} may repeat or skip images (a step took {per_step_before} images at world "
+            f"size {before}, {data_setup.images_per_iteration} now)"
         )
     ranks.on_rank_zero(
         logger.warning,
