@@ -312,10 +312,11 @@ def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: D
 def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
     """A new shuffle each epoch (same on every rank); a run that starts at a later iteration (a resume) starts
     where an uninterrupted run would be: in the same pass over the data, with the same shuffle, after the
-    batches already seen.
+    batches already seen. Passes after it draw the shuffle of their epoch again.
 
     Ignite takes a new pass over the loader when the last one ends, also mid-epoch where ``epoch_length`` is
-    not the loader's length; a pass draws the shuffle of the epoch under way when it begins (``pass_started``).
+    not the loader's length; a pass draws the shuffle of the epoch under way when it begins (``pass_started``),
+    so two passes within one epoch longer than a pass draw the same one.
     """
     sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
@@ -331,12 +332,10 @@ def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLo
     def set_epoch(engine: Engine) -> None:
         nonlocal first_epoch_of_this_run
         sampler.set_epoch(engine.state.epoch - 1)
-        if first_epoch_of_this_run:  # the run's first pass starts now, maybe part-way
+        if first_epoch_of_this_run:  # the run's first pass starts now, maybe part-way and with an earlier order
             first_epoch_of_this_run = False
             shuffle_epoch, seen = pass_started(engine.state.iteration, batches_per_pass, engine.state.epoch_length)
-            sampler.set_epoch(shuffle_epoch)
-            if seen:
-                sampler.start_next_pass_at(seen * batch_size)
+            sampler.start_next_pass_at(seen * batch_size, shuffle_epoch)
 
 
 def pass_started(iteration: int, batches_per_pass: int, epoch_length: int | None) -> tuple[int, int]:

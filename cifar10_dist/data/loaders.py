@@ -22,7 +22,8 @@ PassTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (ui
 
 
 class NumberedBatch(list):
-    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts) it is;
+    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts where
+    an epoch is one pass, which is when loader workers read it) it is;
     with data on a device, also those indices there (``on_device``: a slice of the pass's order, sent once), the
     whole pass's order there (``pass_order``) and where in it the batch starts (``pass_offset``)."""
 
@@ -104,22 +105,32 @@ class ResumableSampler(DistributedSampler):
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.start = 0
+        self.next_pass_epoch: int | None = None
         self.order = MIXED_ORDER
 
-    def start_next_pass_at(self, position: int) -> None:
-        """Skip the first ``position`` indices of the next pass only."""
-        self.start = position
+    def start_next_pass_at(self, position: int, epoch: int | None = None) -> None:
+        """The next pass only: skip its first ``position`` indices, and draw it with ``epoch``'s order (None: the
+        sampler's epoch, as every pass after it)."""
+        self.start, self.next_pass_epoch = position, epoch
+
+    def pass_epoch(self) -> int:
+        """The epoch whose order the next pass draws."""
+        return self.epoch if self.next_pass_epoch is None else self.next_pass_epoch
 
     def epoch_generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(order_seed(self.seed, self.epoch, self.order))
+        return torch.Generator().manual_seed(order_seed(self.seed, self.pass_epoch(), self.order))
 
     def __iter__(self) -> Iterator[int]:
         """DistributedSampler's pass (a permutation cut to a multiple of the world size, rank r taking every W-th
-        from r) from this epoch's ``order_seed``, from ``start`` on."""
+        from r) from this pass's ``order_seed``, from ``start`` on."""
         permutation = torch.randperm(len(self.dataset), generator=self.epoch_generator())  # type: ignore[arg-type]
-        indices = permutation[: self.total_size][self.rank :: self.num_replicas].tolist()[self.start :]
-        self.start = 0
-        return iter(indices)
+        return self.taken(permutation[: self.total_size][self.rank :: self.num_replicas].tolist())
+
+    def taken(self, indices: list[int]) -> Iterator[int]:
+        """This rank's indices of the pass from ``start`` on; the next pass starts at 0 with the sampler's epoch."""
+        rest = indices[self.start :]
+        self.start, self.next_pass_epoch = 0, None
+        return iter(rest)
 
 
 def keep_order(loader: Any, order: str) -> None:
@@ -140,7 +151,7 @@ class NumberedBatches(BatchSampler):
 
     def __iter__(self) -> Iterator[NumberedBatch]:
         sampler: Any = self.sampler  # a ResumableSampler
-        epoch = sampler.epoch
+        epoch = sampler.pass_epoch()
         first = epoch * len(self) + sampler.start // self.batch_size + 1  # read before the pass resets start
         order = list(self.sampler)
         batches = len(order) // self.batch_size
@@ -183,9 +194,7 @@ class BalancedSampler(ResumableSampler):
 
     def __iter__(self) -> Iterator[int]:
         drawn = torch.multinomial(self.weights, len(self.weights), replacement=True, generator=self.epoch_generator())
-        indices = drawn[: self.total_size][self.rank :: self.num_replicas].tolist()[self.start :]
-        self.start = 0
-        return iter(indices)
+        return self.taken(drawn[: self.total_size][self.rank :: self.num_replicas].tolist())
 
 
 class ShardSampler(DistributedSampler):

@@ -17,6 +17,8 @@ def test_the_pass_under_way_and_its_shuffle_follow_from_the_iteration():
     assert pass_started(20, 18, 7) == (2, 2)  # pass 1 began at step 18, in epoch 3 (steps 14-20 from 0)
     assert pass_started(40, 18, 25) == (1, 4)  # pass 2 began at step 36, in epoch 2 (steps 25-49)
     assert pass_started(36, 18, 25) == (1, 0)
+    assert pass_started(14, 18, 7) == (0, 14)  # resumed in epoch 3, in the pass that began in epoch 1
+    assert pass_started(25, 18, 25) == (0, 7)
 
 
 @pytest.mark.parametrize(
@@ -24,7 +26,11 @@ def test_the_pass_under_way_and_its_shuffle_follow_from_the_iteration():
     [
         (7, 4, 10, 20, "loader"),  # 28 steps: the resume at 20 lies mid-pass (pass 2) and mid-epoch (epoch 3)
         (25, 2, 20, 40, "loader"),  # 50 steps: at 40, mid-pass (pass 3) and mid-epoch (epoch 2)
-        (7, 4, 10, 20, "device"),  # the order and crops drawn on the device, per pass
+        # resumed in a pass that began an epoch earlier: the next pass (step 19, epoch 3; step 37, epoch 2)
+        # draws its own epoch's shuffle again
+        (7, 3, 7, 14, "loader"),
+        (25, 2, 25, 25, "loader"),
+        (7, 3, 7, 14, "device"),  # the order and crops drawn on the device, per pass
     ],
 )
 def test_a_run_with_epoch_length_resumes_bit_exactly(
