@@ -309,38 +309,26 @@ def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: D
     return prepare
 
 
-def position_sampler_each_epoch(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
-    """A new shuffle each epoch (same on every rank); a run that starts at a later iteration (a resume) starts
-    where an uninterrupted run would be: in the same pass over the data, with the same shuffle, after the
-    batches already seen. Passes after it draw the shuffle of their epoch again.
+def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
+    """Each pass over the training data draws an order of its own, the same on every rank: pass p (from 0) the
+    sampler's order of epoch p, so where an epoch is one pass (``epoch_length`` unset) the epoch's. A run that
+    starts at a later iteration (a resume) starts in the pass an uninterrupted run is in, after the batches it
+    has seen.
 
-    Ignite takes a new pass over the loader when the last one ends, also mid-epoch where ``epoch_length`` is
-    not the loader's length; a pass draws the shuffle of the epoch under way when it begins (``pass_started``),
-    so two passes within one epoch longer than a pass draw the same one.
+    Ignite takes a new pass over the loader when the last one ends (``DATALOADER_STOP_ITERATION``), also
+    mid-epoch where ``epoch_length`` is not one pass; the pass that began at iteration i is pass i / (batches a
+    pass).
     """
     sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
     batches_per_pass = len(loaders.batch_sampler_of(loader))
-    first_epoch_of_this_run = True
 
     @trainer.on(Events.STARTED)
-    def run_started(engine: Engine) -> None:
-        nonlocal first_epoch_of_this_run
-        first_epoch_of_this_run = True
+    def first_pass(engine: Engine) -> None:
+        passes, seen = divmod(engine.state.iteration, batches_per_pass)
+        sampler.set_epoch(passes)
+        sampler.start_next_pass_at(seen * batch_size)
 
-    @trainer.on(Events.EPOCH_STARTED)
-    def set_epoch(engine: Engine) -> None:
-        nonlocal first_epoch_of_this_run
-        sampler.set_epoch(engine.state.epoch - 1)
-        if first_epoch_of_this_run:  # the run's first pass starts now, maybe part-way and with an earlier order
-            first_epoch_of_this_run = False
-            shuffle_epoch, seen = pass_started(engine.state.iteration, batches_per_pass, engine.state.epoch_length)
-            sampler.start_next_pass_at(seen * batch_size, shuffle_epoch)
-
-
-def pass_started(iteration: int, batches_per_pass: int, epoch_length: int | None) -> tuple[int, int]:
-    """For a run that has done ``iteration`` steps: the epoch (from 0) whose shuffle the pass under way drew,
-    and how many of its batches were taken. The pass began at step ``p * batches_per_pass`` (from 0), in the epoch
-    of that step."""
-    passes, seen = divmod(iteration, batches_per_pass)
-    return (passes * batches_per_pass) // (epoch_length or batches_per_pass), seen
+    @trainer.on(Events.DATALOADER_STOP_ITERATION)
+    def next_pass(engine: Engine) -> None:
+        sampler.set_epoch(engine.state.iteration // batches_per_pass)

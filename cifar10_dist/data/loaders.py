@@ -105,20 +105,14 @@ class ResumableSampler(DistributedSampler):
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.start = 0
-        self.next_pass_epoch: int | None = None
         self.order = MIXED_ORDER
 
-    def start_next_pass_at(self, position: int, epoch: int | None = None) -> None:
-        """The next pass only: skip its first ``position`` indices, and draw it with ``epoch``'s order (None: the
-        sampler's epoch, as every pass after it)."""
-        self.start, self.next_pass_epoch = position, epoch
-
-    def pass_epoch(self) -> int:
-        """The epoch whose order the next pass draws."""
-        return self.epoch if self.next_pass_epoch is None else self.next_pass_epoch
+    def start_next_pass_at(self, position: int) -> None:
+        """Skip the first ``position`` indices of the next pass only."""
+        self.start = position
 
     def epoch_generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(order_seed(self.seed, self.pass_epoch(), self.order))
+        return torch.Generator().manual_seed(order_seed(self.seed, self.epoch, self.order))
 
     def __iter__(self) -> Iterator[int]:
         """DistributedSampler's pass (a permutation cut to a multiple of the world size, rank r taking every W-th
@@ -127,9 +121,9 @@ class ResumableSampler(DistributedSampler):
         return self.taken(permutation[: self.total_size][self.rank :: self.num_replicas].tolist())
 
     def taken(self, indices: list[int]) -> Iterator[int]:
-        """This rank's indices of the pass from ``start`` on; the next pass starts at 0 with the sampler's epoch."""
+        """This rank's indices of the pass from ``start`` on; the next pass starts at 0."""
         rest = indices[self.start :]
-        self.start, self.next_pass_epoch = 0, None
+        self.start = 0
         return iter(rest)
 
 
@@ -151,7 +145,7 @@ class NumberedBatches(BatchSampler):
 
     def __iter__(self) -> Iterator[NumberedBatch]:
         sampler: Any = self.sampler  # a ResumableSampler
-        epoch = sampler.pass_epoch()
+        epoch = sampler.epoch
         first = epoch * len(self) + sampler.start // self.batch_size + 1  # read before the pass resets start
         order = list(self.sampler)
         batches = len(order) // self.batch_size

@@ -1,35 +1,61 @@
-"""Exact resume with ``epoch_length`` set: Ignite takes a new pass over the data when the last one ends, also
-mid-epoch, so epochs shorter than a pass continue it, and an epoch longer than one spans two. A resumed run starts
-in the pass an uninterrupted run is in, with its shuffle, after its batches already seen (600 images at batch 32:
-18 batches a pass)."""
+"""The training order with ``epoch_length`` set: Ignite takes a new pass over the data when the last one ends, also
+mid-epoch, so epochs shorter than a pass continue it and an epoch longer than one spans several. Each pass draws an
+order of its own (where an epoch is one pass, the epoch's, as before), and a resumed run starts in the pass an
+uninterrupted run is in, after the batches it has seen."""
 
 from __future__ import annotations
 
 import pytest
+from ignite.engine import Engine
 
-from cifar10_dist.data.batches import pass_started
+from cifar10_dist.data import batches, loaders
+from cifar10_dist.data.synthetic import make_synthetic
 from tests.conftest import TINY, assert_same_training_state, run_in_this_process
 
+PASS = 6  # batches of 32 in a pass over 200 images
 
-def test_the_pass_under_way_and_its_shuffle_follow_from_the_iteration():
-    assert pass_started(0, 18, None) == (0, 0)
-    assert pass_started(40, 18, None) == (2, 4)  # one pass an epoch: the epoch's own shuffle
-    assert pass_started(20, 18, 7) == (2, 2)  # pass 1 began at step 18, in epoch 3 (steps 14-20 from 0)
-    assert pass_started(40, 18, 25) == (1, 4)  # pass 2 began at step 36, in epoch 2 (steps 25-49)
-    assert pass_started(36, 18, 25) == (1, 0)
-    assert pass_started(14, 18, 7) == (0, 14)  # resumed in epoch 3, in the pass that began in epoch 1
-    assert pass_started(25, 18, 25) == (0, 7)
+
+def batches_taken(epoch_length: int | None, epochs: int, resumed_at: int = 0) -> list[list[int]]:
+    """The training indices of each batch an Ignite run of ``epochs`` takes (from iteration ``resumed_at`` on)."""
+    train, test = make_synthetic(200, 40, 0)
+    made = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3)
+    dataset, taken = made.train.dataset, []
+    read = dataset.__getitems__
+    dataset.__getitems__ = lambda indices: (taken.append(list(indices)), read(indices))[1]
+    trainer = Engine(lambda engine, batch: None)
+    batches.position_sampler_each_pass(trainer, made.train)
+    if resumed_at:
+        length = epoch_length or PASS
+        trainer.load_state_dict({"iteration": resumed_at, "epoch_length": length, "max_epochs": epochs})
+    trainer.run(made.train, max_epochs=epochs, epoch_length=epoch_length)
+    return taken
+
+
+def the_sampler_order(epoch: int) -> list[list[int]]:
+    """The batches of one pass of the sampler with the order of ``epoch``."""
+    train, test = make_synthetic(200, 40, 0)
+    made = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3)
+    sampler = loaders.batch_sampler_of(made.train)
+    sampler.sampler.set_epoch(epoch)
+    return [list(batch) for batch in sampler]
+
+
+@pytest.mark.parametrize("epoch_length", [None, 4, 15])
+def test_each_pass_over_the_data_draws_its_own_order_and_a_resume_continues_it(epoch_length):
+    whole = batches_taken(epoch_length, epochs=3 if epoch_length is None else 6)
+    assert len(whole) == 3 * PASS if epoch_length is None else 6 * epoch_length
+    passes = [whole[start : start + PASS] for start in range(0, len(whole) - PASS + 1, PASS)]
+    assert passes == [the_sampler_order(p) for p in range(len(passes))]  # pass p: the order of epoch p
+    assert len({str(one) for one in passes}) == len(passes)  # (two passes of one long epoch differ too)
+    for resumed_at in (3, PASS, 2 * PASS + 5):  # mid-pass, at a pass's end, mid-pass later
+        assert batches_taken(epoch_length, 3 if epoch_length is None else 6, resumed_at) == whole[resumed_at:]
 
 
 @pytest.mark.parametrize(
     "epoch_length, epochs, checkpoint_every, resume_at, where",
     [
-        (7, 4, 10, 20, "loader"),  # 28 steps: the resume at 20 lies mid-pass (pass 2) and mid-epoch (epoch 3)
-        (25, 2, 20, 40, "loader"),  # 50 steps: at 40, mid-pass (pass 3) and mid-epoch (epoch 2)
-        # resumed in a pass that began an epoch earlier: the next pass (step 19, epoch 3; step 37, epoch 2)
-        # draws its own epoch's shuffle again
-        (7, 3, 7, 14, "loader"),
-        (25, 2, 25, 25, "loader"),
+        (7, 3, 7, 14, "loader"),  # 18 batches a pass: resumed in epoch 3, in the pass that began in epoch 1
+        (25, 2, 20, 40, "loader"),  # at 40: mid-pass (the third) and mid-epoch (the second)
         (7, 3, 7, 14, "device"),  # the order and crops drawn on the device, per pass
     ],
 )
