@@ -1,6 +1,6 @@
 """From a loader's uint8 batch to the model's input, on the device: augmentation seeded per (seed, rank,
-iteration) for exact resume, normalisation, memory format; and the sampler's position in each epoch (a resumed
-epoch skips what was seen)."""
+iteration) for exact resume, normalisation, memory format; and the sampler's order and position in each pass over
+the data (a resumed pass skips what was seen)."""
 
 from __future__ import annotations
 
@@ -309,15 +309,15 @@ def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: D
     return prepare
 
 
-def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoader) -> None:
-    """Each pass over the training data draws an order of its own, the same on every rank: pass p (from 0) the
-    sampler's order of epoch p, so where an epoch is one pass (``epoch_length`` unset) the epoch's. A run that
-    starts at a later iteration (a resume) starts in the pass an uninterrupted run is in, after the batches it
-    has seen.
+def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoader, epoch_is_one_pass: bool) -> None:
+    """Each pass over the training data draws an order of its own, the same on every rank; a run that starts at
+    a later iteration (a resume) starts in the pass an uninterrupted run is in, after the batches it has seen.
 
     Ignite takes a new pass over the loader when the last one ends (``DATALOADER_STOP_ITERATION``), also
-    mid-epoch where ``epoch_length`` is not one pass; the pass that began at iteration i is pass i / (batches a
-    pass).
+    mid-epoch where an epoch is not one pass. ``epoch_is_one_pass`` (``epoch_length`` unset): the pass under way
+    draws the order of the epoch under way, counted in the epochs of the checkpoint's run (a resume at another
+    world size keeps their length, and a pass may then end mid-epoch). Else the pass that began at iteration i
+    draws the order of i / (batches a pass): two passes within one long epoch differ.
     """
     sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
@@ -325,10 +325,11 @@ def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoa
 
     @trainer.on(Events.STARTED)
     def first_pass(engine: Engine) -> None:
-        passes, seen = divmod(engine.state.iteration, batches_per_pass)
+        per_pass = (engine.state.epoch_length or batches_per_pass) if epoch_is_one_pass else batches_per_pass
+        passes, seen = divmod(engine.state.iteration, per_pass)
         sampler.set_epoch(passes)
         sampler.start_next_pass_at(seen * batch_size)
 
     @trainer.on(Events.DATALOADER_STOP_ITERATION)
     def next_pass(engine: Engine) -> None:
-        sampler.set_epoch(engine.state.iteration // batches_per_pass)
+        sampler.set_epoch(engine.state.epoch - 1 if epoch_is_one_pass else engine.state.iteration // batches_per_pass)

@@ -22,8 +22,8 @@ PassTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (ui
 
 
 class NumberedBatch(list):
-    """A training batch's indices, with the epoch (0-based) and iteration (1-based, as the trainer counts where
-    an epoch is one pass, which is when loader workers read it) it is;
+    """A training batch's indices, with the pass over the data (0-based: the epoch, where an epoch is one pass)
+    and the iteration (1-based, as the trainer counts) it is;
     with data on a device, also those indices there (``on_device``: a slice of the pass's order, sent once), the
     whole pass's order there (``pass_order``) and where in it the batch starts (``pass_offset``)."""
 
@@ -305,8 +305,8 @@ def make_loaders(
     train_transform: BatchTransform | None = None,
     pass_transform: PassTransform | None = None,
 ) -> Loaders:
-    """Train loader (shuffled per epoch, same order for a given seed and epoch, batches numbered) and exact
-    evaluation loaders.
+    """Train loader (shuffled per pass over the data, the same order for a given seed and pass, batches
+    numbered) and exact evaluation loaders.
 
     ``balanced``: the training order draws every class equally often (``BalancedSampler``).
     With ``device``, every image set is moved there once and batches are sliced on it (no workers, no pinning).

@@ -136,7 +136,7 @@ def attach_trainer_handlers(
         BackboneFreeze(network.model, optimization.step, config.freeze_epochs * data_setup.iterations_per_epoch).attach(
             trainer
         )
-    batches.position_sampler_each_pass(trainer, data_setup.loaders.train)
+    batches.position_sampler_each_pass(trainer, data_setup.loaders.train, config.epoch_length is None)
     lookahead = (
         Lookahead(models.unwrap(network.model), data_setup.total_iterations) if config.periodic_averaging else None
     )

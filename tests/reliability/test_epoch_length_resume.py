@@ -15,17 +15,20 @@ from tests.conftest import TINY, assert_same_training_state, run_in_this_process
 PASS = 6  # batches of 32 in a pass over 200 images
 
 
-def batches_taken(epoch_length: int | None, epochs: int, resumed_at: int = 0) -> list[list[int]]:
-    """The training indices of each batch an Ignite run of ``epochs`` takes (from iteration ``resumed_at`` on)."""
+def batches_taken(
+    epoch_length: int | None, epochs: int, resumed_at: int = 0, checkpoint_epochs: int | None = None
+) -> list[list[int]]:
+    """The training indices of each batch an Ignite run of ``epochs`` takes (from iteration ``resumed_at`` on, of
+    a checkpoint whose epochs had ``checkpoint_epochs`` iterations: by default this run's)."""
     train, test = make_synthetic(200, 40, 0)
     made = loaders.make_loaders(train, test, batch_size=32, num_workers=0, train_eval_size=0, seed=3)
     dataset, taken = made.train.dataset, []
     read = dataset.__getitems__
     dataset.__getitems__ = lambda indices: (taken.append(list(indices)), read(indices))[1]
     trainer = Engine(lambda engine, batch: None)
-    batches.position_sampler_each_pass(trainer, made.train)
+    batches.position_sampler_each_pass(trainer, made.train, epoch_is_one_pass=epoch_length is None)
     if resumed_at:
-        length = epoch_length or PASS
+        length = checkpoint_epochs or epoch_length or PASS
         trainer.load_state_dict({"iteration": resumed_at, "epoch_length": length, "max_epochs": epochs})
     trainer.run(made.train, max_epochs=epochs, epoch_length=epoch_length)
     return taken
@@ -43,7 +46,7 @@ def the_sampler_order(epoch: int) -> list[list[int]]:
 @pytest.mark.parametrize("epoch_length", [None, 4, 15])
 def test_each_pass_over_the_data_draws_its_own_order_and_a_resume_continues_it(epoch_length):
     whole = batches_taken(epoch_length, epochs=3 if epoch_length is None else 6)
-    assert len(whole) == 3 * PASS if epoch_length is None else 6 * epoch_length
+    assert len(whole) == (3 * PASS if epoch_length is None else 6 * epoch_length)
     passes = [whole[start : start + PASS] for start in range(0, len(whole) - PASS + 1, PASS)]
     assert passes == [the_sampler_order(p) for p in range(len(passes))]  # pass p: the order of epoch p
     assert len({str(one) for one in passes}) == len(passes)  # (two passes of one long epoch differ too)
@@ -82,3 +85,12 @@ def test_a_run_with_epoch_length_resumes_bit_exactly(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     last = f"training_checkpoint_{epochs * epoch_length}.pt"
     assert_same_training_state(tmp_path / "whole" / last, tmp_path / "resumed" / last)
+
+
+def test_a_resume_at_another_world_size_continues_the_checkpoints_epoch_in_its_order():
+    """Ignite keeps the checkpoint's epoch length: 7 batches where a pass has 6 now (as at another world size).
+    Resumed at 9, the run continues epoch 2 in epoch 2's order after its 2 batches seen, as it did before each pass
+    drew an order of its own; its next pass, begun mid-epoch, draws epoch 2's order again."""
+    taken = batches_taken(None, epochs=3, resumed_at=9, checkpoint_epochs=7)
+    assert taken[:4] == the_sampler_order(1)[2:]
+    assert taken[4:10] == the_sampler_order(1)
