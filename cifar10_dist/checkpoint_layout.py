@@ -181,6 +181,12 @@ def iteration(checkpoint: Mapping[str, Any]) -> int:
     return int(checkpoint[TRAINER].get("iteration", 0))
 
 
+def epoch_length(checkpoint: Mapping[str, Any]) -> int | None:
+    """The iterations of an epoch in the run that wrote a training checkpoint (Ignite keeps them on resume)."""
+    found = checkpoint[TRAINER].get("epoch_length")
+    return int(found) if found else None
+
+
 def progress(checkpoint: Mapping[str, Any]) -> dict[str, int] | None:
     """The epoch and iteration of a best-model file's model (None in files from before it was recorded)."""
     found = checkpoint.get(PROGRESS)

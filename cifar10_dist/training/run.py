@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import ignite.distributed as idist
 import torch
+from ignite.engine import Engine
 from torch import nn
 
 from cifar10_dist import checkpoint_layout, models
@@ -259,6 +260,14 @@ def setup_recorder(built: TrainingParts, run_dir: Path, opened: trackers.OpenTra
 # ---------------------------------------------------------------- running and reporting
 
 
+def training_finished(trainer: Engine, config: Config, data_setup: run_data.DataSetup) -> bool:
+    """Whether the trainer stands at the end of training, as Ignite counts it: in its own epochs, a checkpoint's
+    length kept on resume (at another world size the loader's pass may be longer or shorter)."""
+    return trainer.state.iteration >= config.num_epochs * (
+        trainer.state.epoch_length or data_setup.iterations_per_epoch
+    )
+
+
 def run_to_the_end(
     built: TrainingParts, run_dir: Path, validation: Validation, findings: run_end.RunFindings
 ) -> RunResult | TrialResult:
@@ -266,7 +275,7 @@ def run_to_the_end(
     the profile and the calibration go to ``findings``."""
     config, network, engine_set, data_setup = built.config, built.network, built.engines, built.data
     trainer = engine_set.trainer
-    if trainer.state.iteration >= data_setup.total_iterations or engine_set.stopped_early:
+    if training_finished(trainer, config, data_setup) or engine_set.stopped_early:
         logger.info(
             "the checkpoint is from the end of training%s: evaluating only",
             " (stopped early)" if engine_set.stopped_early else "",
@@ -287,7 +296,7 @@ def run_to_the_end(
         trainer.run(data_setup.loaders.train, max_epochs=config.num_epochs, epoch_length=config.epoch_length)
         if profiler is not None:
             findings.profile = profiler.report()
-    stopped_early = engine_set.stopped_early and trainer.state.iteration < data_setup.total_iterations
+    stopped_early = engine_set.stopped_early and not training_finished(trainer, config, data_setup)
     if data_setup.split == "val" and validation.latest is not None and config.trial is None:  # trials: no test
         validation.latest["test"] = evaluate_best_on_test(network.model, run_dir, validation)
         findings.calibration = validation.calibration

@@ -253,6 +253,36 @@ def test_resume_at_another_world_size_sees_each_image_of_the_epoch_once_and_says
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size_changes"] == []
 
 
+@pytest.mark.slow
+def test_a_finished_run_resumed_at_another_world_size_only_evaluates(small_dataset, long_spawned_reference, tmp_path):
+    """The 2-process RUN's last checkpoint (72 steps, epochs of 18) resumed with 3 processes, whose pass has 20
+    steps of 30 images: it evaluates the model as its own run did and trains nothing (the trainer keeps the
+    checkpoint's epochs; counted in 20-step epochs the run looked unfinished, and Ignite trained it anew)."""
+    resumed = run_in_this_process(
+        "run",
+        *RUN,
+        "--backend=gloo",
+        "--nproc_per_node=3",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path}",
+        "--run_name=again",
+        f"--resume_from={long_spawned_reference}",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logged = run_log(resumed, tmp_path / "again")  # rank 0's log: run.log
+    assert (
+        "INFO resuming at world size 3 a run that finished training at world size 2 (iteration 72, epoch 4): this "
+        "run only evaluates" in logged
+    ), logged[-3000:]
+    assert not list((tmp_path / "again").glob("training_checkpoint_*.pt"))
+    ours, theirs = (
+        json.loads((run / "metrics.json").read_text()) for run in (tmp_path / "again", long_spawned_reference.parent)
+    )
+    assert ours["iterations"] == theirs["iterations"] == 72
+    assert ours["test"]["accuracy"] == theirs["test"]["accuracy"]
+    assert ours["test"]["loss"] == pytest.approx(theirs["test"]["loss"], abs=1e-5)
+
+
 def test_a_resume_on_changed_images_is_refused_in_one_line_unless_asked_and_then_recorded(tmp_path):
     from tests.test_image_folders import FOLDER_RUN, write_image, write_image_folder
 

@@ -153,12 +153,14 @@ def attach_best_model_checkpoints(
 @dataclass(frozen=True)
 class Resumed:
     """Where a run continued from: the checkpoint, its iteration, and the world size and global batch (images
-    per optimizer step over all processes) it was written at (None in files that do not record them)."""
+    per optimizer step over all processes) it was written at (None in files that do not record them), and its
+    epochs' length, which the trainer keeps."""
 
     path: str
     iteration: int
     world_size: int | None
     batch_size: int | None
+    epoch_length: int | None = None
 
 
 def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None = None) -> Resumed:
@@ -191,6 +193,7 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None =
         iteration,
         checkpoint_layout.recorded_world_size(checkpoint),
         recorded.batch_size if recorded is not None else None,
+        checkpoint_layout.epoch_length(checkpoint),
     )
 
 
@@ -353,31 +356,34 @@ def note_world_size_change(
         return
     before = resumed.world_size
     per_step_before = (resumed.batch_size // before) * before if resumed.batch_size else None
-    epoch = resumed.iteration // data_setup.iterations_per_epoch + 1
-    passes, done = divmod(resumed.iteration, len(loaders.batch_sampler_of(data_setup.loaders.train)))
-    span = f"epoch {epoch}" if config.epoch_length is None else f"pass {passes + 1} over the data"
     same_images = per_step_before == data_setup.images_per_iteration
-    if not done:
-        rest = f"{span} starts afresh"
-    elif same_images:
-        rest = f"the rest of {span} sees exactly the images an uninterrupted run would, each once"
-    else:
-        rest = (
-            f"the rest of {span} may repeat or skip images (a step took {per_step_before} images at world "
-            f"size {before}, {data_setup.images_per_iteration} now)"
+    per_epoch = resumed.epoch_length or data_setup.iterations_per_epoch  # (the checkpoint's epochs go on)
+    epoch = resumed.iteration // per_epoch + 1
+    if resumed.iteration >= config.num_epochs * per_epoch:
+        epoch -= 1
+        ranks.on_rank_zero(
+            logger.info,
+            "resuming at world size %d a run that finished training at world size %d (iteration %d, epoch %d): "
+            "this run only evaluates, which gives the same numbers at any world size",
+            now,
+            before,
+            resumed.iteration,
+            epoch,
         )
-    ranks.on_rank_zero(
-        logger.warning,
-        "resuming at world size %d from a checkpoint written at world size %d "
-        "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
-        "the result will differ from an uninterrupted run at world size %d",
-        now,
-        before,
-        resumed.iteration,
-        epoch,
-        rest,
-        before,
-    )
+    else:
+        rest = _rest_of_the_pass(resumed.iteration, per_epoch, config, data_setup, per_step_before, before)
+        ranks.on_rank_zero(
+            logger.warning,
+            "resuming at world size %d from a checkpoint written at world size %d "
+            "(iteration %d, epoch %d): %s; augmentation and BatchNorm statistics are per process, so "
+            "the result will differ from an uninterrupted run at world size %d",
+            now,
+            before,
+            resumed.iteration,
+            epoch,
+            rest,
+            before,
+        )
     recorder.write_event(
         {
             "event": "resume",
@@ -387,4 +393,29 @@ def note_world_size_change(
             "checkpoint_world_size": before,
             "same_images": same_images,
         }
+    )
+
+
+def _rest_of_the_pass(
+    iteration: int,
+    per_epoch: int,
+    config: Config,
+    data_setup: run_data.DataSetup,
+    per_step_before: int | None,
+    before: int,
+) -> str:
+    """What the rest of the pass under way sees at the new world size: the rest of the epoch, or of the pass over
+    the data where epoch_length is set (passes of the loader's length go on across epochs)."""
+    epoch, done = divmod(iteration, per_epoch)
+    span = f"epoch {epoch + 1}"
+    if config.epoch_length is not None:
+        passes, done = divmod(iteration, len(loaders.batch_sampler_of(data_setup.loaders.train)))
+        span = f"pass {passes + 1} over the data"
+    if not done:
+        return f"{span} starts afresh"
+    if per_step_before == data_setup.images_per_iteration:
+        return f"the rest of {span} sees exactly the images an uninterrupted run would, each once"
+    return (
+        f"the rest of {span} may repeat or skip images (a step took {per_step_before} images at world "
+        f"size {before}, {data_setup.images_per_iteration} now)"
     )
