@@ -41,7 +41,7 @@ from cifar10_dist.system import ranks, stopping
 from cifar10_dist.system.precision import Precision
 from cifar10_dist.training import engines
 from cifar10_dist.training.before_training import lr_finding, profiling
-from cifar10_dist.training.loop import checkpointing, run_end
+from cifar10_dist.training.loop import checkpointing, run_end, world_size_changes
 from cifar10_dist.training.loop.evaluators import attach_validation
 from cifar10_dist.training.loop.validation import EngineSet, Validation
 from cifar10_dist.training.setup import compression, model_setup, plan, process_setup
@@ -161,7 +161,7 @@ def train_in_run_folder(built: TrainingParts, run_log: RunLog, started: float) -
         validation = Validation(built.engines, data.split, data.loaders, recorder, config.best_metric)
         attach_validation(built.engines.trainer, config.validate_every, validation)
         resumed = checkpointing.resume_if_asked(to_save, resume_from, config)
-        checkpointing.note_world_size_change(resumed, config, data, recorder)
+        world_size_changes.note_world_size_change(resumed, config, data, recorder)
         logger.info("run folder: %s", run_dir)
         findings = run_end.RunFindings()
         result = run_to_the_end(built, run_dir, validation, findings)
