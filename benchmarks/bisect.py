@@ -121,9 +121,11 @@ def worktrees_of(repo: Path) -> Iterator[Path]:
             yield Path(folder)
         finally:
             for tree in Path(folder).iterdir():
-                subprocess.run(
-                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True
+                removed = subprocess.run(
+                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True, text=True
                 )
+                if removed.returncode != 0:  # the folder goes with its parent; git's entry stays until a prune
+                    print(f"bisect: worktree {tree} stays listed in {repo}: {removed.stderr.strip()}", flush=True)
 
 
 def commits(repo: Path, good: str, bad: str) -> list[tuple[str, str]]:

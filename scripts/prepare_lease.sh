@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before a GPU lease, here (PyPI at hand): fill .lease/ (ignored by git) with what scripts/gpu_lease.sh needs on
+# Before a GPU lease, here (PyPI at hand, the project's venv active): fill .lease/ (ignored by git) with what scripts/gpu_lease.sh needs on
 # the device machine, which has torch, torchvision and tensorboard but no network:
 #   the wheels of pytorch-ignite, fire, termcolor and airbench (the peer), at this venv's versions;
 #   the CIFAR-10 archive and the tool that builds the dataset from it (../shared);

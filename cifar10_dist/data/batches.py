@@ -310,14 +310,14 @@ def eval_batch_preparer(device: torch.device, channels_last: bool | str, info: D
 
 
 def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoader, epoch_is_one_pass: bool) -> None:
-    """Each pass over the training data draws an order of its own, the same on every rank; a run that starts at
-    a later iteration (a resume) starts in the pass an uninterrupted run is in, after the batches it has seen.
+    """Each pass over the training data draws an order of its own, the same on every rank: pass p the order of
+    epoch p. A run that starts at a later iteration (a resume) starts in the pass an uninterrupted run is in,
+    after the batches it has seen.
 
-    Ignite takes a new pass over the loader when the last one ends (``DATALOADER_STOP_ITERATION``), also
-    mid-epoch where an epoch is not one pass. ``epoch_is_one_pass`` (``epoch_length`` unset): the pass under way
-    draws the order of the epoch under way, counted in the epochs of the checkpoint's run (a resume at another
-    world size keeps their length, and a pass may then end mid-epoch). Else the pass that began at iteration i
-    draws the order of i / (batches a pass): two passes within one long epoch differ.
+    Ignite takes a new pass when the last one ends (``DATALOADER_STOP_ITERATION``), also mid-epoch where an epoch
+    is not one pass; the next pass takes the next order. ``epoch_is_one_pass`` (``epoch_length`` unset): the pass
+    under way is the epoch under way, counted in the checkpoint's epochs. Ignite keeps their length on resume, and
+    at another world size the loader's pass may be longer or shorter.
     """
     sampler: Any = loaders.batch_sampler_of(loader).sampler  # a loaders.ResumableSampler
     batch_size = loaders.batch_size_of(loader)
@@ -332,4 +332,4 @@ def position_sampler_each_pass(trainer: Engine, loader: torch.utils.data.DataLoa
 
     @trainer.on(Events.DATALOADER_STOP_ITERATION)
     def next_pass(engine: Engine) -> None:
-        sampler.set_epoch(engine.state.epoch - 1 if epoch_is_one_pass else engine.state.iteration // batches_per_pass)
+        sampler.set_epoch(sampler.epoch + 1)

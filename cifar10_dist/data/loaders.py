@@ -99,8 +99,9 @@ def order_seed(seed: int, epoch: int, order: str = MIXED_ORDER) -> int:
 
 
 class ResumableSampler(DistributedSampler):
-    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-epoch exactly; each epoch's
-    order drawn from ``order_seed`` (``order``: which way, kept by a resumed run as it began)."""
+    """A seeded DistributedSampler whose next pass can start part-way, to resume mid-pass exactly; the order of
+    each pass over the data (its ``epoch``: the epoch, where an epoch is one pass) drawn from ``order_seed``
+    (``order``: which way, kept by a resumed run as it began)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -118,9 +119,9 @@ class ResumableSampler(DistributedSampler):
         """DistributedSampler's pass (a permutation cut to a multiple of the world size, rank r taking every W-th
         from r) from this pass's ``order_seed``, from ``start`` on."""
         permutation = torch.randperm(len(self.dataset), generator=self.epoch_generator())  # type: ignore[arg-type]
-        return self.taken(permutation[: self.total_size][self.rank :: self.num_replicas].tolist())
+        return self.rest_of_pass(permutation[: self.total_size][self.rank :: self.num_replicas].tolist())
 
-    def taken(self, indices: list[int]) -> Iterator[int]:
+    def rest_of_pass(self, indices: list[int]) -> Iterator[int]:
         """This rank's indices of the pass from ``start`` on; the next pass starts at 0."""
         rest = indices[self.start :]
         self.start = 0
@@ -176,7 +177,7 @@ def unwrapped(loader: Any) -> DataLoader:
 
 
 class BalancedSampler(ResumableSampler):
-    """``sampler=balanced``: each epoch draws as many indices as there are images, with replacement, every class
+    """``sampler=balanced``: each pass draws as many indices as there are images, with replacement, every class
     equally likely (an image's weight is 1 / its class's count), seeded by ``order_seed`` alone; rank r takes
     every W-th of them. The draw is the same at every world size (when W divides it) and resumes mid-epoch like
     the shuffle."""
@@ -188,7 +189,7 @@ class BalancedSampler(ResumableSampler):
 
     def __iter__(self) -> Iterator[int]:
         drawn = torch.multinomial(self.weights, len(self.weights), replacement=True, generator=self.epoch_generator())
-        return self.taken(drawn[: self.total_size][self.rank :: self.num_replicas].tolist())
+        return self.rest_of_pass(drawn[: self.total_size][self.rank :: self.num_replicas].tolist())
 
 
 class ShardSampler(DistributedSampler):

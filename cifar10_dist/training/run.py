@@ -263,9 +263,7 @@ def setup_recorder(built: TrainingParts, run_dir: Path, opened: trackers.OpenTra
 def training_finished(trainer: Engine, config: Config, data_setup: run_data.DataSetup) -> bool:
     """Whether the trainer stands at the end of training, as Ignite counts it: in its own epochs, a checkpoint's
     length kept on resume (at another world size the loader's pass may be longer or shorter)."""
-    return trainer.state.iteration >= config.num_epochs * (
-        trainer.state.epoch_length or data_setup.iterations_per_epoch
-    )
+    return trainer.state.iteration >= checkpointing.end_of_training(config, trainer.state.epoch_length, data_setup)
 
 
 def run_to_the_end(

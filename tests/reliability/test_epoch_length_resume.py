@@ -89,8 +89,9 @@ def test_a_run_with_epoch_length_resumes_bit_exactly(
 
 def test_a_resume_at_another_world_size_continues_the_checkpoints_epoch_in_its_order():
     """Ignite keeps the checkpoint's epoch length: 7 batches where a pass has 6 now (as at another world size).
-    Resumed at 9, the run continues epoch 2 in epoch 2's order after its 2 batches seen, as it did before each pass
-    drew an order of its own; its next pass, begun mid-epoch, draws epoch 2's order again."""
+    Resumed at 9, the run continues epoch 2 in epoch 2's order after its 2 batches seen; each pass after it, begun
+    mid-epoch, draws the next order (none is drawn twice)."""
     taken = batches_taken(None, epochs=3, resumed_at=9, checkpoint_epochs=7)
     assert taken[:4] == the_sampler_order(1)[2:]
-    assert taken[4:10] == the_sampler_order(1)
+    assert taken[4:10] == the_sampler_order(2)
+    assert taken[10:12] == the_sampler_order(3)[:2]  # (21 steps: the run ends 2 batches into the next pass)

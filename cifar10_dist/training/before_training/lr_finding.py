@@ -216,7 +216,7 @@ def _sweep_trainer(
             bool(config.augment_per_pass),
         ),
     )
-    batches.position_sampler_each_pass(trainer, data_setup.loaders.train, config.epoch_length is None)
+    batches.position_sampler_each_pass(trainer, data_setup.loaders.train, epoch_is_one_pass=True)  # (its own epochs)
     if stop is not None:
         stopping.attach_stop_without_checkpoint(trainer, stop, "lr-find")
     return trainer, optimizer, ratios

@@ -160,7 +160,7 @@ class Resumed:
     iteration: int
     world_size: int | None
     batch_size: int | None
-    epoch_length: int | None = None
+    epoch_length: int | None
 
 
 def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None = None) -> Resumed:
@@ -195,6 +195,12 @@ def resume(to_load: Mapping[str, Any], path: str | Path, config: Config | None =
         recorded.batch_size if recorded is not None else None,
         checkpoint_layout.epoch_length(checkpoint),
     )
+
+
+def end_of_training(config: Config, epoch_length: int | None, data_setup: run_data.DataSetup) -> int:
+    """The iteration training ends at, in the trainer's epochs (``epoch_length``: theirs, as a checkpoint's run
+    counted them and Ignite keeps them on resume; None: the loader's, as a fresh run counts them)."""
+    return config.num_epochs * (epoch_length or data_setup.iterations_per_epoch)
 
 
 def resume_if_asked(to_load: Mapping[str, Any], path: str | Path | None, config: Config) -> Resumed | None:

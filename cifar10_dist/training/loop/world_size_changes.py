@@ -12,7 +12,7 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import loaders, run_data
 from cifar10_dist.outputs import scalars
 from cifar10_dist.system import ranks
-from cifar10_dist.training.loop.checkpointing import Resumed
+from cifar10_dist.training.loop.checkpointing import Resumed, end_of_training
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -34,7 +34,7 @@ def note_world_size_change(
     same_images = per_step_before == data_setup.images_per_iteration
     per_epoch = resumed.epoch_length or data_setup.iterations_per_epoch  # (the checkpoint's epochs go on)
     epoch = resumed.iteration // per_epoch + 1
-    if resumed.iteration >= config.num_epochs * per_epoch:
+    if resumed.iteration >= end_of_training(config, resumed.epoch_length, data_setup):
         epoch -= 1
         ranks.on_rank_zero(
             logger.info,
