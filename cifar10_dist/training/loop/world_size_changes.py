@@ -21,12 +21,11 @@ def note_world_size_change(
     resumed: Resumed | None, config: Config, data_setup: run_data.DataSetup, recorder: scalars.Recorder
 ) -> None:
     """Resuming at another world size: one line saying what follows (a warning, or where training was finished an
-    info line), and a ``resume`` line in
-    metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on (seed, epoch) alone and each
-    process takes every W-th image of it, so with the same images per step the rest of the pass over the data
-    (the epoch, unless epoch_length is set) is exactly the images an uninterrupted run would still see; the
-    result differs all the same (augmentation is drawn per process, BatchNorm statistics are per process, sums
-    are taken in another order)."""
+    info line), and a ``resume`` line in metrics.jsonl (summary.json lists them). The shuffle of an epoch depends on
+    (seed, epoch) alone and each process takes every W-th image of it, so with the same images per step the rest of
+    the pass over the data (the epoch, unless epoch_length is set) is exactly the images an uninterrupted run would
+    still see; the result differs all the same (augmentation is drawn per process, BatchNorm statistics are per
+    process, sums are taken in another order)."""
     now = idist.get_world_size()
     if resumed is None or resumed.world_size is None or resumed.world_size == now:
         return
