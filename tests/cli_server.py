@@ -27,7 +27,8 @@ PYTHON_EXEC): the first peer has this server's random seed, each other one a see
 forked by the server of that seed. A stand-in ends as its served process ended, by the same signal: test_faults
 kills a served torchrun worker, and torchrun sees its child killed by SIGKILL. The GPU checks' torchrun workers
 are new interpreters, torchrun's own children (as a user runs them). tests/test_cli.py checks that a
-served spawned run and a fresh one end with bit-identical weights and the same metrics."""
+served spawned run and a fresh one end with bit-identical weights and the same metrics, and that a served
+process ends as a new interpreter does (``run_then_exit``: all but Python's teardown)."""
 
 from __future__ import annotations
 
@@ -452,8 +453,49 @@ def not_served(why: str) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    served = serve(sys.argv[1])
+def run_then_exit(module: str) -> None:
+    """``python -m MODULE`` in a served child, ended as Python ends it (the exit status of an exception, a
+    SystemExit or a Ctrl-C; threads joined, exit handlers run, standard streams flushed), except for the teardown
+    that follows: freeing every object the server imported would write to, and so copy, most of the pages the
+    child shares with it (most of a short run's CPU time in the kernel, and much of its user time)."""
+    import atexit
     import runpy
 
-    runpy.run_module(served.get("module", "cifar10_dist"), run_name="__main__", alter_sys=True)
+    interrupted = False
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = _system_exit_code(stop)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code, interrupted = 130, True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # (Python's own first step at exit: non-daemon threads)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120  # (Python's status when its streams cannot be flushed at exit)
+    if interrupted:  # as Python ends after an unhandled KeyboardInterrupt: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _system_exit_code(stop: SystemExit) -> int:
+    """The exit status Python gives a SystemExit: its code (None: 0), else its text on stderr and 1."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    served = serve(sys.argv[1])
+    run_then_exit(served.get("module", "cifar10_dist"))

@@ -127,6 +127,47 @@ def test_the_test_cli_server_runs_a_command_as_a_fresh_interpreter_does(tmp_path
             assert "the factory returned a NoneType, not a torch.nn.Module" in served.stderr, served.stderr
 
 
+ENDINGS = """
+import atexit, sys, threading, time
+
+atexit.register(print, "exit handler ran")
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread ended"))).start()  # (not a daemon: joined)
+sys.stdout.write("written, not flushed; ")
+how = sys.argv[1]
+if how == "exit with text":
+    sys.exit("bye")
+if how == "exit 3":
+    sys.exit(3)
+if how == "raise":
+    raise RuntimeError("boom")
+if how == "ctrl-c":
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.parametrize("how", ["return", "exit with text", "exit 3", "raise", "ctrl-c"])
+def test_a_served_process_ends_as_a_new_interpreter_ends(tmp_path, how):
+    """A served process skips Python's teardown (tests/cli_server.py: run_then_exit), and nothing else: the exit
+    status of each way to end, a thread that outlives the module, exit handlers and text not yet flushed are those
+    of ``python -m`` in a new interpreter (without torch: a few milliseconds)."""
+    (tmp_path / "endings.py").write_text(ENDINGS)
+    served = run_forked(how, module="endings", cwd=tmp_path)
+    fresh = run_new_interpreter(how, module="endings", cwd=tmp_path)
+    code, last_line = {
+        "return": (0, None),
+        "exit with text": (1, "bye"),
+        "exit 3": (3, None),
+        "raise": (1, "RuntimeError: boom"),
+        "ctrl-c": (-2, "KeyboardInterrupt"),  # (killed by SIGINT, as Python ends after an unhandled Ctrl-C)
+    }[how]
+    assert served.returncode == fresh.returncode == code, (served, fresh)
+    assert served.stdout == fresh.stdout == "written, not flushed; thread ended\nexit handler ran\n"
+    if last_line is None:
+        assert served.stderr == fresh.stderr == ""
+    else:  # (a traceback's frames above it differ: runpy's and the server's)
+        assert served.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1] == last_line, served.stderr
+
+
 @pytest.mark.slow  # a fresh interpreter and its spawned workers
 def test_a_served_spawned_run_trains_exactly_as_a_fresh_interpreters_does(spawned_run, small_dataset, tmp_path):
     """The served 2-process run of conftest.spawned_run (its forkserver forked from the served process) and the
