@@ -39,6 +39,7 @@ Tools and shipping
     doctor           ``cifar10-dist doctor``'s report, recorded
     tool_outputs     the real output of lr-find, batch-size and a profiled run, for the docs
     suite            README's two command lines timed on a fresh clone (CI's run and the demo)
+    served_children  the CPU of a process the tests' CLI server forks, in two checkouts side by side
 
 Shared pieces: ``two_hosts`` (two network namespaces joined by a rate-limited link), ``gpu_tables`` (the GPU
 benchmark's record and race table), ``gpu_resnet`` (its resnet part), ``runner`` (our run through ``api.train`` in a

@@ -51,10 +51,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-# what a CLI run imports (the forkserver's preload list, below, plus the command line itself), and scikit-learn
-# where it is installed: it sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK when imported, and a test process that
-# imported it (an in-process tune's parameter importances, through Optuna) would send them to a server without them
-PRELOADED_HERE = ("cifar10_dist.cli", "cifar10_dist.runs", "sklearn")
+# what a CLI run imports (the forkserver's preload list, below, plus the command line itself and what a run imports
+# when it starts: its launcher, its checks, the data's augmentations and the checkpoints' serialization), and
+# scikit-learn where it is installed: it sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK when imported, and a test
+# process that imported it (an in-process tune's parameter importances, through Optuna) would send them to a
+# server without them
+PRELOADED_HERE = (
+    "cifar10_dist.cli",
+    "cifar10_dist.runs",
+    "cifar10_dist.launch.spawn",
+    "cifar10_dist.preflight",
+    "torchvision.transforms.v2",
+    "torch.utils.serialization",
+    "tensorboard.plugins.hparams.metadata",
+    "sklearn",
+)
 # variables that torch, OpenMP and Python read when they start (PYTHONPATH aside: the child's import path is set
 # from it): a process whose values differ from the server's needs an interpreter of its own
 IMPORT_TIME_VARIABLES = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "CUDA", "PYTHON")
@@ -128,8 +139,8 @@ def serve(address: str) -> dict[str, Any]:
     print("ready", flush=True)
     while True:
         for key, _ in selector.select():
-            if key.data == "stop":
-                sys.exit(0)
+            if key.data == "stop":  # (its seeded servers' stdin closes with it; nothing to tear down)
+                os._exit(0)
             if key.data == "accept":
                 connection, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 4)
