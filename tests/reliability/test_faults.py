@@ -103,7 +103,11 @@ def test_torchrun_restarts_after_a_killed_worker_and_ends_like_an_uninterrupted_
     finally:
         stop_all(job)
     assert job.returncode == 0, stderr[-3000:]
-    assert re.search(r"failed \(exitcode: -9\) local_rank: [01]", stderr), stderr[-3000:]  # as torchrun saw it
+    failed = re.search(r"failed \(exitcode: (-?\d+)\) local_rank: ([01])", stderr)
+    assert failed, stderr[-3000:]
+    # torchrun logs the failure it saw first, to the second, local rank 0 first on a tie: the killed worker, ended by
+    # SIGKILL as its stand-in passes it on, or the other one, which found its peer gone at once and ended too
+    assert failed.group(1) == "-9" or failed.group(2) == "0", failed.group(0)
     assert "continuing from" in stderr  # the restarted workers resumed instead of starting over
     assert_same_training_state(long_spawned_reference, tmp_path / "job" / "training_checkpoint_72.pt")
 
