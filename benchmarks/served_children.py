@@ -69,7 +69,7 @@ def measure(checkouts: dict[str, Path], rounds: int) -> dict[str, Any]:
                 for side, checkout in checkouts.items():
                     folder = Path(scratch) / side
                     folder.mkdir(exist_ok=True)
-                    runs[side][what].append(served_child_seconds(checkout, what.split("_")[0], folder))
+                    runs[side][what].append(served_child_seconds(checkout, what, folder))
     medians = {
         side: {what: statistics.median(one["cpu"] for one in each) for what, each in per.items()}
         for side, per in runs.items()
