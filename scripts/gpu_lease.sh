@@ -10,6 +10,7 @@
 #                                                         accuracy (worktrees from .lease/history.bundle when the
 #                                                         copy has no .git: git bundle create it --all)
 #   bash scripts/gpu_lease.sh ab OUT [--device=cpu] [--quick]   benchmarks.bisect ab: each suspect alone
+#   (bisect and ab take --budget_minutes=M: no run starts that would end past M minutes)
 # It installs the wheels in .lease/ (pytorch-ignite, fire, termcolor, airbench) into a folder of its own when the
 # machine lacks them, builds CIFAR-10 from .lease/cifar10-jpg.tar.xz with .lease/make_cifar10.py (the archive and
 # the tool are copied there from ../shared; .lease/ is ignored by git), and writes everything into OUT as it goes.
@@ -29,7 +30,7 @@ flags=()
 for arg in "$@"; do
   case "$arg" in
     --device=cpu) device=cpu ;;
-    --quick | --seeds=* | --parts=* | --recipes=* | --good=* | --bad=* | --threshold=*) flags+=("$arg") ;;
+    --quick | --seeds=* | --parts=* | --recipes=* | --good=* | --bad=* | --threshold=* | --budget_minutes=*) flags+=("$arg") ;;
     *) echo "gpu_lease.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done

@@ -4,6 +4,7 @@ lookahead, test-time augmentation, crop/flip variants, and the numbers in config
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 
 import pytest
@@ -49,6 +50,25 @@ def test_whitening_makes_training_patches_uncorrelated_with_unit_variance():
     assert torch.allclose(covariance, torch.eye(12, dtype=torch.double), atol=0.02)
     assert torch.equal(model.whiten.weight[12:], -model.whiten.weight[:12])
     assert not model.whiten.weight.requires_grad
+
+
+def test_the_airbench_network_is_asked_for_its_whitening_as_nn_module_serves_its_submodules():
+    """From Python 3.12 on, isinstance against a protocol reads attributes statically and misses a module's
+    submodules: fast.yaml then trained without its whitening from data and lost a point on an H200
+    (docs/gpu-report.md, the bisect). The trait is asked with is_whitened_from_data on every Python."""
+    from cifar10_dist import recipes
+    from cifar10_dist.recipes.whitened import Whitening
+
+    network = models.build_model("airbench")
+    assert inspect.getattr_static(network, "whiten", None) is None  # what Python 3.12's isinstance reads
+    assert models.is_whitened_from_data(network)
+    assert models.whitening_bias(network) is network.whiten.bias
+    assert isinstance(recipes.parts_of(network), Whitening)
+    with pytest.raises(TypeError):  # the protocol is not runtime-checkable: isinstance cannot come back
+        isinstance(network, models.WhitenedFromData)
+    resnet = models.build_model("simple_cnn")
+    assert not models.is_whitened_from_data(resnet) and models.whitening_bias(resnet) is None
+    assert not isinstance(recipes.parts_of(resnet), Whitening)
 
 
 def test_airbench_takes_silu_for_gelu_and_refuses_other_activations_before_launch():

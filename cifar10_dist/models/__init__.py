@@ -22,7 +22,7 @@ from cifar10_dist.models.networks import (
     torchvision_models,
     unwrap,
 )
-from cifar10_dist.models.traits import WhitenedFromData, whitening_bias, whitening_images
+from cifar10_dist.models.traits import WhitenedFromData, is_whitened_from_data, whitening_bias, whitening_images
 
 __all__ = [
     "CIFAR_RESNETS",
@@ -41,6 +41,7 @@ __all__ = [
     "torchvision_models",
     "unwrap",
     "WhitenedFromData",
+    "is_whitened_from_data",
     "whitening_bias",
     "whitening_images",
 ]

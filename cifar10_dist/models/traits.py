@@ -3,19 +3,19 @@ keeps a model's settings on it): code outside ``models`` never tests for a concr
 
 - ``WhitenedFromData``: a layer set from training images before training (``init_whitening``), whose bias alone
   trains (``whiten.bias``) and may stop being trained part-way (``whitening_bias_frozen``: its gradient is then not
-  computed). The airbench network is one.
+  computed). The airbench network is one. Ask ``is_whitened_from_data(model)``, never ``isinstance``: from Python
+  3.12 on, ``isinstance`` against a protocol reads attributes statically and misses an ``nn.Module``'s submodules.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard
 
 import torch
 from torch import nn
 
 
-@runtime_checkable
-class WhitenedFromData(Protocol):
+class WhitenedFromData(Protocol):  # not runtime-checkable: isinstance raises TypeError (is_whitened_from_data)
     whiten: nn.Conv2d
     whitening_bias_frozen: bool
 
@@ -32,6 +32,16 @@ def whitening_images(model: nn.Module) -> int:
     return int(getattr(model, "whitening_images", WHITENING_IMAGES))
 
 
+def is_whitened_from_data(model: nn.Module) -> TypeGuard[WhitenedFromData]:
+    """Whether ``model`` declares the trait: a ``whiten`` convolution, ``whitening_bias_frozen`` and
+    ``init_whitening``, read as the model serves them (``nn.Module.__getattr__`` holds its submodules)."""
+    return (
+        isinstance(getattr(model, "whiten", None), nn.Conv2d)
+        and hasattr(model, "whitening_bias_frozen")
+        and callable(getattr(model, "init_whitening", None))
+    )
+
+
 def whitening_bias(model: nn.Module) -> nn.Parameter | None:
     """The trained bias of a model whitened from data, or None for any other model."""
-    return model.whiten.bias if isinstance(model, WhitenedFromData) else None  # type: ignore[return-value]
+    return model.whiten.bias if is_whitened_from_data(model) else None  # type: ignore[return-value]

@@ -95,4 +95,4 @@ class Whitening:
 
 @register
 def whitening_parts(network: nn.Module) -> Whitening | None:
-    return Whitening(network) if isinstance(network, models.WhitenedFromData) else None
+    return Whitening(network) if models.is_whitened_from_data(network) else None
