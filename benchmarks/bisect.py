@@ -1,6 +1,7 @@
 """Where fast.yaml lost half a point on the GPU (issue 72): a bisect over the commits that touched the package, and
 the A/B of each suspect alone at this checkout. Prepared for one GPU lease call each (about 5 minutes); rehearsed
-with --device=cpu on a small synthetic set (docs/gpu-report.md says what each call found; not run on a GPU yet).
+with --device=cpu on a small synthetic set. The fourth lease ran both: the first bad commit was 13ce246, whose
+protocol check Python 3.12 answers differently (docs/gpu-report.md).
 
     python -m benchmarks.bisect bisect --data_path=DIR [--good=5bbdca2] [--bad=4d49e38] [--seeds=0,1]
         [--threshold=0.9035] [--budget_minutes=5] [--history=.lease/history.bundle] [--json=PATH] [--quick]
