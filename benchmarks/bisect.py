@@ -1,5 +1,5 @@
-"""Where fast.yaml lost half a point on the GPU (issue 72): a bisect over the commits that touched the package, and
-the A/B of each suspect alone at this checkout. Prepared for one GPU lease call each (about 5 minutes); rehearsed
+"""Where fast.yaml lost about a point on the GPU (issue 72): a bisect over the commits that touched the package,
+and the A/B of each suspect alone at this checkout. Prepared for one GPU lease call each (about 5 minutes); rehearsed
 with --device=cpu on a small synthetic set. The fourth lease ran both: the first bad commit was 13ce246, whose
 protocol check Python 3.12 answers differently (docs/gpu-report.md).
 

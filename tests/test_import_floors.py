@@ -234,12 +234,15 @@ def test_no_protocol_is_runtime_checkable():
     """From Python 3.12 on, ``isinstance`` against a runtime-checkable protocol reads attributes statically and
     misses an ``nn.Module``'s submodules. CI's Python 3.11 still found them, while an H200's 3.12 trained fast.yaml
     without its whitening (docs/gpu-report.md). A trait is asked with a function, as ``is_whitened_from_data``."""
+    root = PACKAGE.parent
+    paths = [*sources(), *(root / "benchmarks").glob("*.py"), *(root / "examples").rglob("*.py")]
     found = [
-        f"{dotted(path, PACKAGE)}:{node.lineno}"
-        for path in sources()
+        f"{path.relative_to(root)}:{node.lineno}"
+        for path in paths
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Name | ast.Attribute)
-        and getattr(node, "id", getattr(node, "attr", "")) == "runtime_checkable"
+        if (isinstance(node, ast.Name) and node.id == "runtime_checkable")
+        or (isinstance(node, ast.Attribute) and node.attr == "runtime_checkable")
+        or (isinstance(node, ast.ImportFrom) and any(alias.name == "runtime_checkable" for alias in node.names))
     ]
     assert found == []
 
