@@ -71,6 +71,26 @@ def test_the_airbench_network_is_asked_for_its_whitening_as_nn_module_serves_its
     assert not isinstance(recipes.parts_of(resnet), Whitening)
 
 
+def test_a_compiled_model_with_its_parallel_wrapper_inside_is_unwrapped_to_the_network():
+    """torch.compile(DDP(model)) is what a compiled run of several processes steps: its warm-up asks the recipe's
+    parts of it, so that the whitening bias's frozen branch is compiled before the timed steps too. DataParallel
+    stands in for DDP here (no process group). The wrapper is torch.compile's own class, built without its
+    backend's seconds of set-up; nothing compiles."""
+    from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+
+    from cifar10_dist import recipes
+    from cifar10_dist.recipes.whitened import Whitening
+
+    def compiled(model: nn.Module) -> nn.Module:
+        return OptimizedModule(model, DisableContext())  # what torch.compile(model) returns, uncompiled
+
+    network = models.build_model("airbench")
+    for wrapped in (compiled(nn.DataParallel(network)), nn.DataParallel(compiled(network))):
+        assert models.unwrap(wrapped) is network
+        parts = recipes.parts_of(wrapped)
+        assert isinstance(parts, Whitening) and parts.network is network and parts.bias_trains
+
+
 def test_airbench_takes_silu_for_gelu_and_refuses_other_activations_before_launch():
     from cifar10_dist.errors import UserError
 

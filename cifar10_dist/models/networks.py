@@ -374,6 +374,15 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DistributedDataParallel/DataParallel wrapper (or the model itself)."""
+    """The model inside its DistributedDataParallel/DataParallel and torch.compile wrappers, in whichever order
+    (or the model itself). A compiled module holds its model as ``_orig_mod``; with DDP inside it, attributes of
+    the model are not reachable through the compiled module."""
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
+    while True:
+        compiled = model._modules.get("_orig_mod") if type(model).__name__ == "OptimizedModule" else None
+        if isinstance(model, wrappers):
+            model = model.module
+        elif compiled is not None:  # (torch._dynamo's class, known by name so as not to import dynamo here)
+            model = compiled
+        else:
+            return model
