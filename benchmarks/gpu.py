@@ -131,13 +131,15 @@ def race(
     out: Record,
     skip_peer: bool = False,
     recipes: tuple[str, ...] = ("fast",),
+    compile_mode: str | None = None,
 ) -> None:
     """Seed by seed: the peer, then each of our ``recipes`` as shipped ("ours" is fast.yaml, "ours:NAME" the
-    others)."""
+    others), or compiled in ``compile_mode`` ("reduce-overhead": CUDA graphs)."""
+    compiled = {"compile": True, "compile_mode": compile_mode} if compile_mode else {}
     for seed in range(seeds):
         out.add("peer", str(seed), peer(data_path, device, seed, skip_peer))
         for recipe in recipes:
-            out.add(side_of(recipe), str(seed), ours(data_path, device, quick, recipe, seed=seed))
+            out.add(side_of(recipe), str(seed), ours(data_path, device, quick, recipe, seed=seed, **compiled))
         print_race(out)
     out.put("race_summary", summarise(out.data))
     out.say(f"race: {json.dumps(out.data['race_summary'])}")
@@ -247,6 +249,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (checks the script)")
     parser.add_argument("--skip_peer", action="store_true", help="the race without airbench94")
     parser.add_argument("--recipes", default="fast", help="our shipped configs in the race, e.g. fast,fast_muon")
+    parser.add_argument(
+        "--race_compile",
+        choices=["default", "reduce-overhead", "max-autotune"],
+        help="the race's runs of ours with --compile=True in this compile_mode (reduce-overhead: CUDA graphs)",
+    )
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
@@ -267,6 +274,7 @@ def main() -> None:
             "quick": args.quick,
             "parts": parts,
             "seeds": args.seeds,
+            "race_compile": args.race_compile,
             "hardware": records.hardware_record(args.device),
         },
     )
@@ -281,6 +289,7 @@ def main() -> None:
                 out,
                 args.skip_peer,
                 tuple(name.strip() for name in args.recipes.split(",") if name.strip()),
+                args.race_compile,
             )
         elif part == "levers":
             levers(args.data_path, device, quick, out)

@@ -3,6 +3,7 @@
 #   bash scripts/gpu_lease.sh checks OUT [--device=cpu]   the device path's checks (tests/gpu/test_device_path.py:
 #                                                         host waits, warm-up, crops, 2 processes over gloo)
 #   bash scripts/gpu_lease.sh bench OUT [--device=cpu] [--quick] [--seeds=N] [--parts=...] [--recipes=...]
+#                                       [--race_compile=reduce-overhead]
 #                                                         benchmarks.gpu: ours and airbench94 over seeds, the
 #                                                         levers, ResNet-18 against its bare step, a profile
 #   bash scripts/gpu_lease.sh bisect OUT [--device=cpu] [--quick] [--good=SHA] [--bad=SHA] [--threshold=X]
@@ -30,7 +31,7 @@ flags=()
 for arg in "$@"; do
   case "$arg" in
     --device=cpu) device=cpu ;;
-    --quick | --seeds=* | --parts=* | --recipes=* | --good=* | --bad=* | --threshold=* | --budget_minutes=*) flags+=("$arg") ;;
+    --quick | --seeds=* | --parts=* | --recipes=* | --race_compile=* | --good=* | --bad=* | --threshold=* | --budget_minutes=*) flags+=("$arg") ;;
     *) echo "gpu_lease.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done

@@ -259,6 +259,38 @@ def test_two_processes_share_the_gpu_over_gloo(check_data, tmp_path, record):
     assert (tmp_path / "stopped" / f"training_checkpoint_{stopped[0]}.pt").is_file()
 
 
+@pytest.mark.parametrize(
+    "compression",
+    [["--grad_compression=bf16"], ["--grad_compression=powersgd", "--powersgd_rank=2", "--powersgd_start_step=4"]],
+    ids=["bf16", "powersgd"],
+)
+def test_two_processes_on_one_gpu_resume_compressed_gradients_exactly(compression, check_data, tmp_path, record):
+    """torchrun --nproc_per_node=2 --backend=gloo on the one GPU (this run refuses to spawn two ranks on it),
+    gradients compressed by DDP's hook (bf16, or PowerSGD with its error feedback in the checkpoint),
+    deterministic: a run resumed from a checkpoint inside its epoch ends with the uninterrupted run's training
+    state (weights, optimizer, PowerSGD's state)."""
+    name = compression[0].split("=")[1]
+    flags = [*SHORT, "--num_epochs=1", "--num_warmup_epochs=0.5", *TWO, *compression, "--deterministic=True"]
+    flags += [checkpoint_inside(check_data), f"--data_path={check_data}", f"--output_path={tmp_path}"]
+    whole = run_torchrun_new_interpreter(2, "run", *flags, "--run_name=whole", timeout=900)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "distributed: backend gloo, world size 2" in whole.stderr
+    assert f"grad_compression  {name}" in whole.stderr  # the plan's row
+    first = min(int(path.stem.rsplit("_", 1)[1]) for path in (tmp_path / "whole").glob("training_checkpoint_*.pt"))
+    middle = tmp_path / "whole" / f"training_checkpoint_{first}.pt"
+    resumed = run_torchrun_new_interpreter(
+        2, "run", *flags, "--run_name=resumed", f"--resume_from={middle}", timeout=900
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = newest_checkpoint(tmp_path / "whole").name
+    assert_same_training_state(tmp_path / "whole" / final, tmp_path / "resumed" / final)
+    record(f"two processes on one GPU, {name} gradients: resumed run's training state identical", 1.0)
+    record(
+        f"two processes on one GPU, {name} gradients: test accuracy, 1 epoch",
+        final_test(tmp_path / "whole")["accuracy"],
+    )
+
+
 def test_a_compiled_airbench_step_compiles_both_branches_before_the_timer(check_data, tmp_path, record):
     """fast.yaml with compile=True (2 epochs, the whitening bias frozen after the first): the warm-up compiles
     the forward with the bias trained and frozen, so no recompilation happens between the warm-up and the first
