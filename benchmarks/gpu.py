@@ -240,7 +240,7 @@ def throughput(device: torch.device, count: int, warmup: int, batch_scale: float
             out.say(f"{model:<10}{size:>6}  {setting:<30}{bare:>10.0f}{engine:>10.0f}{engine / bare:>8.3f}")
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_path", required=True, help="folder holding cifar-10-batches-py")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -255,7 +255,11 @@ def main() -> None:
         help="the race's runs of ours with --compile=True in this compile_mode (reduce-overhead: CUDA graphs)",
     )
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_arguments()
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = [part for part in parts if part not in PARTS]
     if unknown:
