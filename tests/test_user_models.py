@@ -208,3 +208,47 @@ def test_a_network_registered_by_the_decorator_is_a_built_in_name(monkeypatch):
     assert "tiny_linear" in networks.available_models()
     built = networks.build_model("tiny_linear", {"width": 6}, num_classes=3)
     assert built[1].out_features == 6 and built[2].out_features == 3
+
+
+# A user's network that means to be whitened from data but declares its whitening layer as a Linear.
+HALF_WHITENED_MODULE = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+
+    class HalfWhitened(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.whiten = nn.Linear(3 * 32 * 32, 16)
+            self.head = nn.Linear(16, 10)
+            self.initialised = False
+
+        def init_whitening(self, images: torch.Tensor) -> None:
+            self.initialised = True
+
+        def forward(self, x):
+            return self.head(torch.relu(self.whiten(x.flatten(1))))
+    """)
+
+
+def test_a_model_declaring_half_the_whitening_trait_trains_plain_and_says_what_it_lacks(small_dataset, tmp_path):
+    """init_whitening without a Conv2d ``whiten`` or ``whitening_bias_frozen``: the run trains the model as a plain
+    one (no whitening from data, no bias group) and says so in one warning that names both missing parts."""
+    path = tmp_path / "halfnet.py"
+    path.write_text(HALF_WHITENED_MODULE)
+    result = run_in_this_process(
+        "run",
+        *TINY,
+        f"--model={path}:HalfWhitened",
+        "--model_kwargs={}",
+        f"--data_path={small_dataset}",
+        f"--output_path={tmp_path / 'out'}",
+        "--run_name=half",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "has init_whitening but lacks" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    assert (
+        "model HalfWhitened has init_whitening but lacks whiten as an nn.Conv2d (it is Linear) and "
+        "whitening_bias_frozen: it trains as a plain model" in warnings[0]
+    )

@@ -22,7 +22,13 @@ from cifar10_dist.models.networks import (
     torchvision_models,
     unwrap,
 )
-from cifar10_dist.models.traits import WhitenedFromData, is_whitened_from_data, whitening_bias, whitening_images
+from cifar10_dist.models.traits import (
+    WhitenedFromData,
+    is_whitened_from_data,
+    missing_whitening_parts,
+    whitening_bias,
+    whitening_images,
+)
 
 __all__ = [
     "CIFAR_RESNETS",
@@ -42,6 +48,7 @@ __all__ = [
     "unwrap",
     "WhitenedFromData",
     "is_whitened_from_data",
+    "missing_whitening_parts",
     "whitening_bias",
     "whitening_images",
 ]

@@ -42,6 +42,16 @@ def is_whitened_from_data(model: nn.Module) -> TypeGuard[WhitenedFromData]:
     )
 
 
+def missing_whitening_parts(model: nn.Module) -> list[str]:
+    """What a model that declares ``init_whitening`` lacks of the trait (``whiten`` as an ``nn.Conv2d``,
+    ``whitening_bias_frozen``); empty for a model with the whole trait, or with no ``init_whitening`` at all."""
+    if not callable(getattr(model, "init_whitening", None)):
+        return []
+    whiten = getattr(model, "whiten", None)
+    missing = [] if isinstance(whiten, nn.Conv2d) else [f"whiten as an nn.Conv2d (it is {type(whiten).__name__})"]
+    return missing + ([] if hasattr(model, "whitening_bias_frozen") else ["whitening_bias_frozen"])
+
+
 def whitening_bias(model: nn.Module) -> nn.Parameter | None:
     """The trained bias of a model whitened from data, or None for any other model."""
     return model.whiten.bias if is_whitened_from_data(model) else None  # type: ignore[return-value]

@@ -8,6 +8,7 @@ branches to warm up."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Iterator
 
 import torch
@@ -19,6 +20,8 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation
 from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.recipes import GroupApart, register
+
+logger = logging.getLogger("cifar10_dist")
 
 
 def bias_until(config: Config, total_iterations: int) -> int:
@@ -95,4 +98,20 @@ class Whitening:
 
 @register
 def whitening_parts(network: nn.Module) -> Whitening | None:
-    return Whitening(network) if models.is_whitened_from_data(network) else None
+    """The whitening recipe's parts for a model whitened from data; for a model declaring ``init_whitening`` without
+    the rest of the trait, one warning per model class that it trains without them."""
+    if models.is_whitened_from_data(network):
+        return Whitening(network)
+    missing = models.missing_whitening_parts(network)
+    if missing and type(network).__name__ not in warned_classes:
+        warned_classes.add(type(network).__name__)
+        logger.warning(
+            "model %s has init_whitening but lacks %s: it trains as a plain model, without whitening from data, "
+            "its bias group or its freeze (declare both to have them)",
+            type(network).__name__,
+            " and ".join(missing),
+        )
+    return None
+
+
+warned_classes: set[str] = set()  # (a run asks for a model's parts several times: one warning each)
