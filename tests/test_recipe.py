@@ -71,6 +71,39 @@ def test_the_airbench_network_is_asked_for_its_whitening_as_nn_module_serves_its
     assert not isinstance(recipes.parts_of(resnet), Whitening)
 
 
+@pytest.mark.parametrize("side", [32, 24, 16])
+def test_the_airbench_networks_global_max_pool_is_adaptive_max_poolings_result_without_its_kernel(side):
+    """The last pooling is max_pool2d over the whole map: CUDA's adaptive_max_pool2d copies a channels-last input
+    to contiguous first (200 us a call on an H200, docs/gpu-report.md). The same maxima and input gradients as
+    AdaptiveMaxPool2d(1), bit for bit, in bf16 with ties, at the map sizes of 32, 24 and 16 px images; and the
+    network's training step dispatches no adaptive_max_pool2d."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    maps = (torch.randn(64, 256, side // 8 - 1, side // 8 - 1) * 2).round() / 2  # many ties
+    maps = maps.to(torch.bfloat16).contiguous(memory_format=torch.channels_last).requires_grad_()
+    ours, theirs = models.networks.GlobalMaxPool()(maps), nn.AdaptiveMaxPool2d(1)(maps)
+    assert torch.equal(ours, theirs) and ours.shape == (64, 256, 1, 1)
+    pull = torch.randn_like(ours)
+    assert torch.equal(torch.autograd.grad(ours, maps, pull)[0], torch.autograd.grad(theirs, maps, pull)[0])
+
+    class Operators(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    network = models.build_model("airbench").to(memory_format=torch.channels_last)
+    images = torch.randn(4, 3, side, side).contiguous(memory_format=torch.channels_last)
+    with Operators() as operators:
+        network(images).sum().backward()
+    assert "aten.max_pool2d_with_indices" in operators.seen
+    assert not {name for name in operators.seen if "adaptive" in name}, operators.seen
+
+
 def test_a_compiled_model_with_its_parallel_wrapper_inside_is_unwrapped_to_the_network():
     """torch.compile(DDP(model)) is what a compiled run of several processes steps: its warm-up asks the recipe's
     parts of it, so that the whitening bias's frozen branch is compiled before the timed steps too. DataParallel

@@ -287,6 +287,16 @@ class _IdentityInitConv(nn.Conv2d):
         nn.init.dirac_(self.weight.data[:channels_in])
 
 
+class GlobalMaxPool(nn.Module):
+    """The maximum over each channel's whole map, as max_pool2d with the map's size as its window: airbench's
+    MaxPool2d(3) on the 3x3 map of 32-px images, and any other size (progressive resizing). Not AdaptiveMaxPool2d,
+    whose CUDA kernel has no channels-last path: it copies its input to contiguous first (pytorch/pytorch#116482),
+    200 us a call on an H200 (docs/gpu-report.md). The same maxima and gradients, bit for bit, on the CPU."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return nn.functional.max_pool2d(images, kernel_size=images.shape[-2:])
+
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "silu": nn.SiLU}  # airbench94's; hiverge's record's
 
 
@@ -338,7 +348,7 @@ class AirbenchNet(nn.Module):
             _conv_group(whitened, widths[0], act),
             _conv_group(widths[0], widths[1], act),
             _conv_group(widths[1], widths[2], act),
-            nn.AdaptiveMaxPool2d(1),  # airbench's MaxPool2d(3) on the 3x3 map of 32-px images; any size >= 16 px
+            GlobalMaxPool(),  # airbench's MaxPool2d(3) on the 3x3 map of 32-px images; any size >= 16 px
             nn.Flatten(),
         )
         self.head = nn.Linear(widths[2], num_classes, bias=False)
