@@ -273,3 +273,47 @@ def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_
         .startswith(f"error: output_path='{tmp_path / 'node0'}' is not one folder shared by every process: rank 1 on ")
     )
     assert not list((tmp_path / "node0" / "apart").glob("*.pt")) and not (tmp_path / "node1" / "apart").exists()
+
+
+def _start_a_worker_through_the_forkserver(parents: int) -> int:
+    """In a forked child: start one process through the forkserver as a launch does. Its exit code: 0 when it ran
+    through a server of the child's own, 4 when starting the server failed (ChildProcessError)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from cifar10_dist.launch import start_method
+
+    try:
+        start_method.start_forkserver()
+    except ChildProcessError:
+        return 4
+    worker = multiprocessing.get_context("forkserver").Process(target=int)
+    worker.start()
+    worker.join(60)
+    return 3 if worker.exitcode != 0 else 0 if forkserver._forkserver._forkserver_pid != parents else 5
+
+
+def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
+    """A script that trains with spawned workers, then forks and launches again in the child (a job runner, a
+    process pool): the child inherits Python's record of the parent's forkserver, which is not its child
+    (python/cpython#86354). It starts its own and its workers run; before, ensure_running failed in it with
+    ChildProcessError. A server this test starts is stopped after it (in-process runs keep theirs for reuse)."""
+    import os
+    from multiprocessing import forkserver
+
+    from cifar10_dist.launch import start_method
+
+    server = forkserver._forkserver
+    started_here = server._forkserver_pid is None
+    start_method.start_forkserver()  # the parent's (this process's), as a launch leaves it
+    parents = server._forkserver_pid
+    try:
+        child = os.fork()
+        if child == 0:  # (only the standard library runs here: no thread of torch's is needed)
+            os._exit(_start_a_worker_through_the_forkserver(parents))
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert server._forkserver_pid == parents  # the parent's own server untouched
+    finally:
+        if started_here:
+            server._stop()

@@ -82,12 +82,34 @@ def start_forkserver() -> None:
     SIGINT and SIGTERM in the caller (multiprocessing's own doing), which would leave them open to the server."""
     from multiprocessing import forkserver, resource_tracker
 
+    forget_an_inherited_forkserver()
     resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())
     try:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def forget_an_inherited_forkserver() -> None:
+    """A process forked from one that started a forkserver inherits Python's record of that server, which is not
+    its child: Python's ``ensure_running`` then fails waiting for it (ChildProcessError, python/cpython#86354), so
+    a script that trains, forks and trains again in the child crashed there. The record is forgotten (and the
+    inherited end of the server's keep-alive pipe closed), so that this process starts a server of its own."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    pid = server._forkserver_pid
+    if pid is None:
+        return
+    try:  # (WNOWAIT: a child of ours that ended stays for ensure_running to reap)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return
+    except ChildProcessError:
+        pass
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
 
 
 def stop_servers() -> None:
