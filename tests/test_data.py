@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -286,3 +287,26 @@ def test_data_on_device_auto_takes_a_gpu_when_the_images_fit_a_quarter_of_its_fr
     free["bytes"] = 100 * needed
     assert settle("auto", cpu, [train, test]) is False
     assert [settle(True, cpu, [train]), settle(False, cuda, [train])] == [True, False]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux only")
+def test_loader_workers_are_forked_from_their_process_also_where_its_default_start_method_is_a_forkserver():
+    """A spawned worker's default start method is its launcher's forkserver. DataLoader workers started through it
+    each imported torch again and were sent the dataset: 2.4 s before each loader's first batch (docs/measured.md).
+    They are forked from the process itself, as PyTorch does by default on Linux."""
+    import multiprocessing
+    from pathlib import Path
+
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)  # as in a spawned worker
+    train, test = make_synthetic(64, 16, 0)
+    made = loaders.make_loaders(train, test, batch_size=16, num_workers=2, train_eval_size=0, seed=0)
+    try:
+        images, _ = next(iter(made.train))
+        assert images.shape[0] == 16
+        workers = made.train._iterator._workers  # (persistent: kept between passes)
+        parents = {int(Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for worker in workers}
+        assert len(workers) == 2 and parents == {os.getpid()}
+    finally:
+        made.close()
+        multiprocessing.set_start_method(previous, force=True)
