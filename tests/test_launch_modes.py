@@ -237,6 +237,29 @@ def test_a_script_that_spawns_without_a_main_guard_stops_before_any_worker_start
     assert trained.stdout.strip().splitlines()[-1] == str(summary["final"]["test"]["num_samples"])
 
 
+def test_a_script_read_from_standard_input_that_spawns_is_refused_before_anything_starts(small_dataset, tmp_path):
+    """``python - < script.py`` (a heredoc in a job script): every worker would try to run the main script again from
+    a file named <stdin>, and each died of FileNotFoundError. The launcher says so in one line first; nothing is
+    started or written, and torch is not imported."""
+    script = (
+        "import sys\nfrom cifar10_dist import train\n\n"
+        f"try:\n    train(model='simple_cnn', data_path='{small_dataset}', num_workers=0, backend='gloo', "
+        f"nproc_per_node=2, output_path='{tmp_path / 'out'}')\n"
+        "finally:\n    print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path, env=cli_env(), timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "cifar10_dist.errors.UserError: the script that starts 2 worker processes was read from <stdin> (standard "
+        "input), which the workers cannot read again: each imports the main script anew (Python's rule for spawned "
+        'processes); save it to a file, put the launch under `if __name__ == "__main__":`, and run that file'
+    )
+    assert result.stdout.strip() == "False"  # torch not imported
+    assert not (tmp_path / "out").exists()
+
+
 def test_nodes_without_a_shared_output_folder_are_refused_before_training(small_dataset, tmp_path):
     """Two nodes on loopback, each given a folder of its own as output_path (what nodes without a shared
     filesystem see): both stop with exit 2 before training, node 0 with one line naming the folder and rank 1."""

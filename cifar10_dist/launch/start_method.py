@@ -132,6 +132,13 @@ def require_main_guard(workers: int | None) -> None:
     """Refuse, before any process starts, a script that launches at its top level without
     ``if __name__ == "__main__":``: each spawned worker imports the script again (Python's spawn and forkserver
     do), so each would start the launch anew."""
+    streamed = _main_read_from_a_stream()
+    if streamed is not None:
+        raise UserError(
+            f"the script that starts {workers} worker processes was read from {streamed} (standard input), which "
+            "the workers cannot read again: each imports the main script anew (Python's rule for spawned "
+            'processes); save it to a file, put the launch under `if __name__ == "__main__":`, and run that file'
+        )
     script, line = _main_script_call()
     if script is None or _is_guarded(script, line):
         return
@@ -143,6 +150,17 @@ def require_main_guard(workers: int | None) -> None:
         'that line itself; put the call under `if __name__ == "__main__":` (Python\'s rule for spawned '
         "processes)"
     )
+
+
+def _main_read_from_a_stream() -> str | None:
+    """The name __main__ has when Python read it from standard input (``python - < script.py``, a heredoc in a job
+    script): a file name that names no file, which spawned and forkserver workers would try to run (None
+    otherwise: a file, a module run with -m, python -c, a REPL)."""
+    main = sys.modules.get("__main__")
+    name = getattr(main, "__file__", None)
+    if not isinstance(name, str) or getattr(main, "__spec__", None) is not None or Path(name).is_file():
+        return None
+    return name
 
 
 def _main_script_call() -> tuple[str | None, int]:
