@@ -11,7 +11,7 @@ import yaml
 
 from cifar10_dist.cli.help_pages import options_reference
 from cifar10_dist.config import FIELDS, Config, load_config
-from cifar10_dist.data import loaders
+from cifar10_dist.data import loader_workers
 from cifar10_dist.errors import UserError
 from cifar10_dist.runs import resolve
 from tests.conftest import REPO, TINY, run_in_this_process
@@ -32,8 +32,8 @@ def test_defaults_are_the_ignite_tutorials():
     # process is faster (the batches are the same either way)
     assert config.num_workers == "auto"
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert (loaders.workers_for("auto", cuda, None, 3, 1), loaders.workers_for("auto", cpu)) == (2, 0)
-    assert loaders.workers_for(3, cpu) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
+    assert (loader_workers.workers_for("auto", cuda, None, 3, 1), loader_workers.workers_for("auto", cpu)) == (2, 0)
+    assert loader_workers.workers_for(3, cpu) == 3 and load_config(None, num_workers="AUTO").num_workers == "auto"
     assert (config.with_amp, config.backend, config.resume_from, config.epoch_length) == (False, None, None, None)
 
 

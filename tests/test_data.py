@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cifar10_dist.data import augmentation, cifar, cifar_layouts, loaders
+from cifar10_dist.data import augmentation, cifar, cifar_layouts, loader_workers, loaders
 from cifar10_dist.data.datasets import MEAN, STD
 from cifar10_dist.data.synthetic import make_synthetic
 from cifar10_dist.errors import UserError
@@ -207,17 +207,20 @@ def test_auto_workers_read_in_the_training_process_on_a_cpu_unless_the_cache_out
     cache = MappedImages(tmp_path / "images.npy", np.arange(10))
     size = (tmp_path / "images.npy").stat().st_size
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(loaders, "free_bytes", lambda device: 10 * size)
-    assert [loaders.workers_for("auto", cpu, images) for images in (None, torch.zeros(2), cache)] == [0, 0, 0]
-    monkeypatch.setattr(loaders, "free_bytes", lambda device: size)  # the file over 80% of what is available
-    assert loaders.workers_for("auto", cpu, cache) == 2 and loaders.workers_for("auto", cpu, torch.zeros(2)) == 0
-    assert loaders.workers_for(5, cpu, cache) == 5 and loaders.workers_for(0, cuda, None) == 0
+    monkeypatch.setattr(loader_workers, "free_bytes", lambda device: 10 * size)
+    assert [loader_workers.workers_for("auto", cpu, images) for images in (None, torch.zeros(2), cache)] == [0, 0, 0]
+    monkeypatch.setattr(loader_workers, "free_bytes", lambda device: size)  # the file over 80% of what is available
+    assert (
+        loader_workers.workers_for("auto", cpu, cache) == 2
+        and loader_workers.workers_for("auto", cpu, torch.zeros(2)) == 0
+    )
+    assert loader_workers.workers_for(5, cpu, cache) == 5 and loader_workers.workers_for(0, cuda, None) == 0
     on_gpus = [
-        loaders.workers_for("auto", cuda, None, cores, processes)
+        loader_workers.workers_for("auto", cuda, None, cores, processes)
         for cores, processes in ((16, 1), (2, 1), (4, 2), (32, 1), (6, 8))
     ]
     assert on_gpus == [8, 2, 6, 8, 40]  # (16 cores: 15 capped at 8; 2 cores: at least 2; 2 GPUs of 4 cores: 3 each)
-    assert loaders.workers_for("auto", cuda, None) >= 2  # this machine's own count
+    assert loader_workers.workers_for("auto", cuda, None) >= 2  # this machine's own count
 
 
 def test_batches_on_the_device_slice_the_pass_order_sent_once_and_match_the_host_loader(monkeypatch):
@@ -273,7 +276,7 @@ def test_data_on_device_auto_takes_a_gpu_when_the_images_fit_a_quarter_of_its_fr
     needed = (1000 + 200) * 3 * 32 * 32
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     free = {}
-    monkeypatch.setattr(loaders, "free_bytes", lambda device: free.get("bytes"))
+    monkeypatch.setattr(loader_workers, "free_bytes", lambda device: free.get("bytes"))
     settle = run_data.settle_data_on_device
     caplog.set_level("INFO", logger="cifar10_dist")
     free["bytes"] = 4 * needed
@@ -298,15 +301,17 @@ def test_loader_workers_are_forked_from_their_process_also_where_its_default_sta
     from pathlib import Path
 
     previous = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method("forkserver", force=True)  # as in a spawned worker
     train, test = make_synthetic(64, 16, 0)
-    made = loaders.make_loaders(train, test, batch_size=16, num_workers=2, train_eval_size=0, seed=0)
+    made = None
     try:
+        multiprocessing.set_start_method("forkserver", force=True)  # as in a spawned worker
+        made = loaders.make_loaders(train, test, batch_size=16, num_workers=2, train_eval_size=0, seed=0)
         images, _ = next(iter(made.train))
         assert images.shape[0] == 16
         workers = made.train._iterator._workers  # (persistent: kept between passes)
         parents = {int(Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for worker in workers}
         assert len(workers) == 2 and parents == {os.getpid()}
     finally:
-        made.close()
+        if made is not None:
+            made.close()
         multiprocessing.set_start_method(previous, force=True)

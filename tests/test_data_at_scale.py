@@ -249,7 +249,7 @@ def test_a_folders_checksum_is_read_once_per_choice_of_images_then_kept_in_the_c
 
 
 def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():
-    from cifar10_dist.data import loaders
+    from cifar10_dist.data import loader_workers, loaders
     from cifar10_dist.errors import UserError
 
     loaders.check_fits(3 * 2**30, 4 * 2**30, torch.device("cpu"))  # 3 of 4 GiB: 75%, below the 80% share
@@ -260,7 +260,7 @@ def test_data_on_device_is_refused_in_one_line_when_the_images_would_not_fit():
         "of it may hold data): leave data_on_device off (a folder's cache is read on "
         "demand) or use fewer or smaller images"
     )
-    assert loaders.free_bytes(torch.device("cpu")) > 2**30  # this machine's MemAvailable, read for real
+    assert loader_workers.free_bytes(torch.device("cpu")) > 2**30  # this machine's MemAvailable, read for real
 
 
 def test_a_process_that_waited_for_another_ones_build_says_reused_not_built(tmp_path):

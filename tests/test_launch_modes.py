@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -333,7 +334,15 @@ def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
     try:
         child = os.fork()
         if child == 0:  # (only the standard library runs here: no thread of torch's is needed)
-            os._exit(_start_a_worker_through_the_forkserver(parents))
+            code = 6  # (whatever happens, this copy of the test process ends here)
+            try:
+                code = _start_a_worker_through_the_forkserver(parents)
+                if server._forkserver_pid not in (None, parents):
+                    server._stop()  # the child's own server, and its socket
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert server._forkserver_pid == parents  # the parent's own server untouched

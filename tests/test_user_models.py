@@ -234,6 +234,9 @@ HALF_WHITENED_MODULE = textwrap.dedent("""\
 def test_a_model_declaring_half_the_whitening_trait_trains_plain_and_says_what_it_lacks(small_dataset, tmp_path):
     """init_whitening without a Conv2d ``whiten`` or ``whitening_bias_frozen``: the run trains the model as a plain
     one (no whitening from data, no bias group) and says so in one warning that names both missing parts."""
+    from cifar10_dist.recipes import whitened
+
+    whitened.warned_classes.clear()  # (a class warned of in this process before is not warned of again)
     path = tmp_path / "halfnet.py"
     path.write_text(HALF_WHITENED_MODULE)
     result = run_in_this_process(

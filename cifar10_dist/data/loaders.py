@@ -6,7 +6,6 @@ size, the held-out validation images and the fixed train subset."""
 from __future__ import annotations
 
 import hashlib
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -16,6 +15,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from cifar10_dist.data.datasets import ImageSet, MappedImages
 from cifar10_dist.data.device_copies import upload
+from cifar10_dist.data.loader_workers import DEVICE_SHARE, free_bytes, worker_start_method
 from cifar10_dist.errors import UserError
 
 BatchTransform = Callable[[torch.Tensor, int, int], torch.Tensor]  # (uint8 images, epoch, iteration) -> images
@@ -252,55 +252,6 @@ def fixed_subset(images: ImageSet, size: int, seed: int) -> ImageSet:
     return images.subset(order)
 
 
-AUTO_WORKERS = 2  # num_workers=auto training on a CPU from disk: the other cores train
-ACCELERATOR_WORKERS = (2, 8)  # num_workers=auto per process on an accelerator: its cores but one, within these
-
-
-def workers_for(
-    setting: int | str,
-    device: torch.device,
-    images: Any = None,
-    cores_per_process: int | None = None,
-    local_processes: int | None = None,
-) -> int:
-    """``num_workers`` for a node (Ignite's auto_dataloader splits it over the node's processes): a number as
-    given; auto, training on a CPU: none from images held in memory (a tensor, or a memory-mapped cache the page
-    cache can hold: at most DEVICE_SHARE of the memory available), where the reads and crops cost less in the
-    training process than passing each batch between processes through shared memory
-    (benchmarks/pipeline_training.py), else AUTO_WORKERS; on an accelerator, each process's cores but the one
-    that drives the device (``system.cpu.cpu_threads_per_process``, Slurm's allocation included), at least 2 and
-    at most 8 (ACCELERATOR_WORKERS): 2 workers leave a fast GPU waiting for its batches."""
-    if setting != "auto":
-        return int(setting)
-    if device.type == "cpu":
-        return 0 if held_in_memory(images) else AUTO_WORKERS
-    import ignite.distributed as idist
-
-    from cifar10_dist.system.cpu import cpu_threads_per_process
-
-    cores = cpu_threads_per_process() if cores_per_process is None else cores_per_process
-    processes = idist.get_nproc_per_node() if local_processes is None else local_processes
-    fewest, most = ACCELERATOR_WORKERS
-    return min(max(cores - 1, fewest), most) * processes
-
-
-def worker_start_method() -> str | None:
-    """How DataLoader workers start: forked from this process on Linux, as PyTorch does there by default, also in a
-    spawned worker, whose default is its launcher's forkserver (the workers would then each import torch again
-    through a server without the preload, and the dataset would be pickled to each: about 2.4 s before a loader's
-    first batch, docs/measured.md); None elsewhere (the platform's default)."""
-    return "fork" if sys.platform == "linux" else None
-
-
-def held_in_memory(images: Any) -> bool:
-    """Whether reading ``images`` (None: not known, taken as held) costs no disk: a memory-mapped cache counts
-    when its file fits DEVICE_SHARE of the memory available to processes."""
-    if not isinstance(images, MappedImages):
-        return True
-    available = free_bytes(torch.device("cpu"))
-    return available is None or images.path.stat().st_size <= DEVICE_SHARE * available
-
-
 def make_loaders(
     train: ImageSet,
     test: ImageSet,
@@ -335,7 +286,7 @@ def make_loaders(
         check_fits(pixel_bytes([train, test, val]), free_bytes(device), device)
         train, test = to_device(train, device), to_device(test, device)
         val = to_device(val, device) if val is not None else None
-        common.update(num_workers=0, persistent_workers=False, pin_memory=False)
+        common.update(num_workers=0, persistent_workers=False, pin_memory=False, multiprocessing_context=None)
     train_dataset = BatchTensorDataset(train, train_transform, pass_transform if device is not None else None)
     sampler_type = BalancedSampler if balanced else ResumableSampler
     train_sampler = sampler_type(train_dataset, num_replicas=world_size, rank=rank, seed=seed)
@@ -352,24 +303,6 @@ def make_loaders(
     test_loader = _eval_loader(test, 2 * batch_size, common, world_size, rank)
     val_loader = _eval_loader(val, 2 * batch_size, common, world_size, rank) if val is not None else None
     return Loaders(train_loader, train_eval_loader, test_loader, val_loader)
-
-
-DEVICE_SHARE = 0.8  # of the device's free memory that data_on_device may take: the model needs the rest
-
-
-def free_bytes(device: torch.device) -> int | None:
-    """Free memory on a CUDA device, or the memory available to processes on this machine for a CPU (Linux's
-    MemAvailable); None where neither can be asked."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as meminfo:
-                line = next(line for line in meminfo if line.startswith("MemAvailable:"))
-            return int(line.split()[1]) * 1024
-        except (OSError, StopIteration):
-            return None
-    return None
 
 
 def pixel_bytes(image_sets: list[ImageSet | None]) -> int:

@@ -15,7 +15,7 @@ import ignite.distributed as idist
 import torch
 
 from cifar10_dist.config import Config
-from cifar10_dist.data import batches, datasets, loaders
+from cifar10_dist.data import batches, datasets, loader_workers, loaders
 from cifar10_dist.data.datasets import DatasetInfo, ImageSet, LoadedData, MappedImages
 from cifar10_dist.errors import OutputNotWritable
 from cifar10_dist.outputs import files, provenance
@@ -158,7 +158,7 @@ def evaluation_loaders(config: Config, device: torch.device, loaded: LoadedData)
 
 
 AUTO_DEVICE_SHARE = 0.25  # data_on_device=auto: of the GPU's free memory the images may take (the model, its
-# activations and cuDNN's workspaces need the rest; explicit True allows loaders.DEVICE_SHARE)
+# activations and cuDNN's workspaces need the rest; explicit True allows loader_workers.DEVICE_SHARE)
 
 
 def settle_data_on_device(setting: bool | str, device: torch.device, image_sets: list[ImageSet | None]) -> bool:
@@ -169,7 +169,7 @@ def settle_data_on_device(setting: bool | str, device: torch.device, image_sets:
     if device.type != "cuda":
         return False  # on a CPU the batches are sliced in host memory either way
     needed = loaders.pixel_bytes(image_sets)
-    free = loaders.free_bytes(device)
+    free = loader_workers.free_bytes(device)
     chosen = agreed(free is not None and needed <= AUTO_DEVICE_SHARE * free)
     ranks.on_rank_zero(
         logger.info,

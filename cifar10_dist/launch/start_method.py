@@ -89,27 +89,45 @@ def start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    global _started_in
+    _started_in = os.getpid()
 
 
 def forget_an_inherited_forkserver() -> None:
     """A process forked from one that started a forkserver inherits Python's record of that server, which is not
     its child: Python's ``ensure_running`` then fails waiting for it (ChildProcessError, python/cpython#86354), so
     a script that trains, forks and trains again in the child crashed there. The record is forgotten (and the
-    inherited end of the server's keep-alive pipe closed), so that this process starts a server of its own."""
+    inherited end of the server's keep-alive pipe closed), so that this process starts a server of its own. A
+    record of another shape (another Python's private names) is left alone."""
     from multiprocessing import forkserver
 
     server: Any = forkserver._forkserver
-    pid = server._forkserver_pid
-    if pid is None:
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or _is_our_child(pid):
         return
-    try:  # (WNOWAIT: a child of ours that ended stays for ensure_running to reap)
+    try:
+        alive = server._forkserver_alive_fd
+        server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    except AttributeError:
+        return
+    if alive is not None:
+        os.close(alive)
+
+
+def _is_our_child(pid: int) -> bool:
+    """Whether ``pid`` is a child of this process, running or ended and not yet reaped (WNOWAIT: left for
+    ``ensure_running``'s own wait). Without waitid (macOS): whether this process started the server, unless
+    another did (then it is taken as ours, as before)."""
+    if not hasattr(os, "waitid"):
+        return _started_in in (None, os.getpid())
+    try:
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        return
+        return True
     except ChildProcessError:
-        pass
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+        return False
+
+
+_started_in: int | None = None  # the process whose start_forkserver ran last (a forked child inherits the parent's)
 
 
 def stop_servers() -> None:
@@ -134,10 +152,11 @@ def require_main_guard(workers: int | None) -> None:
     do), so each would start the launch anew."""
     streamed = _main_read_from_a_stream()
     if streamed is not None:
+        source = f"was read from {streamed} (standard input)" if streamed.startswith("<") else f"runs from {streamed}"
         raise UserError(
-            f"the script that starts {workers} worker processes was read from {streamed} (standard input), which "
-            "the workers cannot read again: each imports the main script anew (Python's rule for spawned "
-            'processes); save it to a file, put the launch under `if __name__ == "__main__":`, and run that file'
+            f"the script that starts {workers} worker processes {source}, which the workers cannot read again: "
+            "each imports the main script anew (Python's rule for spawned processes); save it to a file, put the "
+            'launch under `if __name__ == "__main__":`, and run that file'
         )
     script, line = _main_script_call()
     if script is None or _is_guarded(script, line):

@@ -20,6 +20,7 @@ from cifar10_dist.config import Config
 from cifar10_dist.data import augmentation
 from cifar10_dist.data.datasets import DatasetInfo
 from cifar10_dist.recipes import GroupApart, register
+from cifar10_dist.system.ranks import on_rank_zero
 
 logger = logging.getLogger("cifar10_dist")
 
@@ -103,9 +104,10 @@ def whitening_parts(network: nn.Module) -> Whitening | None:
     if models.is_whitened_from_data(network):
         return Whitening(network)
     missing = models.missing_whitening_parts(network)
-    if missing and type(network).__name__ not in warned_classes:
-        warned_classes.add(type(network).__name__)
-        logger.warning(
+    if missing and type(network) not in warned_classes:
+        warned_classes.add(type(network))
+        on_rank_zero(
+            logger.warning,
             "model %s has init_whitening but lacks %s: it trains as a plain model, without whitening from data, "
             "its bias group or its freeze (declare both to have them)",
             type(network).__name__,
@@ -114,4 +116,4 @@ def whitening_parts(network: nn.Module) -> Whitening | None:
     return None
 
 
-warned_classes: set[str] = set()  # (a run asks for a model's parts several times: one warning each)
+warned_classes: set[type] = set()  # (a run asks for a model's parts several times: one warning a class)

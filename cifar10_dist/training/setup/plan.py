@@ -2,7 +2,7 @@
 anything is built. ``settle(config, device, data)`` returns a ``Plan``; ``run``, ``lr-find``, ``evaluate``,
 ``batch-size`` and ``doctor`` read their decisions from it, and ``export --quantize=int8`` asks
 ``calibration_candidates``. What each rule decides is declared in its key's module
-(``data.run_data.settle_data_on_device``, ``data.loaders.workers_for``, ``data.batches.settle_augment_per_pass``,
+(``data.run_data.settle_data_on_device``, ``data.loader_workers.workers_for``, ``data.batches.settle_augment_per_pass``,
 ``optimizers.fused_on``, ``process_setup``'s precision, ``layouts``' memory format, ``resumption.decide``); only
 this module calls the rules (tests/test_import_floors.py checks it). The choices that read the config alone are
 ``config_fitting``'s, the planner's torch-free part, made as the config is resolved and again here (a no-op then).
@@ -25,7 +25,7 @@ import torch
 
 from cifar10_dist.config import Config, class_weights, per_batch_augmentations
 from cifar10_dist.config.export_flags import Calibration, candidates_for
-from cifar10_dist.data import batches, loaders, run_data
+from cifar10_dist.data import batches, loader_workers, run_data
 from cifar10_dist.data.datasets import ImageSet, LoadedData
 from cifar10_dist.system import ranks
 from cifar10_dist.system.precision import Precision, choose_precision
@@ -154,7 +154,9 @@ def data_choices(config: Config, device: torch.device, data: DataFacts) -> dict[
     if not data.image_sets:
         return {}
     on_device = run_data.settle_data_on_device(config.data_on_device, device, list(data.image_sets))
-    workers = loaders.workers_for(config.num_workers, device, data.read_images.images if data.read_images else None)
+    workers = loader_workers.workers_for(
+        config.num_workers, device, data.read_images.images if data.read_images else None
+    )
     if config.num_workers == "auto" and not on_device and data.trains:
         ranks.on_rank_zero(
             logger.info,
