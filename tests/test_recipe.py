@@ -104,6 +104,37 @@ def test_the_airbench_networks_global_max_pool_is_adaptive_max_poolings_result_w
     assert not {name for name in operators.seen if "adaptive" in name}, operators.seen
 
 
+def test_a_compiled_airbench_network_compiles_evaluation_once_before_and_after_its_bias_froze():
+    """torch.compile guards a graph on what its forward read: evaluation read the whitening bias's flag and was
+    compiled again after the freeze, and the test-time views shifted by a pixel (slices of a padded batch, other
+    strides) each got a graph of their own. Now the test-time views are dense in the batch's layout, evaluation
+    never reads the flag: three graphs in all (training before and after the freeze, evaluation), not five, and
+    the same logits as the model uncompiled."""
+    from cifar10_dist.models.viewing import tta_logits
+
+    graphs = []
+
+    def counting(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.manual_seed(0)
+    network = models.build_model("airbench", {"widths": (8, 16, 16)}).to(memory_format=torch.channels_last)
+    compiled = torch.compile(network, backend=counting)
+    images = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    try:
+        for frozen in (False, True):
+            network.whitening_bias_frozen = frozen
+            network.train()
+            compiled(images).sum().backward()
+            network.eval()
+            with torch.no_grad():
+                assert torch.equal(tta_logits(compiled, images, 2), tta_logits(network, images, 2))
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 3
+
+
 def test_a_compiled_model_with_its_parallel_wrapper_inside_is_unwrapped_to_the_network():
     """torch.compile(DDP(model)) is what a compiled run of several processes steps: its warm-up asks the recipe's
     parts of it, so that the whitening bias's frozen branch is compiled before the timed steps too. DataParallel

@@ -18,7 +18,11 @@ def tta_logits(model: nn.Module, inputs: torch.Tensor, tta: int = 0) -> torch.Te
         return mirrored
     size = inputs.shape[-1]
     padded = nn.functional.pad(inputs, (1, 1, 1, 1), mode="reflect")
-    shifted = [padded[..., :size, :size], padded[..., 2:, 2:]]
+    # dense copies in the inputs' layout: a compiled model sees the strides it was compiled for, not a slice's
+    # (which recompiled it, once before the whitening bias froze and once after)
+    shifted = [
+        view.clone(memory_format=torch.preserve_format) for view in (padded[..., :size, :size], padded[..., 2:, 2:])
+    ]
     shifted_logits = [0.5 * model(view) + 0.5 * model(view.flip(-1)) for view in shifted]
     return 0.5 * mirrored + 0.25 * (shifted_logits[0] + shifted_logits[1])
 
