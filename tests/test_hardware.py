@@ -257,12 +257,12 @@ def test_doctor_does_not_advise_on_a_setting_too_slow_to_time_and_keeps_its_budg
 
 
 def test_doctor_probes_a_smaller_batch_when_fp32_is_too_slow_for_three_steps(monkeypatch):
-    # 0.64 s a step at batch 64: no second step fits in 1.2 s; batch 16 (0.16 s a step) leaves room for 3 and more
+    # 0.32 s a step at batch 64: no second step fits in 0.6 s; batch 16 (0.08 s a step) leaves room for 3 and more
     # on a busy machine
-    slowed_steps(monkeypatch, lambda precision, batch: 0.01 * batch)
-    report = api.doctor("simple_cnn", batch_size=64, budget_seconds=1.2)
+    slowed_steps(monkeypatch, lambda precision, batch: 0.005 * batch)
+    report = api.doctor("simple_cnn", batch_size=64, budget_seconds=0.6)
     assert report.probe_batch_size == 16 and report.probes[0].steps >= 3
-    assert "probe: training steps of simple_cnn, batch 16, on cpu, about 1.2 s per setting" in doctor.render(report)
+    assert "probe: training steps of simple_cnn, batch 16, on cpu, about 0.6 s per setting" in doctor.render(report)
 
 
 def test_channels_last_beyond_fp32_noise_is_advised_against_however_fast_it_is():

@@ -322,6 +322,7 @@ def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
     process pool): the child inherits Python's record of the parent's forkserver, which is not its child
     (python/cpython#86354). It starts its own and its workers run; before, ensure_running failed in it with
     ChildProcessError. A server this test starts is stopped after it (in-process runs keep theirs for reuse)."""
+    import multiprocessing
     import os
     from multiprocessing import forkserver
 
@@ -329,6 +330,9 @@ def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
 
     server = forkserver._forkserver
     started_here = server._forkserver_pid is None
+    preload = server._preload_modules
+    if started_here:  # (a server for this test alone: without the runs' preload, seconds of imports)
+        multiprocessing.set_forkserver_preload([])
     start_method.start_forkserver()  # the parent's (this process's), as a launch leaves it
     parents = server._forkserver_pid
     try:
@@ -336,6 +340,7 @@ def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
         if child == 0:  # (only the standard library runs here: no thread of torch's is needed)
             code = 6  # (whatever happens, this copy of the test process ends here)
             try:
+                multiprocessing.set_forkserver_preload([])  # (the child's own server: no imports of the runs')
                 code = _start_a_worker_through_the_forkserver(parents)
                 if server._forkserver_pid not in (None, parents):
                     server._stop()  # the child's own server, and its socket
@@ -349,3 +354,4 @@ def test_a_process_forked_after_a_launch_starts_a_forkserver_of_its_own():
     finally:
         if started_here:
             server._stop()
+            multiprocessing.set_forkserver_preload(preload)
