@@ -295,7 +295,7 @@ def test_data_on_device_auto_takes_a_gpu_when_the_images_fit_a_quarter_of_its_fr
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked on Linux only")
 def test_loader_workers_are_forked_from_their_process_also_where_its_default_start_method_is_a_forkserver():
     """A spawned worker's default start method is its launcher's forkserver. DataLoader workers started through it
-    each imported torch again and were sent the dataset: 2.4 s before each loader's first batch (docs/measured.md).
+    each imported torch again and were sent the dataset: about 2 s before each loader's first batch (docs/measured.md).
     They are forked from the process itself, as PyTorch does by default on Linux."""
     import multiprocessing
     from pathlib import Path

@@ -46,7 +46,7 @@ def workers_for(
 def worker_start_method() -> str | None:
     """How DataLoader workers start: forked from this process on Linux, as PyTorch does there by default, also in a
     spawned worker, whose default is its launcher's forkserver (the workers would then each import torch again
-    through a server without the preload, and the dataset would be pickled to each: about 2.4 s before a loader's
+    through a server without the preload, and the dataset would be pickled to each: about 2 s before a loader's
     first batch, docs/measured.md); a start method set otherwise (spawn) is kept, and elsewhere the platform's
     default (None)."""
     import multiprocessing

@@ -35,11 +35,7 @@ def whitening_images(model: nn.Module) -> int:
 def is_whitened_from_data(model: nn.Module) -> TypeGuard[WhitenedFromData]:
     """Whether ``model`` declares the trait: a ``whiten`` convolution, ``whitening_bias_frozen`` and
     ``init_whitening``, read as the model serves them (``nn.Module.__getattr__`` holds its submodules)."""
-    return (
-        isinstance(getattr(model, "whiten", None), nn.Conv2d)
-        and hasattr(model, "whitening_bias_frozen")
-        and callable(getattr(model, "init_whitening", None))
-    )
+    return callable(getattr(model, "init_whitening", None)) and not missing_whitening_parts(model)
 
 
 def missing_whitening_parts(model: nn.Module) -> list[str]:
